@@ -1,0 +1,308 @@
+"""The typed config schema: every key rlvr reads, with its default and meaning.
+
+Key names follow verl's ``ppo_trainer.yaml`` so a verl GRPO config carries over. Defaults
+live here and only here; ``grpo.yaml`` is a recipe that overrides some of them. Cross-field
+checks (batch-size divisibility and friends) are in ``validate.py``.
+
+Batch-size units follow verl: ``data.train_batch_size`` and ``actor.ppo_mini_batch_size``
+count *prompts*; ``*_micro_batch_size_per_gpu`` counts *responses* (rows) per device.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+BUILTIN_MODEL = "builtin"
+
+
+@dataclass
+class DataConfig:
+    train_files: list[str] = field(default_factory=lambda: ["~/data/arithmetic/train.parquet"])
+    """Parquet or JSONL files in verl's row format (see ``rlvr prepare``)."""
+    val_files: list[str] = field(default_factory=lambda: ["~/data/arithmetic/test.parquet"])
+    """Held-out files for validation."""
+    prompt_key: str = "prompt"
+    """Column holding the chat messages (a list of {role, content})."""
+    reward_fn_key: str = "data_source"
+    """Column that selects the reward function."""
+    max_prompt_length: int = 256
+    """Prompts longer than this (in tokens, chat template applied) are filtered or truncated."""
+    max_response_length: int = 256
+    """Most tokens a response may have."""
+    train_batch_size: int = 8
+    """Prompts per training step (each sampled ``rollout.n`` times)."""
+    val_batch_size: Optional[int] = None
+    """Prompts per validation batch; None means the whole validation set at once."""
+    return_raw_chat: bool = False
+    """Also return the un-templated messages as ``raw_prompt`` (multi-turn rollout needs them)."""
+    shuffle: bool = True
+    """Shuffle the training rows each epoch (reproducibly, from ``seed``)."""
+    seed: int = 1
+    """Seed of the training sampler."""
+    filter_overlong_prompts: bool = True
+    """Drop rows whose templated prompt is longer than ``max_prompt_length`` (counted, reported)."""
+    truncation: str = "error"
+    """What to do with an over-long prompt that was not filtered: left | right | middle | error."""
+    apply_chat_template: bool = True
+    """Apply the tokenizer's chat template; False joins the message contents as plain text."""
+
+
+@dataclass
+class ModelConfig:
+    path: str = BUILTIN_MODEL
+    """A local Hugging Face folder, a .gguf file, or ``builtin`` (SmolLM2-135M-Instruct)."""
+    tokenizer_path: Optional[str] = None
+    """Tokenizer location when it differs from ``path``."""
+    trust_remote_code: bool = False
+    """Allow custom modelling code from the model folder."""
+    override_config: dict[str, Any] = field(default_factory=dict)
+    """Values that replace entries of the model's config.json (e.g. attention dropout)."""
+    enable_gradient_checkpointing: bool = False
+    """Recompute activations in the backward pass to save memory."""
+
+
+@dataclass
+class OptimConfig:
+    lr: float = 1e-6
+    """Peak learning rate of AdamW."""
+    weight_decay: float = 0.01
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
+    lr_warmup_steps: int = -1
+    """Warmup steps; -1 derives them from ``lr_warmup_steps_ratio``."""
+    lr_warmup_steps_ratio: float = 0.0
+    """Warmup as a fraction of the total training steps."""
+    warmup_style: str = "constant"
+    """Schedule after warmup: constant | cosine."""
+    min_lr_ratio: float = 0.0
+    """Floor of the cosine schedule as a fraction of ``lr``."""
+
+
+@dataclass
+class PolicyLossConfig:
+    loss_mode: str = "vanilla"
+    """Name in the policy-loss registry (vanilla, gspo, cispo, gpg, geo_mean, sapo)."""
+
+
+@dataclass
+class ActorConfig:
+    strategy: str = "local"
+    """local (one process, one device) | fsdp | fsdp2."""
+    ppo_mini_batch_size: int = 8
+    """Prompts per optimizer step (times ``rollout.n`` responses)."""
+    ppo_micro_batch_size_per_gpu: int = 8
+    """Responses per forward/backward on one device (gradient accumulation below the mini-batch)."""
+    use_dynamic_bsz: bool = False
+    """Form micro-batches by a token budget instead of a row count."""
+    ppo_max_token_len_per_gpu: int = 16384
+    """Token budget of a micro-batch when ``use_dynamic_bsz``."""
+    ppo_epochs: int = 1
+    """Passes over each step's data."""
+    shuffle: bool = True
+    """Shuffle rows between mini-batches."""
+    grad_clip: float = 1.0
+    """Clip the global gradient norm to this value."""
+    clip_ratio: float = 0.2
+    """PPO clip range epsilon."""
+    clip_ratio_low: Optional[float] = None
+    """Lower clip range (DAPO clip-higher); None uses ``clip_ratio``."""
+    clip_ratio_high: Optional[float] = None
+    """Upper clip range; None uses ``clip_ratio``."""
+    clip_ratio_c: float = 3.0
+    """Dual-clip constant for negative advantages (must be > 1)."""
+    loss_agg_mode: str = "token-mean"
+    """token-mean | seq-mean-token-sum | seq-mean-token-mean | seq-mean-token-sum-norm."""
+    entropy_coeff: float = 0.0
+    """Weight of the entropy bonus."""
+    use_kl_loss: bool = False
+    """Add ``kl_loss_coef`` x KL(actor || reference) to the loss (GRPO's choice)."""
+    kl_loss_coef: float = 0.001
+    """Weight of the KL loss."""
+    kl_loss_type: str = "low_var_kl"
+    """KL estimator: kl/k1, abs, mse/k2, low_var_kl/k3, full, and the straight-through k1+, k3+."""
+    policy_loss: PolicyLossConfig = field(default_factory=PolicyLossConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    dtype: str = "float32"
+    """Training precision: float32, or bfloat16 autocast."""
+    share_prompt_forward: bool = True
+    """Compute each group's shared prompt once in the forward pass (exact; saves compute)."""
+
+
+@dataclass
+class RefConfig:
+    log_prob_micro_batch_size_per_gpu: int = 16
+    """Rows per forward pass when computing reference log-probs."""
+
+
+@dataclass
+class ValKwargs:
+    n: int = 1
+    """Samples per validation prompt."""
+    do_sample: bool = False
+    """False: greedy decoding."""
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = -1
+
+
+@dataclass
+class MultiTurnConfig:
+    enable: bool = False
+    """Run the multi-turn tool-calling agent loop."""
+    max_turns: Optional[int] = None
+    """Most assistant turns per request; None means until max_response_length."""
+    tool_config_path: Optional[str] = None
+    """YAML file listing the tools (class name and OpenAI-style schema)."""
+
+
+@dataclass
+class RolloutConfig:
+    name: str = "hf"
+    """Rollout engine: hf (native, any transformers causal LM) | vllm (where installed)."""
+    n: int = 4
+    """Responses sampled per prompt (the GRPO group size)."""
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    """-1 disables top-k."""
+    min_p: float = 0.0
+    do_sample: bool = True
+    dtype: str = "float32"
+    """Precision of generation: float32 | bfloat16."""
+    log_prob_micro_batch_size_per_gpu: int = 16
+    """Rows per forward pass when computing the actor's old log-probs."""
+    stop: list[str] = field(default_factory=list)
+    """Extra stop strings besides the tokenizer's end tokens."""
+    seed: int = 0
+    """Base seed of sampling (each step derives its own)."""
+    val_kwargs: ValKwargs = field(default_factory=ValKwargs)
+    multi_turn: MultiTurnConfig = field(default_factory=MultiTurnConfig)
+
+
+@dataclass
+class ActorRolloutRefConfig:
+    hybrid_engine: bool = True
+    """Actor, reference and rollout share one device and one copy of the weights."""
+    model: ModelConfig = field(default_factory=ModelConfig)
+    actor: ActorConfig = field(default_factory=ActorConfig)
+    ref: RefConfig = field(default_factory=RefConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+
+
+@dataclass
+class CriticConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-5))
+    ppo_mini_batch_size: int = 8
+    ppo_micro_batch_size_per_gpu: int = 8
+    ppo_epochs: int = 1
+    cliprange_value: float = 0.5
+    """Clip range of the value loss."""
+    grad_clip: float = 1.0
+
+
+@dataclass
+class CustomRewardFunctionConfig:
+    path: Optional[str] = None
+    """Python file that defines the reward function."""
+    name: str = "compute_score"
+    """Function name inside ``path``."""
+    reward_kwargs: dict[str, Any] = field(default_factory=dict)
+    """Extra keyword arguments passed to the function."""
+
+
+@dataclass
+class RewardFunctionEntry:
+    name: str = ""
+    """A built-in scorer name (arithmetic, countdown, gsm8k, math, format, ...)."""
+    weight: float = 1.0
+
+
+@dataclass
+class RewardModelConfig:
+    enable: bool = False
+    """Score with a sequence-classification model from ``path``."""
+    path: Optional[str] = None
+    micro_batch_size_per_gpu: int = 8
+
+
+@dataclass
+class RewardConfig:
+    functions: list[RewardFunctionEntry] = field(default_factory=list)
+    """Weighted reward functions; empty means one scorer chosen by each row's data_source."""
+    custom_reward_function: CustomRewardFunctionConfig = field(default_factory=CustomRewardFunctionConfig)
+    reward_model: RewardModelConfig = field(default_factory=RewardModelConfig)
+    num_workers: int = 0
+    """Processes that score in parallel; 0 scores in the trainer process."""
+    timeout_s: float = 10.0
+    """Per-sample scoring time limit."""
+    on_error: str = "score"
+    """A scorer that raises or times out: score (give failure_score, count it) | raise."""
+    failure_score: float = 0.0
+    launch_reward_fn_async: bool = False
+    """Score while the log-prob passes run."""
+
+
+@dataclass
+class KLControlConfig:
+    type: str = "fixed"
+    """fixed | adaptive."""
+    kl_coef: float = 0.001
+    horizon: int = 10000
+    target_kl: float = 0.1
+
+
+@dataclass
+class AlgorithmConfig:
+    adv_estimator: str = "gae"
+    """Advantage estimator: gae, grpo, grpo_passk, rloo, opo, reinforce_plus_plus, remax, ..."""
+    norm_adv_by_std_in_grpo: bool = True
+    """Divide by the group std (GRPO); False gives Dr.GRPO."""
+    gamma: float = 1.0
+    """Discount factor."""
+    lam: float = 1.0
+    """GAE lambda."""
+    use_kl_in_reward: bool = False
+    """Subtract a KL penalty from the token rewards (PPO-style) instead of a KL loss."""
+    kl_penalty: str = "kl"
+    """KL estimator used in the reward."""
+    kl_ctrl: KLControlConfig = field(default_factory=KLControlConfig)
+
+
+@dataclass
+class TrainerConfig:
+    project_name: str = "rlvr"
+    experiment_name: str = "arithmetic_grpo"
+    total_epochs: int = 1
+    total_training_steps: Optional[int] = None
+    """Stop after this many steps; None runs ``total_epochs`` epochs."""
+    logger: list[str] = field(default_factory=lambda: ["console", "jsonl"])
+    """Tracking backends: console, jsonl, tensorboard, wandb."""
+    save_freq: int = -1
+    """Save a checkpoint every this many steps (-1: only at the end)."""
+    test_freq: int = -1
+    """Validate every this many steps (-1: never during training)."""
+    val_before_train: bool = True
+    resume_mode: str = "auto"
+    """auto | disable | a checkpoint path."""
+    default_local_dir: str = "runs/${trainer.project_name}/${trainer.experiment_name}"
+    """The run directory: config, metrics, rollout dumps, checkpoints, plots."""
+    max_actor_ckpt_to_keep: Optional[int] = None
+    rollout_data_dir: Optional[str] = None
+    """Dump prompts, responses and scores per step as JSONL here."""
+    nnodes: int = 1
+    n_gpus_per_node: int = 1
+    """Devices per node (on a CPU machine: 1)."""
+    device: str = "auto"
+    """auto (cuda when available, else cpu) | cpu | cuda."""
+    seed: int = 1
+
+
+@dataclass
+class RLVRConfig:
+    data: DataConfig = field(default_factory=DataConfig)
+    actor_rollout_ref: ActorRolloutRefConfig = field(default_factory=ActorRolloutRefConfig)
+    critic: CriticConfig = field(default_factory=CriticConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)

@@ -1,0 +1,144 @@
+"""Cross-field checks, run once at load. Each message says which invariant broke, with the
+numbers, and what to change. All failures are reported together."""
+
+from __future__ import annotations
+
+from rlvr.config.schema import RLVRConfig
+
+TRUNCATION_MODES = ("left", "right", "middle", "error")
+LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+DTYPES = ("float32", "bfloat16")
+STRATEGIES = ("local", "fsdp", "fsdp2")
+DEVICES = ("auto", "cpu", "cuda")
+GROUP_ESTIMATORS = ("grpo", "grpo_passk", "rloo", "reinforce_plus_plus_baseline", "opo")
+
+
+class ConfigError(ValueError):
+    """The config cannot run; the message says which key and how to fix it."""
+
+
+def _batch_sizes(cfg: RLVRConfig) -> list[str]:
+    errors = []
+    data, actor = cfg.data, cfg.actor_rollout_ref.actor
+    n = cfg.actor_rollout_ref.rollout.n
+    world = cfg.trainer.n_gpus_per_node * cfg.trainer.nnodes
+    for key, value in (
+        ("data.train_batch_size", data.train_batch_size),
+        ("actor_rollout_ref.rollout.n", n),
+        ("actor_rollout_ref.actor.ppo_mini_batch_size", actor.ppo_mini_batch_size),
+        ("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu", actor.ppo_micro_batch_size_per_gpu),
+        ("actor_rollout_ref.actor.ppo_epochs", actor.ppo_epochs),
+        ("actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu",
+         cfg.actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu),
+        ("actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu",
+         cfg.actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu),
+        ("trainer.n_gpus_per_node", cfg.trainer.n_gpus_per_node),
+        ("trainer.nnodes", cfg.trainer.nnodes),
+        ("data.max_prompt_length", data.max_prompt_length),
+        ("data.max_response_length", data.max_response_length),
+    ):
+        if value < 1:
+            errors.append(f"{key} must be >= 1, got {value}")
+    if errors:
+        return errors
+
+    if actor.ppo_mini_batch_size > data.train_batch_size:
+        errors.append(
+            f"actor_rollout_ref.actor.ppo_mini_batch_size = {actor.ppo_mini_batch_size} prompts is larger than "
+            f"data.train_batch_size = {data.train_batch_size} prompts; lower ppo_mini_batch_size "
+            f"to at most {data.train_batch_size}"
+        )
+    elif data.train_batch_size % actor.ppo_mini_batch_size:
+        errors.append(
+            f"train_batch_size x n = {data.train_batch_size * n} is not divisible by "
+            f"ppo_mini_batch_size x n = {actor.ppo_mini_batch_size * n}; every optimizer step must see a "
+            f"whole mini-batch: choose ppo_mini_batch_size among the divisors of {data.train_batch_size}"
+        )
+    if (data.train_batch_size * n) % world:
+        errors.append(
+            f"train_batch_size x n = {data.train_batch_size * n} responses cannot be split evenly over "
+            f"{world} devices (n_gpus_per_node x nnodes); make it a multiple of {world}"
+        )
+    mini_rows = actor.ppo_mini_batch_size * n
+    if mini_rows % world:
+        errors.append(
+            f"ppo_mini_batch_size x n = {mini_rows} responses cannot be split evenly over {world} devices; "
+            f"make it a multiple of {world}"
+        )
+    elif not actor.use_dynamic_bsz:
+        per_device = mini_rows // world
+        micro = actor.ppo_micro_batch_size_per_gpu
+        if micro > per_device:
+            errors.append(
+                f"ppo_micro_batch_size_per_gpu = {micro} is larger than the mini-batch on one device, "
+                f"ppo_mini_batch_size x n / devices = {per_device}; set it to at most {per_device}"
+            )
+        elif per_device % micro:
+            errors.append(
+                f"the per-device mini-batch, ppo_mini_batch_size x n / devices = {per_device} responses, is not "
+                f"divisible by ppo_micro_batch_size_per_gpu = {micro}; choose a divisor of {per_device}"
+            )
+    if actor.use_dynamic_bsz:
+        longest = data.max_prompt_length + data.max_response_length
+        if actor.ppo_max_token_len_per_gpu < longest:
+            errors.append(
+                f"ppo_max_token_len_per_gpu = {actor.ppo_max_token_len_per_gpu} is smaller than one full "
+                f"sequence, max_prompt_length + max_response_length = {longest}; raise it to at least {longest}"
+            )
+    if cfg.data.val_batch_size is not None and cfg.data.val_batch_size < 1:
+        errors.append(f"data.val_batch_size must be >= 1 or null, got {cfg.data.val_batch_size}")
+    return errors
+
+
+def _choices(cfg: RLVRConfig) -> list[str]:
+    errors = []
+    arr = cfg.actor_rollout_ref
+    for key, value, allowed in (
+        ("data.truncation", cfg.data.truncation, TRUNCATION_MODES),
+        ("actor_rollout_ref.actor.loss_agg_mode", arr.actor.loss_agg_mode, LOSS_AGG_MODES),
+        ("actor_rollout_ref.actor.dtype", arr.actor.dtype, DTYPES),
+        ("actor_rollout_ref.rollout.dtype", arr.rollout.dtype, DTYPES),
+        ("actor_rollout_ref.actor.strategy", arr.actor.strategy, STRATEGIES),
+        ("actor_rollout_ref.actor.optim.warmup_style", arr.actor.optim.warmup_style, ("constant", "cosine")),
+        ("algorithm.kl_ctrl.type", cfg.algorithm.kl_ctrl.type, ("fixed", "adaptive")),
+        ("reward.on_error", cfg.reward.on_error, ("score", "raise")),
+        ("trainer.device", cfg.trainer.device, DEVICES),
+    ):
+        if value not in allowed:
+            errors.append(f"{key} = {value!r} is not one of {list(allowed)}")
+    return errors
+
+
+def _algorithm(cfg: RLVRConfig) -> list[str]:
+    errors = []
+    actor, rollout = cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.rollout
+    if cfg.algorithm.adv_estimator in GROUP_ESTIMATORS and rollout.n < 2:
+        errors.append(
+            f"algorithm.adv_estimator = {cfg.algorithm.adv_estimator!r} compares responses within a group, "
+            f"but actor_rollout_ref.rollout.n = {rollout.n}; set rollout.n >= 2 (GRPO typically uses 4-16)"
+        )
+    for key, value in (
+        ("actor_rollout_ref.actor.clip_ratio", actor.clip_ratio),
+        ("actor_rollout_ref.actor.clip_ratio_low", actor.clip_ratio_low),
+        ("actor_rollout_ref.actor.clip_ratio_high", actor.clip_ratio_high),
+    ):
+        if value is not None and value < 0:
+            errors.append(f"{key} must be >= 0, got {value}")
+    if actor.clip_ratio_c <= 1.0:
+        errors.append(
+            f"actor_rollout_ref.actor.clip_ratio_c = {actor.clip_ratio_c} must be > 1 (dual-clip bound on the ratio)"
+        )
+    if rollout.temperature < 0:
+        errors.append(f"actor_rollout_ref.rollout.temperature must be >= 0, got {rollout.temperature}")
+    if not 0 < rollout.top_p <= 1:
+        errors.append(f"actor_rollout_ref.rollout.top_p must be in (0, 1], got {rollout.top_p}")
+    if actor.optim.lr <= 0:
+        errors.append(f"actor_rollout_ref.actor.optim.lr must be > 0, got {actor.optim.lr}")
+    return errors
+
+
+def validate(cfg: RLVRConfig) -> None:
+    """Raise ConfigError listing every broken invariant of ``cfg``."""
+    errors = _batch_sizes(cfg) + _choices(cfg) + _algorithm(cfg)
+    if errors:
+        raise ConfigError("invalid config:\n  - " + "\n  - ".join(errors))

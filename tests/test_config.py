@@ -1,0 +1,131 @@
+import pytest
+
+from rlvr.config import ConfigError, RLVRConfig, known_keys, load_config, parse_overrides, to_yaml
+
+
+def test_default_recipe_is_grpo_and_valid():
+    cfg = load_config()
+    assert isinstance(cfg, RLVRConfig)
+    assert cfg.algorithm.adv_estimator == "grpo"
+    assert cfg.actor_rollout_ref.actor.use_kl_loss is True
+    assert cfg.actor_rollout_ref.rollout.n >= 4
+    # interpolation resolved at load
+    assert cfg.trainer.default_local_dir == "runs/rlvr/arithmetic_grpo"
+
+
+def test_overrides_are_typed():
+    cfg = load_config(overrides=["data.train_batch_size=16", "actor_rollout_ref.actor.optim.lr=3e-6",
+                                 "actor_rollout_ref.actor.use_kl_loss=false", "trainer.logger=[console,tensorboard]",
+                                 "actor_rollout_ref.actor.clip_ratio_high=0.28"])
+    assert cfg.data.train_batch_size == 16
+    assert cfg.actor_rollout_ref.actor.optim.lr == pytest.approx(3e-6)
+    assert cfg.actor_rollout_ref.actor.use_kl_loss is False
+    assert cfg.trainer.logger == ["console", "tensorboard"]
+    assert cfg.actor_rollout_ref.actor.clip_ratio_high == pytest.approx(0.28)
+
+
+def test_single_file_for_list_key_is_wrapped():
+    cfg = load_config(overrides=["data.train_files=/x/train.parquet"])
+    assert cfg.data.train_files == ["/x/train.parquet"]
+
+
+def test_config_file_layer(tmp_path):
+    f = tmp_path / "my.yaml"
+    f.write_text("algorithm:\n  adv_estimator: rloo\ndata:\n  train_batch_size: 4\nactor_rollout_ref:\n"
+                 "  actor:\n    ppo_mini_batch_size: 2\n")
+    cfg = load_config(f, ["actor_rollout_ref.rollout.n=8"])
+    assert (cfg.algorithm.adv_estimator, cfg.data.train_batch_size, cfg.actor_rollout_ref.rollout.n) == ("rloo", 4, 8)
+    # a file replaces the recipe: keys it does not set keep the schema default
+    assert cfg.actor_rollout_ref.actor.use_kl_loss is False
+
+
+def test_unknown_key_suggests_nearest():
+    with pytest.raises(ConfigError, match=r"unknown config key 'data.train_batch_sise' \(from the command line\); "
+                                          r"did you mean 'data.train_batch_size'"):
+        load_config(overrides=["data.train_batch_sise=3"])
+
+
+def test_key_in_wrong_section_suggests_the_right_one(tmp_path):
+    f = tmp_path / "bad.yaml"
+    f.write_text("actor_rollout_ref:\n  rollout:\n    kl_loss_coef: 0.1\n")
+    with pytest.raises(ConfigError, match=r"'actor_rollout_ref.rollout.kl_loss_coef' \(from file .*bad.yaml'\); "
+                                          r"did you mean 'actor_rollout_ref.actor.kl_loss_coef'"):
+        load_config(f)
+
+
+def test_wrong_type_names_key_and_source():
+    with pytest.raises(ConfigError, match=r"'data.train_batch_size' \(from the command line\).*'abc'"):
+        load_config(overrides=["data.train_batch_size=abc"])
+
+
+def test_section_given_a_value():
+    with pytest.raises(ConfigError, match="'actor_rollout_ref.actor' .* is a section"):
+        load_config(overrides=["actor_rollout_ref.actor=3"])
+
+
+def test_malformed_override_and_missing_file(tmp_path):
+    with pytest.raises(ConfigError, match="not of the form key=value"):
+        parse_overrides(["data.train_batch_size"])
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(tmp_path / "nope.yaml")
+    (tmp_path / "list.yaml").write_text("- 1\n- 2\n")
+    with pytest.raises(ConfigError, match="must hold a mapping"):
+        load_config(tmp_path / "list.yaml")
+
+
+def test_mini_batch_not_dividing_train_batch():
+    # 8 prompts x 4 = 32 responses; mini-batch 3 prompts x 4 = 12 responses; 32 % 12 != 0
+    with pytest.raises(ConfigError, match=r"train_batch_size x n = 32 is not divisible by ppo_mini_batch_size x n = 12"):
+        load_config(overrides=["actor_rollout_ref.actor.ppo_mini_batch_size=3",
+                               "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4"])
+
+
+def test_mini_batch_larger_than_train_batch():
+    with pytest.raises(ConfigError, match="ppo_mini_batch_size = 16 prompts is larger than data.train_batch_size = 8"):
+        load_config(overrides=["actor_rollout_ref.actor.ppo_mini_batch_size=16"])
+
+
+def test_micro_batch_not_dividing_mini_batch():
+    # mini-batch 8 prompts x 4 = 32 responses on 1 device; 32 % 5 != 0
+    with pytest.raises(ConfigError, match="= 32 responses, is not divisible by ppo_micro_batch_size_per_gpu = 5"):
+        load_config(overrides=["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=5"])
+
+
+def test_micro_batch_larger_than_per_device_mini_batch():
+    # 32 responses over 2 devices = 16 per device < micro 32
+    with pytest.raises(ConfigError, match="ppo_micro_batch_size_per_gpu = 32 is larger .* = 16"):
+        load_config(overrides=["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=32", "trainer.n_gpus_per_node=2"])
+
+
+def test_responses_not_splitting_over_devices():
+    # 8 x 4 = 32 responses over 3 devices
+    with pytest.raises(ConfigError, match="32 responses cannot be split evenly over 3 devices"):
+        load_config(overrides=["trainer.n_gpus_per_node=3"])
+
+
+def test_group_estimator_needs_n_at_least_2_and_errors_are_collected():
+    with pytest.raises(ConfigError) as err:
+        load_config(overrides=["actor_rollout_ref.rollout.n=1", "data.truncation=sideways",
+                               "actor_rollout_ref.actor.clip_ratio_c=0.5"])
+    msg = str(err.value)
+    assert "rollout.n = 1" in msg and "'sideways' is not one of" in msg and "clip_ratio_c = 0.5 must be > 1" in msg
+
+
+def test_nonpositive_sizes():
+    with pytest.raises(ConfigError, match="data.train_batch_size must be >= 1, got 0"):
+        load_config(overrides=["data.train_batch_size=0"])
+
+
+def test_dynamic_bsz_token_budget():
+    with pytest.raises(ConfigError, match=r"ppo_max_token_len_per_gpu = 100 is smaller .* = 192"):
+        load_config(overrides=["actor_rollout_ref.actor.use_dynamic_bsz=true",
+                               "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=100"])
+
+
+def test_yaml_roundtrip_and_known_keys(tmp_path):
+    cfg = load_config(overrides=["data.train_batch_size=4", "actor_rollout_ref.actor.ppo_mini_batch_size=4"])
+    f = tmp_path / "resolved.yaml"
+    f.write_text(to_yaml(cfg))
+    assert load_config(f) == cfg
+    keys = known_keys()
+    assert "actor_rollout_ref.actor.optim.lr" in keys and "algorithm.kl_ctrl.kl_coef" in keys
