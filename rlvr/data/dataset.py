@@ -1,0 +1,172 @@
+"""RLHFDataset: prompts in verl's row format, tokenised with the chat template.
+
+A row (parquet or JSONL) looks like::
+
+    {"data_source": "arithmetic",
+     "prompt": [{"role": "user", "content": "What is 3 + 4? ..."}],
+     "ability": "math",
+     "reward_model": {"style": "rule", "ground_truth": "7"},
+     "extra_info": {"index": 0, "split": "train"}}
+
+Every row is checked and tokenised once, when the dataset is built, so a malformed row
+fails before training starts, with the file, row and key in the message.
+
+Departures from verl: ``__getitem__`` returns the unpadded prompt and ``collate`` left-pads
+each batch to its own longest prompt (not always to ``max_prompt_length``): the rollout and
+log-prob passes then do no work on padding columns.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+
+from rlvr.config.schema import DataConfig
+from rlvr.data.io import DatasetError, read_rows
+from rlvr.protocol import DataProto
+
+
+@dataclass(frozen=True)
+class RowOrigin:
+    file: str
+    row: int
+
+    def __str__(self) -> str:
+        return f"{self.file}, row {self.row}"
+
+
+def validate_row(row: dict[str, Any], origin: RowOrigin, prompt_key: str = "prompt",
+                 reward_fn_key: str = "data_source") -> None:
+    """Raise DatasetError naming the file, row and key if ``row`` is not in verl's format."""
+
+    def fail(key: str, problem: str) -> DatasetError:
+        return DatasetError(f"{origin}: key {key!r} {problem}")
+
+    if reward_fn_key not in row or not isinstance(row[reward_fn_key], str) or not row[reward_fn_key]:
+        raise fail(reward_fn_key, "is missing or not a non-empty string (it selects the reward function)")
+    if prompt_key not in row:
+        raise fail(prompt_key, f"is missing (the row has {sorted(row)})")
+    messages = row[prompt_key]
+    if isinstance(messages, np.ndarray):
+        messages = messages.tolist()
+    if not isinstance(messages, list) or not messages:
+        raise fail(prompt_key, "must be a non-empty list of chat messages [{'role': ..., 'content': ...}]")
+    for i, msg in enumerate(messages):
+        if not isinstance(msg, dict) or not isinstance(msg.get("role"), str) or not isinstance(msg.get("content"), str):
+            raise fail(f"{prompt_key}[{i}]", "must be a dict with string 'role' and 'content'")
+    if not any(m["content"].strip() for m in messages):
+        raise fail(prompt_key, "has only empty message contents")
+    for key in ("reward_model", "extra_info"):
+        if key in row and row[key] is not None and not isinstance(row[key], dict):
+            raise fail(key, f"must be a dict, got {type(row[key]).__name__}")
+    reward_model = row.get("reward_model") or {}
+    if "reward_model" in row and "ground_truth" not in reward_model:
+        raise fail("reward_model.ground_truth", "is missing (rule-based scorers compare against it)")
+
+
+def truncate_ids(ids: list[int], max_length: int, mode: str, origin: RowOrigin | None = None) -> list[int]:
+    """Cut ``ids`` to ``max_length`` keeping the left, right or both ends, or raise for ``error``."""
+    if len(ids) <= max_length:
+        return ids
+    if mode == "left":  # keep the end of the prompt (the question usually comes last)
+        return ids[-max_length:]
+    if mode == "right":
+        return ids[:max_length]
+    if mode == "middle":
+        head = max_length // 2
+        return ids[:head] + ids[len(ids) - (max_length - head):]
+    raise DatasetError(
+        f"{origin or 'prompt'}: prompt has {len(ids)} tokens, more than data.max_prompt_length={max_length}; "
+        "raise max_prompt_length, set data.filter_overlong_prompts=true, or choose "
+        "data.truncation=left|right|middle"
+    )
+
+
+class RLHFDataset:
+    """Prompts from one or more files, checked, templated and tokenised at construction."""
+
+    def __init__(self, files: str | Path | Sequence[str | Path], tokenizer, config: DataConfig | None = None):
+        self.config = config or DataConfig()
+        self.tokenizer = tokenizer
+        files = [files] if isinstance(files, (str, Path)) else list(files)
+        if not files:
+            raise DatasetError("no dataset files given (data.train_files / data.val_files is empty)")
+        self.rows: list[dict[str, Any]] = []
+        self.origins: list[RowOrigin] = []
+        for file in files:
+            for i, row in enumerate(read_rows(file)):
+                origin = RowOrigin(str(file), i)
+                validate_row(row, origin, self.config.prompt_key, self.config.reward_fn_key)
+                self.rows.append(row)
+                self.origins.append(origin)
+        if not self.rows:
+            raise DatasetError(f"dataset files {[str(f) for f in files]} hold no rows")
+        self.prompt_ids = [self._tokenize(row) for row in self.rows]
+        self.num_filtered = 0
+        if self.config.filter_overlong_prompts:
+            keep = [i for i, ids in enumerate(self.prompt_ids) if len(ids) <= self.config.max_prompt_length]
+            self.num_filtered = len(self.rows) - len(keep)
+            self.rows = [self.rows[i] for i in keep]
+            self.origins = [self.origins[i] for i in keep]
+            self.prompt_ids = [self.prompt_ids[i] for i in keep]
+            if not self.rows:
+                raise DatasetError(
+                    f"every prompt in {[str(f) for f in files]} is longer than data.max_prompt_length="
+                    f"{self.config.max_prompt_length} tokens; raise it"
+                )
+
+    def _prompt_text(self, row: dict[str, Any]) -> str:
+        messages = list(row[self.config.prompt_key])
+        if self.config.apply_chat_template:
+            return self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        return "\n".join(m["content"] for m in messages)
+
+    def _tokenize(self, row: dict[str, Any]) -> list[int]:
+        return self.tokenizer.encode(self._prompt_text(row), add_special_tokens=False)
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        """One row: unpadded ``raw_prompt_ids`` (truncated per config) plus the row's other columns."""
+        row = self.rows[i]
+        ids = truncate_ids(self.prompt_ids[i], self.config.max_prompt_length, self.config.truncation, self.origins[i])
+        item = {k: v for k, v in row.items() if k != self.config.prompt_key}
+        item["raw_prompt_ids"] = ids
+        if self.config.return_raw_chat:
+            item["raw_prompt"] = list(row[self.config.prompt_key])
+        extra = dict(item.get("extra_info") or {})
+        item["extra_info"] = extra
+        item["index"] = extra.get("index", i)
+        return item
+
+    def collate(self, items: list[dict[str, Any]]) -> DataProto:
+        return collate(items, self.tokenizer.pad_token_id)
+
+
+def left_pad(sequences: Sequence[Sequence[int]], pad_id: int, length: int | None = None):
+    """Left-pad token lists to ``length`` (default: the longest) -> input_ids, attention_mask, position_ids."""
+    length = length or max(len(s) for s in sequences)
+    input_ids = torch.full((len(sequences), length), pad_id, dtype=torch.long)
+    attention_mask = torch.zeros((len(sequences), length), dtype=torch.long)
+    for r, seq in enumerate(sequences):
+        if seq:
+            input_ids[r, length - len(seq):] = torch.as_tensor(seq, dtype=torch.long)
+            attention_mask[r, length - len(seq):] = 1
+    position_ids = (attention_mask.cumsum(dim=1) - 1).clamp(min=0)  # (B, P): 0.. over real tokens
+    return input_ids, attention_mask, position_ids
+
+
+def collate(items: list[dict[str, Any]], pad_id: int) -> DataProto:
+    """Rows -> a DataProto with left-padded prompt tensors and every other column as an object array."""
+    input_ids, attention_mask, position_ids = left_pad([it["raw_prompt_ids"] for it in items], pad_id)
+    keys = list(dict.fromkeys(k for it in items for k in it))  # union, in first-seen order
+    non_tensors = {k: [it.get(k) for it in items] for k in keys}
+    return DataProto.from_dict(
+        {"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids},
+        non_tensors,
+    )

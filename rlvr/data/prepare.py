@@ -1,0 +1,30 @@
+"""``rlvr prepare TASK``: write ``train.parquet`` and ``test.parquet`` in verl's row format."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rlvr.data.io import write_parquet
+from rlvr.data.tasks import arithmetic, countdown, gsm8k
+
+DEFAULT_ROOT = Path("~/data")
+
+
+def prepare_arithmetic(out_dir: Path, train_size: int = 1000, test_size: int = 300, seed: int = 0,
+                       spec: arithmetic.ArithmeticSpec = arithmetic.ArithmeticSpec()) -> dict[str, Path]:
+    splits = arithmetic.make_splits(train_size, test_size, seed, spec)
+    return {split: write_parquet(rows, out_dir / f"{split}.parquet") for split, rows in splits.items()}
+
+
+def prepare_countdown(out_dir: Path, train_size: int = 10000, test_size: int = 300, seed: int = 0,
+                      min_count: int = 3, max_count: int = 4) -> dict[str, Path]:
+    sizes = {"train": train_size, "test": test_size}
+    return {
+        split: write_parquet(countdown.make_rows(n, seed, split, min_count=min_count, max_count=max_count),
+                             out_dir / f"{split}.parquet")
+        for split, n in sizes.items()
+    }
+
+
+def prepare_gsm8k(out_dir: Path, src: Path) -> dict[str, Path]:
+    return {split: write_parquet(rows, out_dir / f"{split}.parquet") for split, rows in gsm8k.convert(src).items()}

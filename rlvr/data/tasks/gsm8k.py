@@ -1,0 +1,72 @@
+"""GSM8K from its raw files into verl's row format (no data ships with rlvr).
+
+Reads the original layout (``train.jsonl`` / ``test.jsonl`` with ``question`` and an
+``answer`` whose last line is ``#### 72``), the Hugging Face parquet export of the same
+columns, and the Chinese variant (``question_zh-cn`` and ``answer_only``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from rlvr.data.io import DatasetError, SUFFIXES, read_rows
+
+DATA_SOURCE = "openai/gsm8k"
+INSTRUCTION = 'Let\'s think step by step and output the final answer after "####".'
+
+
+def final_answer(answer: str) -> str | None:
+    """The number after the last ``####``, without thousands separators."""
+    if "####" not in answer:
+        return None
+    return answer.rsplit("####", 1)[1].strip().replace(",", "").rstrip(".") or None
+
+
+def convert_row(row: dict[str, Any], index: int, split: str, origin: str) -> dict[str, Any]:
+    if "question_zh-cn" in row:  # Chinese GSM8K: translated question, bare answer
+        question, key = row["question_zh-cn"], "question_zh-cn"
+        ground_truth = str(row.get("answer_only", "")).strip().replace(",", "") or None
+        if ground_truth is None:
+            raise DatasetError(f"{origin}, row {index}: key 'answer_only' is missing or empty")
+        solution = row.get("answer")
+    else:
+        question, key = row.get("question"), "question"
+        if not isinstance(row.get("answer"), str):
+            raise DatasetError(f"{origin}, row {index}: key 'answer' is missing or not a string")
+        ground_truth, solution = final_answer(row["answer"]), row["answer"]
+        if ground_truth is None:
+            raise DatasetError(f"{origin}, row {index}: key 'answer' has no final '#### <number>' line")
+    if not isinstance(question, str) or not question.strip():
+        raise DatasetError(f"{origin}, row {index}: key {key!r} is missing or empty")
+    return {
+        "data_source": DATA_SOURCE,
+        "prompt": [{"role": "user", "content": f"{question.strip()} {INSTRUCTION}"}],
+        "ability": "math",
+        "reward_model": {"style": "rule", "ground_truth": ground_truth},
+        "extra_info": {"index": index, "split": split, "question": question, "answer": solution},
+    }
+
+
+def find_split_files(src: Path) -> dict[str, Path]:
+    """``{'train': ..., 'test': ...}`` from a folder (files whose names contain the split) or one file."""
+    src = src.expanduser()
+    if src.is_file():
+        return {"train": src}
+    if not src.is_dir():
+        raise DatasetError(f"GSM8K source {str(src)!r} does not exist; give the folder holding train.jsonl/test.jsonl")
+    found = {}
+    for split in ("train", "test"):
+        matches = sorted(p for p in src.rglob(f"*{split}*") if p.suffix in SUFFIXES)
+        if matches:
+            found[split] = matches[0]
+    if not found:
+        raise DatasetError(f"no train/test .jsonl or .parquet files under {str(src)!r}")
+    return found
+
+
+def convert(src: str | Path) -> dict[str, list[dict[str, Any]]]:
+    return {
+        split: [convert_row(row, i, split, str(path)) for i, row in enumerate(read_rows(path))]
+        for split, path in find_split_files(Path(src)).items()
+    }
