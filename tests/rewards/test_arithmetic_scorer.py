@@ -1,0 +1,33 @@
+import pytest
+
+from rlvr.rewards import get_scorer
+from rlvr.rewards.arithmetic import compute_score, extract_final_number
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("16 * 7 = 112", "112"),
+        ("3 - 17 = -14", "-14"),
+        ("The answer is 42. I counted 3 times.", "42"),  # explicit marker beats the last number
+        ("<answer> 1,234 </answer> (checked 2 ways)", "1234"),
+        ("so \\boxed{-5} and 8", "-5"),
+        ("#### 72", "72"),
+        ("no digits here", None),
+        ("it is 12.", "12"),
+    ],
+)
+def test_extract_final_number(text, expected):
+    assert extract_final_number(text) == expected
+
+
+def test_compute_score():
+    assert compute_score("arithmetic", "8 + 5 = 13", "13") == 1.0
+    assert compute_score("arithmetic", "8 + 5 = 12", "13") == 0.0
+    assert compute_score("arithmetic", "I don't know", "13") == 0.0
+
+
+def test_unknown_data_source_names_known_ones():
+    assert get_scorer("arithmetic") is compute_score
+    with pytest.raises(KeyError, match=r"no reward function for data_source 'nope'; known: \['arithmetic'\]"):
+        get_scorer("nope")

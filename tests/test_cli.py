@@ -1,0 +1,42 @@
+import pytest
+
+from rlvr.cli import main
+from rlvr.data import read_rows
+
+
+def test_prepare_arithmetic_and_countdown(tmp_path, capsys):
+    assert main(["prepare", "arithmetic", "--out", str(tmp_path / "a"), "--train-size", "40", "--test-size", "10"]) == 0
+    assert len(read_rows(tmp_path / "a" / "train.parquet")) == 40
+    assert "wrote test" in capsys.readouterr().out
+    assert main(["prepare", "countdown", "--out", str(tmp_path / "c"), "--train-size", "5", "--test-size", "5"]) == 0
+    assert len(read_rows(tmp_path / "c" / "test.parquet")) == 5
+
+
+def test_prepare_gsm8k_without_src_is_a_clear_error(tmp_path, capsys):
+    assert main(["prepare", "gsm8k", "--out", str(tmp_path)]) == 2
+    assert "needs --src PATH" in capsys.readouterr().err
+
+
+def test_config_show_prints_resolved_yaml(capsys):
+    assert main(["config", "show", "actor_rollout_ref.rollout.n=8"]) == 0
+    out = capsys.readouterr().out
+    assert "adv_estimator: grpo" in out and "'n': 8" in out
+
+
+def test_config_error_exits_2_without_traceback(capsys):
+    assert main(["config", "show", "data.train_batch_sise=3"]) == 2
+    err = capsys.readouterr().err
+    assert "did you mean 'data.train_batch_size'" in err and "Traceback" not in err
+
+
+def test_rollout_on_tiny_model(tmp_path, tiny_model_dir, capsys):
+    main(["prepare", "arithmetic", "--out", str(tmp_path), "--train-size", "16", "--test-size", "8"])
+    code = main(["rollout", "--limit", "4", f"actor_rollout_ref.model.path={tiny_model_dir}",
+                 f"data.val_files={tmp_path / 'test.parquet'}", "data.max_response_length=8"])
+    assert code == 0
+    assert "4 prompts, mean score" in capsys.readouterr().out
+
+
+def test_rollout_with_missing_model_path(tmp_path, capsys):
+    assert main(["rollout", f"actor_rollout_ref.model.path={tmp_path / 'nope'}"]) == 2
+    assert "does not exist" in capsys.readouterr().err
