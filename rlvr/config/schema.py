@@ -82,6 +82,10 @@ class OptimConfig:
 class PolicyLossConfig:
     loss_mode: str = "vanilla"
     """Name in the policy-loss registry (vanilla, gspo, cispo, gpg, geo_mean, sapo)."""
+    tau_pos: float = 1.0
+    """SAPO gate temperature for positive advantages."""
+    tau_neg: float = 1.05
+    """SAPO gate temperature for negative advantages."""
 
 
 @dataclass
@@ -267,6 +271,12 @@ class AlgorithmConfig:
     kl_penalty: str = "kl"
     """KL estimator used in the reward."""
     kl_ctrl: KLControlConfig = field(default_factory=KLControlConfig)
+    rollout_is: bool = False
+    """Weight the policy loss by truncated importance sampling pi_old / pi_rollout (TIS)."""
+    rollout_is_level: str = "token"
+    """token | sequence | geometric."""
+    rollout_is_threshold: float = 2.0
+    """Cap of the importance weight."""
 
 
 @dataclass

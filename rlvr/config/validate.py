@@ -109,6 +109,24 @@ def _choices(cfg: RLVRConfig) -> list[str]:
     return errors
 
 
+def _registered_names(cfg: RLVRConfig) -> list[str]:
+    from rlvr.algos import ADV_ESTIMATORS, POLICY_LOSSES
+    from rlvr.algos.kl import KL_TYPES
+
+    errors = []
+    actor = cfg.actor_rollout_ref.actor
+    for key, value, allowed in (
+        ("algorithm.adv_estimator", cfg.algorithm.adv_estimator, ADV_ESTIMATORS.names()),
+        ("actor_rollout_ref.actor.policy_loss.loss_mode", actor.policy_loss.loss_mode, POLICY_LOSSES.names()),
+        ("actor_rollout_ref.actor.kl_loss_type", actor.kl_loss_type, KL_TYPES),
+        ("algorithm.kl_penalty", cfg.algorithm.kl_penalty, KL_TYPES),
+        ("algorithm.rollout_is_level", cfg.algorithm.rollout_is_level, ("token", "sequence", "geometric")),
+    ):
+        if value not in allowed:
+            errors.append(f"{key} = {value!r} is not registered; choose one of {list(allowed)}")
+    return errors
+
+
 def _algorithm(cfg: RLVRConfig) -> list[str]:
     errors = []
     actor, rollout = cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.rollout
@@ -139,6 +157,6 @@ def _algorithm(cfg: RLVRConfig) -> list[str]:
 
 def validate(cfg: RLVRConfig) -> None:
     """Raise ConfigError listing every broken invariant of ``cfg``."""
-    errors = _batch_sizes(cfg) + _choices(cfg) + _algorithm(cfg)
+    errors = _batch_sizes(cfg) + _choices(cfg) + _registered_names(cfg) + _algorithm(cfg)
     if errors:
         raise ConfigError("invalid config:\n  - " + "\n  - ".join(errors))

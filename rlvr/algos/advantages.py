@@ -1,0 +1,189 @@
+"""Advantage estimators behind one registry and one signature.
+
+Every estimator is called as::
+
+    fn(token_level_rewards, response_mask, index, config=None, values=None,
+       reward_baselines=None, gamma=None, lam=None, **estimator_options)
+       -> (advantages, returns)        # both (bs, T), zero outside response_mask
+
+``index`` is the uid array (numpy object, one uid per prompt, shared by its n samples);
+``config`` is the ``algorithm`` sub-config, consulted only for a value not passed
+explicitly. Values match verl's core_algos on the same tensors; grouped estimators are
+vectorised with scatter-adds over dense group ids (no Python loop over samples or groups).
+
+Departures from verl: none in the values. ``grpo_passk`` breaks ties for the best sample
+by the lowest row index (verl leaves it to ``torch.topk``).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+
+from rlvr.algos.registry import Registry
+from rlvr.algos.utils import group_ids, group_mean_std, masked_whiten
+from rlvr.protocol import DataProto
+
+AdvantageFn = Callable[..., tuple[torch.Tensor, torch.Tensor]]
+ADV_ESTIMATORS: Registry[AdvantageFn] = Registry("advantage estimator")
+register_adv_est = ADV_ESTIMATORS.register
+
+
+def get_adv_estimator_fn(name: str) -> AdvantageFn:
+    return ADV_ESTIMATORS.get(name)
+
+
+def _option(explicit: Any, config: Any, name: str, default: Any) -> Any:
+    """An estimator option: the explicit argument, else the config's field, else the default."""
+    if explicit is not None:
+        return explicit
+    return getattr(config, name, default) if config is not None else default
+
+
+@register_adv_est("grpo")
+def compute_grpo_outcome_advantage(token_level_rewards, response_mask, index, config=None, epsilon=1e-6,
+                                   norm_adv_by_std_in_grpo=None, **unused):
+    """GRPO: (score - group mean) / (group std + eps); Dr.GRPO without the std division."""
+    norm = _option(norm_adv_by_std_in_grpo, config, "norm_adv_by_std_in_grpo", True)
+    scores = token_level_rewards.sum(dim=-1)  # (bs,)
+    ids, num_groups = group_ids(index)
+    mean, std, _ = group_mean_std(scores, ids, num_groups)
+    adv = (scores - mean) / (std + epsilon) if norm else scores - mean
+    adv = adv.unsqueeze(-1) * response_mask  # (bs, T)
+    return adv, adv
+
+
+@register_adv_est("grpo_passk")
+def compute_grpo_passk_outcome_advantage(token_level_rewards, response_mask, index, config=None, epsilon=1e-6,
+                                         norm_adv_by_std_in_grpo=None, **unused):
+    """Pass@k GRPO: only each group's best sample gets (best - second best) [/ group std]."""
+    norm = _option(norm_adv_by_std_in_grpo, config, "norm_adv_by_std_in_grpo", True)
+    scores = token_level_rewards.sum(dim=-1)  # (bs,)
+    ids, num_groups = group_ids(index)
+    _, std, count = group_mean_std(scores, ids, num_groups)
+    if bool((count < 2).any()):
+        raise ValueError("grpo_passk needs at least 2 samples per group (set actor_rollout_ref.rollout.n >= 2)")
+    # Sort by (group, score desc, row asc) with two stable sorts: each group's first row is its best.
+    by_score = torch.sort(-scores, stable=True).indices
+    order = by_score[torch.sort(ids[by_score], stable=True).indices]
+    first = torch.ones(len(order), dtype=torch.bool)
+    first[1:] = ids[order][1:] != ids[order][:-1]
+    best_rows = order[first]
+    second_rows = order[torch.nonzero(first).squeeze(-1) + 1]
+    gap = scores[best_rows] - scores[second_rows]
+    if norm:
+        gap = gap / (std[best_rows] + epsilon)
+    adv = torch.zeros_like(scores).index_put_((best_rows,), gap)
+    adv = adv.unsqueeze(-1) * response_mask
+    return adv, adv
+
+
+@register_adv_est("rloo")
+def compute_rloo_outcome_advantage(token_level_rewards, response_mask, index, config=None, **unused):
+    """RLOO: score minus the mean of the other samples of its group (groups of one keep the score)."""
+    scores = token_level_rewards.sum(dim=-1)
+    ids, num_groups = group_ids(index)
+    mean, _, count = group_mean_std(scores, ids, num_groups)
+    # s * n/(n-1) - mean * n/(n-1) = s - (sum - s)/(n-1): the leave-one-out baseline
+    loo = (scores - mean) * count / (count - 1).clamp(min=1)
+    adv = torch.where(count > 1, loo, scores).unsqueeze(-1) * response_mask
+    return adv, adv
+
+
+@register_adv_est("opo")
+def compute_opo_outcome_advantage(token_level_rewards, response_mask, index, config=None, **unused):
+    """OPO: score minus the length-weighted group mean sum(len * score) / sum(len)."""
+    scores = token_level_rewards.sum(dim=-1)
+    lengths = response_mask.sum(dim=-1).to(scores.dtype)
+    ids, num_groups = group_ids(index)
+    weighted = torch.zeros(num_groups, dtype=scores.dtype).index_add_(0, ids, lengths * scores)
+    total_len = torch.zeros(num_groups, dtype=scores.dtype).index_add_(0, ids, lengths)
+    count = torch.zeros(num_groups, dtype=scores.dtype).index_add_(0, ids, torch.ones_like(scores))
+    baseline = torch.where(count > 1, weighted / total_len.clamp(min=1e-8), torch.zeros_like(weighted))[ids]
+    adv = (scores - baseline).unsqueeze(-1) * response_mask
+    return adv, adv
+
+
+def discounted_returns(token_level_rewards, response_mask, gamma: float) -> torch.Tensor:
+    """G_t = r_t + gamma * G_{t+1}, reset after the last valid token.  (bs, T)"""
+    returns = torch.zeros_like(token_level_rewards)
+    running = torch.zeros_like(token_level_rewards[:, 0])
+    for t in reversed(range(token_level_rewards.shape[1])):  # a recursion in time, vectorised over samples
+        running = token_level_rewards[:, t] + gamma * running
+        returns[:, t] = running
+        running = running * response_mask[:, t]
+    return returns
+
+
+@register_adv_est("reinforce_plus_plus")
+def compute_reinforce_plus_plus_outcome_advantage(token_level_rewards, response_mask, index=None, config=None,
+                                                  gamma=None, **unused):
+    """REINFORCE++: discounted returns, whitened over the batch."""
+    gamma = _option(gamma, config, "gamma", 1.0)
+    returns = discounted_returns(token_level_rewards, response_mask, gamma)
+    adv = masked_whiten(returns, response_mask) * response_mask
+    return adv, returns
+
+
+@register_adv_est("reinforce_plus_plus_baseline")
+def compute_reinforce_plus_plus_baseline_outcome_advantage(token_level_rewards, response_mask, index, config=None,
+                                                           **unused):
+    """REINFORCE++ with baseline: score minus group mean, then whitened over the batch."""
+    scores = token_level_rewards.sum(dim=-1)
+    ids, num_groups = group_ids(index)
+    mean, _, _ = group_mean_std(scores, ids, num_groups)
+    adv = (scores - mean).unsqueeze(-1) * response_mask
+    adv = masked_whiten(adv, response_mask) * response_mask
+    return adv, adv
+
+
+@register_adv_est("remax")
+def compute_remax_outcome_advantage(token_level_rewards, response_mask, index=None, config=None,
+                                    reward_baselines=None, **unused):
+    """ReMax: returns-to-go minus the greedy response's reward (``reward_baselines``)."""
+    if reward_baselines is None:
+        raise ValueError("remax needs reward_baselines: the reward of each prompt's greedy response")
+    returns = (token_level_rewards * response_mask).flip(-1).cumsum(-1).flip(-1)
+    adv = returns - reward_baselines.unsqueeze(-1) * response_mask
+    return adv, returns
+
+
+@register_adv_est("gae")
+def compute_gae_advantage_return(token_level_rewards, response_mask, index=None, config=None, values=None,
+                                 gamma=None, lam=None, **unused):
+    """GAE (PPO with a critic): TD(lambda) advantages, whitened; returns = advantages + values."""
+    if values is None:
+        raise ValueError("gae needs the critic's values (algorithm.adv_estimator=gae requires a critic)")
+    gamma, lam = _option(gamma, config, "gamma", 1.0), _option(lam, config, "lam", 1.0)
+    next_value = torch.zeros_like(values[:, 0])
+    last_gae = torch.zeros_like(values[:, 0])
+    reversed_adv = []
+    for t in reversed(range(token_level_rewards.shape[1])):
+        delta = token_level_rewards[:, t] + gamma * next_value - values[:, t]
+        gae = delta + gamma * lam * last_gae
+        m = response_mask[:, t]
+        # masked positions (padding, tool output) pass value and advantage through unchanged
+        next_value = values[:, t] * m + (1 - m) * next_value
+        last_gae = gae * m + (1 - m) * last_gae
+        reversed_adv.append(last_gae)
+    advantages = torch.stack(reversed_adv[::-1], dim=1)
+    returns = advantages + values
+    advantages = masked_whiten(advantages, response_mask) * response_mask
+    return advantages, returns
+
+
+def compute_advantage(data: DataProto, config) -> DataProto:
+    """Run ``config.adv_estimator`` on a batch; adds ``advantages`` and ``returns`` (in place)."""
+    data.require("token_level_rewards", "response_mask", stage=f"advantage estimator {config.adv_estimator!r}")
+    fn = get_adv_estimator_fn(config.adv_estimator)
+    advantages, returns = fn(
+        token_level_rewards=data.batch["token_level_rewards"],
+        response_mask=data.batch["response_mask"],
+        index=data.non_tensor_batch.get("uid"),
+        config=config,
+        values=data.batch.get("values"),
+        reward_baselines=data.batch.get("reward_baselines"),
+    )
+    data.batch["advantages"], data.batch["returns"] = advantages, returns
+    return data

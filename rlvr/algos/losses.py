@@ -1,0 +1,212 @@
+"""Loss aggregation and the policy losses behind one registry and one signature.
+
+Every policy loss is called as::
+
+    fn(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config,
+       rollout_is_weights=None, **agg_kwargs)
+       -> (pg_loss, pg_clipfrac, ppo_kl, pg_clipfrac_lower)
+
+``config`` is the actor config (``clip_ratio``, ``clip_ratio_low``, ``clip_ratio_high``,
+``clip_ratio_c``, ``policy_loss.tau_pos``/``tau_neg``). ``agg_kwargs`` (``num_tokens``,
+``num_seqs``, ``norm_constant``) carry the mini-batch totals that make a micro-batch's loss
+a share of the mini-batch loss, so the optimizer step's gradient does not depend on how
+the mini-batch is split (see ``agg_loss``).
+
+Departure from verl: ``seq-mean-token-sum-norm`` is the Dr.GRPO paper's
+mean over sequences of (token sum / constant); verl divides the sum over sequences by the
+constant without dividing by the number of sequences.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from rlvr.algos.registry import Registry
+from rlvr.algos.utils import masked_mean
+
+LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+
+
+def agg_loss(loss_mat: torch.Tensor, loss_mask: torch.Tensor, loss_agg_mode: str,
+             num_tokens: float | torch.Tensor | None = None, num_seqs: int | None = None,
+             norm_constant: float | None = None) -> torch.Tensor:
+    """Reduce a (bs, T) loss matrix to a scalar.
+
+    - token-mean: sum of token losses / ``num_tokens`` (default: valid tokens here);
+    - seq-mean-token-sum: mean over sequences of each sequence's token sum;
+    - seq-mean-token-mean: mean over sequences of each sequence's token mean;
+    - seq-mean-token-sum-norm: mean over sequences of token sum / ``norm_constant``
+      (Dr.GRPO; default the padded length T, pass max_response_length to keep it constant).
+
+    Pass the whole mini-batch's ``num_tokens`` / ``num_seqs`` when ``loss_mat`` is one
+    micro-batch: the micro-batch losses then sum to the mini-batch loss.
+    """
+    if loss_agg_mode == "token-mean":
+        denom = loss_mask.sum() if num_tokens is None else num_tokens
+        return (loss_mat * loss_mask).sum() / torch.clamp(torch.as_tensor(denom, dtype=loss_mat.dtype), min=1.0)
+    seqs = loss_mat.shape[0] if num_seqs is None else num_seqs
+    token_sums = (loss_mat * loss_mask).sum(dim=-1)  # (bs,)
+    if loss_agg_mode == "seq-mean-token-sum":
+        per_seq = token_sums
+    elif loss_agg_mode == "seq-mean-token-mean":
+        per_seq = token_sums / loss_mask.sum(dim=-1).clamp(min=1)
+    elif loss_agg_mode == "seq-mean-token-sum-norm":
+        per_seq = token_sums / (norm_constant if norm_constant is not None else loss_mask.shape[-1])
+    else:
+        raise ValueError(f"unknown loss_agg_mode {loss_agg_mode!r}; choose one of {list(LOSS_AGG_MODES)}")
+    return per_seq.sum() / max(seqs, 1)
+
+
+PolicyLossFn = Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]]
+POLICY_LOSSES: Registry[PolicyLossFn] = Registry("policy loss")
+register_policy_loss = POLICY_LOSSES.register
+
+
+def get_policy_loss_fn(name: str) -> PolicyLossFn:
+    return POLICY_LOSSES.get(name)
+
+
+def clip_range(config) -> tuple[float, float]:
+    """(low, high) clip ranges; each falls back to ``clip_ratio`` when unset."""
+    low = config.clip_ratio_low if config.clip_ratio_low is not None else config.clip_ratio
+    high = config.clip_ratio_high if config.clip_ratio_high is not None else config.clip_ratio
+    return low, high
+
+
+def _log_ratio(old_log_prob, log_prob):
+    """log(pi / pi_old), clamped to [-20, 20] so exp() stays finite (as verl does)."""
+    return torch.clamp(log_prob - old_log_prob, min=-20.0, max=20.0)
+
+
+def _zero(like: torch.Tensor) -> torch.Tensor:
+    return torch.zeros((), dtype=like.dtype, device=like.device)
+
+
+def _weighted(pg_losses, rollout_is_weights):
+    return pg_losses if rollout_is_weights is None else pg_losses * rollout_is_weights
+
+
+@register_policy_loss("vanilla")
+def compute_policy_loss_vanilla(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config,
+                                rollout_is_weights=None, **agg_kwargs):
+    """PPO clip (asymmetric with clip_ratio_low/high: DAPO clip-higher) and dual-clip for A < 0."""
+    low, high = clip_range(config)
+    clip_c = config.clip_ratio_c
+    if clip_c <= 1.0:
+        raise ValueError(f"clip_ratio_c must be > 1 for dual-clip, got {clip_c}")
+    neg_kl = _log_ratio(old_log_prob, log_prob)
+    ratio = torch.exp(neg_kl)
+    ppo_kl = masked_mean(-neg_kl, response_mask)
+    losses1 = -advantages * ratio
+    losses2 = -advantages * torch.clamp(ratio, 1 - low, 1 + high)
+    clipped = torch.maximum(losses1, losses2)
+    pg_clipfrac = masked_mean(torch.gt(losses2, losses1).float(), response_mask)
+    losses3 = -advantages * clip_c  # dual clip: bound the loss of a negative advantage
+    dual = torch.minimum(losses3, clipped)
+    pg_clipfrac_lower = masked_mean((torch.gt(clipped, losses3) & (advantages < 0)).float(), response_mask)
+    pg_losses = _weighted(torch.where(advantages < 0, dual, clipped), rollout_is_weights)
+    return agg_loss(pg_losses, response_mask, loss_agg_mode, **agg_kwargs), pg_clipfrac, ppo_kl, pg_clipfrac_lower
+
+
+@register_policy_loss("gspo")
+def compute_policy_loss_gspo(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config,
+                             rollout_is_weights=None, **agg_kwargs):
+    """GSPO: the clipped ratio is the sequence's geometric-mean ratio (seq-mean-token-mean)."""
+    low, high = clip_range(config)
+    neg_kl = log_prob - old_log_prob
+    lengths = response_mask.sum(dim=-1).clamp(min=1)
+    seq_neg_kl = (neg_kl * response_mask).sum(dim=-1) / lengths  # (bs,)
+    # s_i,t = sg[s_i] * pi(y_t) / sg[pi(y_t)]: the value of the sequence ratio, a per-token gradient
+    log_ratio = log_prob - log_prob.detach() + seq_neg_kl.detach().unsqueeze(-1)
+    ratio = torch.exp(torch.clamp(log_ratio, max=10.0))
+    losses1 = -advantages * ratio
+    losses2 = -advantages * torch.clamp(ratio, 1 - low, 1 + high)
+    pg_losses = _weighted(torch.maximum(losses1, losses2), rollout_is_weights)
+    agg_kwargs.pop("num_tokens", None)  # GSPO is defined per sequence
+    pg_loss = agg_loss(pg_losses, response_mask, "seq-mean-token-mean", **agg_kwargs)
+    pg_clipfrac = masked_mean(torch.gt(losses2, losses1).float(), response_mask)
+    return pg_loss, pg_clipfrac, masked_mean(-neg_kl, response_mask), _zero(pg_loss)
+
+
+@register_policy_loss("cispo")
+def compute_policy_loss_cispo(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config,
+                              rollout_is_weights=None, **agg_kwargs):
+    """CISPO (MiniMax-M1): -sg(clip(ratio)) * A * log_prob; every token keeps a gradient."""
+    low, high = clip_range(config)
+    neg_kl = _log_ratio(old_log_prob, log_prob)
+    ratio = torch.exp(neg_kl)
+    clipped_ratio = torch.clamp(ratio, 1 - low, 1 + high).detach()
+    pg_losses = _weighted(-advantages * clipped_ratio * log_prob, rollout_is_weights)
+    pg_loss = agg_loss(pg_losses, response_mask, loss_agg_mode, **agg_kwargs)
+    pg_clipfrac = masked_mean(torch.gt(ratio, 1 + high).float(), response_mask)
+    pg_clipfrac_lower = masked_mean(torch.lt(ratio, 1 - low).float(), response_mask)
+    return pg_loss, pg_clipfrac, masked_mean(-neg_kl, response_mask), pg_clipfrac_lower
+
+
+@register_policy_loss("gpg")
+def compute_policy_loss_gpg(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config,
+                            rollout_is_weights=None, **agg_kwargs):
+    """GPG: plain policy gradient -A * log_prob, no ratio and no clipping."""
+    pg_losses = _weighted(-advantages * log_prob, rollout_is_weights)
+    pg_loss = agg_loss(pg_losses, response_mask, loss_agg_mode, **agg_kwargs)
+    return pg_loss, _zero(pg_loss), _zero(pg_loss), _zero(pg_loss)
+
+
+@register_policy_loss("geo_mean")
+def compute_policy_loss_geo_mean(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config,
+                                 rollout_is_weights=None, **agg_kwargs):
+    """GMPO: the geometric mean of token ratios, each clipped in log space to [-low, high]."""
+    low, high = clip_range(config)
+    neg_kl = log_prob - old_log_prob
+    ppo_kl = masked_mean(-neg_kl, response_mask)
+    sign = torch.sign(advantages)
+    neg_kl_clamped = torch.clamp(neg_kl, -low, high)
+    # pessimistic per token: min(sign * x, sign * clip(x)) then undo the sign
+    neg_kl_min = sign * torch.minimum(sign * neg_kl, sign * neg_kl_clamped)
+    if rollout_is_weights is not None:
+        neg_kl_min = neg_kl_min + torch.log(rollout_is_weights.clamp(min=1e-8))
+    lengths = response_mask.sum(dim=-1)
+    ratio = torch.exp((neg_kl_min * response_mask).sum(dim=-1) / (lengths + 1e-8))  # (bs,)
+    seq_adv = (advantages * response_mask).sum(dim=-1) / (lengths + 1e-8)  # sequence-level advantage
+    seqs = agg_kwargs.get("num_seqs") or ratio.shape[0]
+    pg_loss = (-seq_adv * ratio).sum() / seqs
+    clipped = torch.ne(neg_kl, neg_kl_clamped)
+    pg_clipfrac = masked_mean((clipped & (advantages > 0)).float(), response_mask)
+    pg_clipfrac_lower = masked_mean((clipped & (advantages < 0)).float(), response_mask)
+    return pg_loss, pg_clipfrac, ppo_kl, pg_clipfrac_lower
+
+
+@register_policy_loss("sapo")
+def compute_policy_loss_sapo(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config,
+                             rollout_is_weights=None, **agg_kwargs):
+    """SAPO: a smooth sigmoid gate 4/tau * sigmoid(tau (ratio - 1)) replaces the hard clip."""
+    tau_pos, tau_neg = config.policy_loss.tau_pos, config.policy_loss.tau_neg
+    neg_kl = _log_ratio(old_log_prob, log_prob)
+    ratio = torch.exp(neg_kl)
+    tau = torch.where(advantages > 0, torch.full_like(ratio, tau_pos), torch.full_like(ratio, tau_neg))
+    gate = torch.sigmoid(tau * (ratio - 1.0)) * (4.0 / tau)  # slope 1 at ratio 1, like the plain ratio
+    pg_losses = _weighted(-gate * advantages, rollout_is_weights)
+    pg_loss = agg_loss(pg_losses, response_mask, loss_agg_mode, **agg_kwargs)
+    return pg_loss, _zero(pg_loss), masked_mean(-neg_kl, response_mask), _zero(pg_loss)
+
+
+def compute_rollout_is_weights(old_log_prob, rollout_log_probs, response_mask, level: str = "token",
+                               cap: float = 2.0) -> torch.Tensor:
+    """Truncated importance-sampling weights pi_old / pi_rollout, capped at ``cap``, detached.
+
+    level: ``token`` (a weight per token), ``sequence`` (the product over the sequence) or
+    ``geometric`` (the geometric mean over the sequence), broadcast to (bs, T).
+    """
+    log_w = (old_log_prob - rollout_log_probs) * response_mask  # (bs, T)
+    if level == "token":
+        pass
+    elif level == "sequence":
+        log_w = log_w.sum(dim=-1, keepdim=True).expand_as(log_w)
+    elif level == "geometric":
+        log_w = (log_w.sum(dim=-1) / response_mask.sum(dim=-1).clamp(min=1)).unsqueeze(-1).expand_as(old_log_prob)
+    else:
+        raise ValueError(f"unknown rollout IS level {level!r}; choose token, sequence or geometric")
+    weights = torch.exp(torch.clamp(log_w, max=20.0)).clamp(max=cap)
+    return (weights * response_mask).detach()

@@ -1,0 +1,63 @@
+"""Masked statistics and group bookkeeping shared by the estimators and losses."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+
+def masked_sum(values: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> torch.Tensor:
+    return (values * mask).sum() if dim is None else (values * mask).sum(dim=dim)
+
+
+def masked_mean(values: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> torch.Tensor:
+    """Mean of ``values`` where ``mask`` is 1 (over all elements, or along ``dim``)."""
+    count = mask.sum() if dim is None else mask.sum(dim=dim)
+    return masked_sum(values, mask, dim) / count.clamp(min=1e-8)
+
+
+def masked_var(values: torch.Tensor, mask: torch.Tensor, unbiased: bool = True) -> torch.Tensor:
+    """Variance over the masked elements; unbiased uses Bessel's correction n / (n - 1)."""
+    mean = masked_mean(values, mask)
+    var = masked_mean((values - mean) ** 2, mask)
+    if unbiased:
+        count = mask.sum()
+        if count < 2:
+            raise ValueError(f"an unbiased variance needs at least 2 masked elements, got {int(count)}")
+        var = var * count / (count - 1)
+    return var
+
+
+def masked_whiten(values: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True) -> torch.Tensor:
+    """(values - mean) / sqrt(var + 1e-8) over the masked elements; keeps the mean when not shift_mean."""
+    mean, var = masked_mean(values, mask), masked_var(values, mask)
+    whitened = (values - mean) * torch.rsqrt(var + 1e-8)
+    return whitened if shift_mean else whitened + mean
+
+
+def compute_response_mask(responses: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """The response part of the attention mask: (B, P + R) -> (B, R)."""
+    return attention_mask[:, -responses.shape[1]:]
+
+
+def group_ids(index: Any) -> tuple[torch.Tensor, int]:
+    """Map each sample's uid to a dense group id 0..G-1 -> (ids (bs,), G)."""
+    _, inverse = np.unique(np.asarray(index, dtype=object).astype(str), return_inverse=True)
+    ids = torch.as_tensor(inverse.reshape(-1), dtype=torch.long)
+    return ids, int(ids.max()) + 1 if ids.numel() else 0
+
+
+def group_mean_std(scores: torch.Tensor, ids: torch.Tensor, num_groups: int):
+    """Per-sample group mean and unbiased group std, with verl's rule for a group of one
+    (mean 0, std 1). Returns (mean (bs,), std (bs,), count (bs,))."""
+    count = torch.zeros(num_groups, dtype=scores.dtype).index_add_(0, ids, torch.ones_like(scores))
+    total = torch.zeros(num_groups, dtype=scores.dtype).index_add_(0, ids, scores)
+    mean = total / count
+    sq_dev = torch.zeros(num_groups, dtype=scores.dtype).index_add_(0, ids, (scores - mean[ids]) ** 2)
+    std = torch.sqrt(sq_dev / (count - 1).clamp(min=1))
+    single = count == 1
+    mean = torch.where(single, torch.zeros_like(mean), mean)
+    std = torch.where(single, torch.ones_like(std), std)
+    return mean[ids], std[ids], count[ids]

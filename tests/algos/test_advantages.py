@@ -1,0 +1,260 @@
+"""Advantage estimators against hand-computed values, a plain-loop reference, and invariances."""
+
+import math
+from collections import defaultdict
+
+import numpy as np
+import pytest
+import torch
+
+from rlvr.algos import ADV_ESTIMATORS, compute_advantage, get_adv_estimator_fn, register_adv_est
+from rlvr.config.schema import AlgorithmConfig
+from rlvr.protocol import DataProto
+
+# Two groups: "a" = scores [1, 0] and "b" = scores [2, 4, 6]; the score sits on the last valid token.
+INDEX = np.array(["a", "a", "b", "b", "b"], dtype=object)
+MASK = torch.tensor([[1, 1, 1], [1, 0, 0], [1, 1, 0], [1, 1, 1], [1, 0, 0]], dtype=torch.float32)
+SCORES = torch.tensor([1.0, 0.0, 2.0, 4.0, 6.0])
+
+
+def rewards_on_last_token(scores=SCORES, mask=MASK):
+    rewards = torch.zeros_like(mask)
+    last = mask.sum(dim=1).long() - 1
+    rewards[torch.arange(len(scores)), last] = scores
+    return rewards
+
+
+def run(name, **kw):
+    kw.setdefault("token_level_rewards", rewards_on_last_token())
+    kw.setdefault("response_mask", MASK)
+    kw.setdefault("index", INDEX)
+    return get_adv_estimator_fn(name)(**kw)
+
+
+def per_sample(adv, mask=MASK):
+    """The advantage of each sample, checking it is constant over its valid tokens and 0 elsewhere."""
+    first = adv[:, 0]
+    assert torch.allclose(adv, first[:, None] * mask, atol=1e-6)
+    return first
+
+
+def test_grpo_two_groups():
+    adv, ret = run("grpo")
+    # a: mean 0.5, unbiased std sqrt((0.25 + 0.25) / 1) = 0.70711 -> +-0.5 / 0.70711 = +-0.70711
+    # b: mean 4, std sqrt((4 + 0 + 4) / 2) = 2 -> (-2, 0, 2) / 2 = (-1, 0, 1)
+    expected = torch.tensor([0.5 / (math.sqrt(0.5) + 1e-6), -0.5 / (math.sqrt(0.5) + 1e-6),
+                             -2 / (2 + 1e-6), 0.0, 2 / (2 + 1e-6)])
+    assert torch.allclose(per_sample(adv), expected, atol=1e-6)
+    assert torch.equal(adv, ret)
+
+
+def test_dr_grpo_skips_std():
+    adv, _ = run("grpo", norm_adv_by_std_in_grpo=False)
+    # a: 1 - 0.5, 0 - 0.5; b: 2 - 4, 4 - 4, 6 - 4
+    assert torch.allclose(per_sample(adv), torch.tensor([0.5, -0.5, -2.0, 0.0, 2.0]))
+    # the option may also come from the algorithm config
+    adv_cfg, _ = run("grpo", config=AlgorithmConfig(norm_adv_by_std_in_grpo=False))
+    assert torch.equal(adv, adv_cfg)
+
+
+def test_grpo_group_of_one_uses_mean_0_std_1():
+    adv, _ = run("grpo", token_level_rewards=torch.tensor([[0.0, 3.0]]), response_mask=torch.ones(1, 2),
+                 index=np.array(["c"], dtype=object))
+    # mean 0, std 1: 3 / (1 + 1e-6)
+    assert torch.allclose(adv, torch.tensor([[3.0, 3.0]]) / (1 + 1e-6))
+
+
+def test_grpo_passk():
+    adv, _ = run("grpo_passk")
+    # a: best is row 0 (1), second 0 -> gap 1 / std 0.70711 = 1.41421; row 1 gets 0
+    # b: best is row 4 (6), second 4 -> gap 2 / std 2 = 1; rows 2, 3 get 0
+    expected = torch.tensor([1 / (math.sqrt(0.5) + 1e-6), 0, 0, 0, 2 / (2 + 1e-6)])
+    assert torch.allclose(per_sample(adv), expected, atol=1e-6)
+    adv, _ = run("grpo_passk", norm_adv_by_std_in_grpo=False)
+    assert torch.allclose(per_sample(adv), torch.tensor([1.0, 0, 0, 0, 2.0]))
+
+
+def test_grpo_passk_ties_and_group_of_one():
+    # tie in group a: both score 1 -> the first row is the best, gap 0
+    scores = torch.tensor([1.0, 1.0, 2.0, 4.0, 6.0])
+    adv, _ = run("grpo_passk", token_level_rewards=rewards_on_last_token(scores))
+    assert per_sample(adv)[:2].tolist() == [0.0, 0.0]
+    with pytest.raises(ValueError, match="at least 2 samples per group"):
+        run("grpo_passk", index=np.array(["a", "a", "b", "b", "c"], dtype=object))
+
+
+def test_rloo():
+    adv, _ = run("rloo")
+    # a: 1 - 0 = 1, 0 - 1 = -1; b: 2 - (4+6)/2 = -3, 4 - (2+6)/2 = 0, 6 - (2+4)/2 = 3
+    assert torch.allclose(per_sample(adv), torch.tensor([1.0, -1.0, -3.0, 0.0, 3.0]))
+    single, _ = run("rloo", token_level_rewards=torch.tensor([[0.0, 3.0]]), response_mask=torch.ones(1, 2),
+                    index=np.array(["c"], dtype=object))
+    assert torch.allclose(single, torch.tensor([[3.0, 3.0]]))  # no baseline for a group of one
+
+
+def test_opo_length_weighted_baseline():
+    adv, _ = run("opo")
+    # a: lengths (3, 1): baseline (3*1 + 1*0) / 4 = 0.75 -> 0.25, -0.75
+    # b: lengths (2, 3, 1): baseline (2*2 + 3*4 + 1*6) / 6 = 22/6 -> 2 - 22/6, 4 - 22/6, 6 - 22/6
+    b = 22 / 6
+    assert torch.allclose(per_sample(adv), torch.tensor([0.25, -0.75, 2 - b, 4 - b, 6 - b]))
+
+
+def test_reinforce_plus_plus_discounted_and_whitened():
+    rewards = torch.tensor([[0.0, 0.0, 1.0], [0.0, 1.0, 0.0]])
+    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
+    adv, returns = run("reinforce_plus_plus", token_level_rewards=rewards, response_mask=mask, gamma=0.5)
+    # gamma 0.5: row 0 returns (0.25, 0.5, 1); row 1 (0.5, 1, 0 [padding])
+    assert torch.allclose(returns, torch.tensor([[0.25, 0.5, 1.0], [0.5, 1.0, 0.0]]))
+    # masked values 0.25, 0.5, 1, 0.5, 1: mean 0.65; squared deviations sum 0.45; unbiased var 0.45/4 = 0.1125
+    std = math.sqrt(0.1125 + 1e-8)
+    expected = torch.tensor([[-0.4, -0.15, 0.35], [-0.15, 0.35, 0.0]]) / std
+    assert torch.allclose(adv, expected, atol=1e-5)
+
+
+def test_reinforce_plus_plus_baseline():
+    adv, _ = run("reinforce_plus_plus_baseline", response_mask=torch.ones(5, 1),
+                 token_level_rewards=SCORES[:, None])
+    # group-centred: (0.5, -0.5, -2, 0, 2); mean 0, unbiased var (0.25+0.25+4+0+4)/4 = 2.125
+    expected = torch.tensor([0.5, -0.5, -2.0, 0.0, 2.0]) / math.sqrt(2.125 + 1e-8)
+    assert torch.allclose(adv[:, 0], expected, atol=1e-6)
+
+
+def test_remax():
+    rewards = torch.tensor([[0.0, 0.0, 1.0], [0.0, 2.0, 0.0]])
+    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
+    adv, returns = run("remax", token_level_rewards=rewards, response_mask=mask,
+                       reward_baselines=torch.tensor([0.5, 1.0]))
+    # returns-to-go: (1, 1, 1), (2, 2, 0); minus the greedy baselines 0.5 and 1 on valid tokens
+    assert torch.allclose(returns, torch.tensor([[1.0, 1.0, 1.0], [2.0, 2.0, 0.0]]))
+    assert torch.allclose(adv, torch.tensor([[0.5, 0.5, 0.5], [1.0, 1.0, 0.0]]))
+    with pytest.raises(ValueError, match="reward_baselines"):
+        run("remax")
+
+
+def test_gae_returns_and_whitening():
+    rewards, values, mask = torch.tensor([[0.0, 0.0, 1.0]]), torch.tensor([[0.5, 0.6, 0.7]]), torch.ones(1, 3)
+    adv, returns = run("gae", token_level_rewards=rewards, response_mask=mask, values=values, gamma=1.0, lam=1.0)
+    # deltas: t2 = 1 - 0.7 = 0.3; t1 = 0.7 - 0.6 = 0.1; t0 = 0.6 - 0.5 = 0.1
+    # gae: t2 0.3, t1 0.4, t0 0.5; returns = gae + values = 1, 1, 1
+    assert torch.allclose(returns, torch.tensor([[1.0, 1.0, 1.0]]))
+    # whitened: mean 0.4, unbiased var (0.01 + 0 + 0.01)/2 = 0.01 -> (1, 0, -1)
+    assert torch.allclose(adv, torch.tensor([[1.0, 0.0, -1.0]]), atol=1e-5)
+    _, returns = run("gae", token_level_rewards=rewards, response_mask=mask, values=values, gamma=0.9, lam=0.5)
+    # t2: delta 0.3, gae 0.3; t1: delta 0.9*0.7 - 0.6 = 0.03, gae 0.03 + 0.45*0.3 = 0.165
+    # t0: delta 0.9*0.6 - 0.5 = 0.04, gae 0.04 + 0.45*0.165 = 0.11425; returns = gae + values
+    assert torch.allclose(returns, torch.tensor([[0.61425, 0.765, 1.0]]), atol=1e-6)
+
+
+def test_gae_skips_masked_positions():
+    # a masked (tool-output) token in the middle passes value and advantage through
+    rewards, values = torch.tensor([[0.0, 0.0, 1.0]]), torch.tensor([[0.5, 9.0, 0.7]])
+    mask = torch.tensor([[1.0, 0.0, 1.0]])
+    _, returns = run("gae", token_level_rewards=rewards, response_mask=mask, values=values, gamma=1.0, lam=1.0)
+    # t2: gae 0.3; t1 masked: carries gae 0.3, next value 0.7; t0: delta 0.7 - 0.5 = 0.2, gae 0.5
+    assert torch.allclose(returns[0, [0, 2]], torch.tensor([1.0, 1.0]))
+
+
+# ------------------------------------------------------------------ equivalence with plain loops
+def loop_grpo(scores, index, norm=True, eps=1e-6):
+    groups = defaultdict(list)
+    for i, uid in enumerate(index):
+        groups[uid].append(scores[i])
+    out = scores.clone()
+    for i, uid in enumerate(index):
+        g = torch.stack(groups[uid])
+        mean, std = (torch.tensor(0.0), torch.tensor(1.0)) if len(g) == 1 else (g.mean(), g.std())
+        out[i] = (scores[i] - mean) / (std + eps) if norm else scores[i] - mean
+    return out
+
+
+def loop_rloo(scores, index):
+    out = scores.clone()
+    for i, uid in enumerate(index):
+        others = [scores[j] for j, u in enumerate(index) if u == uid and j != i]
+        if others:
+            out[i] = scores[i] - torch.stack(others).mean()
+    return out
+
+
+def loop_opo(scores, lengths, index):
+    out = scores.clone()
+    for i, uid in enumerate(index):
+        members = [j for j, u in enumerate(index) if u == uid]
+        if len(members) > 1:
+            out[i] = scores[i] - sum(lengths[j] * scores[j] for j in members) / sum(lengths[j] for j in members)
+    return out
+
+
+def random_batch(seed, bs=24, T=7):
+    g = torch.Generator().manual_seed(seed)
+    index = np.array([f"g{int(i)}" for i in torch.randint(0, 6, (bs,), generator=g)], dtype=object)
+    lengths = torch.randint(1, T + 1, (bs,), generator=g)
+    mask = (torch.arange(T)[None, :] < lengths[:, None]).float()
+    scores = torch.randint(0, 3, (bs,), generator=g).float()
+    return rewards_on_last_token(scores, mask), mask, index, scores, lengths.float()
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_vectorised_equals_loop(seed):
+    rewards, mask, index, scores, lengths = random_batch(seed)
+    for norm in (True, False):
+        adv, _ = run("grpo", token_level_rewards=rewards, response_mask=mask, index=index,
+                     norm_adv_by_std_in_grpo=norm)
+        assert torch.allclose(adv[:, 0], loop_grpo(scores, index, norm), atol=1e-5)
+    adv, _ = run("rloo", token_level_rewards=rewards, response_mask=mask, index=index)
+    assert torch.allclose(adv[:, 0], loop_rloo(scores, index), atol=1e-5)
+    adv, _ = run("opo", token_level_rewards=rewards, response_mask=mask, index=index)
+    assert torch.allclose(adv[:, 0], loop_opo(scores, lengths, index), atol=1e-5)
+
+
+GROUPED = ["grpo", "rloo", "opo", "reinforce_plus_plus_baseline"]
+
+
+@pytest.mark.parametrize("name", GROUPED + ["grpo_passk"])
+def test_invariant_to_sample_order(name):
+    rewards, mask, index, *_ = random_batch(1)
+    index = np.array([f"g{i // 4}" for i in range(24)], dtype=object)  # 6 groups of 4
+    perm = torch.randperm(24, generator=torch.Generator().manual_seed(0))
+    adv, _ = run(name, token_level_rewards=rewards, response_mask=mask, index=index)
+    adv_p, _ = run(name, token_level_rewards=rewards[perm], response_mask=mask[perm], index=index[perm.numpy()])
+    if name == "grpo_passk":  # ties are broken by row order, so compare only where no tie decides
+        assert torch.allclose(adv_p.sum(), adv.sum(), atol=1e-5)
+    else:
+        assert torch.allclose(adv_p, adv[perm], atol=1e-5)
+
+
+@pytest.mark.parametrize("name", GROUPED + ["grpo_passk", "reinforce_plus_plus"])
+def test_invariant_to_extra_padding(name):
+    rewards, mask, index, *_ = random_batch(2)
+    index = np.array([f"g{i // 4}" for i in range(24)], dtype=object)
+    pad = torch.zeros(24, 3)
+    adv, ret = run(name, token_level_rewards=rewards, response_mask=mask, index=index)
+    adv_p, ret_p = run(name, token_level_rewards=torch.cat([rewards, pad], 1), response_mask=torch.cat([mask, pad], 1),
+                       index=index)
+    assert torch.allclose(adv_p[:, :7], adv, atol=1e-5) and adv_p[:, 7:].abs().max() == 0
+
+
+# ------------------------------------------------------------------ registry and DataProto entry point
+def test_unknown_estimator_lists_registered():
+    with pytest.raises(ValueError, match=r"unknown advantage estimator 'grpoo'; registered: \[.*'grpo'.*'rloo'"):
+        get_adv_estimator_fn("grpoo")
+
+
+def test_registering_twice_raises():
+    with pytest.raises(ValueError, match="'grpo' is already registered"):
+        register_adv_est("grpo")(lambda **kw: None)
+
+
+def test_registered_set():
+    assert set(ADV_ESTIMATORS.names()) >= {"grpo", "grpo_passk", "rloo", "opo", "reinforce_plus_plus",
+                                           "reinforce_plus_plus_baseline", "remax", "gae"}
+
+
+def test_compute_advantage_on_dataproto():
+    data = DataProto.from_dict({"token_level_rewards": rewards_on_last_token(), "response_mask": MASK},
+                               {"uid": INDEX})
+    compute_advantage(data, AlgorithmConfig(adv_estimator="rloo"))
+    assert torch.allclose(per_sample(data.batch["advantages"]), torch.tensor([1.0, -1.0, -3.0, 0.0, 3.0]))
+    with pytest.raises(ValueError, match="needs key"):
+        compute_advantage(DataProto.from_dict({"response_mask": MASK}), AlgorithmConfig(adv_estimator="grpo"))
