@@ -1,4 +1,4 @@
-"""The ``rlvr`` command: ``prepare``, ``config show``, ``rollout`` (and ``train`` once it lands).
+"""The ``rlvr`` command: ``prepare``, ``config show``, ``algos list``, ``rollout`` (``train`` lands later).
 
 Config-reading commands take ``--config FILE.yaml`` and ``key=value`` overrides, exactly
 as ``rlvr train`` will. Errors that come from the user's input (config, data, model path)
@@ -77,6 +77,20 @@ def _cmd_rollout(args: argparse.Namespace) -> None:
           f"{tokens} tokens in {elapsed:.1f} s ({tokens / elapsed:.1f} tokens/s)")
 
 
+def _cmd_algos(args: argparse.Namespace) -> None:
+    from rlvr.algos import ADV_ESTIMATORS, POLICY_LOSSES
+    from rlvr.algos.kl import KL_TYPES
+    from rlvr.algos.losses import LOSS_AGG_MODES
+
+    for title, key, registry in (("advantage estimators", "algorithm.adv_estimator", ADV_ESTIMATORS),
+                                 ("policy losses", "actor_rollout_ref.actor.policy_loss.loss_mode", POLICY_LOSSES)):
+        print(f"{title} ({key}):")
+        for name, doc in registry.summaries().items():
+            print(f"  {name:<30} {doc}")
+    print(f"KL estimators (actor_rollout_ref.actor.kl_loss_type, algorithm.kl_penalty): {', '.join(KL_TYPES)}")
+    print(f"loss aggregation (actor_rollout_ref.actor.loss_agg_mode): {', '.join(LOSS_AGG_MODES)}")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rlvr", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -98,6 +112,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("action", choices=["show"])
     _add_config_args(p)
     p.set_defaults(func=_cmd_config)
+
+    p = sub.add_parser("algos", help="list the registered advantage estimators, policy losses and KL types")
+    p.add_argument("action", choices=["list"])
+    p.set_defaults(func=_cmd_algos)
 
     p = sub.add_parser("rollout", help="generate and score responses for a few validation prompts")
     p.add_argument("--limit", type=int, default=16, help="number of prompts")

@@ -40,3 +40,9 @@ def test_rollout_on_tiny_model(tmp_path, tiny_model_dir, capsys):
 def test_rollout_with_missing_model_path(tmp_path, capsys):
     assert main(["rollout", f"actor_rollout_ref.model.path={tmp_path / 'nope'}"]) == 2
     assert "does not exist" in capsys.readouterr().err
+
+
+def test_algos_list(capsys):
+    assert main(["algos", "list"]) == 0
+    out = capsys.readouterr().out
+    assert "grpo " in out and "Dr.GRPO" in out and "vanilla" in out and "gspo" in out and "low_var_kl" in out

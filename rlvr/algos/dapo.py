@@ -21,8 +21,8 @@ def filter_groups(index: Any, metric: torch.Tensor) -> torch.Tensor:
     ids, num_groups = group_ids(index)
     metric = metric.to(torch.float64)
     count = torch.zeros(num_groups, dtype=metric.dtype).index_add_(0, ids, torch.ones_like(metric))
-    hi = torch.full((num_groups,), -torch.inf, dtype=metric.dtype).index_reduce_(0, ids, metric, "amax")
-    lo = torch.full((num_groups,), torch.inf, dtype=metric.dtype).index_reduce_(0, ids, metric, "amin")
+    hi = torch.zeros(num_groups, dtype=metric.dtype).scatter_reduce_(0, ids, metric, "amax", include_self=False)
+    lo = torch.zeros(num_groups, dtype=metric.dtype).scatter_reduce_(0, ids, metric, "amin", include_self=False)
     keep_group = (hi > lo) | (count == 1)  # std > 0 exactly when max > min
     return keep_group[ids]
 
