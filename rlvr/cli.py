@@ -49,7 +49,7 @@ def _cmd_rollout(args: argparse.Namespace) -> None:
     from rlvr.data import RLHFDataset
     from rlvr.models import load_model_and_tokenizer
     from rlvr.rewards import get_scorer
-    from rlvr.rollout import GenerateRollout
+    from rlvr.rollout import build_rollout
 
     cfg = load_config(args.config, args.overrides)
     torch.set_num_threads(max(1, torch.get_num_threads()))
@@ -58,7 +58,7 @@ def _cmd_rollout(args: argparse.Namespace) -> None:
     items = [dataset[i] for i in range(min(args.limit, len(dataset)))]
     batch = dataset.collate(items)
     batch.meta_info.update(do_sample=cfg.actor_rollout_ref.rollout.val_kwargs.do_sample)
-    rollout = GenerateRollout(model, tokenizer, cfg.actor_rollout_ref.rollout, cfg.data.max_response_length)
+    rollout = build_rollout(model, tokenizer, cfg.actor_rollout_ref.rollout, cfg.data.max_response_length)
     start = time.perf_counter()
     out = rollout.generate_sequences(batch)
     elapsed = time.perf_counter() - start

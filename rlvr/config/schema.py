@@ -161,8 +161,8 @@ class MultiTurnConfig:
 
 @dataclass
 class RolloutConfig:
-    name: str = "hf"
-    """Rollout engine: hf (native, any transformers causal LM) | vllm (where installed)."""
+    name: str = "native"
+    """Rollout engine: native (rlvr's engine over any transformers causal LM); vllm is planned."""
     n: int = 4
     """Responses sampled per prompt (the GRPO group size)."""
     temperature: float = 1.0

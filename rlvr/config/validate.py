@@ -103,6 +103,7 @@ def _choices(cfg: RLVRConfig) -> list[str]:
         ("algorithm.kl_ctrl.type", cfg.algorithm.kl_ctrl.type, ("fixed", "adaptive")),
         ("reward.on_error", cfg.reward.on_error, ("score", "raise")),
         ("trainer.device", cfg.trainer.device, DEVICES),
+        ("actor_rollout_ref.rollout.name", arr.rollout.name, ("native",)),
     ):
         if value not in allowed:
             errors.append(f"{key} = {value!r} is not one of {list(allowed)}")

@@ -1,0 +1,101 @@
+"""Rollout throughput: rlvr's native engine vs transformers' ``model.generate`` on GRPO's
+workload (8 distinct prompts x n=8, up to 128 new tokens, temperature 1.0), in one process.
+
+    .venv/bin/python bench/rollout.py [--prompts 8] [--n 8] [--max-new-tokens 128] [--dtypes float32,bfloat16]
+
+Prints generated tokens/s for each engine and the ratio, per dtype, and the peak resident
+memory of the process. ``generate`` is timed with the same prompts, the same sampling
+settings and its padded rows not counted as generated tokens.
+"""
+
+from __future__ import annotations
+
+import argparse
+import resource
+import time
+
+import torch
+
+from rlvr.config.schema import RolloutConfig
+from rlvr.data import left_pad
+from rlvr.data.tasks import arithmetic
+from rlvr.models import load_model_and_tokenizer
+from rlvr.protocol import DataProto
+from rlvr.rollout import NativeRollout, response_mask_from_eos
+
+QUESTIONS = ["What is 17 + 25? Explain step by step.", "Write a short poem about the sea.",
+             "What is the capital of France, and why is it famous?", "Compute 12 * 13 and show your work.",
+             "Give three tips for learning a new language.", "Explain photosynthesis to a child.",
+             "What is 144 divided by 12?", "Describe a cat in two sentences."]
+
+
+def questions(kind: str, num_prompts: int) -> list[str]:
+    """``arithmetic``: the built-in task's test prompts (the default GRPO workload);
+    ``open``: open-ended questions with long answers."""
+    if kind == "open":
+        return [QUESTIONS[i % len(QUESTIONS)] for i in range(num_prompts)]
+    rows = arithmetic.make_splits(0, num_prompts, seed=0)["test"]
+    return [row["prompt"][0]["content"] for row in rows]
+
+
+def make_batch(tokenizer, num_prompts: int, n: int, kind: str = "arithmetic") -> DataProto:
+    texts = [tokenizer.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True,
+                                           tokenize=False) for q in questions(kind, num_prompts)]
+    ids = [tokenizer.encode(t, add_special_tokens=False) for t in texts]
+    input_ids, mask, pos = left_pad(ids, tokenizer.pad_token_id)
+    batch = DataProto.from_dict({"input_ids": input_ids, "attention_mask": mask, "position_ids": pos},
+                                {"uid": [str(i) for i in range(num_prompts)]})
+    return batch.repeat(n, interleave=True)
+
+
+def timed(engine, batch: DataProto) -> tuple[float, int]:
+    start = time.perf_counter()
+    out = engine.generate_sequences(batch)
+    return time.perf_counter() - start, int(out.batch["response_mask"].sum())
+
+
+@torch.inference_mode()
+def timed_generate(model, tokenizer, eos_ids, batch: DataProto, max_new_tokens: int) -> tuple[float, int]:
+    """Plain ``model.generate`` (multinomial sampling, T=1, no top-k/top-p), tokens up to each row's EOS."""
+    torch.manual_seed(0)
+    start = time.perf_counter()
+    out = model.generate(input_ids=batch.batch["input_ids"], attention_mask=batch.batch["attention_mask"],
+                         do_sample=True, temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=max_new_tokens,
+                         eos_token_id=eos_ids, pad_token_id=tokenizer.pad_token_id)
+    elapsed = time.perf_counter() - start
+    responses = out[:, batch.batch["input_ids"].shape[1]:]
+    return elapsed, int(response_mask_from_eos(responses, eos_ids).sum())
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--prompts", type=int, default=8)
+    parser.add_argument("--n", type=int, default=8)
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--dtypes", default="float32,bfloat16")
+    parser.add_argument("--prompt-set", default="arithmetic,open", help="arithmetic and/or open")
+    parser.add_argument("--skip-generate", action="store_true", help="time only rlvr's engine")
+    args = parser.parse_args()
+
+    model, tokenizer = load_model_and_tokenizer("builtin")
+    print(f"workload: {args.prompts} prompts x n={args.n}, <= {args.max_new_tokens} new tokens, temperature 1.0, "
+          f"{torch.get_num_threads()} threads")
+    for kind, dtype in [(k, d) for k in args.prompt_set.split(",") for d in args.dtypes.split(",")]:
+        batch = make_batch(tokenizer, args.prompts, args.n, kind)
+        batch.meta_info["seed"] = 0
+        config = RolloutConfig(temperature=1.0, dtype=dtype)
+        native = NativeRollout(model, tokenizer, config, args.max_new_tokens)
+        timed(native, batch[: args.n])  # warm-up: first-call allocations and lazy imports
+        t_native, tok_native = timed(native, batch)
+        line = f"[{kind} prompts, {dtype}] rlvr engine: {tok_native} tokens in {t_native:.1f} s = {tok_native / t_native:.1f} tokens/s"
+        if not args.skip_generate:
+            t_gen, tok_gen = timed_generate(native.model, tokenizer, native.eos_ids, batch, args.max_new_tokens)
+            line += (f" | model.generate: {tok_gen} tokens in {t_gen:.1f} s = {tok_gen / t_gen:.1f} tokens/s"
+                     f" | ratio {(tok_native / t_native) / (tok_gen / t_gen):.2f}x")
+        print(line, flush=True)
+        peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        print(f"    peak resident memory of the process so far: {peak_mb:.0f} MB", flush=True)
+
+
+if __name__ == "__main__":
+    main()

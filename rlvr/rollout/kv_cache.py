@@ -1,0 +1,86 @@
+"""A KV cache that writes into preallocated buffers instead of concatenating.
+
+transformers' ``DynamicLayer`` grows with ``torch.cat`` at every decode step, copying the
+whole cache each time: on a CPU that copy took 40% of a decode step for 64 rows of
+SmolLM2-135M. Here each layer owns a (B, H, capacity, D) buffer; a step writes its new
+key/value in place and hands attention a view of the filled part. Dropping finished rows
+copies only the filled part of the rows that remain.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers.cache_utils import Cache, DynamicCache, DynamicLayer
+
+
+class PreallocatedLayer(DynamicLayer):
+    """One layer's cache with room for ``capacity`` positions."""
+
+    def __init__(self, capacity: int):
+        super().__init__()
+        self.capacity = capacity
+        self.length = 0
+        self._k: torch.Tensor | None = None
+        self._v: torch.Tensor | None = None
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        b, h, _, d = key_states.shape
+        self.dtype, self.device = key_states.dtype, key_states.device
+        self._k = key_states.new_empty(b, h, self.capacity, d)
+        self._v = value_states.new_empty(b, value_states.shape[1], self.capacity, value_states.shape[-1])
+        self.is_initialized = True
+
+    def _views(self) -> None:
+        self.keys, self.values = self._k[:, :, : self.length], self._v[:, :, : self.length]
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        n = key_states.shape[-2]
+        if self.length + n > self.capacity:
+            raise RuntimeError(f"KV cache capacity {self.capacity} exceeded ({self.length} + {n})")
+        self._k[:, :, self.length:self.length + n] = key_states
+        self._v[:, :, self.length:self.length + n] = value_states
+        self.length += n
+        self._views()
+        return self.keys, self.values
+
+    def get_seq_length(self) -> int:
+        return self.length
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        """Keep (or repeat) rows ``indices``; copies only the filled positions."""
+        if not self.is_initialized:
+            return
+        k = self._k.new_empty(len(indices), *self._k.shape[1:])
+        v = self._v.new_empty(len(indices), *self._v.shape[1:])
+        k[:, :, : self.length] = self._k[indices, :, : self.length]
+        v[:, :, : self.length] = self._v[indices, :, : self.length]
+        self._k, self._v = k, v
+        self._views()
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        self.batch_select_indices(torch.arange(self._k.shape[0]).repeat_interleave(repeats))
+
+    def reset(self) -> None:
+        self.length, self._k, self._v = 0, None, None
+        self.keys = self.values = None
+        self.is_initialized = False
+
+    def crop(self, tokens_to_remove: int) -> None:
+        if tokens_to_remove < 0 and self.is_initialized:
+            self.length = max(0, self.length + tokens_to_remove)
+            self._views()
+
+
+def supports_preallocated(config) -> bool:
+    """Plain full-attention decoders only; sliding-window or hybrid models keep transformers' cache."""
+    layer_types = getattr(config, "layer_types", None)
+    no_sliding = getattr(config, "sliding_window", None) is None or not getattr(config, "use_sliding_window", True)
+    return (layer_types is None or set(layer_types) == {"full_attention"}) and no_sliding
+
+
+def make_cache(config, capacity: int) -> Cache:
+    if supports_preallocated(config):
+        return Cache(layers=[PreallocatedLayer(capacity) for _ in range(config.num_hidden_layers)])
+    return DynamicCache(config=config)

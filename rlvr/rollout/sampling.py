@@ -1,0 +1,82 @@
+"""Sampling parameters and the token sampler of the native engine.
+
+Sampling is inverse-CDF: each row draws one uniform number per step and takes the token
+where the cumulative probability passes it. That costs a softmax and a cumsum over the
+vocabulary, several times cheaper on a CPU than ``torch.multinomial`` or Gumbel noise
+(which draw a random number per vocabulary entry). The uniforms come from a generator
+seeded per call and are drawn for every row of the batch at every step, finished or not,
+so a row's samples do not depend on which other rows are still decoding.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import torch
+
+from rlvr.config.schema import RolloutConfig
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    max_new_tokens: int
+    do_sample: bool = True
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    min_p: float = 0.0
+    stop: tuple[str, ...] = field(default_factory=tuple)
+    seed: int = 0
+
+    @property
+    def greedy(self) -> bool:
+        return not self.do_sample or self.temperature == 0
+
+    @property
+    def logprob_temperature(self) -> float:
+        """The temperature of the distribution the reported log-probs come from (1 for greedy)."""
+        return 1.0 if self.greedy else self.temperature
+
+    @classmethod
+    def from_config(cls, config: RolloutConfig, max_new_tokens: int, meta: dict[str, Any] | None = None):
+        """Config values, overridden by ``meta_info`` keys of the same names (and ``max_new_tokens``)."""
+        params = cls(max_new_tokens=max_new_tokens, do_sample=config.do_sample, temperature=config.temperature,
+                     top_p=config.top_p, top_k=config.top_k, min_p=config.min_p, stop=tuple(config.stop),
+                     seed=config.seed)
+        meta = meta or {}
+        overrides = {k: meta[k] for k in ("do_sample", "temperature", "top_p", "top_k", "min_p", "seed",
+                                          "max_new_tokens") if k in meta}
+        if "stop" in meta:
+            overrides["stop"] = tuple(meta["stop"])
+        return replace(params, **overrides)
+
+
+def filter_probs(probs: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """Zero the tokens that top-k, top-p and min-p exclude (rows need not sum to 1 after)."""
+    if params.top_k is not None and 0 < params.top_k < probs.shape[-1]:
+        kth = torch.topk(probs, params.top_k, dim=-1).values[:, -1:]  # (B, 1)
+        probs = probs.masked_fill(probs < kth, 0.0)
+    if params.min_p > 0:
+        probs = probs.masked_fill(probs < params.min_p * probs.amax(dim=-1, keepdim=True), 0.0)
+    if params.top_p < 1.0:
+        sorted_probs, order = torch.sort(probs, dim=-1, descending=True)
+        total = sorted_probs.sum(dim=-1, keepdim=True)
+        before = sorted_probs.cumsum(dim=-1) - sorted_probs  # mass strictly before each token
+        drop_sorted = before > params.top_p * total  # keep the smallest prefix reaching top_p
+        probs = probs.masked_fill(torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted), 0.0)
+    return probs
+
+
+def sample_tokens(logits: torch.Tensor, params: SamplingParams, uniforms: torch.Tensor | None):
+    """Pick one token per row and its log-prob under softmax(logits / T).  (B, V) -> (B,), (B,)"""
+    logits = logits.float()
+    log_probs = torch.log_softmax(logits / params.logprob_temperature, dim=-1)  # (B, V)
+    if params.greedy:
+        tokens = logits.argmax(dim=-1)
+    else:
+        probs = filter_probs(log_probs.exp(), params)
+        cdf = probs.cumsum(dim=-1)  # (B, V)
+        target = uniforms.unsqueeze(-1) * cdf[:, -1:]  # uniform in (0, total]
+        tokens = torch.searchsorted(cdf, target).squeeze(-1).clamp(max=logits.shape[-1] - 1)
+    return tokens, log_probs.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)

@@ -1,0 +1,228 @@
+"""The native rollout engine: exact greedy, reproducible sampling, correct distributions,
+log-probs, stop conditions and the shared prompt cache."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from rlvr.config.schema import RolloutConfig
+from rlvr.data import left_pad
+from rlvr.models import load_model, load_tokenizer
+from rlvr.protocol import DataProto
+from rlvr.rollout import NativeRollout, SamplingParams, filter_probs, sample_tokens
+
+QUESTIONS = ["Hi", "What is 12 + 7? Answer with a number.", "Tell me a very long story about a dragon and a knight.",
+             "2 * 3 = ?"]
+
+
+def prompt_ids(tokenizer, questions=QUESTIONS):
+    return [tokenizer.encode(tokenizer.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True,
+                                                           tokenize=False), add_special_tokens=False)
+            for q in questions]
+
+
+def batch_of(tokenizer, ids, n=1, uids=True):
+    input_ids, mask, pos = left_pad(ids, tokenizer.pad_token_id)
+    non_tensors = {"uid": [f"u{i}" for i in range(len(ids))]} if uids else {}
+    return DataProto.from_dict({"input_ids": input_ids, "attention_mask": mask, "position_ids": pos},
+                               non_tensors).repeat(n, interleave=True)
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_model_dir):
+    return load_model(tiny_model_dir), load_tokenizer(tiny_model_dir)
+
+
+def reference_greedy(model, tokenizer, ids, max_new_tokens, eos_ids):
+    input_ids, mask, _ = left_pad(ids, tokenizer.pad_token_id)
+    out = model.generate(input_ids=input_ids, attention_mask=mask, do_sample=False, max_new_tokens=max_new_tokens,
+                         eos_token_id=eos_ids, pad_token_id=tokenizer.pad_token_id)[:, input_ids.shape[1]:]
+    rows = []
+    for row in out.tolist():
+        cut = next((i + 1 for i, t in enumerate(row) if t in eos_ids), len(row))
+        rows.append(row[:cut])
+    return rows
+
+
+def test_greedy_equals_generate_on_tiny_model(tiny):
+    model, tokenizer = tiny
+    engine = NativeRollout(model, tokenizer, RolloutConfig(), max_response_length=24)
+    ids = prompt_ids(tokenizer)
+    got = engine.generate(ids, SamplingParams(max_new_tokens=24, do_sample=False))
+    assert [c.token_ids for c in got] == reference_greedy(model, tokenizer, ids, 24, engine.eos_ids)
+
+
+@pytest.mark.slow
+def test_greedy_equals_generate_on_builtin_model():
+    model, tokenizer = load_model("builtin"), load_tokenizer("builtin")
+    engine = NativeRollout(model, tokenizer, RolloutConfig(), max_response_length=32)
+    ids = prompt_ids(tokenizer)
+    got = engine.generate(ids, SamplingParams(max_new_tokens=32, do_sample=False))
+    assert [c.token_ids for c in got] == reference_greedy(model, tokenizer, ids, 32, engine.eos_ids)
+    assert any(c.finish_reason == "stop" for c in got)  # the short questions end with <|im_end|>
+
+
+def test_seeded_sampling_is_reproducible(tiny):
+    model, tokenizer = tiny
+    engine = NativeRollout(model, tokenizer, RolloutConfig(temperature=1.0), max_response_length=10)
+    ids = prompt_ids(tokenizer) * 2
+    a = engine.generate(ids, SamplingParams(max_new_tokens=10, seed=7))
+    b = engine.generate(ids, SamplingParams(max_new_tokens=10, seed=7))
+    c = engine.generate(ids, SamplingParams(max_new_tokens=10, seed=8))
+    assert [x.token_ids for x in a] == [x.token_ids for x in b]
+    assert [x.token_ids for x in a] != [x.token_ids for x in c]
+
+
+def test_shared_prompt_cache_gives_the_same_tokens(tiny):
+    model, tokenizer = tiny
+    engine = NativeRollout(model, tokenizer, RolloutConfig(), max_response_length=12)
+    ids = [p for p in prompt_ids(tokenizer) for _ in range(4)]  # each prompt 4 times, interleaved
+    params = SamplingParams(max_new_tokens=12, seed=3)
+    shared = engine.generate(ids, params)  # same tokens -> one prefill per prompt
+    unshared = engine.generate(ids, params, groups=list(range(len(ids))))  # every row prefilled alone
+    assert [c.token_ids for c in shared] == [c.token_ids for c in unshared]
+    assert np.allclose(np.concatenate([c.log_probs for c in shared]),
+                       np.concatenate([c.log_probs for c in unshared]), atol=1e-5)
+
+
+def test_rollout_log_probs_match_a_full_forward(tiny):
+    model, tokenizer = tiny
+    engine = NativeRollout(model, tokenizer, RolloutConfig(temperature=0.7), max_response_length=16)
+    batch = batch_of(tokenizer, prompt_ids(tokenizer), n=2)
+    batch.meta_info["seed"] = 1
+    out = engine.generate_sequences(batch)
+    P = batch.batch["input_ids"].shape[1]
+    with torch.no_grad():
+        logits = model(input_ids=out.batch["input_ids"], attention_mask=out.batch["attention_mask"],
+                       position_ids=out.batch["position_ids"]).logits[:, P - 1:-1].float() / 0.7
+    ref = torch.log_softmax(logits, -1).gather(-1, out.batch["responses"][..., None]).squeeze(-1)
+    mask = out.batch["response_mask"].bool()
+    assert (out.batch["rollout_log_probs"][mask] - ref[mask]).abs().max() < 1e-4
+
+
+def test_generate_sequences_layout(tiny):
+    model, tokenizer = tiny
+    engine = NativeRollout(model, tokenizer, RolloutConfig(), max_response_length=8)
+    batch = batch_of(tokenizer, prompt_ids(tokenizer), n=3)
+    out = engine.generate_sequences(batch)
+    B, P = batch.batch["input_ids"].shape
+    R = out.batch["responses"].shape[1]
+    assert R <= 8 and out.batch["input_ids"].shape == (B, P + R)
+    assert torch.equal(out.batch["prompts"], batch.batch["input_ids"])
+    assert torch.equal(out.batch["attention_mask"][:, P:], out.batch["response_mask"])
+    assert torch.equal(out.batch["position_ids"][:, P], batch.batch["position_ids"][:, -1] + 1)
+    lengths = out.batch["response_mask"].sum(1)
+    for r in range(B):  # right-padded: ones then zeros, pad ids after the end
+        n = int(lengths[r])
+        assert out.batch["response_mask"][r, :n].all() and not out.batch["response_mask"][r, n:].any()
+        assert (out.batch["responses"][r, n:] == tokenizer.pad_token_id).all()
+        assert (out.batch["rollout_log_probs"][r, n:] == 0).all()
+    assert set(out.non_tensor_batch["finish_reason"]) <= {"stop", "length"}
+    merged = batch.union(out.select(batch_keys=["responses", "response_mask"], non_tensor_batch_keys=[]))
+    assert len(merged) == B
+
+
+def test_eos_and_length_stop(tiny):
+    model, tokenizer = tiny
+    engine = NativeRollout(model, tokenizer, RolloutConfig(), max_response_length=6)
+    ids = prompt_ids(tokenizer)[:2]
+    for c in engine.generate(ids, SamplingParams(max_new_tokens=6, do_sample=False)):
+        assert len(c.token_ids) <= 6 and len(c.log_probs) == len(c.token_ids)
+        if c.finish_reason == "length":
+            assert len(c.token_ids) == 6 and c.token_ids[-1] not in engine.eos_ids
+    # an engine whose end tokens are the whole vocabulary stops every row after one token
+    engine.eos_ids = list(range(len(tokenizer)))
+    got = engine.generate(ids, SamplingParams(max_new_tokens=6, do_sample=False))
+    assert all(len(c.token_ids) == 1 and c.finish_reason == "stop" for c in got)
+
+
+def test_stop_strings(tiny):
+    model, tokenizer = tiny
+    engine = NativeRollout(model, tokenizer, RolloutConfig(), max_response_length=20)
+    ids = prompt_ids(tokenizer)[:1]
+    free = engine.generate(ids, SamplingParams(max_new_tokens=20, do_sample=False))[0]
+    text = tokenizer.decode(free.token_ids)
+    stop = tokenizer.decode(free.token_ids[5:7])  # a string the greedy continuation produces
+    assert stop and stop in text
+    stopped = engine.generate(ids, SamplingParams(max_new_tokens=20, do_sample=False, stop=(stop,)))[0]
+    assert stopped.finish_reason == "stop" and stop in tokenizer.decode(stopped.token_ids)
+    assert len(stopped.token_ids) <= 7 and stopped.token_ids == free.token_ids[:len(stopped.token_ids)]
+
+
+def test_meta_info_overrides_config(tiny):
+    model, tokenizer = tiny
+    engine = NativeRollout(model, tokenizer, RolloutConfig(do_sample=True, temperature=1.0), max_response_length=10)
+    batch = batch_of(tokenizer, prompt_ids(tokenizer))
+    batch.meta_info.update(do_sample=False, max_new_tokens=4)
+    out = engine.generate_sequences(batch)
+    assert out.batch["responses"].shape[1] <= 4
+    greedy = engine.generate(prompt_ids(tokenizer), SamplingParams(max_new_tokens=4, do_sample=False))
+    for r, c in enumerate(greedy):
+        assert out.batch["responses"][r, :len(c.token_ids)].tolist() == c.token_ids
+
+
+def test_request_level_continuation(tiny):
+    """A multi-turn loop continues from token ids: prompt + completion + tool text, no re-tokenising."""
+    model, tokenizer = tiny
+    engine = NativeRollout(model, tokenizer, RolloutConfig(), max_response_length=8)
+    first = prompt_ids(tokenizer)[1]
+    turn1 = engine.generate([first], SamplingParams(max_new_tokens=5, do_sample=False))[0]
+    tool = tokenizer.encode("<|im_start|>user\nresult: 19<|im_end|>\n<|im_start|>assistant\n", add_special_tokens=False)
+    context = first + turn1.token_ids + tool
+    turn2 = engine.generate([context], SamplingParams(max_new_tokens=5, do_sample=False))[0]
+    expected = reference_greedy(model, tokenizer, [context], 5, engine.eos_ids)[0]
+    assert turn2.token_ids == expected
+
+
+# ------------------------------------------------------------------ the sampler itself
+def chi_square(counts: torch.Tensor, probs: torch.Tensor) -> float:
+    expected = probs * counts.sum()
+    keep = expected > 0
+    return float((((counts - expected) ** 2)[keep] / expected[keep]).sum())
+
+
+def draw(logits, params, n=20000, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    uniforms = 1.0 - torch.rand(n, generator=g)
+    tokens, _ = sample_tokens(logits.expand(n, -1), params, uniforms)
+    return torch.bincount(tokens, minlength=logits.shape[-1]).float()
+
+
+LOGITS = torch.tensor([[2.0, 1.0, 0.5, 0.0, -0.5, -1.0, -2.0, -3.0]])
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.5, 2.0])
+def test_first_token_distribution_is_softmax_over_temperature(temperature):
+    counts = draw(LOGITS, SamplingParams(max_new_tokens=1, temperature=temperature))
+    probs = torch.softmax(LOGITS[0] / temperature, -1)
+    # 7 degrees of freedom: the 99.9% quantile of chi-square(7) is 24.3
+    assert chi_square(counts, probs) < 24.3
+
+
+def test_top_k_and_top_p_are_respected():
+    counts = draw(LOGITS, SamplingParams(max_new_tokens=1, top_k=3))
+    probs = torch.softmax(LOGITS[0], -1)
+    top3 = torch.zeros(8)
+    top3[:3] = probs[:3] / probs[:3].sum()
+    assert counts[3:].sum() == 0 and chi_square(counts, top3) < 13.8  # chi-square(2) 99.9%
+    # top-p 0.8: softmax = (.531, .195, .118, .072, ...): mass before each token .0, .531, .726, .844
+    # -> the first 3 tokens reach 0.8; the 4th starts after 0.8 and is dropped
+    counts = draw(LOGITS, SamplingParams(max_new_tokens=1, top_p=0.8))
+    kept = (probs.cumsum(0) - probs) <= 0.8
+    assert kept.tolist() == [True] * 3 + [False] * 5 and counts[~kept].sum() == 0
+    assert chi_square(counts, torch.where(kept, probs, 0) / probs[kept].sum()) < 13.8  # chi-square(2) 99.9%
+
+
+def test_min_p_and_filter_keeps_at_least_one():
+    probs = torch.softmax(LOGITS, -1)
+    filtered = filter_probs(probs, SamplingParams(max_new_tokens=1, min_p=0.3))
+    # min_p 0.3 of the top prob 0.5 -> keep probs >= 0.15: tokens 0 and 1
+    assert (filtered[0] > 0).tolist() == [True, True] + [False] * 6
+    assert (filter_probs(probs, SamplingParams(max_new_tokens=1, top_p=1e-9))[0] > 0).sum() == 1
+
+
+def test_greedy_log_prob_is_of_the_untempered_distribution():
+    tokens, lp = sample_tokens(LOGITS, SamplingParams(max_new_tokens=1, do_sample=False, temperature=0.3), None)
+    assert tokens.item() == 0 and lp.item() == pytest.approx(math.log(torch.softmax(LOGITS[0], -1)[0].item()))
