@@ -21,7 +21,7 @@ from typing import Any, Callable
 
 import torch
 
-from rlvr.algos.registry import Registry
+from rlvr.registry import Registry
 from rlvr.algos.utils import group_ids, group_mean_std, masked_whiten
 from rlvr.protocol import DataProto
 

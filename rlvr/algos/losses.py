@@ -23,7 +23,7 @@ from typing import Callable
 
 import torch
 
-from rlvr.algos.registry import Registry
+from rlvr.registry import Registry
 from rlvr.algos.utils import masked_mean
 
 LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")

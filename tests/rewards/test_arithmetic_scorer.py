@@ -1,7 +1,7 @@
 import pytest
 
 from rlvr.rewards import get_scorer
-from rlvr.rewards.arithmetic import compute_score, extract_final_number
+from rlvr.rewards.scorers.arithmetic import compute_score, extract_final_number
 
 
 @pytest.mark.parametrize(
@@ -29,5 +29,5 @@ def test_compute_score():
 
 def test_unknown_data_source_names_known_ones():
     assert get_scorer("arithmetic") is compute_score
-    with pytest.raises(KeyError, match=r"no reward function for data_source 'nope'; known: \['arithmetic'\]"):
+    with pytest.raises(KeyError, match=r"no reward function for data_source 'nope'; known data sources: .*'arithmetic'.*'openai/gsm8k'"):
         get_scorer("nope")

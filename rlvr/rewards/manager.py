@@ -1,0 +1,280 @@
+"""The reward manager: responses in, ``token_level_scores`` out.
+
+For each sample it decodes the response, picks the reward function(s) — one custom
+function, a weighted list (``reward.functions``), or the scorer of the row's data_source —
+and writes the score on the response's last valid token (zeros elsewhere), as verl does.
+Dict results add extra values: ``reward_extra_info`` arrays and per-step metrics.
+
+Robustness: every sample is scored under a time limit (``reward.timeout_s``). A function
+that raises or runs out of time gives that sample ``reward.failure_score`` and is counted in
+``reward/num_errors`` / ``reward/num_timeouts`` (the first failure of a step is printed with
+its sample), or fails the step when ``reward.on_error=raise``. With ``reward.num_workers > 0``
+samples are scored in a process pool; a worker stuck in C code that ignores the timer is
+killed with the pool, and the pool is rebuilt for the next call. The other samples keep
+their scores.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import importlib
+import importlib.util
+import multiprocessing
+import signal
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from rlvr.config.schema import RewardConfig
+from rlvr.protocol import DataProto
+from rlvr.rewards.registry import REWARD_FNS, reward_fn_name_for
+
+
+class RewardError(RuntimeError):
+    """A reward function failed and ``reward.on_error=raise``, or the reward config is wrong."""
+
+
+@dataclass(frozen=True)
+class FnRef:
+    """A picklable reference to a reward function: a module attribute or a function in a file."""
+
+    name: str
+    module: str | None = None
+    qualname: str | None = None
+    path: str | None = None
+    kwargs: tuple = ()
+
+    @classmethod
+    def of(cls, name: str, fn) -> "FnRef":
+        return cls(name, module=fn.__module__, qualname=fn.__qualname__)
+
+    def resolve(self):
+        key = (self.module, self.qualname, self.path, self.name)
+        if key not in _RESOLVED:
+            _RESOLVED[key] = load_function(self.path, self.name) if self.path else _attr(self.module, self.qualname)
+        return _RESOLVED[key]
+
+
+_RESOLVED: dict[tuple, Any] = {}
+
+
+def _attr(module: str, qualname: str):
+    obj = importlib.import_module(module)
+    for part in qualname.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def load_function(path: str, name: str):
+    """``name`` from the Python file ``path``, with errors that say which part is wrong."""
+    file = Path(path).expanduser()
+    if not file.is_file():
+        raise RewardError(f"reward.custom_reward_function.path {str(file)!r} does not exist")
+    module_name = f"rlvr_custom_reward_{abs(hash(str(file.resolve())))}"
+    if module_name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(module_name, file)
+        module = importlib.util.module_from_spec(spec)
+        try:
+            spec.loader.exec_module(module)
+        except Exception as err:
+            raise RewardError(f"importing reward file {str(file)!r} failed: {type(err).__name__}: {err}") from err
+        sys.modules[module_name] = module
+    module = sys.modules[module_name]
+    if not callable(getattr(module, name, None)):
+        found = sorted(k for k, v in vars(module).items() if callable(v) and not k.startswith("_"))
+        raise RewardError(
+            f"reward file {str(file)!r} has no function {name!r} (reward.custom_reward_function.name); "
+            f"it defines {found}"
+        )
+    return getattr(module, name)
+
+
+class _Timeout(BaseException):
+    """Raised by the timer inside a scoring call (BaseException: user code's `except Exception` can't eat it)."""
+
+
+def _on_alarm(signum, frame):
+    raise _Timeout()
+
+
+def score_sample(fns: tuple, data_source: str, solution_str: str, ground_truth: Any, extra_info: Any,
+                 timeout_s: float) -> dict:
+    """Score one sample with weighted functions under a time limit. Runs in a pool worker or inline."""
+    use_timer = timeout_s > 0 and threading.current_thread() is threading.main_thread()
+    if use_timer:
+        previous = signal.signal(signal.SIGALRM, _on_alarm)
+        signal.setitimer(signal.ITIMER_REAL, timeout_s)
+    try:
+        total, extras = 0.0, {}
+        for ref, weight in fns:
+            result = ref.resolve()(data_source, solution_str, ground_truth, extra_info, **dict(ref.kwargs))
+            if isinstance(result, dict):
+                if "score" not in result:
+                    raise RewardError(f"reward function {ref.name!r} returned a dict without 'score': {result}")
+                value = float(result["score"])
+                extras.update({k: v for k, v in result.items() if k != "score"})
+            else:
+                value = float(result)
+            if len(fns) > 1:
+                extras[ref.name] = value
+            total += weight * value
+        return {"status": "ok", "score": total, "extras": extras}
+    except _Timeout:
+        return {"status": "timeout", "error": f"took longer than reward.timeout_s={timeout_s} s"}
+    except Exception as err:  # reported with the sample by the manager, and counted
+        return {"status": "error", "error": f"{type(err).__name__}: {err}"}
+    finally:
+        if use_timer:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, previous)
+
+
+@dataclass
+class RewardResult:
+    token_level_scores: torch.Tensor  # (bs, R): the score on each response's last valid token
+    reward_extra_info: dict[str, np.ndarray] = field(default_factory=dict)
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+def place_on_last_token(scores: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
+    """(bs,) scores -> (bs, R) with each score at its response's last valid token."""
+    out = torch.zeros(response_mask.shape, dtype=torch.float32, device=response_mask.device)
+    last = (response_mask.sum(dim=-1) - 1).clamp(min=0).long()
+    out[torch.arange(len(scores), device=out.device), last] = scores.to(out)
+    return out
+
+
+class RewardManager:
+    """Computes rule-based scores for a batch of responses (see the module docstring)."""
+
+    def __init__(self, tokenizer, config: RewardConfig | None = None, reward_fn_key: str = "data_source"):
+        self.tokenizer, self.config = tokenizer, config or RewardConfig()
+        self.reward_fn_key = reward_fn_key
+        self._fixed_fns = self._configured_functions()
+        self._pool = None
+        self._async = None
+
+    def _configured_functions(self) -> tuple | None:
+        """The functions every sample uses, or None to choose by data_source."""
+        custom = self.config.custom_reward_function
+        if custom.path:
+            load_function(custom.path, custom.name)  # fail now, at start-up, if path or name is wrong
+            ref = FnRef(custom.name, path=str(Path(custom.path).expanduser()), kwargs=tuple(custom.reward_kwargs.items()))
+            return ((ref, 1.0),)
+        if self.config.functions:
+            return tuple((FnRef.of(f.name, REWARD_FNS.get(f.name)), f.weight) for f in self.config.functions)
+        return None
+
+    def _functions_for(self, data_source: str) -> tuple:
+        if self._fixed_fns is not None:
+            return self._fixed_fns
+        name = reward_fn_name_for(data_source)
+        return ((FnRef.of(name, REWARD_FNS.get(name)), 1.0),)
+
+    # ------------------------------------------------------------------ scoring
+    def __call__(self, data: DataProto) -> RewardResult:
+        return self.compute(data)
+
+    def compute(self, data: DataProto) -> RewardResult:
+        data.require("responses", "response_mask", self.reward_fn_key, stage="reward")
+        responses, mask = data.batch["responses"], data.batch["response_mask"]
+        texts = [self.tokenizer.decode(r[m.bool()], skip_special_tokens=True) for r, m in zip(responses.cpu(), mask.cpu())]
+        sources = data.non_tensor_batch[self.reward_fn_key]
+        reward_model = data.non_tensor_batch.get("reward_model")
+        extra_info = data.non_tensor_batch.get("extra_info")
+        jobs = []
+        for i, text in enumerate(texts):
+            truth = None if reward_model is None or reward_model[i] is None else reward_model[i].get("ground_truth")
+            jobs.append((self._functions_for(sources[i]), sources[i], text, truth,
+                         None if extra_info is None else extra_info[i], self.config.timeout_s))
+        start = time.perf_counter()
+        results = self._run(jobs)
+        return self._collect(results, texts, sources, mask, time.perf_counter() - start)
+
+    def _run(self, jobs: list[tuple]) -> list[dict]:
+        if self.config.num_workers <= 0:
+            return [score_sample(*job) for job in jobs]
+        pool = self._get_pool()
+        pending = [pool.apply_async(score_sample, job) for job in jobs]
+        waves = -(-len(jobs) // self.config.num_workers)  # ceil: samples per worker
+        deadline = time.monotonic() + self.config.timeout_s * waves + 10.0
+        results = []
+        for item in pending:
+            try:
+                results.append(item.get(timeout=max(0.0, deadline - time.monotonic())))
+            except multiprocessing.TimeoutError:
+                results.append({"status": "timeout", "error": "the scoring worker stopped answering; it was killed"})
+                self._kill_pool()
+        return results
+
+    def _collect(self, results, texts, sources, mask, elapsed) -> RewardResult:
+        scores = torch.zeros(len(results))
+        extras: dict[str, list] = {}
+        counts = {"error": 0, "timeout": 0}
+        first_failure = None
+        for i, res in enumerate(results):
+            if res["status"] != "ok":
+                counts[res["status"]] += 1
+                message = (f"reward for sample {i} (data_source={sources[i]!r}, response={texts[i][:200]!r}) "
+                           f"failed: {res['error']}")
+                if self.config.on_error == "raise":
+                    raise RewardError(message + "; set reward.on_error=score to give failures reward.failure_score")
+                first_failure = first_failure or message
+                scores[i] = self.config.failure_score
+                continue
+            scores[i] = res["score"]
+            for key, value in res["extras"].items():
+                extras.setdefault(key, [None] * len(results))[i] = value
+        if first_failure:
+            print(f"[rlvr] {first_failure} ({counts['error']} errors, {counts['timeout']} timeouts this step; "
+                  f"they score reward.failure_score={self.config.failure_score})", file=sys.stderr, flush=True)
+        metrics = {"reward/num_errors": float(counts["error"]), "reward/num_timeouts": float(counts["timeout"]),
+                   "timing_s/reward_fn": elapsed}
+        for key, values in extras.items():
+            numeric = [float(v) for v in values if isinstance(v, (int, float, bool, np.number))]
+            if numeric:
+                metrics[f"reward/{key}/mean"] = float(np.mean(numeric))
+        return RewardResult(place_on_last_token(scores, mask), {k: np.array(v, dtype=object) for k, v in extras.items()},
+                            metrics)
+
+    # ------------------------------------------------------------------ pool and async
+    def _get_pool(self):
+        if self._pool is None:
+            context = multiprocessing.get_context("forkserver")  # safe beside torch's threads
+            self._pool = context.Pool(self.config.num_workers)
+        return self._pool
+
+    def _kill_pool(self) -> None:
+        if self._pool is not None:
+            self._pool.terminate()
+            self._pool = None
+
+    def submit(self, data: DataProto) -> concurrent.futures.Future:
+        """Score in the background (``reward.launch_reward_fn_async``); ``.result()`` gives the RewardResult."""
+        if self._async is None:
+            self._async = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="rlvr-reward")
+            if self.config.num_workers <= 0:  # the timer needs the main thread: score in one worker process
+                self.config = dataclasses.replace(self.config, num_workers=1)
+        return self._async.submit(self.compute, data)
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.close()
+            self._pool.join()
+            self._pool = None
+        if self._async is not None:
+            self._async.shutdown(wait=True)
+            self._async = None
+
+    def __del__(self):
+        try:
+            self._kill_pool()
+        except Exception:  # interpreter shutdown: the pool may already be gone
+            pass

@@ -1,0 +1,25 @@
+"""Math answers checked by the ``math-verify`` library: boxed answers, LaTeX, fractions,
+intervals and sets, compared symbolically. Timeouts are left to the reward manager (its
+per-sample limit), so math-verify's own signal timers are switched off."""
+
+from __future__ import annotations
+
+from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
+
+_GOLD_CONFIG = [LatexExtractionConfig(), ExprExtractionConfig()]
+
+
+def _gold(ground_truth: str):
+    text = str(ground_truth)
+    if "\\boxed" not in text and "$" not in text:
+        text = f"${text}$"  # a bare gold answer like "\\frac{1}{2}" or "3" is LaTeX without delimiters
+    return parse(text, _GOLD_CONFIG, parsing_timeout=None)
+
+
+def compute_score(data_source, solution_str, ground_truth, extra_info=None) -> dict:
+    gold = _gold(ground_truth)
+    if not gold:
+        raise ValueError(f"math-verify cannot parse the ground truth {ground_truth!r}")
+    answer = parse(solution_str, parsing_timeout=None)
+    correct = bool(answer) and verify(gold, answer, timeout_seconds=None)
+    return {"score": 1.0 if correct else 0.0, "acc": float(correct), "has_answer": float(bool(answer))}

@@ -1,0 +1,101 @@
+import numpy as np
+import pytest
+import torch
+
+from rlvr.config.schema import CustomRewardFunctionConfig, RewardConfig, RewardFunctionEntry
+from rlvr.protocol import DataProto
+from rlvr.rewards import RewardError, RewardManager, place_on_last_token
+from rlvr.rewards.scorers import countdown, gsm8k, math
+
+
+def batch(tokenizer, texts, sources, truths):
+    ids = [tokenizer.encode(t, add_special_tokens=False) for t in texts]
+    width = max(len(i) for i in ids)
+    responses = torch.full((len(ids), width), tokenizer.pad_token_id)
+    mask = torch.zeros(len(ids), width, dtype=torch.long)
+    for r, row in enumerate(ids):
+        responses[r, :len(row)] = torch.tensor(row)
+        mask[r, :len(row)] = 1
+    return DataProto.from_dict({"responses": responses, "response_mask": mask},
+                               {"data_source": sources, "reward_model": [{"ground_truth": t} for t in truths],
+                                "extra_info": [{"index": i} for i in range(len(ids))]})
+
+
+def test_place_on_last_token():
+    mask = torch.tensor([[1, 1, 0], [1, 1, 1]])
+    # scores land on the last valid token: index 1 in row 0, index 2 in row 1
+    assert place_on_last_token(torch.tensor([2.0, 3.0]), mask).tolist() == [[0, 2, 0], [0, 0, 3]]
+
+
+def test_gsm8k_strict_and_flexible():
+    assert gsm8k.compute_score("gsm8k", "so it is 1,234.\n#### 1,234", "1234") == 1.0
+    assert gsm8k.compute_score("gsm8k", "#### -8", "-8") == 1.0
+    assert gsm8k.compute_score("gsm8k", "the answer is 72", "72") == 0.0  # strict needs ####
+    assert gsm8k.compute_score_flexible("gsm8k", "the answer is $72.", "72") == 1.0
+    assert gsm8k.compute_score_flexible("gsm8k", "3.5 then 2.50", "2.5") == 1.0
+
+
+def test_math_verify_scorer():
+    assert math.compute_score("math", "so $\\boxed{\\frac{1}{2}}$", "0.5")["score"] == 1.0
+    assert math.compute_score("math", "so $\\boxed{3}$", "\\frac{1}{2}")["score"] == 0.0
+
+
+def test_countdown_scorer():
+    gt = {"target": 10, "numbers": [2, 3, 4]}
+    assert countdown.compute_score("countdown", "<answer>2 * 3 + 4</answer>", gt)["score"] == 1.0
+    assert countdown.compute_score("countdown", "<answer>2 + 3 + 4</answer>", gt)["score"] == 0.1
+    assert countdown.compute_score("countdown", "no answer", gt)["score"] == 0.0
+
+
+def test_manager_by_data_source(tokenizer):
+    data = batch(tokenizer, ["7 + 5 = 12", "#### 9", "wrong 3"], ["arithmetic", "openai/gsm8k", "arithmetic"],
+                 ["12", "9", "4"])
+    result = RewardManager(tokenizer).compute(data)
+    assert result.token_level_scores.sum(-1).tolist() == [1.0, 1.0, 0.0]
+    assert result.metrics["reward/num_errors"] == 0.0
+
+
+def test_weighted_functions(tokenizer):
+    cfg = RewardConfig(functions=[RewardFunctionEntry("correctness", 1.0), RewardFunctionEntry("hard_format", 2.0)])
+    data = batch(tokenizer, ["<think>x</think><answer>5</answer>"], ["anything"], ["5"])
+    result = RewardManager(tokenizer, cfg).compute(data)
+    # correctness 2.0 * 1 + hard_format 0.5 * 2 = 3.0; each function logged on its own
+    assert result.token_level_scores.sum().item() == pytest.approx(3.0)
+    assert result.metrics["reward/correctness/mean"] == 2.0 and result.metrics["reward/hard_format/mean"] == 0.5
+
+
+def test_custom_function_and_failures(tmp_path, tokenizer):
+    f = tmp_path / "my_reward.py"
+    f.write_text("import time\n"
+                 "def score(data_source, solution_str, ground_truth, extra_info=None, bonus=0.0):\n"
+                 "    if 'boom' in solution_str: raise ValueError('bad sample')\n"
+                 "    if 'slow' in solution_str: time.sleep(5)\n"
+                 "    return {'score': 1.0 + bonus, 'length': len(solution_str)}\n")
+    cfg = RewardConfig(custom_reward_function=CustomRewardFunctionConfig(str(f), "score", {"bonus": 0.5}),
+                       timeout_s=0.5, failure_score=-1.0)
+    data = batch(tokenizer, ["fine", "boom", "slow"], ["x"] * 3, ["1"] * 3)
+    result = RewardManager(tokenizer, cfg).compute(data)
+    assert result.token_level_scores.sum(-1).tolist() == [1.5, -1.0, -1.0]
+    assert result.metrics["reward/num_errors"] == 1.0 and result.metrics["reward/num_timeouts"] == 1.0
+    with pytest.raises(RewardError, match="sample 1"):
+        RewardManager(tokenizer, RewardConfig(custom_reward_function=cfg.custom_reward_function,
+                                              on_error="raise")).compute(data[:2])
+    with pytest.raises(RewardError, match="has no function 'nope'.*'score'"):
+        RewardManager(tokenizer, RewardConfig(custom_reward_function=CustomRewardFunctionConfig(str(f), "nope")))
+    with pytest.raises(RewardError, match="does not exist"):
+        RewardManager(tokenizer, RewardConfig(custom_reward_function=CustomRewardFunctionConfig("/no.py", "f")))
+
+
+def test_unknown_data_source_is_clear(tokenizer):
+    with pytest.raises(KeyError, match="no reward function for data_source 'mystery'"):
+        RewardManager(tokenizer).compute(batch(tokenizer, ["1"], ["mystery"], ["1"]))
+
+
+def test_process_pool_matches_serial(tokenizer):
+    data = batch(tokenizer, ["7 + 5 = 12", "#### 9", "wrong 3"] * 4, ["arithmetic", "gsm8k", "arithmetic"] * 4,
+                 ["12", "9", "4"] * 4)
+    serial = RewardManager(tokenizer).compute(data)
+    pooled_manager = RewardManager(tokenizer, RewardConfig(num_workers=2))
+    pooled = pooled_manager.submit(data).result()
+    pooled_manager.close()
+    assert torch.equal(serial.token_level_scores, pooled.token_level_scores)
