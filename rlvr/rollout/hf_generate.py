@@ -27,9 +27,9 @@ class GenerateRollout:
     def __init__(self, model, tokenizer, config: RolloutConfig, max_response_length: int):
         self.model, self.tokenizer, self.config = model, tokenizer, config
         self.max_response_length = max_response_length
-        eos = model.generation_config.eos_token_id
-        eos = eos if isinstance(eos, list) else [eos]
-        self.eos_ids = sorted({i for i in eos + [tokenizer.eos_token_id] if i is not None})
+        from rlvr.rollout.engine import end_token_ids
+
+        self.eos_ids = end_token_ids(model, tokenizer)
 
     def _sampling(self, meta: dict) -> dict:
         c = self.config
