@@ -1,7 +1,7 @@
-"""The ``rlvr`` command: ``prepare``, ``config show``, ``algos list``, ``rollout`` (``train`` lands later).
+"""The ``rlvr`` command: ``train``, ``prepare``, ``config show``, ``algos list``, ``rollout``.
 
 Config-reading commands take ``--config FILE.yaml`` and ``key=value`` overrides, exactly
-as ``rlvr train`` will. Errors that come from the user's input (config, data, model path)
+as ``rlvr train`` does. Errors that come from the user's input (config, data, model path)
 are printed as one clear message, without a traceback, and exit with status 2.
 """
 
@@ -36,6 +36,15 @@ def _cmd_prepare(args: argparse.Namespace) -> None:
         paths = prepare.prepare_gsm8k(out, Path(args.src))
     for split, path in paths.items():
         print(f"wrote {split}: {path}")
+
+
+def _cmd_train(args: argparse.Namespace) -> None:
+    import torch
+
+    from rlvr.trainer.main import run_training
+
+    torch.set_num_threads(max(1, torch.get_num_threads()))
+    run_training(load_config(args.config, args.overrides))
 
 
 def _cmd_config(args: argparse.Namespace) -> None:
@@ -94,6 +103,10 @@ def _cmd_algos(args: argparse.Namespace) -> None:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rlvr", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("train", help="train a policy (default: GRPO, built-in model, arithmetic task)")
+    _add_config_args(p)
+    p.set_defaults(func=_cmd_train)
 
     p = sub.add_parser("prepare", help="write train/test parquet files for a task")
     p.add_argument("task", choices=["arithmetic", "countdown", "gsm8k"])

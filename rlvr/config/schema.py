@@ -195,7 +195,10 @@ class ActorRolloutRefConfig:
 
 @dataclass
 class CriticConfig:
-    model: ModelConfig = field(default_factory=ModelConfig)
+    """The value model of PPO (used only with ``algorithm.adv_estimator=gae``)."""
+
+    model: ModelConfig = field(default_factory=lambda: ModelConfig(path="${actor_rollout_ref.model.path}"))
+    """Backbone of the value model (default: the policy's); a one-output value head is added."""
     optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-5))
     ppo_mini_batch_size: int = 8
     ppo_micro_batch_size_per_gpu: int = 8

@@ -1,0 +1,37 @@
+"""``LocalWorkerGroup``: the worker methods of one in-process worker.
+
+The trainer calls ``worker_group.generate_sequences(batch)`` and friends and never knows
+where the worker lives. Here it is the same process and device (one CPU or one GPU); a Ray
+worker group offers the same methods, splitting each DataProto by data-parallel rank and
+concatenating the answers, so it can replace this class without touching the trainer.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rlvr.protocol import DataProto
+
+WORKER_METHODS = ("init_model", "generate_sequences", "compute_log_prob", "compute_ref_log_prob", "update_actor",
+                  "compute_values", "update_critic", "save_checkpoint", "load_checkpoint")
+
+
+class LocalWorkerGroup:
+    """Forwards the worker methods (and nothing else) to one in-process worker."""
+
+    def __init__(self, worker: Any):
+        self.worker = worker
+        self.world_size = 1
+
+    def __getattr__(self, name: str):
+        if name in WORKER_METHODS:
+            method = getattr(self.worker, name, None)
+            if method is None:
+                raise AttributeError(f"{type(self.worker).__name__} has no worker method {name!r}")
+            return method
+        raise AttributeError(f"{name!r} is not a worker method; worker groups expose {list(WORKER_METHODS)}")
+
+    def execute(self, name: str, data: DataProto | None = None, **kwargs) -> Any:
+        """Call worker method ``name`` (the form a remote group uses)."""
+        method = getattr(self, name)
+        return method(**kwargs) if data is None else method(data, **kwargs)

@@ -1,0 +1,104 @@
+"""Build a training run from a config and run it: ``rlvr train`` calls ``run_training``.
+
+Everything a run needs is built here, in the order a failure is cheapest to report: the
+run directory, the tokenizer (a missing model path fails before any weights load), the
+datasets (every row must have a scorable data_source), the workers, the reward managers.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rlvr.config import ConfigError, to_yaml
+from rlvr.config.schema import RLVRConfig, DataConfig
+from rlvr.data import RLHFDataset
+from rlvr.data.io import DatasetError
+from rlvr.distributed import LocalWorkerGroup
+from rlvr.models import load_tokenizer
+from rlvr.rewards import RewardManager
+from rlvr.rewards.registry import reward_fn_name_for
+from rlvr.trainer.ppo_trainer import RLTrainer
+from rlvr.trainer.tracking import Tracking
+from rlvr.workers.critic import CriticWorker
+from rlvr.workers.hybrid import ActorRolloutRefWorker
+
+DEFAULT_ARITHMETIC = [Path("~/data/arithmetic/train.parquet"), Path("~/data/arithmetic/test.parquet")]
+
+
+def ensure_default_data(config: RLVRConfig) -> None:
+    """The default run's arithmetic split is generated on first use (what ``rlvr prepare arithmetic`` writes)."""
+    defaults = DataConfig()
+    uses_default = config.data.train_files == defaults.train_files and config.data.val_files == defaults.val_files
+    if uses_default and not all(p.expanduser().exists() for p in DEFAULT_ARITHMETIC):
+        from rlvr.data.prepare import prepare_arithmetic
+
+        out = DEFAULT_ARITHMETIC[0].expanduser().parent
+        prepare_arithmetic(out)
+        print(f"[rlvr] wrote the built-in arithmetic task to {out} (rlvr prepare arithmetic)", flush=True)
+
+
+def check_scorable(dataset: RLHFDataset, config: RLVRConfig, split: str) -> None:
+    """Every row's data_source must select a reward function (unless functions are configured)."""
+    reward = config.reward
+    if reward.custom_reward_function.path or reward.functions:
+        return
+    key = config.data.reward_fn_key
+    seen: set = set()
+    for row, origin in zip(dataset.rows, dataset.origins):
+        source = row.get(key)
+        if source in seen:
+            continue
+        try:
+            reward_fn_name_for(source)
+        except KeyError as err:
+            raise DatasetError(f"{origin} ({split}): {err.args[0]}") from None
+        seen.add(source)
+
+
+def total_steps(config: RLVRConfig, batches_per_epoch: int) -> int:
+    if config.trainer.total_training_steps is not None:
+        return config.trainer.total_training_steps
+    return batches_per_epoch * config.trainer.total_epochs
+
+
+def build_trainer(config: RLVRConfig, progress_bar: bool = True) -> RLTrainer:
+    ensure_default_data(config)
+    run_dir = Path(config.trainer.default_local_dir).expanduser()
+    model_cfg = config.actor_rollout_ref.model
+    tokenizer = load_tokenizer(model_cfg.tokenizer_path or model_cfg.path, model_cfg.trust_remote_code)
+    train = RLHFDataset(config.data.train_files, tokenizer, config.data)
+    val = RLHFDataset(config.data.val_files, tokenizer, config.data) if config.data.val_files else None
+    check_scorable(train, config, "data.train_files")
+    if val is not None:
+        check_scorable(val, config, "data.val_files")
+    batches = len(train) // config.data.train_batch_size
+    if batches == 0:
+        raise ConfigError(f"data.train_batch_size = {config.data.train_batch_size} is larger than the training set "
+                          f"({len(train)} rows after filtering); lower it or add rows")
+    steps = total_steps(config, batches)
+    worker = ActorRolloutRefWorker(config, steps, tokenizer)
+    worker.init_model()
+    critic_wg = None
+    if config.algorithm.adv_estimator == "gae":  # PPO: the only estimator that needs learned values
+        critic = CriticWorker(config.critic, steps, tokenizer.pad_token_id, config.trainer.device, config.trainer.seed,
+                              config.actor_rollout_ref.actor.loss_agg_mode)
+        critic.init_model()
+        critic_wg = LocalWorkerGroup(critic)
+    reward_fn = RewardManager(tokenizer, config.reward, config.data.reward_fn_key)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.yaml").write_text(to_yaml(config))
+    tracker = Tracking(config.trainer.logger, run_dir, progress_bar)
+    return RLTrainer(config, LocalWorkerGroup(worker), tokenizer, train, val, reward_fn,
+                     reward_fn if val is not None else None, steps, tracker, critic_wg)
+
+
+def run_training(config: RLVRConfig) -> dict[str, float]:
+    run_dir = Path(config.trainer.default_local_dir).expanduser().resolve()
+    print(f"[rlvr] run directory: {run_dir}", flush=True)
+    trainer = build_trainer(config)
+    try:
+        return trainer.fit()
+    finally:
+        trainer.tracker.close()
+        trainer.reward_fn.close()
+        print(f"[rlvr] run directory: {run_dir} (config.yaml, metrics.jsonl)", flush=True)

@@ -1,0 +1,225 @@
+"""The fit loop: one GRPO (or PPO-family) step after another, in the seeds' order.
+
+``RLTrainer.train_step`` reads like the algorithm: prompts get a group id, are repeated n
+times and sampled; the samples are scored; the actor's and the reference's log-probs are
+computed; rewards (minus a KL penalty when ``use_kl_in_reward``) become advantages; the
+actor is updated. Each stage is one call into the folder that owns it. The trainer owns
+the order and the cheap computations (advantages, metrics); workers, reached through a
+worker group, own the models.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from rlvr.algos.advantages import compute_advantage
+from rlvr.algos.kl import apply_kl_penalty, get_kl_controller
+from rlvr.config.schema import RLVRConfig
+from rlvr.data.sampler import PromptLoader
+from rlvr.protocol import DataProto
+from rlvr.trainer.metrics import (compute_data_metrics, compute_throughput_metrics, compute_timing_metrics, timer,
+                                  validation_metrics)
+from rlvr.trainer.tracking import Tracking
+
+GENERATION_KEYS = ("input_ids", "attention_mask", "position_ids")
+GENERATION_NON_TENSOR_KEYS = ("raw_prompt_ids", "raw_prompt", "tools_kwargs", "uid")
+
+
+def generation_batch(batch: DataProto) -> DataProto:
+    """The keys the rollout needs, popped from ``batch`` (``uid`` is copied: both keep it)."""
+    non_tensor = [k for k in GENERATION_NON_TENSOR_KEYS if k in batch.non_tensor_batch and k != "uid"]
+    gen = batch.pop(batch_keys=list(GENERATION_KEYS), non_tensor_batch_keys=non_tensor)
+    if "uid" in batch.non_tensor_batch:
+        gen.non_tensor_batch["uid"] = batch.non_tensor_batch["uid"]
+    return gen
+
+
+class RLTrainer:
+    """Drives training: data, rollout, rewards, advantages, updates, validation, metrics."""
+
+    def __init__(self, config: RLVRConfig, worker_group, tokenizer, train_dataset, val_dataset, reward_fn,
+                 val_reward_fn, total_training_steps: int, tracker: Tracking | None = None, critic_wg=None):
+        self.config = config
+        self.wg = worker_group
+        self.critic_wg = critic_wg
+        self.tokenizer = tokenizer
+        self.train_dataset, self.val_dataset = train_dataset, val_dataset
+        self.reward_fn, self.val_reward_fn = reward_fn, val_reward_fn
+        self.total_training_steps = total_training_steps
+        self.tracker = tracker or Tracking([], None)
+        data = config.data
+        self.loader = PromptLoader(train_dataset, data.train_batch_size, data.shuffle, data.seed)
+        self.global_step = 0
+        self.use_reference = config.actor_rollout_ref.actor.use_kl_loss or config.algorithm.use_kl_in_reward
+        self.kl_ctrl = get_kl_controller(config.algorithm.kl_ctrl)
+
+    # ------------------------------------------------------------------ the loop
+    def fit(self) -> dict[str, float]:
+        """Train for ``total_training_steps``; returns the last step's metrics (with validation)."""
+        trainer = self.config.trainer
+        last: dict[str, float] = {}
+        if self.val_reward_fn is not None and trainer.val_before_train and self.global_step == 0:
+            last = self.validate()
+            self.tracker.log(last, step=0)
+        progress = tqdm(total=self.total_training_steps, initial=self.global_step, desc="training", unit="step",
+                        dynamic_ncols=True, disable=not self.tracker.progress_bar)
+        while self.global_step < self.total_training_steps:
+            epoch = self.loader.sampler.epoch
+            for batch in self.loader:
+                self.global_step += 1
+                metrics = self.train_step(batch)
+                metrics["training/epoch"] = float(epoch)
+                final = self.global_step >= self.total_training_steps
+                if self.val_reward_fn is not None and (final or trainer.test_freq > 0
+                                                       and self.global_step % trainer.test_freq == 0):
+                    timings: dict[str, float] = {}
+                    with timer("testing", timings):
+                        metrics.update(self.validate())
+                    metrics["timing_s/testing"] = timings["testing"]
+                self.tracker.log(metrics, step=self.global_step)
+                progress.update(1)
+                progress.set_postfix(reward=f"{metrics['critic/score/mean']:.3f}",
+                                     step_s=f"{metrics['timing_s/step']:.1f}")
+                last = metrics
+                if final:
+                    break
+        progress.close()
+        return last
+
+    def train_step(self, batch: DataProto) -> dict[str, float]:
+        """One step on one batch of prompts; returns its metrics."""
+        cfg = self.config
+        metrics: dict[str, float] = {"training/global_step": float(self.global_step)}
+        timings: dict[str, float] = {}
+        with timer("step", timings):
+            batch.non_tensor_batch["uid"] = np.array([f"{self.global_step}-{i}" for i in range(len(batch))], dtype=object)
+            gen_batch = generation_batch(batch).repeat(cfg.actor_rollout_ref.rollout.n, interleave=True)
+            gen_batch.meta_info["seed"] = self._seed("train")
+            with timer("gen", timings):
+                gen_out = self.wg.generate_sequences(gen_batch)
+            batch = batch.repeat(cfg.actor_rollout_ref.rollout.n, interleave=True).union(gen_out)
+            batch.meta_info["temperature"] = cfg.actor_rollout_ref.rollout.temperature
+            if cfg.algorithm.adv_estimator == "remax":
+                with timer("gen_max", timings):
+                    batch.batch["reward_baselines"] = self._greedy_baselines(gen_batch, batch)
+            with timer("reward", timings):
+                reward = self.reward_fn.submit(batch) if cfg.reward.launch_reward_fn_async else self.reward_fn(batch)
+            with timer("old_log_prob", timings):
+                batch = batch.union(self.wg.compute_log_prob(batch))
+            if self.use_reference:
+                with timer("ref", timings):
+                    batch = batch.union(self.wg.compute_ref_log_prob(batch))
+            if self.critic_wg is not None:
+                with timer("values", timings):
+                    batch = batch.union(self.critic_wg.compute_values(batch))
+            with timer("adv", timings):
+                metrics.update(self._advantages(batch, reward.result() if hasattr(reward, "result") else reward))
+            if self.critic_wg is not None:
+                with timer("update_critic", timings):
+                    metrics.update(self.critic_wg.update_critic(batch).meta_info["metrics"])
+            with timer("update_actor", timings):
+                metrics.update(self.wg.update_actor(batch).meta_info["metrics"])
+            if cfg.trainer.rollout_data_dir:
+                with timer("dump_rollout", timings):
+                    self._dump_rollouts(batch, Path(cfg.trainer.rollout_data_dir).expanduser())
+        metrics["actor/entropy_old"] = float((batch.batch["entropys"] * batch.batch["response_mask"]).sum()
+                                             / batch.batch["response_mask"].sum().clamp(min=1))
+        metrics.update(compute_data_metrics(batch, cfg.data.max_response_length))
+        metrics.update(compute_timing_metrics(batch, timings))
+        metrics.update(compute_throughput_metrics(batch, timings["step"], cfg.trainer.n_gpus_per_node * cfg.trainer.nnodes))
+        return metrics
+
+    def _seed(self, purpose: str) -> int:
+        """A distinct, reproducible sampling seed per step and purpose."""
+        offset = {"train": 0, "greedy": 1, "val": 2}[purpose]
+        return (self.config.actor_rollout_ref.rollout.seed * 1_000_003 + self.global_step) * 3 + offset
+
+    # ------------------------------------------------------------------ stages
+    def _advantages(self, batch: DataProto, reward) -> dict[str, float]:
+        """token_level_scores -> token_level_rewards (KL in reward) -> advantages and returns."""
+        metrics = dict(reward.metrics)
+        scores = reward.token_level_scores.to(batch.batch["response_mask"].device)
+        if "rm_scores" in batch.batch:
+            scores = scores + batch.batch["rm_scores"]
+        batch.batch["token_level_scores"] = scores
+        for key, values in reward.reward_extra_info.items():
+            batch.non_tensor_batch[key] = values
+        algo = self.config.algorithm
+        if algo.use_kl_in_reward:
+            rewards, kl_metrics = apply_kl_penalty(scores, batch.batch["old_log_probs"], batch.batch["ref_log_prob"],
+                                                   batch.batch["response_mask"], self.kl_ctrl, algo.kl_penalty)
+            batch.batch["token_level_rewards"] = rewards
+            metrics.update(kl_metrics)
+        else:
+            batch.batch["token_level_rewards"] = scores
+        compute_advantage(batch, algo)
+        return metrics
+
+    def _greedy_baselines(self, gen_batch: DataProto, batch: DataProto) -> torch.Tensor:
+        """ReMax: the score of each prompt's greedy response, the baseline of its samples."""
+        rows = np.arange(0, len(gen_batch), self.config.actor_rollout_ref.rollout.n)  # one row per prompt
+        greedy = gen_batch.select_idxs(rows)
+        greedy.meta_info.update(do_sample=False, seed=self._seed("greedy"))
+        out = self.wg.generate_sequences(greedy)
+        scored = DataProto(batch=dict(out.batch), non_tensor_batch={
+            key: batch.non_tensor_batch[key][rows]
+            for key in (self.config.data.reward_fn_key, "reward_model", "extra_info") if key in batch.non_tensor_batch})
+        baseline = self.reward_fn(scored).token_level_scores.sum(-1)  # (prompts,)
+        return baseline.repeat_interleave(self.config.actor_rollout_ref.rollout.n)
+
+    def _dump_rollouts(self, batch: DataProto, folder: Path) -> None:
+        """One JSON line per sample: prompt, response, score, and the scorer's extras."""
+        folder.mkdir(parents=True, exist_ok=True)
+        decode = self.tokenizer.decode
+        R = batch.batch["responses"].shape[1]
+        with open(folder / f"{self.global_step}.jsonl", "w") as f:
+            for i in range(len(batch)):
+                prompt_mask = batch.batch["attention_mask"][i, :-R].bool()
+                row = {"step": self.global_step, "uid": str(batch.non_tensor_batch["uid"][i]),
+                       "prompt": decode(batch.batch["input_ids"][i, :-R][prompt_mask], skip_special_tokens=False),
+                       "response": decode(batch.batch["responses"][i][batch.batch["response_mask"][i].bool()],
+                                          skip_special_tokens=True),
+                       "score": float(batch.batch["token_level_scores"][i].sum()),
+                       "advantage": float(batch.batch["advantages"][i][batch.batch["response_mask"][i].bool()][:1].sum())}
+                for key in ("data_source", "reward_model"):
+                    if key in batch.non_tensor_batch:
+                        row[key] = batch.non_tensor_batch[key][i]
+                f.write(json.dumps(row, default=str) + "\n")
+
+    # ------------------------------------------------------------------ validation
+    def validate(self) -> dict[str, float]:
+        """Greedy accuracy (``mean@1``) on the validation set, and with ``val_kwargs.n > 1`` a
+        sampled pass reporting ``mean@n``, ``best@n`` and ``maj@n``."""
+        val = self.config.actor_rollout_ref.rollout.val_kwargs
+        metrics = self._validation_pass(n=1, sampling={"do_sample": False})
+        if val.n > 1:
+            temperature = val.temperature if val.temperature > 0 else self.config.actor_rollout_ref.rollout.temperature
+            metrics.update(self._validation_pass(n=val.n, sampling={"do_sample": True, "temperature": temperature,
+                                                                     "top_p": val.top_p, "top_k": val.top_k}))
+        return metrics
+
+    def _validation_pass(self, n: int, sampling: dict[str, Any]) -> dict[str, float]:
+        dataset = self.val_dataset
+        size = self.config.data.val_batch_size or len(dataset)
+        sources, groups, scores, answers = [], [], [], []
+        for start in range(0, len(dataset), size):
+            batch = dataset.collate([dataset[i] for i in range(start, min(start + size, len(dataset)))])
+            batch.non_tensor_batch["uid"] = np.array([f"val-{start + i}" for i in range(len(batch))], dtype=object)
+            gen = generation_batch(batch).repeat(n, interleave=True)
+            gen.meta_info.update(sampling, validate=True, seed=self._seed("val"))
+            batch = batch.repeat(n, interleave=True).union(self.wg.generate_sequences(gen))
+            result = self.val_reward_fn(batch)
+            texts = [self.tokenizer.decode(r[m.bool()], skip_special_tokens=True).strip()
+                     for r, m in zip(batch.batch["responses"], batch.batch["response_mask"])]
+            preds = result.reward_extra_info.get("pred")
+            sources += list(batch.non_tensor_batch[self.config.data.reward_fn_key])
+            groups += list(batch.non_tensor_batch["uid"])
+            scores += result.token_level_scores.sum(-1).tolist()
+            answers += list(preds) if preds is not None else texts
+        return validation_metrics(sources, groups, scores, answers)

@@ -1,0 +1,218 @@
+"""The actor: log-probs of the sampled responses and the PPO-style policy update.
+
+``update_policy`` runs ``ppo_epochs`` passes; each pass splits the step's data into
+shuffled mini-batches of whole groups (``ppo_mini_batch_size`` prompts x n responses,
+one optimizer step each) and each mini-batch into micro-batches (by row count, or by a
+token budget with ``use_dynamic_bsz``) whose gradients accumulate. Each micro-batch's
+loss is its share of the mini-batch loss (``agg_loss`` gets the mini-batch's token and
+sequence totals), so the gradient of an optimizer step does not depend on the split.
+
+The loss is ``pg_loss - entropy_coeff * entropy + kl_loss_coef * kl_loss``, with the
+policy loss taken from the registry (``policy_loss.loss_mode``) and the KL estimator
+from ``kl_loss_type``. A non-finite gradient norm skips the optimizer step and is counted
+in ``actor/grad_norm_nonfinite``.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections import defaultdict
+
+import numpy as np
+import torch
+
+from rlvr.algos.kl import kl_penalty
+from rlvr.algos.losses import agg_loss, compute_rollout_is_weights, get_policy_loss_fn
+from rlvr.config.schema import ActorConfig, AlgorithmConfig, OptimConfig
+from rlvr.protocol import DataProto
+from rlvr.workers.forward import forward_log_probs, group_rows
+
+FORWARD_KEYS = ("input_ids", "attention_mask", "position_ids", "responses")
+SUMMED_METRICS = ("actor/pg_loss", "actor/kl_loss")  # micro-batch shares of the mini-batch value
+
+
+def build_optimizer(model, optim: OptimConfig, total_steps: int):
+    """AdamW with linear warmup, then a constant or cosine schedule (stepped once per training step)."""
+    optimizer = torch.optim.AdamW(model.parameters(), lr=optim.lr, betas=tuple(optim.betas),
+                                  weight_decay=optim.weight_decay)
+    warmup = optim.lr_warmup_steps if optim.lr_warmup_steps >= 0 else int(optim.lr_warmup_steps_ratio * total_steps)
+
+    def factor(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / (warmup + 1)
+        if optim.warmup_style == "cosine":
+            progress = min(1.0, (step - warmup) / max(1, total_steps - warmup))
+            return optim.min_lr_ratio + (1 - optim.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+        return 1.0
+
+    return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
+def micro_batches(units: list[list[int]], unit_tokens: list[int], rows_per_micro: int,
+                  token_budget: int | None) -> list[list[int]]:
+    """Group consecutive units (a row, or a packed group of rows) into micro-batches of row indices.
+
+    By count: at most ``rows_per_micro`` rows (at least one unit) per micro-batch. By token
+    budget: units are added while their tokens fit in ``token_budget`` (a unit larger than the
+    budget goes alone).
+    """
+    batches, current, rows, tokens = [], [], 0, 0
+    for unit, n_tokens in zip(units, unit_tokens):
+        full = (tokens + n_tokens > token_budget) if token_budget else (rows + len(unit) > rows_per_micro)
+        if current and full:
+            batches.append(current)
+            current, rows, tokens = [], 0, 0
+        current = current + unit
+        rows, tokens = rows + len(unit), tokens + n_tokens
+    if current:
+        batches.append(current)
+    return batches
+
+
+def _item(value: torch.Tensor) -> float:
+    return float(value.detach())
+
+
+class Actor:
+    """Owns the policy model and its optimizer; computes log-probs and updates the policy."""
+
+    def __init__(self, model, config: ActorConfig, algorithm: AlgorithmConfig | None = None, optimizer=None,
+                 scheduler=None, pad_id: int = 0, max_response_length: int | None = None, seed: int = 0):
+        self.model, self.config = model, config
+        self.algorithm = algorithm or AlgorithmConfig()
+        self.optimizer, self.scheduler = optimizer, scheduler
+        self.pad_id, self.max_response_length, self.seed = pad_id, max_response_length, seed
+        self.policy_loss_fn = get_policy_loss_fn(config.policy_loss.loss_mode)
+        self.updates = 0  # update_policy calls so far: seeds the mini-batch shuffle
+
+    def _forward(self, batch: dict, uids, temperature: float, calculate_entropy: bool, entropy_grad: bool = False):
+        return forward_log_probs(self.model, batch, uids, temperature, calculate_entropy, entropy_grad=entropy_grad,
+                                 share_prompt=self.config.share_prompt_forward, pad_id=self.pad_id,
+                                 dtype=self.config.dtype)
+
+    def _units(self, data: DataProto, rows: list[int]) -> tuple[list[list[int]], list[int]]:
+        """Micro-batch units among ``rows``: packed groups (prompt-once forward) or single rows,
+        with their token counts."""
+        mask = data.batch["attention_mask"]
+        P = mask.shape[1] - data.batch["responses"].shape[1]
+        prompt_len = mask[:, :P].sum(-1).tolist()
+        resp_len = mask[:, P:].sum(-1).tolist()
+        uids = data.non_tensor_batch.get("uid")
+        if self.config.share_prompt_forward and uids is not None:
+            units = [[rows[i] for i in unit] for unit in group_rows([uids[r] for r in rows])]
+            return units, [prompt_len[u[0]] + sum(resp_len[r] for r in u) for u in units]
+        return [[r] for r in rows], [prompt_len[r] + resp_len[r] for r in rows]
+
+    def _micro_batches(self, data: DataProto, rows: list[int], rows_per_micro: int) -> list[list[int]]:
+        units, tokens = self._units(data, rows)
+        budget = self.config.ppo_max_token_len_per_gpu if self.config.use_dynamic_bsz else None
+        return micro_batches(units, tokens, rows_per_micro, budget)
+
+    # ------------------------------------------------------------------ log-probs
+    @torch.no_grad()
+    def compute_log_prob(self, data: DataProto, calculate_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(B, R) log-probs of the responses under softmax(logits / temperature), and entropy."""
+        data.require(*FORWARD_KEYS, stage="compute_log_prob")
+        temperature = float(data.meta_info.get("temperature", 1.0))
+        micro_size = int(data.meta_info.get("micro_batch_size", 16))
+        was_training = self.model.training
+        self.model.eval()
+        uids = data.non_tensor_batch.get("uid")
+        log_probs = torch.zeros(data.batch["responses"].shape, dtype=torch.float32)
+        entropy = torch.zeros_like(log_probs) if calculate_entropy else None
+        for rows in self._micro_batches(data, list(range(len(data))), micro_size):
+            idx = torch.tensor(rows)
+            batch = {k: data.batch[k][idx] for k in FORWARD_KEYS}
+            lp, ent = self._forward(batch, None if uids is None else uids[rows], temperature, calculate_entropy)
+            log_probs[idx] = lp.float().cpu()
+            if calculate_entropy:
+                entropy[idx] = ent.float().cpu()
+        self.model.train(was_training)
+        return log_probs, entropy
+
+    # ------------------------------------------------------------------ update
+    def _mini_batches(self, data: DataProto, epoch: int) -> list[list[int]]:
+        """Row indices of each mini-batch: whole groups, shuffled reproducibly per (seed, update, epoch)."""
+        uids = data.non_tensor_batch.get("uid")
+        groups = group_rows(list(uids)) if uids is not None else [[r] for r in range(len(data))]
+        if self.config.shuffle:
+            rng = np.random.default_rng([self.seed, self.updates, epoch])
+            groups = [groups[i] for i in rng.permutation(len(groups))]
+        per_mini = self.config.ppo_mini_batch_size
+        return [sum(groups[i:i + per_mini], []) for i in range(0, len(groups), per_mini)]
+
+    def update_policy(self, data: DataProto) -> dict[str, float]:
+        """ppo_epochs x mini-batches x micro-batches of the loss above; returns verl's actor metrics."""
+        keys = [*FORWARD_KEYS, "response_mask", "old_log_probs", "advantages"]
+        if self.config.use_kl_loss:
+            keys.append("ref_log_prob")
+        data.require(*keys, stage="update_actor")
+        temperature = float(data.meta_info.get("temperature", 1.0))
+        self.model.train()
+        metrics: dict[str, list[float]] = defaultdict(list)
+        for epoch in range(self.config.ppo_epochs):
+            for mini_rows in self._mini_batches(data, epoch):
+                self._optimizer_step(data, mini_rows, temperature, metrics)
+        self.updates += 1
+        if self.config.use_kl_loss:
+            metrics["actor/kl_coef"].append(self.config.kl_loss_coef)
+        if self.scheduler is not None:
+            metrics["actor/lr"].append(self.scheduler.get_last_lr()[0])
+            with warnings.catch_warnings():  # a skipped (non-finite) step still advances the schedule
+                warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step")
+                self.scheduler.step()
+        return {k: float(np.mean(v)) for k, v in metrics.items()}
+
+    def _optimizer_step(self, data: DataProto, mini_rows: list[int], temperature: float, metrics) -> None:
+        mask = data.batch["response_mask"]
+        mini_mask = mask[torch.tensor(mini_rows)]
+        totals = {"num_tokens": mini_mask.sum().clamp(min=1).float(), "num_seqs": len(mini_rows),
+                  "norm_constant": self.max_response_length}
+        self.optimizer.zero_grad(set_to_none=True)
+        step = defaultdict(float)
+        for rows in self._micro_batches(data, mini_rows, self.config.ppo_micro_batch_size_per_gpu):
+            share = float(mask[torch.tensor(rows)].sum()) / float(totals["num_tokens"])  # token share of the mini-batch
+            for key, value in self._micro_loss(data, rows, temperature, totals).items():
+                # losses are shares of the mini-batch loss (they add up); rates and means weigh by tokens
+                step[key] += value if key in SUMMED_METRICS else value * share
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.grad_clip)
+        if torch.isfinite(grad_norm):
+            self.optimizer.step()
+            metrics["actor/grad_norm_nonfinite"].append(0.0)
+        else:
+            self.optimizer.zero_grad(set_to_none=True)
+            metrics["actor/grad_norm_nonfinite"].append(1.0)
+        metrics["actor/grad_norm"].append(float(grad_norm))
+        for key, value in step.items():
+            metrics[key].append(value)
+
+    def _micro_loss(self, data: DataProto, rows: list[int], temperature: float, totals: dict) -> dict[str, float]:
+        """Forward, loss and backward of one micro-batch; returns its metric contributions."""
+        idx = torch.tensor(rows)
+        batch = {k: data.batch[k][idx] for k in FORWARD_KEYS}
+        mask = data.batch["response_mask"][idx].float()
+        old_log_prob, advantages = data.batch["old_log_probs"][idx], data.batch["advantages"][idx]
+        uids = data.non_tensor_batch.get("uid")
+        cfg = self.config
+        log_prob, entropy = self._forward(batch, None if uids is None else uids[rows], temperature,
+                                          calculate_entropy=True, entropy_grad=cfg.entropy_coeff != 0)
+        is_weights = None
+        if self.algorithm.rollout_is and "rollout_log_probs" in data.batch:
+            is_weights = compute_rollout_is_weights(old_log_prob, data.batch["rollout_log_probs"][idx], mask,
+                                                    self.algorithm.rollout_is_level, self.algorithm.rollout_is_threshold)
+        pg_loss, clipfrac, ppo_kl, clipfrac_lower = self.policy_loss_fn(
+            old_log_prob, log_prob, advantages, mask, cfg.loss_agg_mode, cfg, rollout_is_weights=is_weights, **totals)
+        loss = pg_loss
+        if cfg.entropy_coeff != 0:
+            loss = loss - cfg.entropy_coeff * agg_loss(entropy, mask, cfg.loss_agg_mode, **totals)
+        out = {"actor/pg_loss": _item(pg_loss), "actor/pg_clipfrac": _item(clipfrac), "actor/ppo_kl": _item(ppo_kl),
+               "actor/pg_clipfrac_lower": _item(clipfrac_lower),
+               "actor/entropy": float((entropy.detach() * mask).sum() / mask.sum().clamp(min=1))}
+        if cfg.use_kl_loss:
+            kld = kl_penalty(log_prob, data.batch["ref_log_prob"][idx], cfg.kl_loss_type)
+            kl_loss = agg_loss(kld, mask, cfg.loss_agg_mode, **totals)
+            loss = loss + cfg.kl_loss_coef * kl_loss
+            out["actor/kl_loss"] = _item(kl_loss)
+        loss.backward()
+        return out

@@ -1,0 +1,122 @@
+"""The critic (PPO with GAE): a value model and its clipped value-loss update.
+
+The value model is the policy architecture with a one-output token-classification head
+(``AutoModelForTokenClassification``, ``num_labels=1``, as verl builds it; the head starts
+untrained). The value of response token t is read at the position that predicts it (the
+state before the token), through the same prompt-once/plain forward as the actor.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import numpy as np
+import torch
+
+from rlvr.algos.losses import agg_loss
+from rlvr.algos.utils import masked_mean
+from rlvr.config.schema import CriticConfig
+from rlvr.models.loader import DTYPES, ModelLoadError, model_folder
+from rlvr.protocol import DataProto
+from rlvr.workers.actor import FORWARD_KEYS, build_optimizer, micro_batches
+from rlvr.workers.forward import group_rows, response_states, scatter_responses
+from rlvr.workers.hybrid import resolve_device
+
+
+def load_value_model(path: str, device: torch.device):
+    from transformers import AutoModelForTokenClassification
+
+    try:
+        model = AutoModelForTokenClassification.from_pretrained(model_folder(path), num_labels=1, dtype=DTYPES["float32"],
+                                                                attn_implementation="sdpa")
+    except ValueError as err:
+        raise ModelLoadError(f"critic.model.path={path!r} cannot be loaded as a value model: {err}") from None
+    return model.to(device)
+
+
+def value_loss(vpreds, values, returns, response_mask, cliprange_value: float, loss_agg_mode: str, **totals):
+    """0.5 * max((V - R)^2, (clip(V, V_old +- c) - R)^2), aggregated; returns (loss, clipfrac)."""
+    clipped = values + torch.clamp(vpreds - values, -cliprange_value, cliprange_value)
+    losses1, losses2 = (vpreds - returns).square(), (clipped - returns).square()
+    loss = 0.5 * agg_loss(torch.maximum(losses1, losses2), response_mask, loss_agg_mode, **totals)
+    return loss, masked_mean(torch.gt(losses2, losses1).float(), response_mask)
+
+
+class CriticWorker:
+    """compute_values / update_critic over one value model on one device."""
+
+    def __init__(self, config: CriticConfig, total_training_steps: int, pad_id: int, device: str = "auto",
+                 seed: int = 1, loss_agg_mode: str = "token-mean"):
+        self.config, self.total_training_steps = config, total_training_steps
+        self.pad_id, self.device, self.seed = pad_id, resolve_device(device), seed
+        self.loss_agg_mode = loss_agg_mode
+        self.model = self.optimizer = self.scheduler = None
+        self.updates = 0
+
+    def init_model(self) -> None:
+        self.model = load_value_model(self.config.model.path, self.device)
+        self.optimizer, self.scheduler = build_optimizer(self.model, self.config.optim, self.total_training_steps)
+
+    def _values(self, data: DataProto, rows: list[int]) -> torch.Tensor:
+        idx = torch.tensor(rows)
+        batch = {k: data.batch[k][idx] for k in FORWARD_KEYS}
+        uids = data.non_tensor_batch.get("uid")
+        states = response_states(self.model, batch, None if uids is None else uids[rows], True, self.pad_id)
+        values = self.model.score(states.hidden).squeeze(-1).float()  # (N,)
+        return scatter_responses(values, states, batch["responses"].shape)
+
+    def _micro_batches(self, data: DataProto, rows: list[int]) -> list[list[int]]:
+        uids = data.non_tensor_batch.get("uid")
+        units = [[r] for r in rows] if uids is None else [[rows[i] for i in u] for u in group_rows([uids[r] for r in rows])]
+        return micro_batches(units, [len(u) for u in units], self.config.ppo_micro_batch_size_per_gpu, None)
+
+    @torch.no_grad()
+    def compute_values(self, data: DataProto) -> DataProto:
+        data.require(*FORWARD_KEYS, "response_mask", stage="compute_values")
+        self.model.eval()
+        values = torch.zeros(data.batch["responses"].shape)
+        for rows in self._micro_batches(data, list(range(len(data)))):
+            values[torch.tensor(rows)] = self._values(data, rows).cpu()
+        return DataProto.from_dict({"values": values * data.batch["response_mask"]})
+
+    def update_critic(self, data: DataProto) -> DataProto:
+        data.require(*FORWARD_KEYS, "response_mask", "values", "returns", stage="update_critic")
+        self.model.train()
+        metrics = defaultdict(list)
+        uids = data.non_tensor_batch.get("uid")
+        groups = group_rows(list(uids)) if uids is not None else [[r] for r in range(len(data))]
+        for epoch in range(self.config.ppo_epochs):
+            order = np.random.default_rng([self.seed, self.updates, epoch]).permutation(len(groups))
+            per_mini = self.config.ppo_mini_batch_size
+            for start in range(0, len(groups), per_mini):
+                mini_rows = sum((groups[i] for i in order[start:start + per_mini]), [])
+                self._optimizer_step(data, mini_rows, metrics)
+        self.updates += 1
+        metrics["critic/lr"].append(self.scheduler.get_last_lr()[0])
+        self.scheduler.step()
+        return DataProto(meta_info={"metrics": {k: float(np.mean(v)) for k, v in metrics.items()}})
+
+    def _optimizer_step(self, data: DataProto, mini_rows: list[int], metrics) -> None:
+        mask = data.batch["response_mask"].float()
+        totals = {"num_tokens": mask[torch.tensor(mini_rows)].sum().clamp(min=1), "num_seqs": len(mini_rows)}
+        self.optimizer.zero_grad(set_to_none=True)
+        vf_loss_total, clipfrac, vpred_sum = 0.0, 0.0, 0.0
+        for rows in self._micro_batches(data, mini_rows):
+            idx = torch.tensor(rows)
+            vpreds = self._values(data, rows)
+            loss, frac = value_loss(vpreds, data.batch["values"][idx], data.batch["returns"][idx], mask[idx],
+                                    self.config.cliprange_value, self.loss_agg_mode, **totals)
+            loss.backward()
+            share = float(mask[idx].sum() / totals["num_tokens"])
+            vf_loss_total += float(loss.detach())
+            clipfrac += float(frac) * share
+            vpred_sum += float((vpreds.detach() * mask[idx]).sum())
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.grad_clip)
+        if torch.isfinite(grad_norm):
+            self.optimizer.step()
+        else:
+            self.optimizer.zero_grad(set_to_none=True)
+        metrics["critic/vf_loss"].append(vf_loss_total)
+        metrics["critic/vf_clipfrac"].append(clipfrac)
+        metrics["critic/vpred_mean"].append(vpred_sum / float(totals["num_tokens"]))
+        metrics["critic/grad_norm"].append(float(grad_norm))

@@ -1,0 +1,214 @@
+"""The policy forward pass: log-probs (and entropy) of each response token, computing only
+what the loss needs.
+
+Two layouts give the same numbers (up to float rounding):
+
+- **plain**: each row is ``[left-padded prompt, right-padded response]``, trimmed to the
+  micro-batch's own longest prompt and response (no global padding);
+- **prompt-once** (``actor.share_prompt_forward``): the n responses of a group share one
+  prompt, so a group is packed as one row ``[prompt, response_1, ..., response_n]``. A 4-D
+  attention mask lets each response see the prompt and its own past only, and position ids
+  restart after the prompt, so each response sees exactly what it sees in the plain layout.
+  The prompt is computed once per group: P + n*R tokens instead of n*(P + R).
+
+In both layouts the vocabulary projection runs only at the positions that predict a
+response token (never a (B, T, V) logits tensor), in row chunks.
+
+Departure from verl: verl removes padding with flash-attention varlen kernels; here the
+saving comes from trimming and prompt sharing, which also works with CPU SDPA attention.
+Models that post-process logits (e.g. Gemma-2's soft-capping) are not supported by the
+hidden-state path.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from rlvr.models.logits import entropy_from_logits
+
+LOGIT_CHUNK_TOKENS = 1024  # rows of (tokens, V) logits alive at once in the vocabulary projection
+
+
+@dataclass
+class PackedGroups:
+    """Groups packed one per row, and where each response token's prediction sits."""
+
+    input_ids: torch.Tensor  # (G, L)
+    position_ids: torch.Tensor  # (G, L)
+    attention_mask: torch.Tensor  # (G, 1, L, L) bool, True = may attend
+    gather_row: torch.Tensor  # (N,) packed row of each predicted response token
+    gather_pos: torch.Tensor  # (N,) position in that row whose output predicts the token
+    labels: torch.Tensor  # (N,) the response token
+    out_row: torch.Tensor  # (N,) row of the token in the (B, R) response layout
+    out_col: torch.Tensor  # (N,) column of the token in the (B, R) response layout
+
+
+def response_lengths(data_batch: dict, prompt_width: int) -> torch.Tensor:
+    """Tokens present in each response (attention mask over the response part; tool output included)."""
+    return data_batch["attention_mask"][:, prompt_width:].sum(dim=-1)
+
+
+def group_rows(uids) -> list[list[int]]:
+    """Row indices of each group, groups in order of first appearance."""
+    groups: dict = {}
+    for row, uid in enumerate(uids):
+        groups.setdefault(uid, []).append(row)
+    return list(groups.values())
+
+
+def pack_groups(prompts: torch.Tensor, prompt_mask: torch.Tensor, responses: torch.Tensor,
+                resp_lengths: torch.Tensor, groups: list[list[int]], pad_id: int) -> PackedGroups:
+    """Pack each group's prompt (taken from its first row) and its responses into one row."""
+    rows, positions, segments = [], [], []
+    gather_row, gather_pos, labels, out_row, out_col = [], [], [], [], []
+    for g, members in enumerate(groups):
+        prompt = prompts[members[0]][prompt_mask[members[0]].bool()]
+        P = len(prompt)
+        parts, pos, seg = [prompt], [torch.arange(P)], [torch.zeros(P, dtype=torch.long)]
+        start = P
+        for i, row in enumerate(members, start=1):
+            L = int(resp_lengths[row])
+            parts.append(responses[row, :L])
+            pos.append(P + torch.arange(L))
+            seg.append(torch.full((L,), i, dtype=torch.long))
+            # token t is predicted by the output at the previous position: the prompt's last
+            # token for t = 0, the response's own token t-1 after that
+            predictor = torch.cat([torch.tensor([P - 1]), start + torch.arange(L - 1)]) if L else torch.empty(0, dtype=torch.long)
+            gather_row.append(torch.full((L,), g, dtype=torch.long))
+            gather_pos.append(predictor)
+            labels.append(responses[row, :L])
+            out_row.append(torch.full((L,), row, dtype=torch.long))
+            out_col.append(torch.arange(L))
+            start += L
+        rows.append(torch.cat(parts))
+        positions.append(torch.cat(pos))
+        segments.append(torch.cat(seg))
+    width = max(len(r) for r in rows)
+    G = len(groups)
+    input_ids = torch.full((G, width), pad_id, dtype=torch.long)
+    position_ids = torch.zeros((G, width), dtype=torch.long)
+    segment = torch.full((G, width), -1, dtype=torch.long)  # -1 marks padding
+    for g, (r, p, s) in enumerate(zip(rows, positions, segments)):
+        input_ids[g, :len(r)], position_ids[g, :len(p)], segment[g, :len(s)] = r, p, s
+    return PackedGroups(input_ids, position_ids, segment_mask(segment), torch.cat(gather_row), torch.cat(gather_pos),
+                        torch.cat(labels), torch.cat(out_row), torch.cat(out_col))
+
+
+def segment_mask(segment: torch.Tensor) -> torch.Tensor:
+    """(G, L) segment ids (0 prompt, i response i, -1 padding) -> (G, 1, L, L) attention mask.
+
+    A query attends to earlier-or-same keys of the prompt or of its own segment; a padding
+    position attends to itself only (a fully masked row would give NaN in SDPA).
+    """
+    L = segment.shape[1]
+    causal = torch.ones(L, L, dtype=torch.bool).tril()  # (L, L) key <= query
+    q, k = segment.unsqueeze(2), segment.unsqueeze(1)  # (G, L, 1), (G, 1, L)
+    visible = causal & (k == 0) & (q >= 0) | causal & (k == q) & (q > 0)
+    visible |= torch.eye(L, dtype=torch.bool) & (q < 0)
+    return visible.unsqueeze(1)
+
+
+def _attention_mask_for(model, mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Boolean masks work with SDPA; other attention implementations take an additive mask."""
+    if getattr(model.config, "_attn_implementation", "sdpa") == "sdpa":
+        return mask
+    return torch.zeros(mask.shape, dtype=dtype).masked_fill(~mask, torch.finfo(dtype).min)
+
+
+def token_log_probs(model, hidden: torch.Tensor, labels: torch.Tensor, temperature: float,
+                    calculate_entropy: bool, entropy_grad: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(N, H) hidden states at predicting positions -> (N,) log-probs of ``labels`` (and entropy).
+
+    The vocabulary projection runs in chunks of ``LOGIT_CHUNK_TOKENS`` positions. The entropy
+    carries a gradient only with ``entropy_grad`` (an entropy bonus in the loss); as a metric
+    it is computed detached, so backward keeps nothing for it.
+    """
+    head = model.get_output_embeddings()
+    log_probs, entropies = [], []
+    for start in range(0, hidden.shape[0], LOGIT_CHUNK_TOKENS):
+        logits = head(hidden[start:start + LOGIT_CHUNK_TOKENS]).float() / temperature  # (n, V)
+        logp = torch.log_softmax(logits, dim=-1)
+        log_probs.append(logp.gather(-1, labels[start:start + LOGIT_CHUNK_TOKENS].unsqueeze(-1)).squeeze(-1))
+        if calculate_entropy:
+            entropies.append(entropy_from_logits(logits if entropy_grad else logits.detach()))
+    entropy = torch.cat(entropies) if calculate_entropy and entropies else None
+    if not log_probs:
+        return hidden.new_zeros(0, dtype=torch.float32), hidden.new_zeros(0) if calculate_entropy else None
+    return torch.cat(log_probs), entropy
+
+
+def _hidden_states(model, **inputs) -> torch.Tensor:
+    """Last hidden states of the backbone (the model without its vocabulary or value head)."""
+    return model.base_model(**inputs, use_cache=False).last_hidden_state
+
+
+@dataclass
+class ResponseStates:
+    """Hidden states at the positions that predict response tokens, and where those tokens sit."""
+
+    hidden: torch.Tensor  # (N, H)
+    labels: torch.Tensor  # (N,) the response token each state predicts
+    rows: torch.Tensor  # (N,) row in the (B, R) response layout
+    cols: torch.Tensor  # (N,) column in the (B, R) response layout
+
+
+def response_states_plain(model, batch: dict) -> ResponseStates:
+    """Padded rows, trimmed to this micro-batch's longest prompt and response."""
+    responses = batch["responses"]  # (b, R)
+    P_total = batch["input_ids"].shape[1] - responses.shape[1]
+    attention_mask = batch["attention_mask"]
+    R = int(response_lengths(batch, P_total).max()) if len(responses) else 0
+    first = int((attention_mask[:, :P_total].sum(dim=0) > 0).nonzero().min()) if P_total else 0
+    end = P_total + max(R, 1)
+    hidden = _hidden_states(model, input_ids=batch["input_ids"][:, first:end],
+                            attention_mask=attention_mask[:, first:end], position_ids=batch["position_ids"][:, first:end])
+    # the output at column c predicts the token at c + 1: responses start at column P_total
+    P = P_total - first
+    rows, cols = attention_mask[:, P_total:P_total + R].bool().nonzero(as_tuple=True)
+    return ResponseStates(hidden[rows, P - 1 + cols], responses[rows, cols], rows, cols)
+
+
+def response_states_packed(model, batch: dict, uids, pad_id: int) -> ResponseStates:
+    """Groups packed one per row with a prompt-once attention mask (see the module docstring)."""
+    responses = batch["responses"]
+    P_total = batch["input_ids"].shape[1] - responses.shape[1]
+    packed = pack_groups(batch["input_ids"][:, :P_total], batch["attention_mask"][:, :P_total], responses,
+                         response_lengths(batch, P_total), group_rows(uids), pad_id)
+    device = responses.device
+    hidden = _hidden_states(model, input_ids=packed.input_ids.to(device), position_ids=packed.position_ids.to(device),
+                            attention_mask=_attention_mask_for(model, packed.attention_mask.to(device), model.dtype))
+    picked = hidden[packed.gather_row.to(device), packed.gather_pos.to(device)]  # (N, H)
+    return ResponseStates(picked, packed.labels.to(device), packed.out_row.to(device), packed.out_col.to(device))
+
+
+def response_states(model, batch: dict, uids, share_prompt: bool, pad_id: int) -> ResponseStates:
+    """Prompt-once layout when ``share_prompt`` and some rows share a ``uid``, else the plain one."""
+    if share_prompt and uids is not None and len(set(uids)) < len(uids):
+        return response_states_packed(model, batch, uids, pad_id)
+    return response_states_plain(model, batch)
+
+
+def scatter_responses(values: torch.Tensor, states: ResponseStates, shape) -> torch.Tensor:
+    """Put per-token values back into the (B, R) response layout (zeros elsewhere)."""
+    return values.new_zeros(shape).index_put((states.rows, states.cols), values)
+
+
+def autocast(device: torch.device, dtype: str):
+    """bfloat16 autocast when ``dtype`` is bfloat16; a no-op context for float32."""
+    return torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=dtype == "bfloat16")
+
+
+def forward_log_probs(model, batch: dict, uids, temperature: float, calculate_entropy: bool = False,
+                      entropy_grad: bool = False, share_prompt: bool = True, pad_id: int = 0, dtype: str = "float32"):
+    """Log-probs (and entropy) of every response token, (B, R) each, zero at padding.
+
+    ``batch`` holds ``input_ids``, ``attention_mask``, ``position_ids`` and ``responses``;
+    ``uids`` (or None) names each row's group for the prompt-once layout.
+    """
+    shape = batch["responses"].shape
+    with autocast(batch["input_ids"].device, dtype):
+        states = response_states(model, batch, uids, share_prompt, pad_id)
+        lp, ent = token_log_probs(model, states.hidden, states.labels, temperature, calculate_entropy, entropy_grad)
+    return scatter_responses(lp, states, shape), None if ent is None else scatter_responses(ent, states, shape)

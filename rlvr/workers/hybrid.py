@@ -1,0 +1,118 @@
+"""The hybrid worker: actor, reference and rollout engine on one device.
+
+``ActorRolloutRefWorker`` exposes the worker methods the trainer calls (through a worker
+group): ``generate_sequences``, ``compute_log_prob``, ``compute_ref_log_prob``,
+``update_actor``, ``save_checkpoint``, ``load_checkpoint``. Each takes and returns a
+``DataProto``. Generation runs between ``rollout_mode()`` (weights synced into the engine,
+eval mode) and ``trainer_mode()`` (generation caches freed, train mode), as verl's hybrid
+engine does around vLLM.
+
+The reference policy is a frozen copy of the initial weights, built only when a KL term
+uses it (``actor.use_kl_loss`` or ``algorithm.use_kl_in_reward``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+
+import torch
+
+from rlvr.config.schema import RLVRConfig
+from rlvr.models.loader import load_model, load_tokenizer
+from rlvr.protocol import DataProto
+from rlvr.rollout import build_rollout
+from rlvr.workers.actor import Actor, build_optimizer
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def needs_reference(config: RLVRConfig) -> bool:
+    return config.actor_rollout_ref.actor.use_kl_loss or config.algorithm.use_kl_in_reward
+
+
+class ActorRolloutRefWorker:
+    """Holds the policy (with its optimizer), the optional frozen reference and the rollout engine."""
+
+    def __init__(self, config: RLVRConfig, total_training_steps: int, tokenizer=None):
+        self.config = config
+        self.total_training_steps = total_training_steps
+        self.device = resolve_device(config.trainer.device)
+        self.tokenizer = tokenizer
+        self.actor = self.ref = self.rollout = None
+
+    def init_model(self) -> None:
+        arr = self.config.actor_rollout_ref
+        model_cfg = arr.model
+        torch.manual_seed(self.config.trainer.seed)
+        if self.tokenizer is None:
+            self.tokenizer = load_tokenizer(model_cfg.tokenizer_path or model_cfg.path, model_cfg.trust_remote_code)
+        model = load_model(model_cfg.path, "float32", self.device, model_cfg.trust_remote_code, model_cfg.override_config)
+        if model_cfg.enable_gradient_checkpointing:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.config.use_cache = False
+        optimizer, scheduler = build_optimizer(model, arr.actor.optim, self.total_training_steps)
+        pad_id = self.tokenizer.pad_token_id
+        max_len = self.config.data.max_response_length
+        self.actor = Actor(model, arr.actor, self.config.algorithm, optimizer, scheduler, pad_id, max_len,
+                           seed=self.config.trainer.seed)
+        if needs_reference(self.config):
+            ref_model = copy.deepcopy(model).eval().requires_grad_(False)
+            self.ref = Actor(ref_model, arr.actor, self.config.algorithm, pad_id=pad_id, max_response_length=max_len)
+        self.rollout = build_rollout(model, self.tokenizer, arr.rollout, max_len)
+
+    @property
+    def model(self):
+        return self.actor.model
+
+    # ------------------------------------------------------------------ modes
+    def rollout_mode(self) -> None:
+        """Before generation: the engine gets the actor's current weights; no dropout."""
+        self.model.eval()
+        self.rollout.sync_weights()
+
+    def trainer_mode(self) -> None:
+        """After generation: free the engine's caches; back to training."""
+        self.rollout.free_cache()
+        self.model.train()
+
+    @contextlib.contextmanager
+    def _generating(self):
+        self.rollout_mode()
+        try:
+            yield
+        finally:
+            self.trainer_mode()
+
+    # ------------------------------------------------------------------ worker methods
+    def generate_sequences(self, prompts: DataProto) -> DataProto:
+        with self._generating():
+            return self.rollout.generate_sequences(prompts)
+
+    def _log_prob_meta(self, data: DataProto, micro_batch_size: int) -> None:
+        data.meta_info.setdefault("temperature", self.config.actor_rollout_ref.rollout.temperature)
+        data.meta_info["micro_batch_size"] = micro_batch_size
+
+    def compute_log_prob(self, data: DataProto) -> DataProto:
+        """``old_log_probs`` and ``entropys`` of the responses under the current policy."""
+        self._log_prob_meta(data, self.config.actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu)
+        log_probs, entropy = self.actor.compute_log_prob(data, calculate_entropy=True)
+        return DataProto.from_dict({"old_log_probs": log_probs, "entropys": entropy})
+
+    def compute_ref_log_prob(self, data: DataProto) -> DataProto:
+        """``ref_log_prob`` under the frozen initial policy."""
+        if self.ref is None:
+            raise RuntimeError("no reference policy: it is built only when actor.use_kl_loss or "
+                               "algorithm.use_kl_in_reward is set")
+        self._log_prob_meta(data, self.config.actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu)
+        log_probs, _ = self.ref.compute_log_prob(data)
+        return DataProto.from_dict({"ref_log_prob": log_probs})
+
+    def update_actor(self, data: DataProto) -> DataProto:
+        data.meta_info.setdefault("temperature", self.config.actor_rollout_ref.rollout.temperature)
+        metrics = self.actor.update_policy(data)
+        return DataProto(meta_info={"metrics": metrics})

@@ -1,0 +1,42 @@
+"""A tiny, fast training setup: the tiny model, 16 arithmetic prompts, short responses, and a
+reward that varies on random text (so advantages are not all zero)."""
+
+import pytest
+
+from rlvr.config import load_config
+from rlvr.data.prepare import prepare_arithmetic
+
+REWARD_FILE = '''
+def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+    """1 for an even number of characters: varies across a tiny random model's samples."""
+    return float(len(solution_str) % 2 == 0)
+'''
+
+
+@pytest.fixture(scope="session")
+def tiny_data(tmp_path_factory):
+    out = tmp_path_factory.mktemp("arith")
+    return prepare_arithmetic(out, train_size=16, test_size=4)
+
+
+@pytest.fixture
+def tiny_config(tmp_path, tiny_model_dir, tiny_data):
+    reward_file = tmp_path / "reward.py"
+    reward_file.write_text(REWARD_FILE)
+
+    def make(*overrides, custom_reward=True):
+        base = [
+            f"actor_rollout_ref.model.path={tiny_model_dir}",
+            f"data.train_files=[{tiny_data['train']}]", f"data.val_files=[{tiny_data['test']}]",
+            "data.train_batch_size=2", "data.max_response_length=8", "data.max_prompt_length=128",
+            "actor_rollout_ref.rollout.n=3", "actor_rollout_ref.actor.ppo_mini_batch_size=1",
+            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=3",
+            "actor_rollout_ref.actor.optim.lr=1e-3", "actor_rollout_ref.actor.optim.weight_decay=0.0",
+            "trainer.total_training_steps=2", f"trainer.default_local_dir={tmp_path / 'run'}",
+            "trainer.logger=[jsonl]",
+        ]
+        if custom_reward:
+            base.append(f"reward.custom_reward_function.path={reward_file}")
+        return load_config(None, base + list(overrides))
+
+    return make

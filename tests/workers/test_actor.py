@@ -1,0 +1,120 @@
+"""Actor: micro-batching, the LR schedule, first-step invariants, split invariance, NaN skipping."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from rlvr.config.schema import ActorConfig, OptimConfig
+from rlvr.models import load_model
+from rlvr.workers.actor import Actor, build_optimizer, micro_batches
+
+
+def test_micro_batches_by_count_and_by_tokens():
+    units = [[0, 1], [2, 3], [4, 5]]  # three groups of two rows
+    assert micro_batches(units, [10, 20, 30], rows_per_micro=4, token_budget=None) == [[0, 1, 2, 3], [4, 5]]
+    assert micro_batches(units, [10, 20, 30], rows_per_micro=1, token_budget=None) == [[0, 1], [2, 3], [4, 5]]
+    # budget 35: 10 + 20 = 30 fits, + 30 would be 60; the last unit alone
+    assert micro_batches(units, [10, 20, 30], rows_per_micro=1, token_budget=35) == [[0, 1, 2, 3], [4, 5]]
+    # a unit over the budget goes alone rather than being dropped
+    assert micro_batches(units, [50, 5, 5], rows_per_micro=1, token_budget=20) == [[0, 1], [2, 3, 4, 5]]
+
+
+def test_lr_schedule_warmup_then_cosine():
+    model = torch.nn.Linear(2, 2)
+    optim = OptimConfig(lr=1.0, lr_warmup_steps=2, warmup_style="cosine", min_lr_ratio=0.1)
+    opt, sched = build_optimizer(model, optim, total_steps=6)
+    lrs = []
+    for _ in range(6):
+        lrs.append(sched.get_last_lr()[0])
+        opt.step()
+        sched.step()
+    # warmup: (s+1)/(warmup+1) = 1/3, 2/3; then cosine over 4 steps: 0.1 + 0.9 * 0.5 (1 + cos(pi p)), p = 0, .25, .5, .75
+    expected = [1 / 3, 2 / 3, 1.0, 0.1 + 0.45 * (1 + math.cos(math.pi / 4)), 0.55, 0.1 + 0.45 * (1 - math.cos(math.pi / 4))]
+    assert lrs == pytest.approx(expected)
+
+
+def make_actor(model_dir, **overrides):
+    model = load_model(model_dir)
+    settings = dict(ppo_mini_batch_size=2, ppo_micro_batch_size_per_gpu=6, use_kl_loss=True, kl_loss_coef=0.1,
+                    entropy_coeff=0.01)
+    cfg = ActorConfig(**{**settings, **overrides})
+    opt, sched = build_optimizer(model, OptimConfig(lr=1e-3), total_steps=10)
+    return Actor(model, cfg, optimizer=opt, scheduler=sched, pad_id=0, max_response_length=7)
+
+
+def with_training_keys(actor, batch):
+    batch.meta_info["micro_batch_size"] = 6
+    old, _ = actor.compute_log_prob(batch)
+    batch.batch["old_log_probs"] = old
+    batch.batch["ref_log_prob"] = old.clone()
+    adv = torch.tensor([1.0, -0.5, -0.5, 0.7, 0.7, -1.4])[:, None] * batch.batch["response_mask"]
+    batch.batch["advantages"] = adv
+    return batch
+
+
+def test_first_step_invariants(batch, tiny_model_dir):
+    """One epoch, one mini-batch: the update's forward reproduces old_log_probs, so ppo_kl = 0,
+    nothing is clipped, and the KL to an identical reference is 0."""
+    actor = make_actor(tiny_model_dir)
+    batch = with_training_keys(actor, batch)
+    before = [p.detach().clone() for p in actor.model.parameters()]
+    metrics = actor.update_policy(batch)
+    assert abs(metrics["actor/ppo_kl"]) < 1e-6
+    assert metrics["actor/pg_clipfrac"] == 0.0
+    assert abs(metrics["actor/kl_loss"]) < 1e-6
+    assert math.isfinite(metrics["actor/pg_loss"]) and metrics["actor/grad_norm"] > 0
+    assert metrics["actor/lr"] == pytest.approx(1e-3)
+    changed = [not torch.equal(a, p) for a, p in zip(before, actor.model.parameters())]
+    assert any(changed)
+
+
+def test_old_log_probs_equal_training_forward(batch, tiny_model_dir):
+    actor = make_actor(tiny_model_dir)
+    batch = with_training_keys(actor, batch)
+    actor.model.train()
+    log_prob, _ = actor._forward({k: batch.batch[k] for k in ("input_ids", "attention_mask", "position_ids", "responses")},
+                                 batch.non_tensor_batch["uid"], 1.0, False)
+    assert (log_prob.detach() - batch.batch["old_log_probs"]).abs().max() < 1e-5
+
+
+def _step_gradient(model_dir, batch, **cfg):
+    actor = make_actor(model_dir, **cfg)
+    actor.optimizer = torch.optim.SGD(actor.model.parameters(), lr=0.0)  # keep the weights, look at the gradient
+    actor.scheduler = None
+    batch = with_training_keys(actor, batch)
+    batch.batch["old_log_probs"] = batch.batch["old_log_probs"] + 0.05  # ratios away from 1
+    actor.config.ppo_mini_batch_size = 2
+    actor.update_policy(batch)
+    return torch.cat([p.grad.flatten() for p in actor.model.parameters() if p.grad is not None])
+
+
+@pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-mean"])
+def test_gradient_invariant_to_micro_batching_and_packing(batch, tiny_model_dir, mode):
+    ref = _step_gradient(tiny_model_dir, batch, ppo_micro_batch_size_per_gpu=6, share_prompt_forward=False,
+                         loss_agg_mode=mode)
+    for kwargs in ({"ppo_micro_batch_size_per_gpu": 1, "share_prompt_forward": False},
+                   {"ppo_micro_batch_size_per_gpu": 3, "share_prompt_forward": True},
+                   {"use_dynamic_bsz": True, "ppo_max_token_len_per_gpu": 40, "share_prompt_forward": True}):
+        other = _step_gradient(tiny_model_dir, batch, loss_agg_mode=mode, **kwargs)
+        assert ((other - ref).norm() / ref.norm()) < 1e-4, kwargs
+
+
+def test_nonfinite_gradient_skips_the_step(batch, tiny_model_dir):
+    actor = make_actor(tiny_model_dir)
+    batch = with_training_keys(actor, batch)
+    batch.batch["advantages"][0, 0] = float("nan")
+    before = [p.detach().clone() for p in actor.model.parameters()]
+    metrics = actor.update_policy(batch)
+    assert metrics["actor/grad_norm_nonfinite"] == 1.0
+    assert all(torch.equal(a, p) for a, p in zip(before, actor.model.parameters()))
+
+
+def test_mini_batches_hold_whole_groups_and_are_reproducible(batch, tiny_model_dir):
+    actor = make_actor(tiny_model_dir)
+    actor.config.ppo_mini_batch_size = 1
+    minis = actor._mini_batches(batch, epoch=0)
+    assert sorted(map(sorted, minis)) == [[0, 1, 2], [3, 4, 5]]
+    assert minis == actor._mini_batches(batch, epoch=0)
+    assert np.all([len(m) == 3 for m in minis])

@@ -1,0 +1,88 @@
+"""The prompt-once forward equals the plain padded forward (and both equal a full forward)."""
+
+import pytest
+import torch
+
+from rlvr.models import load_model
+from rlvr.workers.forward import forward_log_probs, group_rows, pack_groups, segment_mask
+
+
+def test_segment_mask_by_hand():
+    # prompt of 2 (seg 0), response 1 of 2 tokens, response 2 of 1 token, one pad
+    seg = torch.tensor([[0, 0, 1, 1, 2, -1]])
+    expected = torch.tensor([
+        [1, 0, 0, 0, 0, 0],  # prompt token 0: itself
+        [1, 1, 0, 0, 0, 0],  # prompt token 1: causal prompt
+        [1, 1, 1, 0, 0, 0],  # response 1 token 0: prompt + itself
+        [1, 1, 1, 1, 0, 0],  # response 1 token 1: prompt + response 1
+        [1, 1, 0, 0, 1, 0],  # response 2 token 0: prompt + itself, not response 1
+        [0, 0, 0, 0, 0, 1],  # padding: itself only (no fully masked row)
+    ], dtype=torch.bool)
+    assert torch.equal(segment_mask(seg)[0, 0], expected)
+
+
+def test_pack_groups_layout():
+    prompts = torch.tensor([[0, 5, 6], [0, 5, 6]])
+    prompt_mask = torch.tensor([[0, 1, 1], [0, 1, 1]])
+    responses = torch.tensor([[7, 8], [9, 0]])
+    packed = pack_groups(prompts, prompt_mask, responses, torch.tensor([2, 1]), [[0, 1]], pad_id=0)
+    assert packed.input_ids.tolist() == [[5, 6, 7, 8, 9]]
+    assert packed.position_ids.tolist() == [[0, 1, 2, 3, 2]]  # positions restart after the prompt
+    # 7 is predicted by the prompt's last token (pos 1), 8 by 7 (pos 2), 9 by the prompt's last token again
+    assert packed.gather_pos.tolist() == [1, 2, 1]
+    assert packed.labels.tolist() == [7, 8, 9]
+    assert list(zip(packed.out_row.tolist(), packed.out_col.tolist())) == [(0, 0), (0, 1), (1, 0)]
+
+
+def test_group_rows_keeps_first_appearance_order():
+    assert group_rows(["b", "a", "b", "a"]) == [[0, 2], [1, 3]]
+
+
+def _full_forward_log_probs(model, b):
+    R = b["responses"].shape[1]
+    with torch.no_grad():
+        logits = model(input_ids=b["input_ids"], attention_mask=b["attention_mask"],
+                       position_ids=b["position_ids"]).logits[:, -R - 1:-1]
+    return torch.log_softmax(logits.float(), -1).gather(-1, b["responses"].unsqueeze(-1)).squeeze(-1) * b["response_mask"]
+
+
+def _log_probs_and_grad(model, b, uids, share):
+    model.zero_grad()
+    lp, ent = forward_log_probs(model, b, uids, temperature=0.7, calculate_entropy=True, entropy_grad=True,
+                                share_prompt=share)
+    (lp.sum() + 0.1 * ent.sum()).backward()
+    grad = torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
+    return lp.detach(), ent.detach(), grad
+
+
+@pytest.mark.parametrize("which", ["tiny", "builtin"])
+def test_prompt_once_equals_plain(which, batch, tiny_model_dir, builtin_dir):
+    model = load_model(tiny_model_dir if which == "tiny" else builtin_dir).train()
+    b, uids = batch.batch, batch.non_tensor_batch["uid"]
+    plain_lp, plain_ent, plain_grad = _log_probs_and_grad(model, b, uids, share=False)
+    packed_lp, packed_ent, packed_grad = _log_probs_and_grad(model, b, uids, share=True)
+    assert (plain_lp - packed_lp).abs().max() < 1e-4
+    assert (plain_ent - packed_ent).abs().max() < 1e-4
+    assert plain_grad.abs().max() > 0
+    assert ((plain_grad - packed_grad).norm() / plain_grad.norm()) < 1e-4
+    # and both equal a full forward with full logits (temperature 1 here)
+    full = _full_forward_log_probs(model, b)
+    lp1, _ = forward_log_probs(model, b, uids, 1.0, share_prompt=True)
+    assert (full - lp1.detach()).abs().max() < 1e-4
+    assert torch.all(lp1[b["response_mask"] == 0] == 0)
+
+
+def test_trims_global_padding(batch, tiny_model_dir):
+    """Extra left padding on prompts and right padding on responses changes nothing."""
+    model = load_model(tiny_model_dir)
+    b = batch.batch
+    pad = 4
+    wide = {k: torch.cat([torch.zeros(len(batch), pad, dtype=v.dtype), v[:, :-7], v[:, -7:],
+                          torch.zeros(len(batch), pad, dtype=v.dtype)], 1)
+            for k, v in b.items() if k in ("input_ids", "attention_mask", "position_ids")}
+    wide["responses"] = torch.cat([b["responses"], torch.zeros(len(batch), pad, dtype=torch.long)], 1)
+    with torch.no_grad():
+        narrow_lp, _ = forward_log_probs(model, b, None, 1.0, share_prompt=False)
+        wide_lp, _ = forward_log_probs(model, wide, None, 1.0, share_prompt=False)
+    assert torch.allclose(wide_lp[:, :7], narrow_lp, atol=1e-5)
+    assert torch.all(wide_lp[:, 7:] == 0)
