@@ -130,6 +130,12 @@ class ActorConfig:
     """Training precision: float32, or bfloat16 autocast."""
     share_prompt_forward: bool = True
     """Compute each group's shared prompt once in the forward pass (exact; saves compute)."""
+    recompute_old_log_prob: bool = False
+    """False: when a step's data gets exactly one optimizer step (ppo_epochs = 1 and
+    ppo_mini_batch_size = train_batch_size) and nothing reads old_log_probs before the update
+    (no KL in reward, no rollout IS), pi_old is the current policy, so old_log_probs are taken
+    (detached) from the update's own forward instead of a separate pass, as TRL does with
+    num_iterations = 1. True: always a separate pass, as verl does."""
 
 
 @dataclass
@@ -231,6 +237,8 @@ class RewardModelConfig:
     """Score with a sequence-classification model from ``path``."""
     path: Optional[str] = None
     micro_batch_size_per_gpu: int = 8
+    weight: float = 1.0
+    """The score is the rule-based score + weight x the reward model's score."""
 
 
 @dataclass

@@ -85,11 +85,16 @@ def build_trainer(config: RLVRConfig, progress_bar: bool = True) -> RLTrainer:
         critic.init_model()
         critic_wg = LocalWorkerGroup(critic)
     reward_fn = RewardManager(tokenizer, config.reward, config.data.reward_fn_key)
+    reward_model = None
+    if config.reward.reward_model.enable:
+        from rlvr.rewards.reward_model import RewardModel
+
+        reward_model = RewardModel(config.reward.reward_model, tokenizer, str(worker.device))
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(to_yaml(config))
     tracker = Tracking(config.trainer.logger, run_dir, progress_bar)
     return RLTrainer(config, LocalWorkerGroup(worker), tokenizer, train, val, reward_fn,
-                     reward_fn if val is not None else None, steps, tracker, critic_wg)
+                     reward_fn if val is not None else None, steps, tracker, critic_wg, reward_model)
 
 
 def run_training(config: RLVRConfig) -> dict[str, float]:

@@ -40,14 +40,24 @@ def generation_batch(batch: DataProto) -> DataProto:
     return gen
 
 
+def needs_old_log_prob_pass(config: RLVRConfig) -> bool:
+    """Whether old_log_probs need their own forward pass (see ``actor.recompute_old_log_prob``)."""
+    actor, algo = config.actor_rollout_ref.actor, config.algorithm
+    one_update = actor.ppo_epochs == 1 and actor.ppo_mini_batch_size == config.data.train_batch_size
+    read_before_update = algo.use_kl_in_reward or algo.rollout_is
+    return actor.recompute_old_log_prob or not one_update or read_before_update
+
+
 class RLTrainer:
     """Drives training: data, rollout, rewards, advantages, updates, validation, metrics."""
 
     def __init__(self, config: RLVRConfig, worker_group, tokenizer, train_dataset, val_dataset, reward_fn,
-                 val_reward_fn, total_training_steps: int, tracker: Tracking | None = None, critic_wg=None):
+                 val_reward_fn, total_training_steps: int, tracker: Tracking | None = None, critic_wg=None,
+                 reward_model=None):
         self.config = config
         self.wg = worker_group
         self.critic_wg = critic_wg
+        self.reward_model = reward_model
         self.tokenizer = tokenizer
         self.train_dataset, self.val_dataset = train_dataset, val_dataset
         self.reward_fn, self.val_reward_fn = reward_fn, val_reward_fn
@@ -58,6 +68,7 @@ class RLTrainer:
         self.global_step = 0
         self.use_reference = config.actor_rollout_ref.actor.use_kl_loss or config.algorithm.use_kl_in_reward
         self.kl_ctrl = get_kl_controller(config.algorithm.kl_ctrl)
+        self.separate_old_log_prob = needs_old_log_prob_pass(config)
 
     # ------------------------------------------------------------------ the loop
     def fit(self) -> dict[str, float]:
@@ -108,10 +119,14 @@ class RLTrainer:
             if cfg.algorithm.adv_estimator == "remax":
                 with timer("gen_max", timings):
                     batch.batch["reward_baselines"] = self._greedy_baselines(gen_batch, batch)
+            if self.reward_model is not None:
+                with timer("reward_model", timings):
+                    batch = batch.union(self.reward_model.compute_rm_score(batch))
             with timer("reward", timings):
                 reward = self.reward_fn.submit(batch) if cfg.reward.launch_reward_fn_async else self.reward_fn(batch)
-            with timer("old_log_prob", timings):
-                batch = batch.union(self.wg.compute_log_prob(batch))
+            if self.separate_old_log_prob:
+                with timer("old_log_prob", timings):
+                    batch = batch.union(self.wg.compute_log_prob(batch))
             if self.use_reference:
                 with timer("ref", timings):
                     batch = batch.union(self.wg.compute_ref_log_prob(batch))
@@ -124,12 +139,13 @@ class RLTrainer:
                 with timer("update_critic", timings):
                     metrics.update(self.critic_wg.update_critic(batch).meta_info["metrics"])
             with timer("update_actor", timings):
-                metrics.update(self.wg.update_actor(batch).meta_info["metrics"])
+                update = self.wg.update_actor(batch)
+            metrics.update(update.meta_info["metrics"])
+            if not self.separate_old_log_prob:  # taken from the update's own forward
+                batch = batch.union(update)
             if cfg.trainer.rollout_data_dir:
                 with timer("dump_rollout", timings):
                     self._dump_rollouts(batch, Path(cfg.trainer.rollout_data_dir).expanduser())
-        metrics["actor/entropy_old"] = float((batch.batch["entropys"] * batch.batch["response_mask"]).sum()
-                                             / batch.batch["response_mask"].sum().clamp(min=1))
         metrics.update(compute_data_metrics(batch, cfg.data.max_response_length))
         metrics.update(compute_timing_metrics(batch, timings))
         metrics.update(compute_throughput_metrics(batch, timings["step"], cfg.trainer.n_gpus_per_node * cfg.trainer.nnodes))
@@ -146,7 +162,7 @@ class RLTrainer:
         metrics = dict(reward.metrics)
         scores = reward.token_level_scores.to(batch.batch["response_mask"].device)
         if "rm_scores" in batch.batch:
-            scores = scores + batch.batch["rm_scores"]
+            scores = scores + self.config.reward.reward_model.weight * batch.batch["rm_scores"]
         batch.batch["token_level_scores"] = scores
         for key, values in reward.reward_extra_info.items():
             batch.non_tensor_batch[key] = values

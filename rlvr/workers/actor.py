@@ -143,17 +143,33 @@ class Actor:
         return [sum(groups[i:i + per_mini], []) for i in range(0, len(groups), per_mini)]
 
     def update_policy(self, data: DataProto) -> dict[str, float]:
-        """ppo_epochs x mini-batches x micro-batches of the loss above; returns verl's actor metrics."""
-        keys = [*FORWARD_KEYS, "response_mask", "old_log_probs", "advantages"]
+        """ppo_epochs x mini-batches x micro-batches of the loss above; returns verl's actor metrics.
+
+        Without ``old_log_probs`` in ``data`` the update must be on-policy (one epoch, one
+        mini-batch): pi_old is then the current policy and each micro-batch takes its old
+        log-probs from its own forward (detached); they are left in ``data`` afterwards.
+        """
+        keys = [*FORWARD_KEYS, "response_mask", "advantages"]
         if self.config.use_kl_loss:
             keys.append("ref_log_prob")
         data.require(*keys, stage="update_actor")
         temperature = float(data.meta_info.get("temperature", 1.0))
         self.model.train()
         metrics: dict[str, list[float]] = defaultdict(list)
-        for epoch in range(self.config.ppo_epochs):
-            for mini_rows in self._mini_batches(data, epoch):
+        minis = [self._mini_batches(data, epoch) for epoch in range(self.config.ppo_epochs)]
+        if "old_log_probs" not in data.batch:
+            if len(minis) * len(minis[0]) != 1:
+                raise ValueError("update_actor without old_log_probs needs one optimizer step per batch (ppo_epochs=1, "
+                                 "ppo_mini_batch_size=train_batch_size); compute old_log_probs first")
+            data.batch["old_log_probs"] = torch.full(data.batch["responses"].shape, float("nan"))  # filled per micro-batch
+        forward_tokens = 0
+        for epoch_minis in minis:
+            for mini_rows in epoch_minis:
                 self._optimizer_step(data, mini_rows, temperature, metrics)
+                forward_tokens += sum(self._units(data, mini_rows)[1])
+        metrics["perf/actor_forward_tokens"].append(forward_tokens)  # tokens through forward + backward
+        metrics["perf/actor_response_tokens"].append(
+            self.config.ppo_epochs * float(data.batch["attention_mask"][:, -data.batch["responses"].shape[1]:].sum()))
         self.updates += 1
         if self.config.use_kl_loss:
             metrics["actor/kl_coef"].append(self.config.kl_loss_coef)
@@ -192,11 +208,15 @@ class Actor:
         idx = torch.tensor(rows)
         batch = {k: data.batch[k][idx] for k in FORWARD_KEYS}
         mask = data.batch["response_mask"][idx].float()
-        old_log_prob, advantages = data.batch["old_log_probs"][idx], data.batch["advantages"][idx]
+        advantages = data.batch["advantages"][idx]
         uids = data.non_tensor_batch.get("uid")
         cfg = self.config
         log_prob, entropy = self._forward(batch, None if uids is None else uids[rows], temperature,
                                           calculate_entropy=True, entropy_grad=cfg.entropy_coeff != 0)
+        old_log_prob = data.batch["old_log_probs"][idx]
+        if torch.isnan(old_log_prob).all():  # on-policy: pi_old is the policy of this very forward
+            old_log_prob = log_prob.detach().float() * mask
+            data.batch["old_log_probs"][idx] = old_log_prob.cpu()
         is_weights = None
         if self.algorithm.rollout_is and "rollout_log_probs" in data.batch:
             is_weights = compute_rollout_is_weights(old_log_prob, data.batch["rollout_log_probs"][idx], mask,

@@ -114,5 +114,8 @@ class ActorRolloutRefWorker:
 
     def update_actor(self, data: DataProto) -> DataProto:
         data.meta_info.setdefault("temperature", self.config.actor_rollout_ref.rollout.temperature)
+        computed_old = "old_log_probs" not in data.batch
         metrics = self.actor.update_policy(data)
-        return DataProto(meta_info={"metrics": metrics})
+        out = DataProto.from_dict({"old_log_probs": data.batch["old_log_probs"]}) if computed_old else DataProto()
+        out.meta_info["metrics"] = metrics
+        return out

@@ -124,3 +124,21 @@ def test_cli_errors_are_clear(tiny_model_dir, tmp_path, capsys):
     assert "/no/such/model" in err and "Traceback" not in err
     assert main(["train", "data.train_batch_size=3", "actor_rollout_ref.actor.ppo_mini_batch_size=2"]) == 2
     assert "not divisible" in capsys.readouterr().err
+
+
+def test_on_policy_shortcut_matches_separate_old_log_prob_pass(tiny_config):
+    """One optimizer step per batch: old_log_probs from the update's own forward give the same
+    training as a separate pass (the ratio is 1 either way), one forward pass cheaper."""
+    results = {}
+    for recompute in (True, False):
+        config = tiny_config("actor_rollout_ref.actor.ppo_mini_batch_size=2", "trainer.val_before_train=false",
+                             "data.val_files=[]", f"actor_rollout_ref.actor.recompute_old_log_prob={recompute}")
+        trainer, last, _ = run(config)
+        results[recompute] = (last, [p.detach().clone() for p in trainer.wg.worker.actor.model.parameters()])
+    (sep, sep_params), (short, short_params) = results[True], results[False]
+    assert "timing_s/old_log_prob" in sep and "timing_s/old_log_prob" not in short
+    assert short["actor/ppo_kl"] == 0.0 and abs(sep["actor/ppo_kl"]) < 1e-6
+    assert short["critic/score/mean"] == sep["critic/score/mean"]
+    assert short["training/rollout_probs_diff_max"] < 1e-3
+    for a, b in zip(sep_params, short_params):
+        assert torch.allclose(a, b, atol=1e-5)

@@ -1,0 +1,115 @@
+"""Reward-model plumbing with a tiny randomly initialised classifier: shapes, the scored
+token, micro-batching and padding."""
+
+import pytest
+import torch
+
+from rlvr.config.schema import RewardModelConfig
+from rlvr.data.dataset import left_pad
+from rlvr.protocol import DataProto
+from rlvr.rewards.reward_model import RewardModel
+
+
+@pytest.fixture(scope="module")
+def classifier_dir(tmp_path_factory, tokenizer):
+    from transformers import LlamaConfig, LlamaForSequenceClassification
+
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, num_labels=1,
+                         pad_token_id=tokenizer.pad_token_id)
+    torch.manual_seed(0)
+    out = tmp_path_factory.mktemp("rm")
+    LlamaForSequenceClassification(config).save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out
+
+
+def policy_batch(tokenizer, extra_left_pad: int = 0) -> DataProto:
+    prompts = ["What is 2 + 2?", "Name a colour that is also a fruit, please."]
+    responses = ["4", "Orange, the fruit and the colour."]
+    p_ids = [tokenizer.encode(p, add_special_tokens=False) for p in prompts]
+    r_ids = [tokenizer.encode(r, add_special_tokens=False) for r in responses]
+    width = max(map(len, p_ids)) + extra_left_pad
+    ids, mask, pos = left_pad(p_ids, tokenizer.pad_token_id, length=width)
+    R = max(map(len, r_ids)) + 2  # right padding beyond the longest response
+    resp = torch.full((2, R), tokenizer.pad_token_id)
+    rmask = torch.zeros(2, R, dtype=torch.long)
+    for i, r in enumerate(r_ids):
+        resp[i, :len(r)], rmask[i, :len(r)] = torch.tensor(r), 1
+    return DataProto.from_dict({"input_ids": torch.cat([ids, resp], 1), "attention_mask": torch.cat([mask, rmask], 1),
+                                "responses": resp, "response_mask": rmask, "prompts": ids})
+
+
+def direct_score(model, tokenizer, prompt, response):
+    """The classifier on the unpadded templated conversation, through transformers' own pooling."""
+    text = tokenizer.apply_chat_template([{"role": "user", "content": prompt}, {"role": "assistant", "content": response}],
+                                         tokenize=False)
+    ids = torch.tensor([tokenizer.encode(text, add_special_tokens=False)])
+    with torch.no_grad():
+        return float(model(input_ids=ids).logits[0, 0])
+
+
+def test_scores_land_on_the_last_response_token(classifier_dir, tokenizer):
+    rm = RewardModel(RewardModelConfig(enable=True, path=str(classifier_dir), micro_batch_size_per_gpu=1), tokenizer)
+    data = policy_batch(tokenizer)
+    scores = rm.compute_rm_score(data).batch["rm_scores"]
+    assert scores.shape == data.batch["responses"].shape
+    lengths = data.batch["response_mask"].sum(-1)
+    for i in range(2):
+        nonzero = scores[i].nonzero().flatten().tolist()
+        assert nonzero == [int(lengths[i]) - 1]  # only the last valid response token
+    expected = [direct_score(rm.model, tokenizer, "What is 2 + 2?", "4"),
+                direct_score(rm.model, tokenizer, "Name a colour that is also a fruit, please.",
+                             "Orange, the fruit and the colour.")]
+    assert scores.sum(-1).tolist() == pytest.approx(expected, abs=1e-5)
+
+
+def test_batching_and_padding_do_not_change_scores(classifier_dir, tokenizer):
+    one = RewardModel(RewardModelConfig(enable=True, path=str(classifier_dir), micro_batch_size_per_gpu=1), tokenizer)
+    many = RewardModel(RewardModelConfig(enable=True, path=str(classifier_dir), micro_batch_size_per_gpu=8), tokenizer)
+    base = one.scores(policy_batch(tokenizer))
+    assert torch.allclose(many.scores(policy_batch(tokenizer)), base, atol=1e-5)  # left-padded micro-batch of 2
+    assert torch.allclose(many.scores(policy_batch(tokenizer, extra_left_pad=5)), base, atol=1e-5)
+
+
+def test_missing_path_is_clear(tokenizer):
+    from rlvr.rewards import RewardError
+
+    with pytest.raises(RewardError, match="reward.reward_model.path"):
+        RewardModel(RewardModelConfig(enable=True, path=None), tokenizer)
+
+
+def test_trainer_adds_weighted_rm_scores(classifier_dir, tiny_model_dir, tmp_path):
+    """With reward.reward_model.enable the step's score is rule score + weight x rm score."""
+    from rlvr.config import load_config
+    from rlvr.data.prepare import prepare_arithmetic
+    from rlvr.trainer.main import build_trainer
+
+    data = prepare_arithmetic(tmp_path / "data", train_size=4, test_size=2)
+    config = load_config(None, [
+        f"actor_rollout_ref.model.path={tiny_model_dir}", f"data.train_files=[{data['train']}]", "data.val_files=[]",
+        "data.train_batch_size=2", "data.max_response_length=4", "actor_rollout_ref.rollout.n=2",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=2", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
+        "trainer.val_before_train=false", "trainer.logger=[]",
+        f"trainer.default_local_dir={tmp_path / 'run'}", "reward.reward_model.enable=true",
+        f"reward.reward_model.path={classifier_dir}", "reward.reward_model.weight=0.5",
+    ])
+    trainer = build_trainer(config, progress_bar=False)
+    seen = {}
+    rm_compute, rule_compute = trainer.reward_model.compute_rm_score, trainer.reward_fn.compute
+
+    def record(name, fn):
+        def wrapped(data):
+            seen[name] = out = fn(data)
+            return out
+        return wrapped
+
+    trainer.reward_model.compute_rm_score = record("rm", rm_compute)
+    trainer.reward_fn.compute = record("rule", rule_compute)
+    trainer.global_step = 1
+    metrics = trainer.train_step(next(iter(trainer.loader)))
+    assert "timing_s/reward_model" in metrics
+    rm = seen["rm"].batch["rm_scores"].sum(-1)
+    rule = seen["rule"].token_level_scores.sum(-1)
+    assert rm.abs().min() > 0
+    assert metrics["critic/score/mean"] == pytest.approx(float((rule + 0.5 * rm).mean()), abs=1e-6)
