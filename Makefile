@@ -20,8 +20,7 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 run: setup
-	$(BIN)/rlvr prepare arithmetic
-	$(BIN)/rlvr rollout --limit 16
+	$(BIN)/rlvr train
 
 test: setup
 	$(BIN)/python -m pytest -q

@@ -15,6 +15,7 @@ from pathlib import Path
 from rlvr.config import ConfigError, load_config, to_yaml
 from rlvr.data.io import DatasetError
 from rlvr.models.loader import ModelLoadError
+from rlvr.trainer import TrainingInterrupted
 
 USER_ERRORS = (ConfigError, DatasetError, ModelLoadError)
 
@@ -45,6 +46,70 @@ def _cmd_train(args: argparse.Namespace) -> None:
 
     torch.set_num_threads(max(1, torch.get_num_threads()))
     run_training(load_config(args.config, args.overrides))
+
+
+def _cmd_eval(args: argparse.Namespace) -> None:
+    """Greedy accuracy and, with --n > 1, pass@n of a local model on a prepared split."""
+    import torch
+
+    from rlvr.config.schema import DataConfig, RewardConfig, RolloutConfig
+    from rlvr.data import RLHFDataset
+    from rlvr.models import load_model_and_tokenizer
+    from rlvr.rewards import RewardManager
+    from rlvr.rollout import build_rollout
+    from rlvr.trainer.evaluate import evaluate
+
+    torch.set_num_threads(max(1, torch.get_num_threads()))
+    model, tokenizer = load_model_and_tokenizer(args.model)
+    dataset = RLHFDataset([args.data], tokenizer, DataConfig(max_prompt_length=args.max_prompt_length))
+    if args.limit:
+        dataset.rows, dataset.origins, dataset.prompt_ids = (x[:args.limit] for x in
+                                                             (dataset.rows, dataset.origins, dataset.prompt_ids))
+    rollout = build_rollout(model, tokenizer, RolloutConfig(), args.max_response_length)
+    rewards = RewardManager(tokenizer, RewardConfig())
+    start = time.perf_counter()
+    metrics = evaluate(rollout.generate_sequences, rewards, dataset, tokenizer, 1, {"do_sample": False},
+                       args.batch_size)
+    if args.n > 1:
+        metrics.update(evaluate(rollout.generate_sequences, rewards, dataset, tokenizer, args.n,
+                                {"do_sample": True, "temperature": args.temperature}, args.batch_size, seed=args.seed))
+    print(f"{args.model} on {args.data} ({len(dataset)} prompts, {time.perf_counter() - start:.0f} s):")
+    for key, value in metrics.items():
+        name = key.removeprefix("val-core/")
+        label = {"mean@1": "accuracy (greedy)"}.get(name.rsplit("/", 1)[-1], "")
+        if name.rsplit("/", 1)[-1].startswith("best@"):
+            label = f"pass@{args.n} (T={args.temperature})"
+        print(f"  {name:<40} {value:.4f}  {label}")
+
+
+def _cmd_export(args: argparse.Namespace) -> None:
+    """Copy a checkpoint's policy out as a standalone Hugging Face folder."""
+    import shutil
+
+    from rlvr.trainer.checkpoint import latest_checkpoint
+
+    source = Path(args.checkpoint).expanduser()
+    if not (source / "actor").is_dir():  # a run directory: its newest checkpoint
+        latest = latest_checkpoint(source / "checkpoints")
+        if latest is None:
+            raise ConfigError(f"{source} is neither a checkpoint folder (with actor/) nor a run directory with "
+                              "checkpoints/global_step_<k>/")
+        source = latest
+    out = Path(args.out).expanduser()
+    if out.exists():
+        raise ConfigError(f"{out} already exists; choose a new folder")
+    shutil.copytree(source / "actor", out)
+    print(f"exported {source / 'actor'} -> {out} (load with AutoModelForCausalLM.from_pretrained)")
+
+
+def _cmd_plot(args: argparse.Namespace) -> None:
+    from rlvr.trainer.plot import plot_run
+
+    try:
+        paths = plot_run(args.run_dir, args.out)
+    except FileNotFoundError as err:
+        raise ConfigError(str(err)) from None
+    print(f"wrote {len(paths)} PNG files to {paths[0].parent} (curves.png has every panel)")
 
 
 def _cmd_config(args: argparse.Namespace) -> None:
@@ -108,6 +173,28 @@ def build_parser() -> argparse.ArgumentParser:
     _add_config_args(p)
     p.set_defaults(func=_cmd_train)
 
+    p = sub.add_parser("eval", help="greedy accuracy and pass@n of a local model on a prepared split")
+    p.add_argument("--model", required=True, help="HF folder, .gguf file, builtin, or an exported checkpoint")
+    p.add_argument("--data", required=True, help="a parquet/JSONL split, e.g. ~/data/arithmetic/test.parquet")
+    p.add_argument("--n", type=int, default=1, help="samples per prompt for pass@n (1: greedy only)")
+    p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature for pass@n")
+    p.add_argument("--max-response-length", type=int, default=256)
+    p.add_argument("--max-prompt-length", type=int, default=1024)
+    p.add_argument("--batch-size", type=int, default=None, help="prompts per generation batch (default: all)")
+    p.add_argument("--limit", type=int, default=0, help="only the first N prompts")
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(func=_cmd_eval)
+
+    p = sub.add_parser("plot", help="PNG curves (reward, validation accuracy, length, KL, entropy, step time)")
+    p.add_argument("run_dir", help="a run directory with metrics.jsonl")
+    p.add_argument("--out", help="output folder (default RUN_DIR/plots)")
+    p.set_defaults(func=_cmd_plot)
+
+    p = sub.add_parser("export", help="write a checkpoint's policy as a standalone Hugging Face folder")
+    p.add_argument("checkpoint", help="a checkpoints/global_step_<k> folder, or a run directory (newest checkpoint)")
+    p.add_argument("out", help="the new folder")
+    p.set_defaults(func=_cmd_export)
+
     p = sub.add_parser("prepare", help="write train/test parquet files for a task")
     p.add_argument("task", choices=["arithmetic", "countdown", "gsm8k"])
     p.add_argument("--out", help="output folder (default ~/data/TASK)")
@@ -150,6 +237,9 @@ def main(argv: list[str] | None = None) -> int:
     except USER_ERRORS as err:
         print(f"rlvr {args.command}: error: {err}", file=sys.stderr)
         return 2
+    except TrainingInterrupted as err:
+        print(f"rlvr {args.command}: {err}", file=sys.stderr)
+        return 130
     return 0
 
 

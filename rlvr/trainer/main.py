@@ -7,6 +7,7 @@ datasets (every row must have a scorable data_source), the workers, the reward m
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 from rlvr.config import ConfigError, to_yaml
@@ -17,6 +18,7 @@ from rlvr.distributed import LocalWorkerGroup
 from rlvr.models import load_tokenizer
 from rlvr.rewards import RewardManager
 from rlvr.rewards.registry import reward_fn_name_for
+from rlvr.trainer import checkpoint
 from rlvr.trainer.ppo_trainer import RLTrainer
 from rlvr.trainer.tracking import Tracking
 from rlvr.workers.critic import CriticWorker
@@ -92,15 +94,24 @@ def build_trainer(config: RLVRConfig, progress_bar: bool = True) -> RLTrainer:
         reward_model = RewardModel(config.reward.reward_model, tokenizer, str(worker.device))
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(to_yaml(config))
-    tracker = Tracking(config.trainer.logger, run_dir, progress_bar)
-    return RLTrainer(config, LocalWorkerGroup(worker), tokenizer, train, val, reward_fn,
-                     reward_fn if val is not None else None, steps, tracker, critic_wg, reward_model)
+    tracker = Tracking(config.trainer.logger, run_dir, progress_bar, config.trainer.project_name,
+                       config.trainer.experiment_name, dataclasses.asdict(config))
+    trainer = RLTrainer(config, LocalWorkerGroup(worker), tokenizer, train, val, reward_fn,
+                        reward_fn if val is not None else None, steps, tracker, critic_wg, reward_model)
+    resume_from = checkpoint.resolve_resume(config)
+    if resume_from is not None:
+        trainer.load_checkpoint(resume_from)
+        print(f"[rlvr] resumed from {resume_from} (step {trainer.global_step} of {steps})", flush=True)
+    return trainer
 
 
 def run_training(config: RLVRConfig) -> dict[str, float]:
     run_dir = Path(config.trainer.default_local_dir).expanduser().resolve()
     print(f"[rlvr] run directory: {run_dir}", flush=True)
     trainer = build_trainer(config)
+    if trainer.global_step >= trainer.total_training_steps:
+        print(f"[rlvr] this run is already complete ({trainer.global_step} steps); set trainer.resume_mode=disable "
+              "or another trainer.experiment_name to train again", flush=True)
     try:
         return trainer.fit()
     finally:

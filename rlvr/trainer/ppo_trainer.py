@@ -23,22 +23,10 @@ from rlvr.algos.kl import apply_kl_penalty, get_kl_controller
 from rlvr.config.schema import RLVRConfig
 from rlvr.data.sampler import PromptLoader
 from rlvr.protocol import DataProto
-from rlvr.trainer.metrics import (compute_data_metrics, compute_throughput_metrics, compute_timing_metrics, timer,
-                                  validation_metrics)
+from rlvr.trainer import TrainingInterrupted, checkpoint
+from rlvr.trainer.evaluate import evaluate, generation_batch
+from rlvr.trainer.metrics import compute_data_metrics, compute_throughput_metrics, compute_timing_metrics, timer
 from rlvr.trainer.tracking import Tracking
-
-GENERATION_KEYS = ("input_ids", "attention_mask", "position_ids")
-GENERATION_NON_TENSOR_KEYS = ("raw_prompt_ids", "raw_prompt", "tools_kwargs", "uid")
-
-
-def generation_batch(batch: DataProto) -> DataProto:
-    """The keys the rollout needs, popped from ``batch`` (``uid`` is copied: both keep it)."""
-    non_tensor = [k for k in GENERATION_NON_TENSOR_KEYS if k in batch.non_tensor_batch and k != "uid"]
-    gen = batch.pop(batch_keys=list(GENERATION_KEYS), non_tensor_batch_keys=non_tensor)
-    if "uid" in batch.non_tensor_batch:
-        gen.non_tensor_batch["uid"] = batch.non_tensor_batch["uid"]
-    return gen
-
 
 def needs_old_log_prob_pass(config: RLVRConfig) -> bool:
     """Whether old_log_probs need their own forward pass (see ``actor.recompute_old_log_prob``)."""
@@ -69,17 +57,36 @@ class RLTrainer:
         self.use_reference = config.actor_rollout_ref.actor.use_kl_loss or config.algorithm.use_kl_in_reward
         self.kl_ctrl = get_kl_controller(config.algorithm.kl_ctrl)
         self.separate_old_log_prob = needs_old_log_prob_pass(config)
+        self._completed = (0, self.loader.state_dict())  # (last completed step, sampler state after it)
+        self._saved_step = 0
 
     # ------------------------------------------------------------------ the loop
     def fit(self) -> dict[str, float]:
-        """Train for ``total_training_steps``; returns the last step's metrics (with validation)."""
-        trainer = self.config.trainer
+        """Train for ``total_training_steps``; returns the last step's metrics (with validation).
+
+        Ctrl-C saves the last completed step as a checkpoint and raises ``TrainingInterrupted``.
+        """
         last: dict[str, float] = {}
-        if self.val_reward_fn is not None and trainer.val_before_train and self.global_step == 0:
+        if self.val_reward_fn is not None and self.config.trainer.val_before_train and self.global_step == 0:
             last = self.validate()
             self.tracker.log(last, step=0)
         progress = tqdm(total=self.total_training_steps, initial=self.global_step, desc="training", unit="step",
                         dynamic_ncols=True, disable=not self.tracker.progress_bar)
+        try:
+            last = self._loop(progress) or last
+        except KeyboardInterrupt:
+            progress.close()
+            step, _ = self._completed
+            path = self.save_checkpoint() if step > self._saved_step else None
+            where = f"saved step {step} to {path}" if path else f"step {step} was already saved"
+            raise TrainingInterrupted(f"interrupted during step {step + 1}; {where}; run the same command again to "
+                                      "resume (trainer.resume_mode=auto)") from None
+        progress.close()
+        return last
+
+    def _loop(self, progress) -> dict[str, float]:
+        trainer = self.config.trainer
+        last: dict[str, float] = {}
         while self.global_step < self.total_training_steps:
             epoch = self.loader.sampler.epoch
             for batch in self.loader:
@@ -87,12 +94,16 @@ class RLTrainer:
                 metrics = self.train_step(batch)
                 metrics["training/epoch"] = float(epoch)
                 final = self.global_step >= self.total_training_steps
+                timings: dict[str, float] = {}
                 if self.val_reward_fn is not None and (final or trainer.test_freq > 0
                                                        and self.global_step % trainer.test_freq == 0):
-                    timings: dict[str, float] = {}
                     with timer("testing", timings):
                         metrics.update(self.validate())
-                    metrics["timing_s/testing"] = timings["testing"]
+                self._completed = (self.global_step, self.loader.state_dict())
+                if final or trainer.save_freq > 0 and self.global_step % trainer.save_freq == 0:
+                    with timer("save_checkpoint", timings):
+                        self.save_checkpoint()
+                metrics.update({f"timing_s/{k}": v for k, v in timings.items()})
                 self.tracker.log(metrics, step=self.global_step)
                 progress.update(1)
                 progress.set_postfix(reward=f"{metrics['critic/score/mean']:.3f}",
@@ -100,8 +111,37 @@ class RLTrainer:
                 last = metrics
                 if final:
                     break
-        progress.close()
         return last
+
+    # ------------------------------------------------------------------ checkpoints
+    def save_checkpoint(self) -> Path:
+        """The last completed step: worker states, sampler, KL controller, RNG (see checkpoint.py)."""
+        step, sampler_state = self._completed
+        state = {"global_step": step, "sampler": sampler_state, "kl_ctrl": self.kl_ctrl.value,
+                 "rng": checkpoint.rng_state(), "compatibility": checkpoint.compatibility(self.config)}
+
+        def write_parts(folder: Path) -> None:
+            self.wg.save_checkpoint(folder)
+            if self.critic_wg is not None:
+                self.critic_wg.save_checkpoint(folder)
+
+        path = checkpoint.save(checkpoint.checkpoint_root(self.config), step, write_parts, state,
+                               self.config.trainer.max_actor_ckpt_to_keep)
+        self._saved_step = step
+        return path
+
+    def load_checkpoint(self, path: Path) -> None:
+        """Continue from ``path`` exactly where the saved run stopped."""
+        state = checkpoint.load_trainer_state(path, self.config)
+        self.wg.load_checkpoint(path)
+        if self.critic_wg is not None:
+            self.critic_wg.load_checkpoint(path)
+        self.loader.load_state_dict(state["sampler"])
+        self.global_step = self._saved_step = state["global_step"]
+        self._completed = (self.global_step, state["sampler"])
+        self.kl_ctrl.value = state["kl_ctrl"]
+        checkpoint.set_rng_state(state["rng"])
+        self.tracker.rewind(self.global_step)
 
     def train_step(self, batch: DataProto) -> dict[str, float]:
         """One step on one batch of prompts; returns its metrics."""
@@ -221,21 +261,5 @@ class RLTrainer:
         return metrics
 
     def _validation_pass(self, n: int, sampling: dict[str, Any]) -> dict[str, float]:
-        dataset = self.val_dataset
-        size = self.config.data.val_batch_size or len(dataset)
-        sources, groups, scores, answers = [], [], [], []
-        for start in range(0, len(dataset), size):
-            batch = dataset.collate([dataset[i] for i in range(start, min(start + size, len(dataset)))])
-            batch.non_tensor_batch["uid"] = np.array([f"val-{start + i}" for i in range(len(batch))], dtype=object)
-            gen = generation_batch(batch).repeat(n, interleave=True)
-            gen.meta_info.update(sampling, validate=True, seed=self._seed("val"))
-            batch = batch.repeat(n, interleave=True).union(self.wg.generate_sequences(gen))
-            result = self.val_reward_fn(batch)
-            texts = [self.tokenizer.decode(r[m.bool()], skip_special_tokens=True).strip()
-                     for r, m in zip(batch.batch["responses"], batch.batch["response_mask"])]
-            preds = result.reward_extra_info.get("pred")
-            sources += list(batch.non_tensor_batch[self.config.data.reward_fn_key])
-            groups += list(batch.non_tensor_batch["uid"])
-            scores += result.token_level_scores.sum(-1).tolist()
-            answers += list(preds) if preds is not None else texts
-        return validation_metrics(sources, groups, scores, answers)
+        return evaluate(self.wg.generate_sequences, self.val_reward_fn, self.val_dataset, self.tokenizer, n, sampling,
+                        self.config.data.val_batch_size, self._seed("val"), self.config.data.reward_fn_key)

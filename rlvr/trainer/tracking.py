@@ -1,8 +1,10 @@
-"""Where step metrics go: a compact console line, and ``metrics.jsonl`` in the run directory.
+"""Where step metrics go; ``trainer.logger`` lists any of:
 
-``trainer.logger`` lists the backends (``console``, ``jsonl``; ``tensorboard`` and
-``wandb`` are accepted names whose writers land with run management). Console lines are
-written through tqdm so the progress bar stays at the bottom.
+- ``console``: one compact line per step (through tqdm, so the progress bar stays at the bottom);
+- ``jsonl``: ``metrics.jsonl`` in the run directory, one record per step (``rlvr plot`` reads it);
+- ``tensorboard``: event files in ``<run_dir>/tensorboard`` (``tensorboard --logdir runs``);
+- ``wandb``: Weights & Biases under ``<run_dir>/wandb``; with ``WANDB_MODE=offline`` (the
+  default when no API key is configured) it writes an offline run for ``wandb sync``.
 """
 
 from __future__ import annotations
@@ -29,30 +31,75 @@ CONSOLE_FIELDS = (
 
 
 class Tracking:
-    def __init__(self, backends: list[str], run_dir: str | Path | None, progress_bar: bool = True):
+    def __init__(self, backends: list[str], run_dir: str | Path | None, progress_bar: bool = True,
+                 project: str = "rlvr", experiment: str = "run", config: dict | None = None):
         unknown = [b for b in backends if b not in KNOWN_BACKENDS]
         if unknown:
             raise ValueError(f"trainer.logger has unknown backends {unknown}; choose from {list(KNOWN_BACKENDS)}")
         self.backends = list(backends)
         self.run_dir = None if run_dir is None else Path(run_dir)
         self.progress_bar = progress_bar
-        self._jsonl = None
-        if "jsonl" in self.backends and self.run_dir is not None:
+        self._jsonl = self._tensorboard = self._wandb = None
+        if self.run_dir is not None:
             self.run_dir.mkdir(parents=True, exist_ok=True)
+        if "jsonl" in self.backends and self.run_dir is not None:
             self._jsonl = open(self.run_dir / "metrics.jsonl", "a")
+        if "tensorboard" in self.backends:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._tensorboard = SummaryWriter(log_dir=str((self.run_dir or Path(".")) / "tensorboard"))
+        if "wandb" in self.backends:
+            self._wandb = _start_wandb(self.run_dir or Path("."), project, experiment, config)
 
     def log(self, metrics: dict[str, float], step: int) -> None:
         if self._jsonl is not None:
             record = {"step": step, "time": time.time(), **{k: _plain(v) for k, v in metrics.items()}}
             self._jsonl.write(json.dumps(record) + "\n")
             self._jsonl.flush()
+        if self._tensorboard is not None:
+            for key, value in metrics.items():
+                self._tensorboard.add_scalar(key, float(value), step)
+            self._tensorboard.flush()
+        if self._wandb is not None:
+            self._wandb.log({k: float(v) for k, v in metrics.items()}, step=step)
         if "console" in self.backends:
             tqdm.write(console_line(metrics, step))
+
+    def rewind(self, step: int) -> None:
+        """Drop records after ``step`` (a resumed run logs those steps again)."""
+        if self._jsonl is None:
+            return
+        self._jsonl.close()
+        path = self.run_dir / "metrics.jsonl"
+        kept = [line for line in path.read_text().splitlines() if line and json.loads(line)["step"] <= step]
+        path.write_text("".join(line + "\n" for line in kept))
+        self._jsonl = open(path, "a")
 
     def close(self) -> None:
         if self._jsonl is not None:
             self._jsonl.close()
             self._jsonl = None
+        if self._tensorboard is not None:
+            self._tensorboard.close()
+            self._tensorboard = None
+        if self._wandb is not None:
+            self._wandb.finish()
+            self._wandb = None
+
+
+def _start_wandb(run_dir: Path, project: str, experiment: str, config: dict | None):
+    import os
+
+    try:
+        import wandb
+    except ImportError:
+        raise ValueError("trainer.logger includes wandb but the wandb package is not installed: "
+                         "pip install 'rlvr[wandb]' (or drop wandb from trainer.logger)") from None
+    if not os.environ.get("WANDB_API_KEY") and "WANDB_MODE" not in os.environ:
+        os.environ["WANDB_MODE"] = "offline"  # no key: write an offline run for `wandb sync`
+    (run_dir / "wandb").mkdir(parents=True, exist_ok=True)
+    return wandb.init(project=project, name=experiment, dir=str(run_dir), config=config or {},
+                      settings=wandb.Settings(silent=True, console="off"))
 
 
 def _plain(value):

@@ -123,7 +123,7 @@ class Actor:
         entropy = torch.zeros_like(log_probs) if calculate_entropy else None
         for rows in self._micro_batches(data, list(range(len(data))), micro_size):
             idx = torch.tensor(rows)
-            batch = {k: data.batch[k][idx] for k in FORWARD_KEYS}
+            batch = {k: data.batch[k][idx].to(self.model.device) for k in FORWARD_KEYS}
             lp, ent = self._forward(batch, None if uids is None else uids[rows], temperature, calculate_entropy)
             log_probs[idx] = lp.float().cpu()
             if calculate_entropy:
@@ -206,20 +206,21 @@ class Actor:
     def _micro_loss(self, data: DataProto, rows: list[int], temperature: float, totals: dict) -> dict[str, float]:
         """Forward, loss and backward of one micro-batch; returns its metric contributions."""
         idx = torch.tensor(rows)
-        batch = {k: data.batch[k][idx] for k in FORWARD_KEYS}
-        mask = data.batch["response_mask"][idx].float()
-        advantages = data.batch["advantages"][idx]
+        device = self.model.device
+        batch = {k: data.batch[k][idx].to(device) for k in FORWARD_KEYS}
+        mask = data.batch["response_mask"][idx].float().to(device)
+        advantages = data.batch["advantages"][idx].to(device)
         uids = data.non_tensor_batch.get("uid")
         cfg = self.config
         log_prob, entropy = self._forward(batch, None if uids is None else uids[rows], temperature,
                                           calculate_entropy=True, entropy_grad=cfg.entropy_coeff != 0)
-        old_log_prob = data.batch["old_log_probs"][idx]
+        old_log_prob = data.batch["old_log_probs"][idx].to(device)
         if torch.isnan(old_log_prob).all():  # on-policy: pi_old is the policy of this very forward
             old_log_prob = log_prob.detach().float() * mask
             data.batch["old_log_probs"][idx] = old_log_prob.cpu()
         is_weights = None
         if self.algorithm.rollout_is and "rollout_log_probs" in data.batch:
-            is_weights = compute_rollout_is_weights(old_log_prob, data.batch["rollout_log_probs"][idx], mask,
+            is_weights = compute_rollout_is_weights(old_log_prob, data.batch["rollout_log_probs"][idx].to(device), mask,
                                                     self.algorithm.rollout_is_level, self.algorithm.rollout_is_threshold)
         pg_loss, clipfrac, ppo_kl, clipfrac_lower = self.policy_loss_fn(
             old_log_prob, log_prob, advantages, mask, cfg.loss_agg_mode, cfg, rollout_is_weights=is_weights, **totals)
@@ -230,7 +231,7 @@ class Actor:
                "actor/pg_clipfrac_lower": _item(clipfrac_lower),
                "actor/entropy": float((entropy.detach() * mask).sum() / mask.sum().clamp(min=1))}
         if cfg.use_kl_loss:
-            kld = kl_penalty(log_prob, data.batch["ref_log_prob"][idx], cfg.kl_loss_type)
+            kld = kl_penalty(log_prob, data.batch["ref_log_prob"][idx].to(device), cfg.kl_loss_type)
             kl_loss = agg_loss(kld, mask, cfg.loss_agg_mode, **totals)
             loss = loss + cfg.kl_loss_coef * kl_loss
             out["actor/kl_loss"] = _item(kl_loss)

@@ -9,6 +9,7 @@ state before the token), through the same prompt-once/plain forward as the actor
 from __future__ import annotations
 
 from collections import defaultdict
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -59,7 +60,7 @@ class CriticWorker:
 
     def _values(self, data: DataProto, rows: list[int]) -> torch.Tensor:
         idx = torch.tensor(rows)
-        batch = {k: data.batch[k][idx] for k in FORWARD_KEYS}
+        batch = {k: data.batch[k][idx].to(self.device) for k in FORWARD_KEYS}
         uids = data.non_tensor_batch.get("uid")
         states = response_states(self.model, batch, None if uids is None else uids[rows], True, self.pad_id)
         values = self.model.score(states.hidden).squeeze(-1).float()  # (N,)
@@ -104,13 +105,14 @@ class CriticWorker:
         for rows in self._micro_batches(data, mini_rows):
             idx = torch.tensor(rows)
             vpreds = self._values(data, rows)
-            loss, frac = value_loss(vpreds, data.batch["values"][idx], data.batch["returns"][idx], mask[idx],
+            loss, frac = value_loss(vpreds, data.batch["values"][idx].to(self.device),
+                                    data.batch["returns"][idx].to(self.device), mask[idx].to(self.device),
                                     self.config.cliprange_value, self.loss_agg_mode, **totals)
             loss.backward()
             share = float(mask[idx].sum() / totals["num_tokens"])
             vf_loss_total += float(loss.detach())
             clipfrac += float(frac) * share
-            vpred_sum += float((vpreds.detach() * mask[idx]).sum())
+            vpred_sum += float((vpreds.detach().cpu() * mask[idx]).sum())
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.grad_clip)
         if torch.isfinite(grad_norm):
             self.optimizer.step()
@@ -120,3 +122,17 @@ class CriticWorker:
         metrics["critic/vf_clipfrac"].append(clipfrac)
         metrics["critic/vpred_mean"].append(vpred_sum / float(totals["num_tokens"]))
         metrics["critic/grad_norm"].append(float(grad_norm))
+
+    def save_checkpoint(self, folder) -> None:
+        folder = Path(folder)
+        self.model.save_pretrained(folder / "critic", safe_serialization=True)
+        torch.save({"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
+                    "updates": self.updates}, folder / "critic_state.pt")
+
+    def load_checkpoint(self, folder) -> None:
+        folder = Path(folder)
+        self.model.load_state_dict(load_value_model(str(folder / "critic"), torch.device("cpu")).state_dict())
+        state = torch.load(folder / "critic_state.pt", weights_only=False)
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.updates = state["updates"]

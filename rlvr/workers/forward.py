@@ -174,8 +174,8 @@ def response_states_packed(model, batch: dict, uids, pad_id: int) -> ResponseSta
     """Groups packed one per row with a prompt-once attention mask (see the module docstring)."""
     responses = batch["responses"]
     P_total = batch["input_ids"].shape[1] - responses.shape[1]
-    packed = pack_groups(batch["input_ids"][:, :P_total], batch["attention_mask"][:, :P_total], responses,
-                         response_lengths(batch, P_total), group_rows(uids), pad_id)
+    packed = pack_groups(batch["input_ids"][:, :P_total].cpu(), batch["attention_mask"][:, :P_total].cpu(),
+                         responses.cpu(), response_lengths(batch, P_total).cpu(), group_rows(uids), pad_id)
     device = responses.device
     hidden = _hidden_states(model, input_ids=packed.input_ids.to(device), position_ids=packed.position_ids.to(device),
                             attention_mask=_attention_mask_for(model, packed.attention_mask.to(device), model.dtype))

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+from pathlib import Path
 
 import torch
 
@@ -54,7 +55,6 @@ class ActorRolloutRefWorker:
         model = load_model(model_cfg.path, "float32", self.device, model_cfg.trust_remote_code, model_cfg.override_config)
         if model_cfg.enable_gradient_checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        model.config.use_cache = False
         optimizer, scheduler = build_optimizer(model, arr.actor.optim, self.total_training_steps)
         pad_id = self.tokenizer.pad_token_id
         max_len = self.config.data.max_response_length
@@ -119,3 +119,23 @@ class ActorRolloutRefWorker:
         out = DataProto.from_dict({"old_log_probs": data.batch["old_log_probs"]}) if computed_old else DataProto()
         out.meta_info["metrics"] = metrics
         return out
+
+    # ------------------------------------------------------------------ checkpoints
+    def save_checkpoint(self, folder: str | Path) -> None:
+        """The policy as a Hugging Face folder (``actor/``) plus optimizer and scheduler state."""
+        folder = Path(folder)
+        self.model.save_pretrained(folder / "actor", safe_serialization=True)
+        self.tokenizer.save_pretrained(folder / "actor")
+        torch.save({"optimizer": self.actor.optimizer.state_dict(), "scheduler": self.actor.scheduler.state_dict(),
+                    "updates": self.actor.updates}, folder / "actor_state.pt")
+
+    def load_checkpoint(self, folder: str | Path) -> None:
+        """Policy weights, optimizer and scheduler from ``save_checkpoint``; the reference stays
+        the initial model."""
+        folder = Path(folder)
+        saved = load_model(folder / "actor", "float32", "cpu")
+        self.model.load_state_dict(saved.state_dict())
+        state = torch.load(folder / "actor_state.pt", weights_only=False)
+        self.actor.optimizer.load_state_dict(state["optimizer"])
+        self.actor.scheduler.load_state_dict(state["scheduler"])
+        self.actor.updates = state["updates"]

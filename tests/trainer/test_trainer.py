@@ -70,7 +70,7 @@ def test_kl_placements(tiny_config, placement):
 
 
 def test_reference_equals_actor_at_step_zero(tiny_config):
-    from rlvr.trainer.ppo_trainer import generation_batch
+    from rlvr.trainer.evaluate import generation_batch
 
     config = tiny_config("trainer.val_before_train=false")
     trainer = build_trainer(config, progress_bar=False)

@@ -1,0 +1,120 @@
+"""Checkpoints: written whole or not at all, found again on resume, checked for compatibility.
+
+A checkpoint is a folder ``<run_dir>/checkpoints/global_step_<k>/``:
+
+- ``actor/``: the policy as a Hugging Face folder (safetensors + config + tokenizer), loadable
+  by ``AutoModelForCausalLM.from_pretrained`` with no merge step;
+- ``actor_state.pt``: optimizer, LR scheduler and the actor's update counter;
+- ``critic/`` and ``critic_state.pt`` with a critic;
+- ``trainer_state.pt``: global step, data sampler state, KL controller, RNG states, and the
+  config values a resumed run must share (``COMPATIBILITY_KEYS``).
+
+It is written into ``.tmp-global_step_<k>`` and renamed when complete, so a save killed
+midway leaves the previous checkpoint as the newest loadable one; ``latest_checkpointed_iteration.txt``
+(verl's name) is updated after the rename.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from rlvr.config import ConfigError
+from rlvr.config.schema import RLVRConfig
+
+LATEST_FILE = "latest_checkpointed_iteration.txt"
+STEP_DIR = re.compile(r"^global_step_(\d+)$")
+
+# (key, getter): a resumed run must agree on these, or its steps would not continue the saved run
+COMPATIBILITY_KEYS = {
+    "actor_rollout_ref.model.path": lambda c: str(c.actor_rollout_ref.model.path),
+    "data.train_files": lambda c: [str(f) for f in c.data.train_files],
+    "data.train_batch_size": lambda c: c.data.train_batch_size,
+    "data.seed": lambda c: c.data.seed,
+    "data.shuffle": lambda c: c.data.shuffle,
+    "actor_rollout_ref.rollout.n": lambda c: c.actor_rollout_ref.rollout.n,
+    "algorithm.adv_estimator": lambda c: c.algorithm.adv_estimator,
+    "actor_rollout_ref.actor.use_kl_loss": lambda c: c.actor_rollout_ref.actor.use_kl_loss,
+    "algorithm.use_kl_in_reward": lambda c: c.algorithm.use_kl_in_reward,
+}
+
+
+def checkpoint_root(config: RLVRConfig) -> Path:
+    return Path(config.trainer.default_local_dir).expanduser() / "checkpoints"
+
+
+def compatibility(config: RLVRConfig) -> dict[str, Any]:
+    return {key: get(config) for key, get in COMPATIBILITY_KEYS.items()}
+
+
+def rng_state() -> dict[str, Any]:
+    return {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    np.random.set_state(state["numpy"])
+    random.setstate(state["python"])
+
+
+def latest_checkpoint(root: Path) -> Path | None:
+    """The newest complete checkpoint under ``root`` (temporary folders never count)."""
+    if not root.is_dir():
+        return None
+    steps = sorted((int(m.group(1)), p) for p in root.iterdir() if p.is_dir() and (m := STEP_DIR.match(p.name)))
+    return steps[-1][1] if steps else None
+
+
+def save(root: Path, step: int, write_parts, trainer_state: dict[str, Any], keep: int | None = None) -> Path:
+    """Write a checkpoint atomically: ``write_parts(folder)`` fills a temporary folder that is
+    renamed to ``global_step_<step>`` when complete; older ones beyond ``keep`` are removed."""
+    root.mkdir(parents=True, exist_ok=True)
+    final = root / f"global_step_{step}"
+    tmp = root / f".tmp-global_step_{step}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    write_parts(tmp)
+    torch.save(trainer_state, tmp / "trainer_state.pt")
+    if final.exists():
+        shutil.rmtree(final)
+    os.replace(tmp, final)
+    (root / LATEST_FILE).write_text(str(step))
+    if keep is not None and keep > 0:
+        steps = sorted((int(m.group(1)), p) for p in root.iterdir() if p.is_dir() and (m := STEP_DIR.match(p.name)))
+        for _, old in steps[:-keep]:
+            shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def resolve_resume(config: RLVRConfig) -> Path | None:
+    """The checkpoint ``trainer.resume_mode`` asks for: auto (newest, if any), disable, or a path."""
+    mode = config.trainer.resume_mode
+    if mode == "disable":
+        return None
+    if mode == "auto":
+        return latest_checkpoint(checkpoint_root(config))
+    path = Path(mode).expanduser()
+    if not (path / "trainer_state.pt").exists():
+        raise ConfigError(f"trainer.resume_mode={mode!r}: {path} is not a checkpoint folder (no trainer_state.pt); "
+                          "use auto, disable, or a checkpoints/global_step_<k> folder")
+    return path
+
+
+def load_trainer_state(path: Path, config: RLVRConfig) -> dict[str, Any]:
+    """The saved trainer state, after checking the run is compatible with ``config``."""
+    state = torch.load(path / "trainer_state.pt", weights_only=False)
+    saved, now = state["compatibility"], compatibility(config)
+    differ = [f"{k}: checkpoint {saved.get(k)!r}, this run {now[k]!r}" for k in now if saved.get(k) != now[k]]
+    if differ:
+        raise ConfigError(f"cannot resume from {path}: the config differs from the checkpoint's in\n  - "
+                          + "\n  - ".join(differ)
+                          + "\nresume with the same settings, set trainer.resume_mode=disable, or use another "
+                          "trainer.default_local_dir")
+    return state

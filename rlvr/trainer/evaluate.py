@@ -1,0 +1,51 @@
+"""Scoring a policy on a prepared split: the trainer's validation and ``rlvr eval`` share it.
+
+``evaluate`` generates ``n`` responses per prompt with any ``generate_sequences`` callable
+(the worker group's during training, a bare rollout engine in ``rlvr eval``), scores them
+with a reward manager and reports ``val-core/<data_source>/reward/{mean,best,maj}@n``;
+``best@n`` is pass@n for 0/1 rewards.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import numpy as np
+
+from rlvr.protocol import DataProto
+from rlvr.trainer.metrics import validation_metrics
+
+GENERATION_KEYS = ("input_ids", "attention_mask", "position_ids")
+GENERATION_NON_TENSOR_KEYS = ("raw_prompt_ids", "raw_prompt", "tools_kwargs", "uid")
+
+
+def generation_batch(batch: DataProto) -> DataProto:
+    """The keys the rollout needs, popped from ``batch`` (``uid`` is copied: both keep it)."""
+    non_tensor = [k for k in GENERATION_NON_TENSOR_KEYS if k in batch.non_tensor_batch and k != "uid"]
+    gen = batch.pop(batch_keys=list(GENERATION_KEYS), non_tensor_batch_keys=non_tensor)
+    if "uid" in batch.non_tensor_batch:
+        gen.non_tensor_batch["uid"] = batch.non_tensor_batch["uid"]
+    return gen
+
+
+def evaluate(generate: Callable[[DataProto], DataProto], reward_fn, dataset, tokenizer, n: int,
+             sampling: dict[str, Any], batch_size: int | None = None, seed: int = 0,
+             reward_fn_key: str = "data_source") -> dict[str, float]:
+    """Generate ``n`` responses per prompt of ``dataset`` with ``sampling`` (meta_info overrides), score, report."""
+    size = batch_size or len(dataset)
+    sources, groups, scores, answers = [], [], [], []
+    for start in range(0, len(dataset), size):
+        batch = dataset.collate([dataset[i] for i in range(start, min(start + size, len(dataset)))])
+        batch.non_tensor_batch["uid"] = np.array([f"val-{start + i}" for i in range(len(batch))], dtype=object)
+        gen = generation_batch(batch).repeat(n, interleave=True)
+        gen.meta_info.update(sampling, validate=True, seed=seed)
+        batch = batch.repeat(n, interleave=True).union(generate(gen))
+        result = reward_fn(batch)
+        texts = [tokenizer.decode(r[m.bool()], skip_special_tokens=True).strip()
+                 for r, m in zip(batch.batch["responses"], batch.batch["response_mask"])]
+        preds = result.reward_extra_info.get("pred")
+        sources += list(batch.non_tensor_batch[reward_fn_key])
+        groups += list(batch.non_tensor_batch["uid"])
+        scores += result.token_level_scores.sum(-1).tolist()
+        answers += list(preds) if preds is not None else texts
+    return validation_metrics(sources, groups, scores, answers)

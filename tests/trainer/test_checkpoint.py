@@ -1,0 +1,142 @@
+"""Checkpoints: exact resume (clean stop and kill), atomic saves, compatibility checks, HF folders."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from rlvr.config import ConfigError
+from rlvr.trainer import TrainingInterrupted
+from rlvr.trainer.checkpoint import latest_checkpoint
+from rlvr.trainer.main import build_trainer
+
+VOLATILE = ("timing_s/", "timing_per_token_ms/", "perf/time_per_step", "perf/throughput", "time")
+
+
+def stable(record):
+    return {k: v for k, v in record.items() if not k.startswith(VOLATILE)}
+
+
+def records(run_dir):
+    return [json.loads(line) for line in open(Path(run_dir) / "metrics.jsonl")]
+
+
+def weights(trainer):
+    return [p.detach().clone() for p in trainer.wg.worker.actor.model.parameters()]
+
+
+def full_run(tiny_config, run_dir, *extra):
+    config = tiny_config("trainer.total_training_steps=4", "trainer.save_freq=2", f"trainer.default_local_dir={run_dir}",
+                         "trainer.val_before_train=false", *extra)
+    trainer = build_trainer(config, progress_bar=False)
+    trainer.fit()
+    trainer.tracker.close()
+    return config, trainer
+
+
+def test_interrupted_run_resumes_exactly(tiny_config, tmp_path):
+    _, reference = full_run(tiny_config, tmp_path / "ref")
+    expected = records(tmp_path / "ref")
+
+    config = tiny_config("trainer.total_training_steps=4", "trainer.save_freq=2",
+                         f"trainer.default_local_dir={tmp_path / 'cut'}", "trainer.val_before_train=false")
+    trainer = build_trainer(config, progress_bar=False)
+    step = trainer.train_step
+
+    def interrupt_at_3(batch):
+        if trainer.global_step == 3:
+            raise KeyboardInterrupt
+        return step(batch)
+
+    trainer.train_step = interrupt_at_3
+    with pytest.raises(TrainingInterrupted, match="step 2 was already saved"):
+        trainer.fit()
+    trainer.tracker.close()
+    resumed = build_trainer(config, progress_bar=False)
+    assert resumed.global_step == 2
+    resumed.fit()
+    resumed.tracker.close()
+    got = records(tmp_path / "cut")
+    assert [r["step"] for r in got] == [1, 2, 3, 4]
+    assert [stable(r) for r in got] == [stable(r) for r in expected]
+    assert all(torch.equal(a, b) for a, b in zip(weights(resumed), weights(reference)))
+
+
+def test_killed_run_resumes_exactly(tiny_config, tmp_path):
+    """kill -9 after the step-2 checkpoint; the resumed run matches the uninterrupted one."""
+    _, reference = full_run(tiny_config, tmp_path / "ref")
+    expected = records(tmp_path / "ref")
+    config = tiny_config("trainer.total_training_steps=4", "trainer.save_freq=2",
+                         f"trainer.default_local_dir={tmp_path / 'kill'}", "trainer.val_before_train=false")
+    from rlvr.config import to_yaml
+    cfg_file = tmp_path / "config.yaml"
+    cfg_file.write_text(to_yaml(config))
+    slow = tmp_path / "slow.py"  # make each step after the checkpoint long enough to kill
+    slow.write_text("import sys, time\nfrom rlvr.cli import main\nfrom rlvr.trainer import ppo_trainer\n"
+                    "orig = ppo_trainer.RLTrainer.train_step\n"
+                    "def train_step(self, batch):\n    if self.global_step == 3: time.sleep(60)\n"
+                    "    return orig(self, batch)\n"
+                    "ppo_trainer.RLTrainer.train_step = train_step\nsys.exit(main(['train', '--config', sys.argv[1]]))\n")
+    proc = subprocess.Popen([sys.executable, str(slow), str(cfg_file)], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    latest = tmp_path / "kill" / "checkpoints" / "latest_checkpointed_iteration.txt"
+    deadline = time.time() + 120
+    while not (latest.exists() and latest.read_text() == "2") and time.time() < deadline:
+        time.sleep(0.2)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert latest.read_text() == "2"
+    resumed = build_trainer(config, progress_bar=False)
+    assert resumed.global_step == 2
+    resumed.fit()
+    resumed.tracker.close()
+    assert [stable(r) for r in records(tmp_path / "kill")] == [stable(r) for r in expected]
+    assert all(torch.equal(a, b) for a, b in zip(weights(resumed), weights(reference)))
+
+
+def test_save_killed_midway_leaves_previous_checkpoint(tiny_config, tmp_path):
+    config, trainer = full_run(tiny_config, tmp_path / "run", "trainer.total_training_steps=2", "trainer.save_freq=1")
+    root = tmp_path / "run" / "checkpoints"
+    assert latest_checkpoint(root).name == "global_step_2"
+    original = trainer.wg.worker.save_checkpoint
+
+    def dies_midway(folder):
+        original(folder)
+        raise KeyboardInterrupt  # e.g. killed before the rename
+
+    trainer.wg.worker.save_checkpoint = dies_midway
+    trainer._completed = (3, trainer.loader.state_dict())
+    with pytest.raises(KeyboardInterrupt):
+        trainer.save_checkpoint()
+    assert (root / ".tmp-global_step_3").exists()
+    assert latest_checkpoint(root).name == "global_step_2"
+    assert build_trainer(config, progress_bar=False).global_step == 2
+
+
+def test_checkpoint_is_a_transformers_folder_and_old_ones_are_pruned(tiny_config, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    _, trainer = full_run(tiny_config, tmp_path / "run", "trainer.save_freq=1", "trainer.max_actor_ckpt_to_keep=2")
+    root = tmp_path / "run" / "checkpoints"
+    assert sorted(p.name for p in root.iterdir() if p.is_dir()) == ["global_step_3", "global_step_4"]
+    model = AutoModelForCausalLM.from_pretrained(root / "global_step_4" / "actor")
+    for a, b in zip(model.parameters(), trainer.wg.worker.actor.model.parameters()):
+        assert torch.equal(a, b)
+
+
+def test_incompatible_config_is_refused(tiny_config, tmp_path):
+    full_run(tiny_config, tmp_path / "run", "trainer.total_training_steps=2")
+    changed = tiny_config("trainer.total_training_steps=4", f"trainer.default_local_dir={tmp_path / 'run'}",
+                          "actor_rollout_ref.rollout.n=2", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2")
+    with pytest.raises(ConfigError, match=r"actor_rollout_ref.rollout.n: checkpoint 3, this run 2"):
+        build_trainer(changed, progress_bar=False)
+    fresh = tiny_config("trainer.total_training_steps=4", f"trainer.default_local_dir={tmp_path / 'run'}",
+                        "actor_rollout_ref.rollout.n=2", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
+                        "trainer.resume_mode=disable")
+    assert build_trainer(fresh, progress_bar=False).global_step == 0

@@ -1,0 +1,49 @@
+"""`rlvr export` gives a folder plain transformers loads and generates from; `rlvr eval` reports
+accuracy and pass@n."""
+
+import pytest
+import torch
+
+from rlvr.cli import main
+from rlvr.trainer.main import build_trainer
+
+
+def test_export_loads_with_plain_transformers_and_generates(tiny_config, tmp_path, capsys):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    config = tiny_config("trainer.val_before_train=false", "data.val_files=[]", "trainer.total_training_steps=1")
+    trainer = build_trainer(config, progress_bar=False)
+    trainer.fit()
+    trainer.tracker.close()
+    out = tmp_path / "exported"
+    assert main(["export", config.trainer.default_local_dir, str(out)]) == 0
+    model = AutoModelForCausalLM.from_pretrained(out)
+    tokenizer = AutoTokenizer.from_pretrained(out)
+    for a, b in zip(model.parameters(), trainer.wg.worker.actor.model.parameters()):
+        assert torch.equal(a, b)
+    ids = tokenizer("What is 2 + 2?", return_tensors="pt").input_ids
+    generated = model.generate(ids, max_new_tokens=4, do_sample=False)
+    assert generated.shape[1] > ids.shape[1]
+    assert main(["export", str(tmp_path / "nothing"), str(tmp_path / "x")]) == 2
+    assert "neither a checkpoint" in capsys.readouterr().err
+
+
+def test_eval_prints_accuracy_and_pass_at_n(tiny_model_dir, tiny_data, capsys):
+    assert main(["eval", "--model", str(tiny_model_dir), "--data", str(tiny_data["test"]), "--n", "2",
+                 "--max-response-length", "4"]) == 0
+    out = capsys.readouterr().out
+    assert "arithmetic/reward/mean@1" in out and "accuracy (greedy)" in out
+    assert "arithmetic/reward/best@2" in out and "pass@2" in out
+
+
+@pytest.mark.slow
+def test_eval_builtin_model(tiny_data, tmp_path, capsys):
+    from rlvr.data.prepare import prepare_arithmetic
+
+    data = prepare_arithmetic(tmp_path, train_size=4, test_size=24)
+    assert main(["eval", "--model", "builtin", "--data", str(data["test"]), "--n", "4",
+                 "--max-response-length", "64"]) == 0
+    out = capsys.readouterr().out
+    accuracy = float(out.split("arithmetic/reward/mean@1")[1].split()[0])
+    pass_at_4 = float(out.split("arithmetic/reward/best@4")[1].split()[0])
+    assert 0.0 < accuracy < 1.0 and 0.0 < pass_at_4 <= 1.0

@@ -1,0 +1,61 @@
+"""Tracking backends and plots: TensorBoard events and a W&B offline run hold the step metrics;
+`rlvr plot` writes the expected panels."""
+
+import json
+
+import pytest
+
+from rlvr.cli import main
+from rlvr.trainer.plot import PANELS
+from rlvr.trainer.tracking import Tracking, console_line
+
+
+def test_console_line():
+    line = console_line({"critic/score/mean": 0.25, "timing_s/step": 3.14, "val-core/arithmetic/reward/mean@1": 0.5}, 7)
+    assert line == "step 7 | reward 0.250 | step_s 3.1 | arithmetic/reward/mean@1 0.500"
+
+
+def test_tensorboard_events_hold_the_metrics(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    tracker = Tracking(["tensorboard"], tmp_path)
+    for step in (1, 2):
+        tracker.log({"critic/score/mean": 0.1 * step, "actor/pg_loss": -0.5}, step)
+    tracker.close()
+    events = EventAccumulator(str(tmp_path / "tensorboard"))
+    events.Reload()
+    assert [(e.step, round(e.value, 4)) for e in events.Scalars("critic/score/mean")] == [(1, 0.1), (2, 0.2)]
+    assert "actor/pg_loss" in events.Tags()["scalars"]
+
+
+def test_wandb_offline_run_directory(tmp_path, monkeypatch):
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    tracker = Tracking(["wandb"], tmp_path, project="rlvr-test", experiment="offline", config={"a": 1})
+    tracker.log({"critic/score/mean": 0.75}, 1)
+    tracker.close()
+    runs = list((tmp_path / "wandb").glob("offline-run-*"))
+    assert len(runs) == 1
+    history = list(runs[0].glob("*.wandb"))
+    assert history and b"critic/score/mean" in history[0].read_bytes()
+
+
+def test_unknown_backend_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="unknown backends \\['mlflow'\\]"):
+        Tracking(["mlflow"], tmp_path)
+
+
+def test_plot_writes_the_panels(tmp_path, capsys):
+    from PIL import Image
+
+    records = [{"step": 0, "val-core/arithmetic/reward/mean@1": 0.37}]
+    records += [{"step": s, "critic/score/mean": 0.1 * s, "response_length/mean": 30 - s, "actor/kl_loss": 0.01 * s,
+                 "actor/entropy": 1.0 / s, "timing_s/step": 20.0} for s in range(1, 5)]
+    records[-1]["val-core/arithmetic/reward/mean@1"] = 0.5
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    assert main(["plot", str(tmp_path)]) == 0
+    assert "curves.png" in capsys.readouterr().out
+    for name in [*PANELS, "curves"]:
+        image = Image.open(tmp_path / "plots" / f"{name}.png")
+        assert image.size[0] >= 400 and image.size[1] >= 300
+    assert main(["plot", str(tmp_path / "missing")]) == 2
