@@ -67,16 +67,20 @@ class RLTrainer:
         Ctrl-C saves the last completed step as a checkpoint and raises ``TrainingInterrupted``.
         """
         last: dict[str, float] = {}
-        if self.val_reward_fn is not None and self.config.trainer.val_before_train and self.global_step == 0:
-            last = self.validate()
-            self.tracker.log(last, step=0)
-        progress = tqdm(total=self.total_training_steps, initial=self.global_step, desc="training", unit="step",
-                        dynamic_ncols=True, disable=not self.tracker.progress_bar)
+        progress = None
         try:
+            if self.val_reward_fn is not None and self.config.trainer.val_before_train and self.global_step == 0:
+                last = self.validate()
+                self.tracker.log(last, step=0)
+            progress = tqdm(total=self.total_training_steps, initial=self.global_step, desc="training", unit="step",
+                            dynamic_ncols=True, disable=not self.tracker.progress_bar)
             last = self._loop(progress) or last
         except KeyboardInterrupt:
-            progress.close()
+            if progress is not None:
+                progress.close()
             step, _ = self._completed
+            if step == 0:
+                raise TrainingInterrupted("interrupted before the first step finished; nothing to save") from None
             path = self.save_checkpoint() if step > self._saved_step else None
             where = f"saved step {step} to {path}" if path else f"step {step} was already saved"
             raise TrainingInterrupted(f"interrupted during step {step + 1}; {where}; run the same command again to "

@@ -126,13 +126,14 @@ def test_cli_errors_are_clear(tiny_model_dir, tmp_path, capsys):
     assert "not divisible" in capsys.readouterr().err
 
 
-def test_on_policy_shortcut_matches_separate_old_log_prob_pass(tiny_config):
+def test_on_policy_shortcut_matches_separate_old_log_prob_pass(tiny_config, tmp_path):
     """One optimizer step per batch: old_log_probs from the update's own forward give the same
     training as a separate pass (the ratio is 1 either way), one forward pass cheaper."""
     results = {}
     for recompute in (True, False):
         config = tiny_config("actor_rollout_ref.actor.ppo_mini_batch_size=2", "trainer.val_before_train=false",
-                             "data.val_files=[]", f"actor_rollout_ref.actor.recompute_old_log_prob={recompute}")
+                             "data.val_files=[]", f"actor_rollout_ref.actor.recompute_old_log_prob={recompute}",
+                             f"trainer.default_local_dir={tmp_path / str(recompute)}")
         trainer, last, _ = run(config)
         results[recompute] = (last, [p.detach().clone() for p in trainer.wg.worker.actor.model.parameters()])
     (sep, sep_params), (short, short_params) = results[True], results[False]
