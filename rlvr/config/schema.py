@@ -309,8 +309,8 @@ class TrainerConfig:
     default_local_dir: str = "runs/${trainer.project_name}/${trainer.experiment_name}"
     """The run directory: config, metrics, rollout dumps, checkpoints, plots."""
     max_actor_ckpt_to_keep: Optional[int] = None
-    rollout_data_dir: Optional[str] = None
-    """Dump prompts, responses and scores per step as JSONL here."""
+    rollout_data_dir: Optional[str] = "${trainer.default_local_dir}/rollouts"
+    """Dump prompts, responses, scores and advantages per step as JSONL here (null: no dumps)."""
     nnodes: int = 1
     n_gpus_per_node: int = 1
     """Devices per node (on a CPU machine: 1)."""

@@ -136,6 +136,11 @@ def score_sample(fns: tuple, data_source: str, solution_str: str, ground_truth: 
             signal.signal(signal.SIGALRM, previous)
 
 
+def score_chunk(jobs: list[tuple]) -> list[dict]:
+    """``score_sample`` over a list of jobs (the unit of work sent to a pool worker)."""
+    return [score_sample(*job) for job in jobs]
+
+
 @dataclass
 class RewardResult:
     token_level_scores: torch.Tensor  # (bs, R): the score on each response's last valid token
@@ -199,18 +204,27 @@ class RewardManager:
         return self._collect(results, texts, sources, mask, time.perf_counter() - start)
 
     def _run(self, jobs: list[tuple]) -> list[dict]:
+        """Score ``jobs`` inline, or in the pool in chunks (one message per chunk, not per sample).
+
+        Each sample has its own timer inside the worker; the chunk deadline is only a backstop
+        for a worker that stops answering (stuck in C code): its chunk is counted as timeouts
+        and the pool is rebuilt, the other chunks keep their scores.
+        """
         if self.config.num_workers <= 0:
             return [score_sample(*job) for job in jobs]
         pool = self._get_pool()
-        pending = [pool.apply_async(score_sample, job) for job in jobs]
+        size = max(1, -(-len(jobs) // (self.config.num_workers * 8)))  # ~8 chunks per worker balance the load
+        chunks = [jobs[i:i + size] for i in range(0, len(jobs), size)]
+        pending = [pool.apply_async(score_chunk, (chunk,)) for chunk in chunks]
         waves = -(-len(jobs) // self.config.num_workers)  # ceil: samples per worker
         deadline = time.monotonic() + self.config.timeout_s * waves + 10.0
         results = []
-        for item in pending:
+        for chunk, item in zip(chunks, pending):
             try:
-                results.append(item.get(timeout=max(0.0, deadline - time.monotonic())))
+                results.extend(item.get(timeout=max(0.0, deadline - time.monotonic())))
             except multiprocessing.TimeoutError:
-                results.append({"status": "timeout", "error": "the scoring worker stopped answering; it was killed"})
+                results.extend({"status": "timeout", "error": "the scoring worker stopped answering; it was killed"}
+                               for _ in chunk)
                 self._kill_pool()
         return results
 

@@ -76,7 +76,7 @@ def test_malformed_override_and_missing_file(tmp_path):
 def test_mini_batch_not_dividing_train_batch():
     # 8 prompts x 4 = 32 responses; mini-batch 3 prompts x 4 = 12 responses; 32 % 12 != 0
     with pytest.raises(ConfigError, match=r"train_batch_size x n = 32 is not divisible by ppo_mini_batch_size x n = 12"):
-        load_config(overrides=["actor_rollout_ref.actor.ppo_mini_batch_size=3",
+        load_config(overrides=["actor_rollout_ref.actor.ppo_mini_batch_size=3", "actor_rollout_ref.rollout.n=4",
                                "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4"])
 
 
@@ -88,19 +88,20 @@ def test_mini_batch_larger_than_train_batch():
 def test_micro_batch_not_dividing_mini_batch():
     # mini-batch 8 prompts x 4 = 32 responses on 1 device; 32 % 5 != 0
     with pytest.raises(ConfigError, match="= 32 responses, is not divisible by ppo_micro_batch_size_per_gpu = 5"):
-        load_config(overrides=["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=5"])
+        load_config(overrides=["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=5", "actor_rollout_ref.rollout.n=4"])
 
 
 def test_micro_batch_larger_than_per_device_mini_batch():
     # 32 responses over 2 devices = 16 per device < micro 32
     with pytest.raises(ConfigError, match="ppo_micro_batch_size_per_gpu = 32 is larger .* = 16"):
-        load_config(overrides=["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=32", "trainer.n_gpus_per_node=2"])
+        load_config(overrides=["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=32", "trainer.n_gpus_per_node=2",
+                               "actor_rollout_ref.rollout.n=4"])
 
 
 def test_responses_not_splitting_over_devices():
     # 8 x 4 = 32 responses over 3 devices
     with pytest.raises(ConfigError, match="32 responses cannot be split evenly over 3 devices"):
-        load_config(overrides=["trainer.n_gpus_per_node=3"])
+        load_config(overrides=["trainer.n_gpus_per_node=3", "actor_rollout_ref.rollout.n=4"])
 
 
 def test_group_estimator_needs_n_at_least_2_and_errors_are_collected():

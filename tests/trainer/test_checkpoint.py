@@ -66,6 +66,18 @@ def test_interrupted_run_resumes_exactly(tiny_config, tmp_path):
     assert [r["step"] for r in got] == [1, 2, 3, 4]
     assert [stable(r) for r in got] == [stable(r) for r in expected]
     assert all(torch.equal(a, b) for a, b in zip(weights(resumed), weights(reference)))
+    # the same prompts in the same steps: none repeated or skipped across the interruption
+    assert prompts_by_step(tmp_path / "cut") == prompts_by_step(tmp_path / "ref")
+    every = [p for step in prompts_by_step(tmp_path / "cut") for p in step]
+    assert len(every) == 8 and len(set(every)) == 8  # 4 steps x 2 prompts, all distinct within the epoch
+
+
+def prompts_by_step(run_dir):
+    steps = []
+    for step in range(1, 5):
+        lines = [json.loads(line) for line in open(Path(run_dir) / "rollouts" / f"{step}.jsonl")]
+        steps.append(sorted({line["prompt"] for line in lines}))
+    return steps
 
 
 def test_killed_run_resumes_exactly(tiny_config, tmp_path):

@@ -4,7 +4,12 @@ per-sample limit), so math-verify's own signal timers are switched off."""
 
 from __future__ import annotations
 
+import logging
+
 from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
+
+# math-verify warns once per process that its timers are off; the manager's per-sample timer is on
+logging.getLogger("math_verify").setLevel(logging.ERROR)
 
 _GOLD_CONFIG = [LatexExtractionConfig(), ExprExtractionConfig()]
 

@@ -1,0 +1,52 @@
+"""Scorers on real-format answers: GSM8K markers with commas, signs and decimals; answers
+inside and outside tags; boxed LaTeX (fractions, roots, equivalent forms)."""
+
+import pytest
+
+from rlvr.rewards.scorers import countdown, format, gsm8k, math
+
+
+@pytest.mark.parametrize("text, truth, strict, flexible", [
+    ("She pays 1,234 + 66 = $1,300 in total.\n#### 1,300", "1300", 1.0, 1.0),
+    ("The temperature drops to -12 degrees.\n#### -12", "-12", 1.0, 1.0),
+    ("Each costs 2.50, so 4 cost 10.\n#### 10.00", "10", 1.0, 1.0),   # 10.00 == 10 numerically
+    ("Half of 7 is 3.5\n#### 3.5", "3.5", 1.0, 1.0),
+    ("#### 72\nWait, I mean 73.", "72", 1.0, 0.0),                   # flexible takes the last number
+    ("The answer is 72.", "72", 0.0, 1.0),                           # strict needs the #### marker
+    ("#### 1,234,567", "1234567", 1.0, 1.0),
+    ("no number at all", "5", 0.0, 0.0),
+])
+def test_gsm8k_real_formats(text, truth, strict, flexible):
+    assert gsm8k.compute_score("openai/gsm8k", text, truth) == strict
+    assert gsm8k.compute_score_flexible("openai/gsm8k", text, truth) == flexible
+
+
+def test_gsm8k_format_score_for_a_wrong_answer_in_the_right_format():
+    assert gsm8k.compute_score("gsm8k", "#### 5", "6", format_score=0.1) == 0.1
+    assert gsm8k.compute_score("gsm8k", "5", "6", format_score=0.1) == 0.0  # no marker: no format credit
+
+
+@pytest.mark.parametrize("text, truth, expected", [
+    ("Thus $\\boxed{\\frac{3}{4}}$.", "0.75", 1.0),
+    ("Thus $\\boxed{\\dfrac{5}{8}}$.", "\\frac{5}{8}", 1.0),
+    ("The side is $\\boxed{2\\sqrt{3}}$.", "\\sqrt{12}", 1.0),       # equal values, different forms
+    ("We get $\\boxed{-\\frac{1}{2}}$", "-0.5", 1.0),
+    ("So $x = \\boxed{1+x^2}$", "x^2+1", 1.0),
+    ("Thus $\\boxed{\\frac{3}{5}}$.", "0.75", 0.0),
+])
+def test_math_verify_latex(text, truth, expected):
+    assert math.compute_score("math", text, truth)["score"] == expected
+
+
+def test_answers_inside_and_outside_tags():
+    tagged = "<think>7 * 6 is 42</think><answer>42</answer>"
+    assert format.correctness("x", tagged, "42") == 2.0
+    assert format.correctness("x", "<think>it is 42</think> 42", "42") == 0.0  # outside the tag: not an answer
+    assert format.digit("x", tagged, "42") == 0.5 and format.digit("x", "<answer>forty</answer>", "42") == 0.0
+    assert format.hard_format("x", tagged, "42") == 0.5
+    assert format.hard_format("x", "Sure! " + tagged, "42") == 0.0  # text outside the blocks breaks hard format
+    assert format.soft_format("x", "Sure! " + tagged, "42") == 0.5
+    assert format.mark("x", tagged + "</answer>", "42") == 0.375  # </answer> twice: 3 of 4 tags count
+    gt = {"target": 24, "numbers": [4, 6, 1]}
+    assert countdown.compute_score("countdown", "<think>4*6=24</think><answer>4 * 6 * 1</answer>", gt)["score"] == 1.0
+    assert countdown.compute_score("countdown", "4 * 6 * 1 = 24", gt)["score"] == 0.0  # no answer tag
