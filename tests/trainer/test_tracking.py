@@ -2,6 +2,7 @@
 `rlvr plot` writes the expected panels."""
 
 import json
+import time
 
 import pytest
 
@@ -37,7 +38,11 @@ def test_wandb_offline_run_directory(tmp_path, monkeypatch):
     runs = list((tmp_path / "wandb").glob("offline-run-*"))
     assert len(runs) == 1
     history = list(runs[0].glob("*.wandb"))
-    assert history and b"critic/score/mean" in history[0].read_bytes()
+    assert history
+    deadline = time.time() + 60  # wandb's service process may finish writing just after finish() returns
+    while b"critic/score/mean" not in history[0].read_bytes() and time.time() < deadline:
+        time.sleep(0.5)
+    assert b"critic/score/mean" in history[0].read_bytes()
 
 
 def test_unknown_backend_is_refused(tmp_path):
