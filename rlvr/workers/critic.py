@@ -26,12 +26,17 @@ from rlvr.workers.hybrid import resolve_device
 
 def load_value_model(path: str, device: torch.device):
     from transformers import AutoModelForTokenClassification
+    from transformers.utils import logging as hf_logging
 
+    level = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()  # the value head is new by design: no "newly initialized" report
     try:
         model = AutoModelForTokenClassification.from_pretrained(model_folder(path), num_labels=1, dtype=DTYPES["float32"],
                                                                 attn_implementation="sdpa")
     except ValueError as err:
         raise ModelLoadError(f"critic.model.path={path!r} cannot be loaded as a value model: {err}") from None
+    finally:
+        hf_logging.set_verbosity(level)
     return model.to(device)
 
 
