@@ -66,10 +66,16 @@ def set_rng_state(state: dict[str, Any]) -> None:
 
 def latest_checkpoint(root: Path) -> Path | None:
     """The newest complete checkpoint under ``root`` (temporary folders never count)."""
+    steps = step_dirs(root)
+    return steps[-1] if steps else None
+
+
+def step_dirs(root: Path) -> list[Path]:
+    """Complete checkpoint folders under ``root``, oldest step first."""
     if not root.is_dir():
-        return None
+        return []
     steps = sorted((int(m.group(1)), p) for p in root.iterdir() if p.is_dir() and (m := STEP_DIR.match(p.name)))
-    return steps[-1][1] if steps else None
+    return [p for _, p in steps]
 
 
 def save(root: Path, step: int, write_parts, trainer_state: dict[str, Any], keep: int | None = None) -> Path:
@@ -87,8 +93,7 @@ def save(root: Path, step: int, write_parts, trainer_state: dict[str, Any], keep
     os.replace(tmp, final)
     (root / LATEST_FILE).write_text(str(step))
     if keep is not None and keep > 0:
-        steps = sorted((int(m.group(1)), p) for p in root.iterdir() if p.is_dir() and (m := STEP_DIR.match(p.name)))
-        for _, old in steps[:-keep]:
+        for old in step_dirs(root)[:-keep]:
             shutil.rmtree(old, ignore_errors=True)
     return final
 

@@ -70,6 +70,34 @@ def micro_batches(units: list[list[int]], unit_tokens: list[int], rows_per_micro
     return batches
 
 
+def group_units(uids, rows: list[int]) -> list[list[int]]:
+    """``rows`` as whole groups (rows sharing a uid, in order of first appearance), or one row
+    per unit without uids."""
+    if uids is None:
+        return [[r] for r in rows]
+    return [[rows[i] for i in unit] for unit in group_rows([uids[r] for r in rows])]
+
+
+def shuffled_mini_batches(uids, num_rows: int, groups_per_mini: int, seed: list[int] | None) -> list[list[int]]:
+    """Row indices of each mini-batch of whole groups; groups shuffled by ``seed`` (None: in order)."""
+    groups = group_units(uids, list(range(num_rows)))
+    if seed is not None:
+        groups = [groups[i] for i in np.random.default_rng(seed).permutation(len(groups))]
+    return [sum(groups[i:i + groups_per_mini], []) for i in range(0, len(groups), groups_per_mini)]
+
+
+def clip_and_step(model, optimizer, grad_clip: float) -> tuple[float, bool]:
+    """Clip the global gradient norm and step, unless the norm is not finite (then the
+    gradients are dropped). Returns (grad_norm, stepped)."""
+    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+    stepped = bool(torch.isfinite(grad_norm))
+    if stepped:
+        optimizer.step()
+    else:
+        optimizer.zero_grad(set_to_none=True)
+    return float(grad_norm), stepped
+
+
 def _item(value: torch.Tensor) -> float:
     return float(value.detach())
 
@@ -98,16 +126,15 @@ class Actor:
         P = mask.shape[1] - data.batch["responses"].shape[1]
         prompt_len = mask[:, :P].sum(-1).tolist()
         resp_len = mask[:, P:].sum(-1).tolist()
-        uids = data.non_tensor_batch.get("uid")
-        if self.config.share_prompt_forward and uids is not None:
-            units = [[rows[i] for i in unit] for unit in group_rows([uids[r] for r in rows])]
-            return units, [prompt_len[u[0]] + sum(resp_len[r] for r in u) for u in units]
-        return [[r] for r in rows], [prompt_len[r] + resp_len[r] for r in rows]
+        uids = data.non_tensor_batch.get("uid") if self.config.share_prompt_forward else None
+        units = group_units(uids, rows)  # a packed group counts its prompt once
+        return units, [prompt_len[u[0]] + sum(resp_len[r] for r in u) for u in units]
 
-    def _micro_batches(self, data: DataProto, rows: list[int], rows_per_micro: int) -> list[list[int]]:
+    def _micro_batches(self, data: DataProto, rows: list[int], rows_per_micro: int) -> tuple[list[list[int]], int]:
+        """Micro-batches of ``rows`` and the tokens they feed through the model together."""
         units, tokens = self._units(data, rows)
         budget = self.config.ppo_max_token_len_per_gpu if self.config.use_dynamic_bsz else None
-        return micro_batches(units, tokens, rows_per_micro, budget)
+        return micro_batches(units, tokens, rows_per_micro, budget), sum(tokens)
 
     # ------------------------------------------------------------------ log-probs
     @torch.no_grad()
@@ -121,7 +148,7 @@ class Actor:
         uids = data.non_tensor_batch.get("uid")
         log_probs = torch.zeros(data.batch["responses"].shape, dtype=torch.float32)
         entropy = torch.zeros_like(log_probs) if calculate_entropy else None
-        for rows in self._micro_batches(data, list(range(len(data))), micro_size):
+        for rows in self._micro_batches(data, list(range(len(data))), micro_size)[0]:
             idx = torch.tensor(rows)
             batch = {k: data.batch[k][idx].to(self.model.device) for k in FORWARD_KEYS}
             lp, ent = self._forward(batch, None if uids is None else uids[rows], temperature, calculate_entropy)
@@ -134,13 +161,8 @@ class Actor:
     # ------------------------------------------------------------------ update
     def _mini_batches(self, data: DataProto, epoch: int) -> list[list[int]]:
         """Row indices of each mini-batch: whole groups, shuffled reproducibly per (seed, update, epoch)."""
-        uids = data.non_tensor_batch.get("uid")
-        groups = group_rows(list(uids)) if uids is not None else [[r] for r in range(len(data))]
-        if self.config.shuffle:
-            rng = np.random.default_rng([self.seed, self.updates, epoch])
-            groups = [groups[i] for i in rng.permutation(len(groups))]
-        per_mini = self.config.ppo_mini_batch_size
-        return [sum(groups[i:i + per_mini], []) for i in range(0, len(groups), per_mini)]
+        seed = [self.seed, self.updates, epoch] if self.config.shuffle else None
+        return shuffled_mini_batches(data.non_tensor_batch.get("uid"), len(data), self.config.ppo_mini_batch_size, seed)
 
     def update_policy(self, data: DataProto) -> dict[str, float]:
         """ppo_epochs x mini-batches x micro-batches of the loss above; returns verl's actor metrics.
@@ -157,16 +179,16 @@ class Actor:
         self.model.train()
         metrics: dict[str, list[float]] = defaultdict(list)
         minis = [self._mini_batches(data, epoch) for epoch in range(self.config.ppo_epochs)]
-        if "old_log_probs" not in data.batch:
+        on_policy = "old_log_probs" not in data.batch
+        if on_policy:
             if len(minis) * len(minis[0]) != 1:
                 raise ValueError("update_actor without old_log_probs needs one optimizer step per batch (ppo_epochs=1, "
                                  "ppo_mini_batch_size=train_batch_size); compute old_log_probs first")
-            data.batch["old_log_probs"] = torch.full(data.batch["responses"].shape, float("nan"))  # filled per micro-batch
+            data.batch["old_log_probs"] = torch.zeros(data.batch["responses"].shape)  # filled per micro-batch
         forward_tokens = 0
         for epoch_minis in minis:
             for mini_rows in epoch_minis:
-                self._optimizer_step(data, mini_rows, temperature, metrics)
-                forward_tokens += sum(self._units(data, mini_rows)[1])
+                forward_tokens += self._optimizer_step(data, mini_rows, temperature, metrics, on_policy)
         metrics["perf/actor_forward_tokens"].append(forward_tokens)  # tokens through forward + backward
         metrics["perf/actor_response_tokens"].append(
             self.config.ppo_epochs * float(data.batch["attention_mask"][:, -data.batch["responses"].shape[1]:].sum()))
@@ -180,31 +202,34 @@ class Actor:
                 self.scheduler.step()
         return {k: float(np.mean(v)) for k, v in metrics.items()}
 
-    def _optimizer_step(self, data: DataProto, mini_rows: list[int], temperature: float, metrics) -> None:
+    def _optimizer_step(self, data: DataProto, mini_rows: list[int], temperature: float, metrics,
+                        on_policy: bool) -> int:
+        """One optimizer step over a mini-batch; returns the tokens it fed through the model."""
         mask = data.batch["response_mask"]
         mini_mask = mask[torch.tensor(mini_rows)]
         totals = {"num_tokens": mini_mask.sum().clamp(min=1).float(), "num_seqs": len(mini_rows),
                   "norm_constant": self.max_response_length}
         self.optimizer.zero_grad(set_to_none=True)
         step = defaultdict(float)
-        for rows in self._micro_batches(data, mini_rows, self.config.ppo_micro_batch_size_per_gpu):
+        micros, tokens = self._micro_batches(data, mini_rows, self.config.ppo_micro_batch_size_per_gpu)
+        for rows in micros:
             share = float(mask[torch.tensor(rows)].sum()) / float(totals["num_tokens"])  # token share of the mini-batch
-            for key, value in self._micro_loss(data, rows, temperature, totals).items():
+            for key, value in self._micro_loss(data, rows, temperature, totals, on_policy).items():
                 # losses are shares of the mini-batch loss (they add up); rates and means weigh by tokens
                 step[key] += value if key in SUMMED_METRICS else value * share
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.grad_clip)
-        if torch.isfinite(grad_norm):
-            self.optimizer.step()
-            metrics["actor/grad_norm_nonfinite"].append(0.0)
-        else:
-            self.optimizer.zero_grad(set_to_none=True)
-            metrics["actor/grad_norm_nonfinite"].append(1.0)
-        metrics["actor/grad_norm"].append(float(grad_norm))
+        grad_norm, stepped = clip_and_step(self.model, self.optimizer, self.config.grad_clip)
+        metrics["actor/grad_norm_nonfinite"].append(0.0 if stepped else 1.0)
+        metrics["actor/grad_norm"].append(grad_norm)
         for key, value in step.items():
             metrics[key].append(value)
+        return tokens
 
-    def _micro_loss(self, data: DataProto, rows: list[int], temperature: float, totals: dict) -> dict[str, float]:
-        """Forward, loss and backward of one micro-batch; returns its metric contributions."""
+    def _micro_loss(self, data: DataProto, rows: list[int], temperature: float, totals: dict,
+                    on_policy: bool) -> dict[str, float]:
+        """Forward, loss and backward of one micro-batch; returns its metric contributions.
+
+        ``on_policy``: pi_old is the policy of this very forward; its detached log-probs are
+        the old log-probs (and are written into ``data``)."""
         idx = torch.tensor(rows)
         device = self.model.device
         batch = {k: data.batch[k][idx].to(device) for k in FORWARD_KEYS}
@@ -214,10 +239,11 @@ class Actor:
         cfg = self.config
         log_prob, entropy = self._forward(batch, None if uids is None else uids[rows], temperature,
                                           calculate_entropy=True, entropy_grad=cfg.entropy_coeff != 0)
-        old_log_prob = data.batch["old_log_probs"][idx].to(device)
-        if torch.isnan(old_log_prob).all():  # on-policy: pi_old is the policy of this very forward
+        if on_policy:
             old_log_prob = log_prob.detach().float() * mask
             data.batch["old_log_probs"][idx] = old_log_prob.cpu()
+        else:
+            old_log_prob = data.batch["old_log_probs"][idx].to(device)
         is_weights = None
         if self.algorithm.rollout_is and "rollout_log_probs" in data.batch:
             is_weights = compute_rollout_is_weights(old_log_prob, data.batch["rollout_log_probs"][idx].to(device), mask,

@@ -19,8 +19,8 @@ from rlvr.algos.utils import masked_mean
 from rlvr.config.schema import CriticConfig
 from rlvr.models.loader import DTYPES, ModelLoadError, model_folder
 from rlvr.protocol import DataProto
-from rlvr.workers.actor import FORWARD_KEYS, build_optimizer, micro_batches
-from rlvr.workers.forward import group_rows, response_states, scatter_responses
+from rlvr.workers.actor import FORWARD_KEYS, build_optimizer, clip_and_step, group_units, micro_batches, shuffled_mini_batches
+from rlvr.workers.forward import response_states, scatter_responses
 from rlvr.workers.hybrid import resolve_device
 
 
@@ -72,8 +72,7 @@ class CriticWorker:
         return scatter_responses(values, states, batch["responses"].shape)
 
     def _micro_batches(self, data: DataProto, rows: list[int]) -> list[list[int]]:
-        uids = data.non_tensor_batch.get("uid")
-        units = [[r] for r in rows] if uids is None else [[rows[i] for i in u] for u in group_rows([uids[r] for r in rows])]
+        units = group_units(data.non_tensor_batch.get("uid"), rows)
         return micro_batches(units, [len(u) for u in units], self.config.ppo_micro_batch_size_per_gpu, None)
 
     @torch.no_grad()
@@ -89,13 +88,9 @@ class CriticWorker:
         data.require(*FORWARD_KEYS, "response_mask", "values", "returns", stage="update_critic")
         self.model.train()
         metrics = defaultdict(list)
-        uids = data.non_tensor_batch.get("uid")
-        groups = group_rows(list(uids)) if uids is not None else [[r] for r in range(len(data))]
         for epoch in range(self.config.ppo_epochs):
-            order = np.random.default_rng([self.seed, self.updates, epoch]).permutation(len(groups))
-            per_mini = self.config.ppo_mini_batch_size
-            for start in range(0, len(groups), per_mini):
-                mini_rows = sum((groups[i] for i in order[start:start + per_mini]), [])
+            for mini_rows in shuffled_mini_batches(data.non_tensor_batch.get("uid"), len(data),
+                                                   self.config.ppo_mini_batch_size, [self.seed, self.updates, epoch]):
                 self._optimizer_step(data, mini_rows, metrics)
         self.updates += 1
         metrics["critic/lr"].append(self.scheduler.get_last_lr()[0])
@@ -118,15 +113,11 @@ class CriticWorker:
             vf_loss_total += float(loss.detach())
             clipfrac += float(frac) * share
             vpred_sum += float((vpreds.detach().cpu() * mask[idx]).sum())
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.grad_clip)
-        if torch.isfinite(grad_norm):
-            self.optimizer.step()
-        else:
-            self.optimizer.zero_grad(set_to_none=True)
+        grad_norm, _ = clip_and_step(self.model, self.optimizer, self.config.grad_clip)
         metrics["critic/vf_loss"].append(vf_loss_total)
         metrics["critic/vf_clipfrac"].append(clipfrac)
         metrics["critic/vpred_mean"].append(vpred_sum / float(totals["num_tokens"]))
-        metrics["critic/grad_norm"].append(float(grad_norm))
+        metrics["critic/grad_norm"].append(grad_norm)
 
     def save_checkpoint(self, folder) -> None:
         folder = Path(folder)

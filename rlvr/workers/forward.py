@@ -26,7 +26,6 @@ from dataclasses import dataclass
 
 import torch
 
-from rlvr.models.logits import entropy_from_logits
 
 LOGIT_CHUNK_TOKENS = 1024  # rows of (tokens, V) logits alive at once in the vocabulary projection
 
@@ -131,8 +130,9 @@ def token_log_probs(model, hidden: torch.Tensor, labels: torch.Tensor, temperatu
         logits = head(hidden[start:start + LOGIT_CHUNK_TOKENS]).float() / temperature  # (n, V)
         logp = torch.log_softmax(logits, dim=-1)
         log_probs.append(logp.gather(-1, labels[start:start + LOGIT_CHUNK_TOKENS].unsqueeze(-1)).squeeze(-1))
-        if calculate_entropy:
-            entropies.append(entropy_from_logits(logits if entropy_grad else logits.detach()))
+        if calculate_entropy:  # H = -sum p log p, from the log-softmax already computed
+            logp_h = logp if entropy_grad else logp.detach()
+            entropies.append(-(logp_h.exp() * logp_h).sum(dim=-1))
     entropy = torch.cat(entropies) if calculate_entropy and entropies else None
     if not log_probs:
         return hidden.new_zeros(0, dtype=torch.float32), hidden.new_zeros(0) if calculate_entropy else None
