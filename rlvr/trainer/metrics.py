@@ -41,7 +41,7 @@ def _stats(prefix: str, values: torch.Tensor) -> dict[str, float]:
             f"{prefix}/min": float(values.min())}
 
 
-def compute_data_metrics(batch: DataProto, max_response_length: int) -> dict[str, float]:
+def compute_data_metrics(batch: DataProto, max_response_length: int, max_prompt_length: int) -> dict[str, float]:
     """Scores, rewards, advantages, returns, values and lengths of one training batch."""
     b = batch.batch
     mask = b["response_mask"].bool()
@@ -59,7 +59,8 @@ def compute_data_metrics(batch: DataProto, max_response_length: int) -> dict[str
     metrics.update(_stats("response_length", response_length))
     metrics["response_length/clip_ratio"] = float((response_length >= max_response_length).float().mean())
     metrics.update(_stats("prompt_length", prompt_length))
-    metrics["prompt_length/clip_ratio"] = float((prompt_length >= prompt_mask.shape[1]).float().mean())
+    # batches are padded to their own longest prompt, so the limit comes from the config
+    metrics["prompt_length/clip_ratio"] = float((prompt_length >= max_prompt_length).float().mean())
     if "rollout_log_probs" in b and "old_log_probs" in b:
         diff = (b["rollout_log_probs"].exp() - b["old_log_probs"].exp()).abs()[mask]
         if diff.numel():

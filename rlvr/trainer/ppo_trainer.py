@@ -190,7 +190,7 @@ class RLTrainer:
             if cfg.trainer.rollout_data_dir:
                 with timer("dump_rollout", timings):
                     self._dump_rollouts(batch, Path(cfg.trainer.rollout_data_dir).expanduser())
-        metrics.update(compute_data_metrics(batch, cfg.data.max_response_length))
+        metrics.update(compute_data_metrics(batch, cfg.data.max_response_length, cfg.data.max_prompt_length))
         metrics.update(compute_timing_metrics(batch, timings))
         metrics.update(compute_throughput_metrics(batch, timings["step"], cfg.trainer.n_gpus_per_node * cfg.trainer.nnodes))
         return metrics
