@@ -179,6 +179,9 @@ class RolloutConfig:
     do_sample: bool = True
     dtype: str = "float32"
     """Precision of generation: float32 | bfloat16."""
+    lean_decode: bool = True
+    """Decode steps of Llama-family models run rlvr's lean step (same arithmetic, fewer ops, a
+    prepacked vocabulary projection); false keeps the transformers forward for every step."""
     log_prob_micro_batch_size_per_gpu: int = 16
     """Rows per forward pass when computing the actor's old log-probs."""
     stop: list[str] = field(default_factory=list)

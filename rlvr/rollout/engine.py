@@ -21,6 +21,9 @@ re-tokenising it; ``generate_sequences`` is the batch API the trainer calls.
 from __future__ import annotations
 
 import copy
+import ctypes
+import ctypes.util
+import sys
 from dataclasses import dataclass
 from typing import Hashable, Sequence
 
@@ -30,6 +33,7 @@ from rlvr.config.schema import RolloutConfig
 from rlvr.data.dataset import left_pad
 from rlvr.protocol import DataProto
 from rlvr.rollout.kv_cache import make_cache
+from rlvr.rollout.lean import LeanDecoder, supports_lean_decode
 from rlvr.rollout.sampling import SamplingParams, sample_tokens
 
 
@@ -48,6 +52,31 @@ def end_token_ids(model, tokenizer) -> list[int]:
     return sorted({i for i in [*eos, tokenizer.eos_token_id] if i is not None})
 
 
+def _load_libc():
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        return libc if hasattr(libc, "malloc_trim") else None
+    except OSError:
+        return None
+
+
+_LIBC = _load_libc()
+
+
+def trim_heap() -> None:
+    """Return the heap's free pages to the OS (glibc only; a no-op elsewhere).
+
+    The decode loop frees buffers of a new size at every step (logits, cache rows after a
+    row finishes); glibc keeps such memory mapped, so without a trim the process's resident
+    memory on the rollout benchmark kept growing to 1.7-2.1 GB instead of 1.4 GB. One trim
+    per cache compaction costs well under a millisecond.
+    """
+    if _LIBC is not None:
+        _LIBC.malloc_trim(0)
+
+
 class NativeRollout:
     """Generates responses with a model it shares with the actor (float32) or a synced copy (bfloat16)."""
 
@@ -61,6 +90,7 @@ class NativeRollout:
             self.model = copy.deepcopy(model).to(torch.bfloat16).eval()  # synced by sync_weights()
         else:
             self.model = model  # shared: no copy, always the actor's current weights
+        self.lean = LeanDecoder(self.model) if config.lean_decode and supports_lean_decode(self.model) else None
 
     def sync_weights(self) -> None:
         """Copy the actor's weights into the rollout copy (only when the rollout has its own dtype)."""
@@ -86,7 +116,9 @@ class NativeRollout:
             row_to_unique.append(first[key])
         if not prompts:
             return []
-        return self._decode(unique, torch.tensor(row_to_unique), params)
+        completions = self._decode(unique, torch.tensor(row_to_unique), params)
+        trim_heap()  # the call's cache is gone now
+        return completions
 
     def _prefill(self, unique: list[list[int]], capacity: int):
         input_ids, mask, positions = left_pad(unique, self.pad_id)
@@ -131,14 +163,21 @@ class NativeRollout:
             if bool(done.any()):  # copying the filled cache rows is cheaper than decoding dead rows
                 keep = (~done).nonzero().squeeze(-1)
                 cache.batch_select_indices(keep)
+                trim_heap()
                 live, next_tok, mask, last_pos, done = live[keep], next_tok[keep], mask[keep], last_pos[keep], done[keep]
             mask = torch.cat([mask, mask.new_ones(len(live), 1)], dim=1)
             last_pos = last_pos + 1
-            out = self.model(input_ids=next_tok.unsqueeze(-1), attention_mask=mask,
-                             position_ids=last_pos.unsqueeze(-1), past_key_values=cache, use_cache=True)
-            logits = out.logits[:, -1]
+            logits = self._step(next_tok, mask, last_pos, cache)
         return [Completion(tokens[r, :lengths[r]].tolist(), log_probs[r, :lengths[r]].tolist(), finish[r])
                 for r in range(B)]
+
+    def _step(self, tokens: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, cache) -> torch.Tensor:
+        """One decode step: (B,) tokens at (B,) positions, (B, L) key mask -> (B, V) logits."""
+        if self.lean is not None:
+            return self.lean.step(tokens, mask, positions, cache)
+        out = self.model(input_ids=tokens.unsqueeze(-1), attention_mask=mask, position_ids=positions.unsqueeze(-1),
+                         past_key_values=cache, use_cache=True)
+        return out.logits[:, -1]
 
     def _hit_stop(self, tokens, live, lengths, stop: tuple[str, ...]) -> torch.Tensor:
         """Rows whose text now contains a stop string (decodes only each row's tail)."""
@@ -191,4 +230,6 @@ class NativeRollout:
         )
 
     def free_cache(self) -> None:
-        """Nothing persists between calls: each call's KV cache is freed when it returns."""
+        """Each call's KV cache is freed when it returns; the packed vocabulary projection goes here."""
+        if self.lean is not None:
+            self.lean.release()

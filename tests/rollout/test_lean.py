@@ -1,0 +1,87 @@
+"""The lean decode step computes what the transformers forward computes, for every model
+family it claims, and the engine falls back to the transformers step for the rest."""
+
+import pytest
+import torch
+from transformers import (GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM,
+                          Qwen3Config, Qwen3ForCausalLM)
+
+from rlvr.config.schema import RolloutConfig
+from rlvr.rollout import NativeRollout, SamplingParams
+from rlvr.rollout.kv_cache import make_cache
+from rlvr.rollout.lean import LeanDecoder, PackedLinear, supports_lean_decode
+
+SIZES = dict(vocab_size=97, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+             num_key_value_heads=2, max_position_embeddings=128)
+
+
+def tiny(cls, config_cls, **extra):
+    torch.manual_seed(0)
+    return cls(config_cls(**SIZES, **extra)).eval()
+
+
+FAMILIES = {
+    "llama": lambda: tiny(LlamaForCausalLM, LlamaConfig, tie_word_embeddings=True),
+    "llama-bias-rope-scaling": lambda: tiny(LlamaForCausalLM, LlamaConfig, attention_bias=True,
+                                            rope_scaling={"rope_type": "linear", "factor": 2.0}),
+    "qwen2": lambda: tiny(Qwen2ForCausalLM, Qwen2Config),  # q/k/v biases
+    "qwen3": lambda: tiny(Qwen3ForCausalLM, Qwen3Config, head_dim=16),  # per-head q/k norms, head_dim != hidden/heads
+}
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_lean_step_equals_the_transformers_step(family):
+    model = FAMILIES[family]()
+    with torch.no_grad():  # random biases where there are any: the default init leaves them at zero
+        for module in model.modules():
+            if isinstance(module, torch.nn.Linear) and module.bias is not None:
+                module.bias.normal_()
+    assert supports_lean_decode(model)
+    lean = LeanDecoder(model)
+    # two left-padded prompts (lengths 5 and 3), then three decode steps through each path
+    prompt = torch.tensor([[5, 6, 7, 8, 9], [0, 0, 10, 11, 12]])
+    mask = torch.tensor([[1, 1, 1, 1, 1], [0, 0, 1, 1, 1]])
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    caches = [make_cache(model.config, 16), make_cache(model.config, 16)]
+    with torch.inference_mode():
+        for cache in caches:
+            model(input_ids=prompt, attention_mask=mask, position_ids=positions, past_key_values=cache, use_cache=True)
+        last, step_mask = positions[:, -1], mask
+        for token in ([13, 14], [15, 16], [17, 18]):
+            tokens = torch.tensor(token)
+            step_mask = torch.cat([step_mask, torch.ones(2, 1, dtype=torch.long)], dim=1)
+            last = last + 1
+            ref = model(input_ids=tokens[:, None], attention_mask=step_mask, position_ids=last[:, None],
+                        past_key_values=caches[0], use_cache=True).logits[:, -1]
+            got = lean.step(tokens, step_mask, last, caches[1])
+            assert (got - ref).abs().max() < 1e-5
+
+
+def test_unsupported_models_keep_the_transformers_step(tokenizer):
+    gpt2 = GPT2LMHeadModel(GPT2Config(vocab_size=len(tokenizer), n_embd=32, n_layer=1, n_head=2,
+                                      eos_token_id=tokenizer.eos_token_id)).eval()
+    sliding = tiny(Qwen2ForCausalLM, Qwen2Config, use_sliding_window=True, sliding_window=8, max_window_layers=0)
+    assert not supports_lean_decode(gpt2) and not supports_lean_decode(sliding)
+    engine = NativeRollout(gpt2, tokenizer, RolloutConfig(), max_response_length=4)
+    assert engine.lean is None
+    out = engine.generate([[1, 2, 3]], SamplingParams(max_new_tokens=4, do_sample=False))
+    assert 1 <= len(out[0].token_ids) <= 4
+
+
+def test_lean_decode_can_be_switched_off(tiny_model_dir, tokenizer):
+    from rlvr.models import load_model
+    model = load_model(tiny_model_dir)
+    assert NativeRollout(model, tokenizer, RolloutConfig(), 4).lean is not None
+    assert NativeRollout(model, tokenizer, RolloutConfig(lean_decode=False), 4).lean is None
+
+
+def test_packed_projection_follows_weight_updates():
+    torch.manual_seed(0)
+    weight = torch.nn.Parameter(torch.randn(50, 8))
+    packed, x = PackedLinear(weight), torch.randn(3, 8)
+    assert (packed(x) - x @ weight.T).abs().max() < 1e-5
+    with torch.no_grad():
+        weight.mul_(2.0)  # an optimizer step: in place, bumps the version counter
+    assert (packed(x) - x @ weight.T).abs().max() < 1e-5
+    packed.release()
+    assert (packed(x) - x @ weight.T).abs().max() < 1e-5
