@@ -1,17 +1,19 @@
 """Rollout throughput: rlvr's native engine vs transformers' ``model.generate`` on GRPO's
 workload (8 distinct prompts x n=8, up to 128 new tokens, temperature 1.0), in one process.
 
-    .venv/bin/python bench/rollout.py [--prompts 8] [--n 8] [--max-new-tokens 128] [--dtypes float32,bfloat16]
+    .venv/bin/python bench/rollout.py [--prompts 8] [--n 8] [--max-new-tokens 128] [--dtypes float32,bfloat16] [--repeats 3]
 
 Prints generated tokens/s for each engine and the ratio, per dtype, and the peak resident
 memory of the process. ``generate`` is timed with the same prompts, the same sampling
-settings and its padded rows not counted as generated tokens.
+settings and its padded rows not counted as generated tokens. Shared machines are noisy, so
+the two alternate ``--repeats`` times and the median of the per-repeat ratios is reported.
 """
 
 from __future__ import annotations
 
 import argparse
 import resource
+import statistics
 import time
 
 import torch
@@ -74,25 +76,37 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--dtypes", default="float32,bfloat16")
     parser.add_argument("--prompt-set", default="arithmetic,open", help="arithmetic and/or open")
+    parser.add_argument("--repeats", type=int, default=3, help="alternating engine/generate runs per setting")
     parser.add_argument("--skip-generate", action="store_true", help="time only rlvr's engine")
+    parser.add_argument("--no-lean", action="store_true", help="rollout.lean_decode=false (transformers decode step)")
     args = parser.parse_args()
 
     model, tokenizer = load_model_and_tokenizer("builtin")
     print(f"workload: {args.prompts} prompts x n={args.n}, <= {args.max_new_tokens} new tokens, temperature 1.0, "
-          f"{torch.get_num_threads()} threads")
+          f"{torch.get_num_threads()} threads, {args.repeats} repeats")
     for kind, dtype in [(k, d) for k in args.prompt_set.split(",") for d in args.dtypes.split(",")]:
         batch = make_batch(tokenizer, args.prompts, args.n, kind)
         batch.meta_info["seed"] = 0
-        config = RolloutConfig(temperature=1.0, dtype=dtype)
+        config = RolloutConfig(temperature=1.0, dtype=dtype, lean_decode=not args.no_lean)
         native = NativeRollout(model, tokenizer, config, args.max_new_tokens)
         timed(native, batch[: args.n])  # warm-up: first-call allocations and lazy imports
-        t_native, tok_native = timed(native, batch)
-        line = f"[{kind} prompts, {dtype}] rlvr engine: {tok_native} tokens in {t_native:.1f} s = {tok_native / t_native:.1f} tokens/s"
-        if not args.skip_generate:
-            t_gen, tok_gen = timed_generate(native.model, tokenizer, native.eos_ids, batch, args.max_new_tokens)
-            line += (f" | model.generate: {tok_gen} tokens in {t_gen:.1f} s = {tok_gen / t_gen:.1f} tokens/s"
-                     f" | ratio {(tok_native / t_native) / (tok_gen / t_gen):.2f}x")
-        print(line, flush=True)
+        rates, gen_rates = [], []
+        for _ in range(args.repeats):
+            t_native, tok_native = timed(native, batch)
+            rates.append(tok_native / t_native)
+            line = f"    rlvr engine: {tok_native} tokens in {t_native:.1f} s = {rates[-1]:.1f} tokens/s"
+            if not args.skip_generate:
+                t_gen, tok_gen = timed_generate(native.model, tokenizer, native.eos_ids, batch, args.max_new_tokens)
+                gen_rates.append(tok_gen / t_gen)
+                line += (f" | model.generate: {tok_gen} tokens in {t_gen:.1f} s = {gen_rates[-1]:.1f} tokens/s"
+                         f" | ratio {rates[-1] / gen_rates[-1]:.2f}x")
+            print(line, flush=True)
+        summary = f"[{kind} prompts, {dtype}] median rlvr engine {statistics.median(rates):.1f} tokens/s"
+        if gen_rates:
+            ratios = [a / b for a, b in zip(rates, gen_rates)]
+            summary += (f" | model.generate {statistics.median(gen_rates):.1f} tokens/s"
+                        f" | median ratio {statistics.median(ratios):.2f}x (range {min(ratios):.2f}-{max(ratios):.2f})")
+        print(summary, flush=True)
         peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
         print(f"    peak resident memory of the process so far: {peak_mb:.0f} MB", flush=True)
 

@@ -77,6 +77,18 @@ def trim_heap() -> None:
         _LIBC.malloc_trim(0)
 
 
+def fill_finished_slots(done: torch.Tensor) -> torch.Tensor:
+    """The rows to keep, as indices: the slot of each finished row among the first ``m`` (the
+    number still running) takes a running row from beyond ``m``, so the cache moves only as
+    many rows as finished.  done = [F, T, F, T, F, F] -> keep = [0, 4, 2, 5]"""
+    m = int((~done).sum())
+    keep = torch.arange(m, device=done.device)
+    holes = done[:m].nonzero().squeeze(-1)
+    movers = (~done[m:]).nonzero().squeeze(-1) + m
+    keep[holes] = movers
+    return keep
+
+
 class NativeRollout:
     """Generates responses with a model it shares with the actor (float32) or a synced copy (bfloat16)."""
 
@@ -160,10 +172,9 @@ class NativeRollout:
             done |= stopped
             if bool(done.all()) or step == max_new - 1:
                 break
-            if bool(done.any()):  # copying the filled cache rows is cheaper than decoding dead rows
-                keep = (~done).nonzero().squeeze(-1)
+            if bool(done.any()):  # moving a few cache rows is cheaper than decoding dead rows
+                keep = fill_finished_slots(done)
                 cache.batch_select_indices(keep)
-                trim_heap()
                 live, next_tok, mask, last_pos, done = live[keep], next_tok[keep], mask[keep], last_pos[keep], done[keep]
             mask = torch.cat([mask, mask.new_ones(len(live), 1)], dim=1)
             last_pos = last_pos + 1
