@@ -29,8 +29,9 @@ FAMILIES = {
 }
 
 
+@pytest.mark.parametrize("rows", [2, 12])  # 12 rows: the projections run weight-first (W @ x.T)
 @pytest.mark.parametrize("family", sorted(FAMILIES))
-def test_lean_step_equals_the_transformers_step(family):
+def test_lean_step_equals_the_transformers_step(family, rows):
     model = FAMILIES[family]()
     with torch.no_grad():  # random biases where there are any: the default init leaves them at zero
         for module in model.modules():
@@ -38,9 +39,10 @@ def test_lean_step_equals_the_transformers_step(family):
                 module.bias.normal_()
     assert supports_lean_decode(model)
     lean = LeanDecoder(model)
-    # two left-padded prompts (lengths 5 and 3), then three decode steps through each path
-    prompt = torch.tensor([[5, 6, 7, 8, 9], [0, 0, 10, 11, 12]])
-    mask = torch.tensor([[1, 1, 1, 1, 1], [0, 0, 1, 1, 1]])
+    lean.weight_first_ok = True  # whatever BLAS this torch has, check the weight-first path too
+    # left-padded prompts (lengths 5 and 3, alternating), then three decode steps through each path
+    prompt = torch.tensor([[5, 6, 7, 8, 9], [0, 0, 10, 11, 12]]).repeat(rows // 2, 1)
+    mask = torch.tensor([[1, 1, 1, 1, 1], [0, 0, 1, 1, 1]]).repeat(rows // 2, 1)
     positions = (mask.cumsum(-1) - 1).clamp(min=0)
     caches = [make_cache(model.config, 16), make_cache(model.config, 16)]
     with torch.inference_mode():
@@ -48,8 +50,8 @@ def test_lean_step_equals_the_transformers_step(family):
             model(input_ids=prompt, attention_mask=mask, position_ids=positions, past_key_values=cache, use_cache=True)
         last, step_mask = positions[:, -1], mask
         for token in ([13, 14], [15, 16], [17, 18]):
-            tokens = torch.tensor(token)
-            step_mask = torch.cat([step_mask, torch.ones(2, 1, dtype=torch.long)], dim=1)
+            tokens = torch.tensor(token).repeat(rows // 2)
+            step_mask = torch.cat([step_mask, torch.ones(rows, 1, dtype=torch.long)], dim=1)
             last = last + 1
             ref = model(input_ids=tokens[:, None], attention_mask=step_mask, position_ids=last[:, None],
                         past_key_values=caches[0], use_cache=True).logits[:, -1]
