@@ -101,8 +101,8 @@ class LeanDecoder:
     def __init__(self, model):
         self.model = model
         self.inner = model.model
-        self.head = PackedLinear(model.lm_head.weight)
         weight = model.lm_head.weight
+        self.head = PackedLinear(weight)
         self.weight_first_ok = (weight.device.type == "cpu" and weight.dtype == torch.float32
                                 and torch.backends.mkl.is_available())
 
