@@ -107,6 +107,31 @@ def _values_equal(a: Any, b: Any) -> bool:
         return False
 
 
+def merge_meta_info(parts: Sequence["DataProto"]) -> dict[str, Any]:
+    """The parts' ``meta_info`` merged as verl's ``concat`` does: a key set by several parts must
+    have one value; ``metrics`` (a dict per worker, or a list of them) are gathered from every
+    part into one dict of lists, ``{name: [value of part 0, value of part 1, ...]}``."""
+    merged: dict[str, Any] = {}
+    gathered: list[dict] = []
+    for i, part in enumerate(parts):
+        for key, value in part.meta_info.items():
+            if key == "metrics":
+                if value is not None:
+                    gathered.extend(value if isinstance(value, list) else [value])
+            elif key in merged and not _values_equal(merged[key], value):
+                raise DataProtoError(f"concat: meta_info[{key!r}] is {merged[key]!r} in an earlier part but "
+                                     f"{value!r} in part {i}; parts must agree on every non-metric meta_info key")
+            else:
+                merged.setdefault(key, value)
+    if gathered:
+        metrics: dict[str, list] = {}
+        for entry in gathered:
+            for name, value in entry.items():
+                metrics.setdefault(name, []).append(value)
+        merged["metrics"] = metrics
+    return merged
+
+
 @dataclass
 class DataProto:
     """A batch of rows: tensors, non-tensor arrays and batch-wide meta information."""
@@ -333,7 +358,8 @@ class DataProto:
 
     @staticmethod
     def concat(data: Iterable["DataProto"]) -> "DataProto":
-        """Rows of all parts in order; keys must match; ``meta_info`` is taken from the first."""
+        """Rows of all parts in order; keys must match. ``meta_info`` is merged as verl merges it
+        (see ``merge_meta_info``): every part's keys, conflicts refused, metrics gathered."""
         parts = list(data)
         if not parts:
             raise DataProtoError("concat needs at least one DataProto")
@@ -351,7 +377,7 @@ class DataProto:
                 raise DataProtoError(f"concat: {key!r} has different trailing shapes {sorted(map(tuple, widths))}")
             batch[key] = torch.cat(tensors, dim=0)
         non_tensor = {k: np.concatenate([p.non_tensor_batch[k] for p in parts]) for k in keys[1]}
-        return DataProto(batch=batch, non_tensor_batch=non_tensor, meta_info=dict(parts[0].meta_info))
+        return DataProto(batch=batch, non_tensor_batch=non_tensor, meta_info=merge_meta_info(parts))
 
     def reorder(self, indices: Any) -> None:
         """Permute the rows in place (``indices`` must be a permutation of the rows)."""

@@ -1,7 +1,12 @@
-"""A name -> function registry that refuses duplicates and lists the known names on a miss."""
+"""A name -> function registry that lists the known names on a miss.
+
+As in verl, registering the same function again under its name is allowed (a module imported
+twice); a different function under a taken name is refused. An Enum name registers its value.
+"""
 
 from __future__ import annotations
 
+import enum
 from typing import Callable, Generic, TypeVar
 
 F = TypeVar("F", bound=Callable)
@@ -12,9 +17,12 @@ class Registry(Generic[F]):
         self.kind = kind
         self._entries: dict[str, F] = {}
 
-    def register(self, name: str) -> Callable[[F], F]:
+    def register(self, name: "str | enum.Enum") -> Callable[[F], F]:
+        if isinstance(name, enum.Enum):
+            name = name.value
+
         def decorator(fn: F) -> F:
-            if name in self._entries:
+            if name in self._entries and not _same_function(self._entries[name], fn):
                 raise ValueError(
                     f"{self.kind} {name!r} is already registered (by {self._entries[name].__qualname__}); "
                     "choose another name"
@@ -24,7 +32,9 @@ class Registry(Generic[F]):
 
         return decorator
 
-    def get(self, name: str) -> F:
+    def get(self, name: "str | enum.Enum") -> F:
+        if isinstance(name, enum.Enum):
+            name = name.value
         if name not in self._entries:
             raise ValueError(f"unknown {self.kind} {name!r}; registered: {self.names()}")
         return self._entries[name]
@@ -35,3 +45,12 @@ class Registry(Generic[F]):
     def summaries(self) -> dict[str, str]:
         """Name -> the first line of the function's docstring."""
         return {n: (self._entries[n].__doc__ or "").strip().splitlines()[0] for n in self.names()}
+
+
+def _same_function(a: Callable, b: Callable) -> bool:
+    """The same object, or the same function from a module imported twice (same file and name)."""
+    if a is b:
+        return True
+    code_a, code_b = getattr(a, "__code__", None), getattr(b, "__code__", None)
+    return (code_a is not None and code_b is not None and a.__qualname__ == b.__qualname__
+            and code_a.co_filename == code_b.co_filename and code_a.co_firstlineno == code_b.co_firstlineno)

@@ -134,6 +134,23 @@ def test_concat_roundtrip_and_key_mismatch():
                                                                 "uid": ["a", "b"], "raw_prompt_ids": [[1], [2]]})])
 
 
+def test_concat_merges_meta_info_and_gathers_metrics_from_every_part():
+    parts = make(4).split(2)
+    parts[0].meta_info.update(metrics={"actor/pg_loss": 1.0, "actor/lr": 0.1}, only_first=1)
+    parts[1].meta_info.update(metrics={"actor/pg_loss": 3.0, "actor/lr": 0.1}, only_second="b")
+    merged = DataProto.concat(parts).meta_info
+    # keys of both parts are kept (verl), shared non-metric keys agree, metrics are a dict of lists
+    assert merged["temperature"] == 1.0 and merged["only_first"] == 1 and merged["only_second"] == "b"
+    assert merged["metrics"] == {"actor/pg_loss": [1.0, 3.0], "actor/lr": [0.1, 0.1]}
+
+
+def test_concat_refuses_conflicting_meta_info():
+    parts = make(4).split(2)
+    parts[1].meta_info["temperature"] = 0.7
+    with pytest.raises(DataProtoError, match=r"meta_info\['temperature'\] is 1.0 in an earlier part but 0.7 in part 1"):
+        DataProto.concat(parts)
+
+
 def test_reorder_permutes_all_columns():
     dp = make(3)
     dp.reorder(torch.tensor([2, 0, 1]))

@@ -25,11 +25,11 @@ from rlvr.algos.losses import (
     get_policy_loss_fn,
     register_policy_loss,
 )
-from rlvr.algos.utils import compute_response_mask, masked_mean, masked_var, masked_whiten
+from rlvr.algos.utils import compute_response_mask, masked_mean, masked_sum, masked_var, masked_whiten
 
 __all__ = [
     "ADV_ESTIMATORS", "POLICY_LOSSES", "AdaptiveKLController", "FixedKLController", "agg_loss",
     "apply_kl_penalty", "compute_advantage", "compute_response_mask", "compute_rollout_is_weights",
     "filter_groups", "get_adv_estimator_fn", "get_kl_controller", "get_policy_loss_fn", "kl_penalty",
-    "masked_mean", "masked_var", "masked_whiten", "overlong_penalty", "register_adv_est", "register_policy_loss",
+    "masked_mean", "masked_sum", "masked_var", "masked_whiten", "overlong_penalty", "register_adv_est", "register_policy_loss",
 ]

@@ -24,7 +24,7 @@ from typing import Callable
 import torch
 
 from rlvr.registry import Registry
-from rlvr.algos.utils import masked_mean
+from rlvr.algos.utils import masked_mean, masked_sum
 
 LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 
@@ -40,14 +40,17 @@ def agg_loss(loss_mat: torch.Tensor, loss_mask: torch.Tensor, loss_agg_mode: str
     - seq-mean-token-sum-norm: mean over sequences of token sum / ``norm_constant``
       (Dr.GRPO; default the padded length T, pass max_response_length to keep it constant).
 
+    Masked-out positions never contribute (a NaN there stays out), and the seq-mean modes
+    count only sequences with at least one valid token, as verl does.
+
     Pass the whole mini-batch's ``num_tokens`` / ``num_seqs`` when ``loss_mat`` is one
     micro-batch: the micro-batch losses then sum to the mini-batch loss.
     """
     if loss_agg_mode == "token-mean":
         denom = loss_mask.sum() if num_tokens is None else num_tokens
-        return (loss_mat * loss_mask).sum() / torch.clamp(torch.as_tensor(denom, dtype=loss_mat.dtype), min=1.0)
-    seqs = loss_mat.shape[0] if num_seqs is None else num_seqs
-    token_sums = (loss_mat * loss_mask).sum(dim=-1)  # (bs,)
+        return masked_sum(loss_mat, loss_mask) / torch.clamp(torch.as_tensor(denom, dtype=loss_mat.dtype), min=1.0)
+    seqs = count_seqs(loss_mask) if num_seqs is None else num_seqs
+    token_sums = masked_sum(loss_mat, loss_mask, dim=-1)  # (bs,)
     if loss_agg_mode == "seq-mean-token-sum":
         per_seq = token_sums
     elif loss_agg_mode == "seq-mean-token-mean":
@@ -57,6 +60,11 @@ def agg_loss(loss_mat: torch.Tensor, loss_mask: torch.Tensor, loss_agg_mode: str
     else:
         raise ValueError(f"unknown loss_agg_mode {loss_agg_mode!r}; choose one of {list(LOSS_AGG_MODES)}")
     return per_seq.sum() / max(seqs, 1)
+
+
+def count_seqs(loss_mask: torch.Tensor) -> int:
+    """Sequences with at least one valid token: the divisor of the seq-mean modes."""
+    return int((loss_mask.sum(dim=-1) > 0).sum())
 
 
 PolicyLossFn = Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]]
@@ -168,9 +176,9 @@ def compute_policy_loss_geo_mean(old_log_prob, log_prob, advantages, response_ma
     if rollout_is_weights is not None:
         neg_kl_min = neg_kl_min + torch.log(rollout_is_weights.clamp(min=1e-8))
     lengths = response_mask.sum(dim=-1)
-    ratio = torch.exp((neg_kl_min * response_mask).sum(dim=-1) / (lengths + 1e-8))  # (bs,)
-    seq_adv = (advantages * response_mask).sum(dim=-1) / (lengths + 1e-8)  # sequence-level advantage
-    seqs = agg_kwargs.get("num_seqs") or ratio.shape[0]
+    ratio = torch.exp(masked_sum(neg_kl_min, response_mask, dim=-1) / (lengths + 1e-8))  # (bs,)
+    seq_adv = masked_sum(advantages, response_mask, dim=-1) / (lengths + 1e-8)  # sequence-level advantage
+    seqs = agg_kwargs.get("num_seqs") or count_seqs(response_mask)
     pg_loss = (-seq_adv * ratio).sum() / seqs
     clipped = torch.ne(neg_kl, neg_kl_clamped)
     pg_clipfrac = masked_mean((clipped & (advantages > 0)).float(), response_mask)

@@ -9,7 +9,10 @@ import torch
 
 
 def masked_sum(values: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> torch.Tensor:
-    return (values * mask).sum() if dim is None else (values * mask).sum(dim=dim)
+    """Sum of ``values`` where ``mask`` is non-zero (weighted by the mask). Masked-out positions
+    are selected away, not multiplied by 0, so a NaN or inf there cannot reach the sum."""
+    valid = torch.where(mask.bool(), values, torch.zeros((), dtype=values.dtype, device=values.device)) * mask
+    return valid.sum() if dim is None else valid.sum(dim=dim)
 
 
 def masked_mean(values: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> torch.Tensor:

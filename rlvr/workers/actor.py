@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from rlvr.algos.kl import kl_penalty
-from rlvr.algos.losses import agg_loss, compute_rollout_is_weights, get_policy_loss_fn
+from rlvr.algos.losses import agg_loss, compute_rollout_is_weights, count_seqs, get_policy_loss_fn
 from rlvr.config.schema import ActorConfig, AlgorithmConfig, OptimConfig
 from rlvr.protocol import DataProto
 from rlvr.workers.forward import forward_log_probs, group_rows
@@ -207,7 +207,7 @@ class Actor:
         """One optimizer step over a mini-batch; returns the tokens it fed through the model."""
         mask = data.batch["response_mask"]
         mini_mask = mask[torch.tensor(mini_rows)]
-        totals = {"num_tokens": mini_mask.sum().clamp(min=1).float(), "num_seqs": len(mini_rows),
+        totals = {"num_tokens": mini_mask.sum().clamp(min=1).float(), "num_seqs": count_seqs(mini_mask),
                   "norm_constant": self.max_response_length}
         self.optimizer.zero_grad(set_to_none=True)
         step = defaultdict(float)

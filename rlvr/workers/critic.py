@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from rlvr.algos.losses import agg_loss
+from rlvr.algos.losses import agg_loss, count_seqs
 from rlvr.algos.utils import masked_mean
 from rlvr.config.schema import CriticConfig
 from rlvr.models.loader import DTYPES, ModelLoadError, model_folder
@@ -99,7 +99,7 @@ class CriticWorker:
 
     def _optimizer_step(self, data: DataProto, mini_rows: list[int], metrics) -> None:
         mask = data.batch["response_mask"].float()
-        totals = {"num_tokens": mask[torch.tensor(mini_rows)].sum().clamp(min=1), "num_seqs": len(mini_rows)}
+        totals = {"num_tokens": mask[torch.tensor(mini_rows)].sum().clamp(min=1), "num_seqs": count_seqs(mask[torch.tensor(mini_rows)])}
         self.optimizer.zero_grad(set_to_none=True)
         vf_loss_total, clipfrac, vpred_sum = 0.0, 0.0, 0.0
         for rows in self._micro_batches(data, mini_rows):

@@ -241,9 +241,34 @@ def test_unknown_estimator_lists_registered():
         get_adv_estimator_fn("grpoo")
 
 
-def test_registering_twice_raises():
+def test_registering_another_function_under_a_taken_name_raises():
     with pytest.raises(ValueError, match="'grpo' is already registered"):
         register_adv_est("grpo")(lambda **kw: None)
+
+
+def test_registering_the_same_function_again_is_allowed_as_in_verl():
+    fn = get_adv_estimator_fn("grpo")
+    assert register_adv_est("grpo")(fn) is fn
+    assert get_adv_estimator_fn("grpo") is fn
+
+
+def test_enum_names_register_their_value():
+    import enum
+
+    class Estimator(str, enum.Enum):
+        MINE = "test_enum_estimator"
+
+    def mine(token_level_rewards, response_mask, index, config=None, **unused):
+        return token_level_rewards, token_level_rewards
+
+    try:
+        register_adv_est(Estimator.MINE)(mine)
+        assert "test_enum_estimator" in ADV_ESTIMATORS.names()  # the value, not the Enum member
+        assert all(isinstance(name, str) for name in ADV_ESTIMATORS.names())
+        assert get_adv_estimator_fn("test_enum_estimator") is mine
+        assert get_adv_estimator_fn(Estimator.MINE) is mine
+    finally:
+        ADV_ESTIMATORS._entries.pop("test_enum_estimator", None)
 
 
 def test_registered_set():

@@ -15,6 +15,7 @@ from rlvr.algos import (
     get_kl_controller,
     kl_penalty,
     masked_mean,
+    masked_sum,
     masked_var,
     masked_whiten,
     overlong_penalty,
@@ -138,6 +139,16 @@ def test_masked_statistics():
     assert masked_var(values, mask, unbiased=False).item() == pytest.approx(2 / 3)
     w = masked_whiten(values, mask)
     assert torch.allclose(w[mask.bool()], torch.tensor([-1.0, 0.0, 1.0]), atol=1e-6)
+
+
+def test_masked_statistics_ignore_nan_and_inf_at_masked_positions():
+    values = torch.tensor([[1.0, 2.0, float("nan")], [3.0, float("inf"), float("-inf")]])
+    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0]])
+    assert masked_sum(values, mask).item() == 6.0  # 1 + 2 + 3; NaN * 0 would be NaN
+    assert masked_sum(values, mask, dim=-1).tolist() == [3.0, 3.0]
+    assert masked_mean(values, mask).item() == pytest.approx(2.0)
+    assert masked_mean(values, mask, dim=-1).tolist() == [1.5, 3.0]
+    assert masked_var(values, mask).item() == pytest.approx(1.0)
     assert torch.allclose(masked_whiten(values, mask, shift_mean=False)[mask.bool()], torch.tensor([1.0, 2.0, 3.0]),
                           atol=1e-6)
     with pytest.raises(ValueError, match="at least 2"):

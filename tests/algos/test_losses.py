@@ -40,6 +40,28 @@ def test_agg_loss(mode, kwargs, expected):
     assert agg_loss(LOSS, AGG_MASK, mode, **kwargs).item() == pytest.approx(expected)
 
 
+@pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"])
+def test_agg_loss_ignores_nan_and_inf_at_masked_positions(mode):
+    poisoned = LOSS.clone()
+    poisoned[0, 2], poisoned[1, 1], poisoned[1, 2] = float("nan"), float("inf"), float("-inf")  # all masked out
+    assert agg_loss(poisoned, AGG_MASK, mode).item() == pytest.approx(agg_loss(LOSS, AGG_MASK, mode).item())
+
+
+@pytest.mark.parametrize(
+    "mode, expected",
+    [
+        ("seq-mean-token-sum", 3.5),  # rows (3, 4, empty): the empty row is not a sequence -> 7 / 2
+        ("seq-mean-token-mean", 2.75),  # (1.5 + 4) / 2, not / 3
+        ("seq-mean-token-sum-norm", 7 / 6),  # (3/3 + 4/3) / 2
+        ("token-mean", 7 / 3),
+    ],
+)
+def test_seq_mean_leaves_fully_masked_rows_out(mode, expected):
+    loss_mat = torch.cat([LOSS, torch.full((1, 3), float("nan"))])
+    mask = torch.cat([AGG_MASK, torch.zeros(1, 3)])
+    assert agg_loss(loss_mat, mask, mode).item() == pytest.approx(expected)
+
+
 def test_agg_loss_unknown_mode():
     with pytest.raises(ValueError, match="unknown loss_agg_mode 'mean'"):
         agg_loss(LOSS, AGG_MASK, "mean")
