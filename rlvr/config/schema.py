@@ -106,6 +106,9 @@ class ActorConfig:
     """Shuffle rows between mini-batches."""
     grad_clip: float = 1.0
     """Clip the global gradient norm to this value."""
+    max_consecutive_skipped_steps: int = 3
+    """An optimizer step whose gradient norm is not finite (NaN/inf loss) is skipped; this many
+    skipped in a row stop the run with an error instead of training on nothing."""
     clip_ratio: float = 0.2
     """PPO clip range epsilon."""
     clip_ratio_low: Optional[float] = None
@@ -123,7 +126,7 @@ class ActorConfig:
     kl_loss_coef: float = 0.001
     """Weight of the KL loss."""
     kl_loss_type: str = "low_var_kl"
-    """KL estimator: kl/k1, abs, mse/k2, low_var_kl/k3, full, and the straight-through k1+, k3+."""
+    """KL estimator: kl/k1, abs, mse/k2, low_var_kl/k3, and the straight-through k1+, k3+."""
     policy_loss: PolicyLossConfig = field(default_factory=PolicyLossConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     dtype: str = "float32"
@@ -252,11 +255,16 @@ class RewardConfig:
     reward_model: RewardModelConfig = field(default_factory=RewardModelConfig)
     num_workers: int = 0
     """Processes that score in parallel; 0 scores in the trainer process."""
-    timeout_s: float = 10.0
-    """Per-sample scoring time limit."""
+    timeout_s: Optional[float] = 10.0
+    """Per-sample scoring time limit in seconds (> 0); null means no limit, inline and in the pool."""
     on_error: str = "score"
-    """A scorer that raises or times out: score (give failure_score, count it) | raise."""
+    """A scorer that raises, times out or returns a NaN/inf score: score (give failure_score,
+    count it) | raise."""
     failure_score: float = 0.0
+    max_failed_fraction: float = 0.99
+    """The run stops with the first failure when more than this fraction of a batch's samples
+    failed to score (a step where every reward failed would train on failure scores only);
+    1.0 never stops."""
     launch_reward_fn_async: bool = False
     """Score while the log-prob passes run."""
 

@@ -147,8 +147,26 @@ def _algorithm(cfg: RLVRConfig) -> list[str]:
         errors.append(
             f"actor_rollout_ref.actor.clip_ratio_c = {actor.clip_ratio_c} must be > 1 (dual-clip bound on the ratio)"
         )
-    if rollout.temperature < 0:
-        errors.append(f"actor_rollout_ref.rollout.temperature must be >= 0, got {rollout.temperature}")
+    if rollout.temperature <= 0:
+        errors.append(
+            f"actor_rollout_ref.rollout.temperature = {rollout.temperature}: training samples and their log-probs "
+            "come from softmax(logits / temperature), which needs temperature > 0 (the actor would divide by 0); "
+            "for greedy validation set actor_rollout_ref.rollout.val_kwargs.do_sample=false instead")
+    for key, value in (("actor_rollout_ref.actor.kl_loss_type", actor.kl_loss_type),
+                       ("algorithm.kl_penalty", cfg.algorithm.kl_penalty)):
+        if value.rstrip("+") == "full":
+            errors.append(
+                f"{key} = {value!r}: the full KL sums over the whole vocabulary distribution of policy and reference "
+                "at every token, but the workers keep one log-prob per sampled token; use low_var_kl (k3, unbiased, "
+                "low variance), k3+ (its value with the k2 gradient) or kl (k1)")
+    if actor.max_consecutive_skipped_steps < 1:
+        errors.append(f"actor_rollout_ref.actor.max_consecutive_skipped_steps must be >= 1, "
+                      f"got {actor.max_consecutive_skipped_steps}")
+    reward = cfg.reward
+    if reward.timeout_s is not None and reward.timeout_s <= 0:
+        errors.append(f"reward.timeout_s = {reward.timeout_s} must be > 0 seconds; set it to null for no time limit")
+    if not 0 <= reward.max_failed_fraction <= 1:
+        errors.append(f"reward.max_failed_fraction must be in [0, 1], got {reward.max_failed_fraction}")
     if not 0 < rollout.top_p <= 1:
         errors.append(f"actor_rollout_ref.rollout.top_p must be in (0, 1], got {rollout.top_p}")
     if actor.optim.lr <= 0:

@@ -63,8 +63,8 @@ def validate_row(row: dict[str, Any], origin: RowOrigin, prompt_key: str = "prom
     for key in ("reward_model", "extra_info"):
         if key in row and row[key] is not None and not isinstance(row[key], dict):
             raise fail(key, f"must be a dict, got {type(row[key]).__name__}")
-    reward_model = row.get("reward_model") or {}
-    if "reward_model" in row and "ground_truth" not in reward_model:
+    reward_model = row.get("reward_model")
+    if isinstance(reward_model, dict) and "ground_truth" not in reward_model:
         raise fail("reward_model.ground_truth", "is missing (rule-based scorers compare against it)")
 
 

@@ -6,9 +6,11 @@ and writes the score on the response's last valid token (zeros elsewhere), as ve
 Dict results add extra values: ``reward_extra_info`` arrays and per-step metrics.
 
 Robustness: every sample is scored under a time limit (``reward.timeout_s``). A function
-that raises or runs out of time gives that sample ``reward.failure_score`` and is counted in
+that raises, runs out of time or returns a NaN/inf score gives that sample
+``reward.failure_score`` and is counted in
 ``reward/num_errors`` / ``reward/num_timeouts`` (the first failure of a step is printed with
-its sample), or fails the step when ``reward.on_error=raise``. With ``reward.num_workers > 0``
+its sample), or fails the step when ``reward.on_error=raise``. A batch where more than
+``reward.max_failed_fraction`` of the samples failed stops the run with the first failure. With ``reward.num_workers > 0``
 samples are scored in a process pool; a worker stuck in C code that ignores the timer is
 killed with the pool, and the pool is rebuilt for the next call. The other samples keep
 their scores.
@@ -20,6 +22,7 @@ import concurrent.futures
 import dataclasses
 import importlib
 import importlib.util
+import math
 import multiprocessing
 import signal
 import sys
@@ -105,9 +108,10 @@ def _on_alarm(signum, frame):
 
 
 def score_sample(fns: tuple, data_source: str, solution_str: str, ground_truth: Any, extra_info: Any,
-                 timeout_s: float) -> dict:
-    """Score one sample with weighted functions under a time limit. Runs in a pool worker or inline."""
-    use_timer = timeout_s > 0 and threading.current_thread() is threading.main_thread()
+                 timeout_s: float | None) -> dict:
+    """Score one sample with weighted functions under a time limit (None: no limit). Runs in a
+    pool worker or inline. A NaN or infinite score is an error, like an exception."""
+    use_timer = timeout_s is not None and threading.current_thread() is threading.main_thread()
     if use_timer:
         previous = signal.signal(signal.SIGALRM, _on_alarm)
         signal.setitimer(signal.ITIMER_REAL, timeout_s)
@@ -122,6 +126,8 @@ def score_sample(fns: tuple, data_source: str, solution_str: str, ground_truth: 
                 extras.update({k: v for k, v in result.items() if k != "score"})
             else:
                 value = float(result)
+            if not math.isfinite(value):
+                raise RewardError(f"reward function {ref.name!r} returned a non-finite score ({value})")
             if len(fns) > 1:
                 extras[ref.name] = value
             total += weight * value
@@ -217,11 +223,12 @@ class RewardManager:
         chunks = [jobs[i:i + size] for i in range(0, len(jobs), size)]
         pending = [pool.apply_async(score_chunk, (chunk,)) for chunk in chunks]
         waves = -(-len(jobs) // self.config.num_workers)  # ceil: samples per worker
-        deadline = time.monotonic() + self.config.timeout_s * waves + 10.0
+        limit = self.config.timeout_s
+        deadline = None if limit is None else time.monotonic() + limit * waves + 10.0
         results = []
         for chunk, item in zip(chunks, pending):
             try:
-                results.extend(item.get(timeout=max(0.0, deadline - time.monotonic())))
+                results.extend(item.get(timeout=None if deadline is None else max(0.0, deadline - time.monotonic())))
             except multiprocessing.TimeoutError:
                 results.extend({"status": "timeout", "error": "the scoring worker stopped answering; it was killed"}
                                for _ in chunk)
@@ -246,6 +253,12 @@ class RewardManager:
             scores[i] = res["score"]
             for key, value in res["extras"].items():
                 extras.setdefault(key, [None] * len(results))[i] = value
+        failed = counts["error"] + counts["timeout"]
+        if results and failed / len(results) > self.config.max_failed_fraction:
+            raise RewardError(f"{failed} of {len(results)} samples failed to score (more than "
+                              f"reward.max_failed_fraction={self.config.max_failed_fraction}); the first: "
+                              f"{first_failure}. Fix the reward function or the data (a missing "
+                              "reward_model.ground_truth?), or raise reward.max_failed_fraction")
         if first_failure:
             print(f"[rlvr] {first_failure} ({counts['error']} errors, {counts['timeout']} timeouts this step; "
                   f"they score reward.failure_score={self.config.failure_score})", file=sys.stderr, flush=True)

@@ -17,34 +17,44 @@ from rlvr.rewards.scorers import arithmetic, countdown, format, gsm8k, math
 RewardFn = Callable[..., "float | dict"]
 REWARD_FNS: Registry[RewardFn] = Registry("reward function")
 _DATA_SOURCES: dict[str, str] = {}
+_NEEDS_GROUND_TRUTH: set[str] = set()
 
 
-def register_reward_fn(name: str, data_sources: Iterable[str] = ()):
-    """Register ``fn`` under ``name`` and make it the scorer of ``data_sources``."""
+def register_reward_fn(name: str, data_sources: Iterable[str] = (), needs_ground_truth: bool = True):
+    """Register ``fn`` under ``name`` and make it the scorer of ``data_sources``.
+
+    ``needs_ground_truth``: the function compares against ``reward_model.ground_truth``, so a
+    dataset row without one is refused when the dataset loads (not scored 0 at every step)."""
 
     def decorator(fn: RewardFn) -> RewardFn:
         REWARD_FNS.register(name)(fn)
         for source in data_sources:
             _DATA_SOURCES[source] = name
+        if needs_ground_truth:
+            _NEEDS_GROUND_TRUTH.add(name)
         return fn
 
     return decorator
 
 
-for _name, _fn, _sources in [
-    ("arithmetic", arithmetic.compute_score, ["arithmetic"]),
-    ("countdown", countdown.compute_score, ["countdown"]),
-    ("gsm8k", gsm8k.compute_score, ["openai/gsm8k", "gsm8k"]),
-    ("gsm8k_flexible", gsm8k.compute_score_flexible, []),
+def needs_ground_truth(name: str) -> bool:
+    return name in _NEEDS_GROUND_TRUTH
+
+
+for _name, _fn, _sources, _needs_truth in [
+    ("arithmetic", arithmetic.compute_score, ["arithmetic"], True),
+    ("countdown", countdown.compute_score, ["countdown"], True),
+    ("gsm8k", gsm8k.compute_score, ["openai/gsm8k", "gsm8k"], True),
+    ("gsm8k_flexible", gsm8k.compute_score_flexible, [], True),
     ("math", math.compute_score, ["math", "lighteval/MATH", "DigitalLearningGmbH/MATH-lighteval",
-                                  "HuggingFaceH4/MATH-500", "math_dapo", "aime"]),
-    ("correctness", format.correctness, []),
-    ("digit", format.digit, []),
-    ("hard_format", format.hard_format, []),
-    ("soft_format", format.soft_format, []),
-    ("mark", format.mark, []),
+                                  "HuggingFaceH4/MATH-500", "math_dapo", "aime"], True),
+    ("correctness", format.correctness, [], True),
+    ("digit", format.digit, [], False),
+    ("hard_format", format.hard_format, [], False),
+    ("soft_format", format.soft_format, [], False),
+    ("mark", format.mark, [], False),
 ]:
-    register_reward_fn(_name, _sources)(_fn)
+    register_reward_fn(_name, _sources, _needs_truth)(_fn)
 
 
 def known_data_sources() -> list[str]:

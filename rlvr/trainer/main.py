@@ -17,7 +17,7 @@ from rlvr.data.io import DatasetError
 from rlvr.distributed import LocalWorkerGroup
 from rlvr.models import load_tokenizer
 from rlvr.rewards import RewardManager
-from rlvr.rewards.registry import reward_fn_name_for
+from rlvr.rewards.registry import needs_ground_truth, reward_fn_name_for
 from rlvr.trainer import checkpoint
 from rlvr.trainer.ppo_trainer import RLTrainer
 from rlvr.trainer.tracking import Tracking
@@ -40,21 +40,28 @@ def ensure_default_data(config: RLVRConfig) -> None:
 
 
 def check_scorable(dataset: RLHFDataset, config: RLVRConfig, split: str) -> None:
-    """Every row's data_source must select a reward function (unless functions are configured)."""
+    """Every row must be scorable: its data_source selects a reward function (unless functions
+    are configured), and a function that compares against ``reward_model.ground_truth`` finds one.
+    Otherwise every sample of that row would fail to score, at every step."""
     reward = config.reward
-    if reward.custom_reward_function.path or reward.functions:
-        return
+    if reward.custom_reward_function.path:
+        return  # a user's function: rlvr cannot know what it reads
     key = config.data.reward_fn_key
-    seen: set = set()
+    fixed = [f.name for f in reward.functions] or None
     for row, origin in zip(dataset.rows, dataset.origins):
         source = row.get(key)
-        if source in seen:
-            continue
         try:
-            reward_fn_name_for(source)
+            names = fixed or [reward_fn_name_for(source)]
         except KeyError as err:
             raise DatasetError(f"{origin} ({split}): {err.args[0]}") from None
-        seen.add(source)
+        truth = (row.get("reward_model") or {}).get("ground_truth")
+        needing = [name for name in names if needs_ground_truth(name)]
+        if truth is None and needing:
+            raise DatasetError(
+                f"{origin} ({split}): key 'reward_model.ground_truth' is missing, but the reward function "
+                f"{needing[0]!r} (for data_source {source!r}) compares each response against it; add "
+                "\"reward_model\": {\"ground_truth\": ...} to every row (rlvr prepare writes it), or score with your "
+                "own function (reward.custom_reward_function.path)")
 
 
 def total_steps(config: RLVRConfig, batches_per_epoch: int) -> int:

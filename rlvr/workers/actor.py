@@ -10,7 +10,8 @@ sequence totals), so the gradient of an optimizer step does not depend on the sp
 The loss is ``pg_loss - entropy_coeff * entropy + kl_loss_coef * kl_loss``, with the
 policy loss taken from the registry (``policy_loss.loss_mode``) and the KL estimator
 from ``kl_loss_type``. A non-finite gradient norm skips the optimizer step and is counted
-in ``actor/grad_norm_nonfinite``.
+in ``actor/grad_norm_nonfinite``; ``max_consecutive_skipped_steps`` skipped in a row raise
+``NonFiniteLossError`` (a NaN loss on every micro-batch must not pass as a quiet metric).
 """
 
 from __future__ import annotations
@@ -78,6 +79,34 @@ def group_units(uids, rows: list[int]) -> list[list[int]]:
     return [[rows[i] for i in unit] for unit in group_rows([uids[r] for r in rows])]
 
 
+def packing_units(data: DataProto, uids, rows: list[int], rows_per_micro: int,
+                  token_budget: int | None) -> tuple[list[list[int]], list[int]]:
+    """Micro-batch units among ``rows`` and the tokens each feeds through the model.
+
+    With ``uids`` a unit is a group packed around its prompt (counted once); a group larger
+    than the budget (``rows_per_micro`` rows, or ``token_budget`` tokens) is cut into pieces
+    that fit, each packed with its own copy of the prompt, so no forward exceeds what the
+    config asks for. Without uids every row is its own unit."""
+    mask = data.batch["attention_mask"]
+    P = mask.shape[1] - data.batch["responses"].shape[1]
+    prompt_len = mask[:, :P].sum(-1).tolist()
+    resp_len = mask[:, P:].sum(-1).tolist()
+    units, tokens = [], []
+    for group in group_units(uids, rows):
+        piece, piece_tokens = [], prompt_len[group[0]]
+        for row in group:
+            full = (piece_tokens + resp_len[row] > token_budget) if token_budget else len(piece) >= rows_per_micro
+            if piece and full:
+                units.append(piece)
+                tokens.append(piece_tokens)
+                piece, piece_tokens = [], prompt_len[group[0]]
+            piece.append(row)
+            piece_tokens += resp_len[row]
+        units.append(piece)
+        tokens.append(piece_tokens)
+    return units, tokens
+
+
 def shuffled_mini_batches(uids, num_rows: int, groups_per_mini: int, seed: list[int] | None) -> list[list[int]]:
     """Row indices of each mini-batch of whole groups; groups shuffled by ``seed`` (None: in order)."""
     groups = group_units(uids, list(range(num_rows)))
@@ -98,6 +127,10 @@ def clip_and_step(model, optimizer, grad_clip: float) -> tuple[float, bool]:
     return float(grad_norm), stepped
 
 
+class NonFiniteLossError(RuntimeError):
+    """Too many optimizer steps in a row had a NaN or infinite gradient norm."""
+
+
 def _item(value: torch.Tensor) -> float:
     return float(value.detach())
 
@@ -113,27 +146,18 @@ class Actor:
         self.pad_id, self.max_response_length, self.seed = pad_id, max_response_length, seed
         self.policy_loss_fn = get_policy_loss_fn(config.policy_loss.loss_mode)
         self.updates = 0  # update_policy calls so far: seeds the mini-batch shuffle
+        self.skipped_in_a_row = 0  # optimizer steps skipped for a non-finite gradient norm, consecutively
 
     def _forward(self, batch: dict, uids, temperature: float, calculate_entropy: bool, entropy_grad: bool = False):
         return forward_log_probs(self.model, batch, uids, temperature, calculate_entropy, entropy_grad=entropy_grad,
                                  share_prompt=self.config.share_prompt_forward, pad_id=self.pad_id,
                                  dtype=self.config.dtype)
 
-    def _units(self, data: DataProto, rows: list[int]) -> tuple[list[list[int]], list[int]]:
-        """Micro-batch units among ``rows``: packed groups (prompt-once forward) or single rows,
-        with their token counts."""
-        mask = data.batch["attention_mask"]
-        P = mask.shape[1] - data.batch["responses"].shape[1]
-        prompt_len = mask[:, :P].sum(-1).tolist()
-        resp_len = mask[:, P:].sum(-1).tolist()
-        uids = data.non_tensor_batch.get("uid") if self.config.share_prompt_forward else None
-        units = group_units(uids, rows)  # a packed group counts its prompt once
-        return units, [prompt_len[u[0]] + sum(resp_len[r] for r in u) for u in units]
-
     def _micro_batches(self, data: DataProto, rows: list[int], rows_per_micro: int) -> tuple[list[list[int]], int]:
         """Micro-batches of ``rows`` and the tokens they feed through the model together."""
-        units, tokens = self._units(data, rows)
+        uids = data.non_tensor_batch.get("uid") if self.config.share_prompt_forward else None
         budget = self.config.ppo_max_token_len_per_gpu if self.config.use_dynamic_bsz else None
+        units, tokens = packing_units(data, uids, rows, rows_per_micro, budget)
         return micro_batches(units, tokens, rows_per_micro, budget), sum(tokens)
 
     # ------------------------------------------------------------------ log-probs
@@ -218,11 +242,24 @@ class Actor:
                 # losses are shares of the mini-batch loss (they add up); rates and means weigh by tokens
                 step[key] += value if key in SUMMED_METRICS else value * share
         grad_norm, stepped = clip_and_step(self.model, self.optimizer, self.config.grad_clip)
+        self._count_skipped(stepped, step)
         metrics["actor/grad_norm_nonfinite"].append(0.0 if stepped else 1.0)
         metrics["actor/grad_norm"].append(grad_norm)
         for key, value in step.items():
             metrics[key].append(value)
         return tokens
+
+    def _count_skipped(self, stepped: bool, step_metrics: dict) -> None:
+        self.skipped_in_a_row = 0 if stepped else self.skipped_in_a_row + 1
+        limit = self.config.max_consecutive_skipped_steps
+        if self.skipped_in_a_row >= limit:
+            raise NonFiniteLossError(
+                f"{self.skipped_in_a_row} optimizer steps in a row were skipped because the gradient norm was not "
+                f"finite (last pg_loss {step_metrics.get('actor/pg_loss', float('nan')):.4g}, kl_loss "
+                f"{step_metrics.get('actor/kl_loss', 0.0):.4g}); the policy is not learning. Look for NaN/inf in the "
+                "advantages or log-probs (a reward that returns NaN, a KL to a diverged reference, a learning rate "
+                "that is too high), or raise actor_rollout_ref.actor.max_consecutive_skipped_steps "
+                f"(now {limit}) to tolerate more")
 
     def _micro_loss(self, data: DataProto, rows: list[int], temperature: float, totals: dict,
                     on_policy: bool) -> dict[str, float]:

@@ -19,7 +19,8 @@ from rlvr.algos.utils import masked_mean
 from rlvr.config.schema import CriticConfig
 from rlvr.models.loader import DTYPES, ModelLoadError, model_folder
 from rlvr.protocol import DataProto
-from rlvr.workers.actor import FORWARD_KEYS, build_optimizer, clip_and_step, group_units, micro_batches, shuffled_mini_batches
+from rlvr.workers.actor import (FORWARD_KEYS, build_optimizer, clip_and_step, micro_batches, packing_units,
+                                shuffled_mini_batches)
 from rlvr.workers.forward import response_states, scatter_responses
 from rlvr.workers.hybrid import resolve_device
 
@@ -72,8 +73,9 @@ class CriticWorker:
         return scatter_responses(values, states, batch["responses"].shape)
 
     def _micro_batches(self, data: DataProto, rows: list[int]) -> list[list[int]]:
-        units = group_units(data.non_tensor_batch.get("uid"), rows)
-        return micro_batches(units, [len(u) for u in units], self.config.ppo_micro_batch_size_per_gpu, None)
+        micro = self.config.ppo_micro_batch_size_per_gpu
+        units, tokens = packing_units(data, data.non_tensor_batch.get("uid"), rows, micro, None)
+        return micro_batches(units, tokens, micro, None)
 
     @torch.no_grad()
     def compute_values(self, data: DataProto) -> DataProto:

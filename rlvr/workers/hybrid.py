@@ -127,7 +127,8 @@ class ActorRolloutRefWorker:
         self.model.save_pretrained(folder / "actor", safe_serialization=True)
         self.tokenizer.save_pretrained(folder / "actor")
         torch.save({"optimizer": self.actor.optimizer.state_dict(), "scheduler": self.actor.scheduler.state_dict(),
-                    "updates": self.actor.updates}, folder / "actor_state.pt")
+                    "updates": self.actor.updates, "skipped_in_a_row": self.actor.skipped_in_a_row},
+                   folder / "actor_state.pt")
 
     def load_checkpoint(self, folder: str | Path) -> None:
         """Policy weights, optimizer and scheduler from ``save_checkpoint``; the reference stays
@@ -139,3 +140,4 @@ class ActorRolloutRefWorker:
         self.actor.optimizer.load_state_dict(state["optimizer"])
         self.actor.scheduler.load_state_dict(state["scheduler"])
         self.actor.updates = state["updates"]
+        self.actor.skipped_in_a_row = state.get("skipped_in_a_row", 0)

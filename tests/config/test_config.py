@@ -130,3 +130,23 @@ def test_yaml_roundtrip_and_known_keys(tmp_path):
     assert load_config(f) == cfg
     keys = known_keys()
     assert "actor_rollout_ref.actor.optim.lr" in keys and "algorithm.kl_ctrl.kl_coef" in keys
+
+
+def test_training_temperature_zero_is_refused_with_the_fix():
+    # the actor computes softmax(logits / T): T = 0 made every update NaN and silently skipped
+    with pytest.raises(ConfigError, match=r"rollout.temperature = 0.0.*temperature > 0.*val_kwargs.do_sample=false"):
+        load_config(overrides=["actor_rollout_ref.rollout.temperature=0"])
+
+
+@pytest.mark.parametrize("key", ["actor_rollout_ref.actor.kl_loss_type", "algorithm.kl_penalty"])
+def test_full_kl_is_refused_with_an_explanation(key):
+    # per-token log-probs cannot give the full-distribution KL (a shape error, or rows mixed)
+    with pytest.raises(ConfigError, match=rf"{key} = 'full'.*one log-prob per sampled token; use low_var_kl"):
+        load_config(overrides=[f"{key}=full"])
+
+
+def test_reward_timeout_must_be_positive_or_null():
+    for bad in ("0", "-1"):
+        with pytest.raises(ConfigError, match=r"reward.timeout_s = -?[01](\.0)? must be > 0 seconds; set it to null"):
+            load_config(overrides=[f"reward.timeout_s={bad}"])
+    assert load_config(overrides=["reward.timeout_s=null"]).reward.timeout_s is None

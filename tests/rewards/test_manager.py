@@ -99,3 +99,47 @@ def test_process_pool_matches_serial(tokenizer):
     pooled = pooled_manager.submit(data).result()
     pooled_manager.close()
     assert torch.equal(serial.token_level_scores, pooled.token_level_scores)
+
+
+NONFINITE = '''
+def score(data_source, solution_str, ground_truth, extra_info=None):
+    return {"nan": float("nan"), "inf": float("inf"), "dict": {"score": float("-inf")}}.get(solution_str, 1.0)
+'''
+
+
+def test_nonfinite_scores_are_reward_errors(tmp_path, tokenizer):
+    """A NaN or inf score would turn its whole GRPO group NaN and skip the update: it is an error."""
+    f = tmp_path / "nonfinite.py"
+    f.write_text(NONFINITE)
+    custom = CustomRewardFunctionConfig(str(f), "score")
+    data = batch(tokenizer, ["ok", "nan", "inf", "dict"], ["x"] * 4, ["1"] * 4)
+    result = RewardManager(tokenizer, RewardConfig(custom_reward_function=custom, failure_score=-0.5)).compute(data)
+    assert result.token_level_scores.sum(-1).tolist() == [1.0, -0.5, -0.5, -0.5]
+    assert result.metrics["reward/num_errors"] == 3.0
+    with pytest.raises(RewardError, match=r"sample 1 .*non-finite score \(nan\)"):
+        RewardManager(tokenizer, RewardConfig(custom_reward_function=custom, on_error="raise")).compute(data)
+
+
+def test_a_batch_where_every_reward_failed_stops_the_run(tokenizer):
+    # rows without reward_model.ground_truth: the arithmetic scorer fails on every sample
+    data = batch(tokenizer, ["1", "2"], ["arithmetic"] * 2, [None, None])
+    with pytest.raises(RewardError, match=r"2 of 2 samples failed to score .*max_failed_fraction=0.99.*the first: "
+                                          r"reward for sample 0"):
+        RewardManager(tokenizer).compute(data)
+    # a higher threshold lets the run go on (and count the failures)
+    result = RewardManager(tokenizer, RewardConfig(max_failed_fraction=1.0)).compute(data)
+    assert result.metrics["reward/num_errors"] == 2.0
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+def test_no_time_limit_means_no_limit_inline_and_in_the_pool(tmp_path, tokenizer, workers):
+    """timeout_s=null: a 1.5 s scorer is not cut off, and the pool does not give the batch 10 s."""
+    f = tmp_path / "slow.py"
+    f.write_text("import time\ndef score(data_source, solution_str, ground_truth, extra_info=None):\n"
+                 "    time.sleep(1.5)\n    return 1.0\n")
+    cfg = RewardConfig(custom_reward_function=CustomRewardFunctionConfig(str(f), "score"), timeout_s=None,
+                       num_workers=workers)
+    manager = RewardManager(tokenizer, cfg)
+    result = manager.compute(batch(tokenizer, ["a"], ["x"], ["1"]))
+    manager.close()
+    assert result.token_level_scores.sum().item() == 1.0 and result.metrics["reward/num_timeouts"] == 0.0

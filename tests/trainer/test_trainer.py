@@ -118,6 +118,28 @@ def test_unscorable_data_source_is_refused(tiny_config, tmp_path, tiny_data):
         build_trainer(config, progress_bar=False)
 
 
+@pytest.mark.parametrize("reward_model", ["absent", "no_truth", "none"])
+def test_rows_without_ground_truth_are_refused_at_load(tiny_config, tmp_path, tiny_data, reward_model):
+    """As a new user writes them (data_source and prompt only): refused when the dataset loads,
+    naming the file, row and key, instead of scoring 0 at every step."""
+    from rlvr.data.io import read_rows
+    rows = read_rows(tiny_data["train"])
+    if reward_model == "absent":
+        del rows[5]["reward_model"]
+    elif reward_model == "none":
+        rows[5]["reward_model"] = None
+    else:
+        rows[5]["reward_model"]["ground_truth"] = None
+    bad = write_parquet(rows, tmp_path / "no_truth.parquet")
+    config = tiny_config(f"data.train_files=[{bad}]", custom_reward=False)
+    with pytest.raises(DatasetError, match=r"no_truth.parquet.*row 5.*'reward_model.ground_truth' is missing.*"
+                                           r"'arithmetic'"):
+        build_trainer(config, progress_bar=False)
+    # a scorer that does not read the ground truth accepts the rows
+    fmt = tiny_config(f"data.train_files=[{bad}]", "reward.functions=[{name: mark, weight: 1.0}]", custom_reward=False)
+    build_trainer(fmt, progress_bar=False).tracker.close()
+
+
 def test_cli_errors_are_clear(tiny_model_dir, tmp_path, capsys):
     assert main(["train", "actor_rollout_ref.model.path=/no/such/model", f"trainer.default_local_dir={tmp_path}"]) == 2
     err = capsys.readouterr().err

@@ -79,26 +79,66 @@ def test_old_log_probs_equal_training_forward(batch, tiny_model_dir):
     assert (log_prob.detach() - batch.batch["old_log_probs"]).abs().max() < 1e-5
 
 
-def _step_gradient(model_dir, batch, **cfg):
+def _step_gradient(model_dir, batch, monkeypatch, **cfg):
+    """The accumulated gradient of one optimizer step, read before clipping (clipping rescales
+    to grad_clip and would hide a wrongly scaled gradient), and the rows of each forward."""
+    import rlvr.workers.actor as actor_module
+
     actor = make_actor(model_dir, **cfg)
-    actor.optimizer = torch.optim.SGD(actor.model.parameters(), lr=0.0)  # keep the weights, look at the gradient
-    actor.scheduler = None
     batch = with_training_keys(actor, batch)
     batch.batch["old_log_probs"] = batch.batch["old_log_probs"] + 0.05  # ratios away from 1
     actor.config.ppo_mini_batch_size = 2
+    seen, forwards = [], []
+    forward = actor._forward
+
+    def record_forward(fwd_batch, *args, **kwargs):
+        forwards.append(len(fwd_batch["input_ids"]))
+        return forward(fwd_batch, *args, **kwargs)
+
+    def record_then_skip(model, optimizer, grad_clip):
+        seen.append(torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None]).clone())
+        return 1.0, True
+
+    monkeypatch.setattr(actor_module, "clip_and_step", record_then_skip)
+    actor._forward = record_forward
     actor.update_policy(batch)
-    return torch.cat([p.grad.flatten() for p in actor.model.parameters() if p.grad is not None])
+    assert len(seen) == 1
+    return seen[0], forwards
 
 
 @pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-mean"])
-def test_gradient_invariant_to_micro_batching_and_packing(batch, tiny_model_dir, mode):
-    ref = _step_gradient(tiny_model_dir, batch, ppo_micro_batch_size_per_gpu=6, share_prompt_forward=False,
-                         loss_agg_mode=mode)
+def test_gradient_invariant_to_micro_batching_and_packing(batch, tiny_model_dir, mode, monkeypatch):
+    ref, _ = _step_gradient(tiny_model_dir, batch, monkeypatch, ppo_micro_batch_size_per_gpu=6,
+                            share_prompt_forward=False, loss_agg_mode=mode)
+    assert ref.norm() > 1.0  # large enough that clipping at grad_clip=1 would have rescaled it
     for kwargs in ({"ppo_micro_batch_size_per_gpu": 1, "share_prompt_forward": False},
                    {"ppo_micro_batch_size_per_gpu": 3, "share_prompt_forward": True},
+                   # groups of 3 larger than the micro-batch: each group is cut into pieces
+                   {"ppo_micro_batch_size_per_gpu": 2, "share_prompt_forward": True},
+                   {"ppo_micro_batch_size_per_gpu": 1, "share_prompt_forward": True},
                    {"use_dynamic_bsz": True, "ppo_max_token_len_per_gpu": 40, "share_prompt_forward": True}):
-        other = _step_gradient(tiny_model_dir, batch, loss_agg_mode=mode, **kwargs)
+        other, forwards = _step_gradient(tiny_model_dir, batch, monkeypatch, loss_agg_mode=mode, **kwargs)
         assert ((other - ref).norm() / ref.norm()) < 1e-4, kwargs
+
+
+@pytest.mark.parametrize("micro", [1, 2])
+def test_a_group_larger_than_the_micro_batch_is_split(batch, tiny_model_dir, monkeypatch, micro):
+    """n = 3 with micro-batches of 1 or 2 rows: no forward holds more rows than configured
+    (a packed group of 3 would be 3 rows of activations); every row is still trained once."""
+    _, forwards = _step_gradient(tiny_model_dir, batch, monkeypatch, ppo_micro_batch_size_per_gpu=micro,
+                                 share_prompt_forward=True)
+    assert max(forwards) <= micro and sum(forwards) == 6
+
+
+def test_a_group_over_the_token_budget_is_split(batch, tiny_model_dir):
+    actor = make_actor(tiny_model_dir, use_dynamic_bsz=True, ppo_max_token_len_per_gpu=40)
+    mask = batch.batch["attention_mask"]
+    R = batch.batch["responses"].shape[1]
+    micros, _ = actor._micro_batches(batch, list(range(6)), 6)
+    for rows in micros:  # packed: the prompt once plus each response, within the budget
+        tokens = int(mask[rows[0], :-R].sum()) + int(mask[rows, -R:].sum())
+        assert tokens <= 40 or len(rows) == 1, (rows, tokens)
+    assert sorted(r for m in micros for r in m) == list(range(6)) and len(micros) > 2
 
 
 def test_nonfinite_gradient_skips_the_step(batch, tiny_model_dir):
@@ -109,6 +149,22 @@ def test_nonfinite_gradient_skips_the_step(batch, tiny_model_dir):
     metrics = actor.update_policy(batch)
     assert metrics["actor/grad_norm_nonfinite"] == 1.0
     assert all(torch.equal(a, p) for a, p in zip(before, actor.model.parameters()))
+
+
+def test_consecutive_nonfinite_steps_stop_the_run(batch, tiny_model_dir):
+    from rlvr.workers.actor import NonFiniteLossError
+
+    actor = make_actor(tiny_model_dir, max_consecutive_skipped_steps=2)
+    batch = with_training_keys(actor, batch)
+    batch.batch["advantages"][0, 0] = float("nan")  # every update of this batch is NaN
+    assert actor.update_policy(batch)["actor/grad_norm_nonfinite"] == 1.0  # one skipped step is tolerated
+    with pytest.raises(NonFiniteLossError, match="2 optimizer steps in a row were skipped.*max_consecutive_skipped_steps"):
+        actor.update_policy(batch)
+    clean = with_training_keys(make_actor(tiny_model_dir, max_consecutive_skipped_steps=2), batch)
+    clean.batch["advantages"] = torch.nan_to_num(clean.batch["advantages"])
+    actor.skipped_in_a_row = 1
+    actor.update_policy(clean)  # a finite step resets the count
+    assert actor.skipped_in_a_row == 0
 
 
 def test_mini_batches_hold_whole_groups_and_are_reproducible(batch, tiny_model_dir):
