@@ -157,7 +157,7 @@ class NativeRollout:
         live = torch.arange(B, device=device)  # original row of each decode-batch row
         done = torch.zeros(B, dtype=torch.bool, device=device)  # per decode-batch row
         for step in range(max_new):
-            uniforms = 1.0 - torch.rand(B, generator=generator)  # (0, 1], drawn for all rows
+            uniforms = 1.0 - torch.rand(B, generator=generator, dtype=torch.float64)  # (0, 1], drawn for all rows
             next_tok, next_lp = sample_tokens(logits, params, uniforms[live.cpu()].to(device))
             active = ~done
             idx = live[active].cpu()

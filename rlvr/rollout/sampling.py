@@ -6,6 +6,12 @@ vocabulary, several times cheaper on a CPU than ``torch.multinomial`` or Gumbel 
 (which draw a random number per vocabulary entry). The uniforms come from a generator
 seeded per call and are drawn for every row of the batch at every step, finished or not,
 so a row's samples do not depend on which other rows are still decoding.
+
+The cumulative sum and the uniforms are float64. In float32 the cumulative sum over a
+49k vocabulary reaches 1 with a spacing of 6e-8, so tail tokens below that probability get
+an empty interval (never drawn) and rounding moves mass onto their neighbours; in float64
+every token above ~1e-15 keeps its own interval, so tokens are drawn from the distribution
+whose log-probs are reported.
 """
 
 from __future__ import annotations
@@ -75,8 +81,15 @@ def sample_tokens(logits: torch.Tensor, params: SamplingParams, uniforms: torch.
     if params.greedy:
         tokens = logits.argmax(dim=-1)
     else:
-        probs = filter_probs(log_probs.exp(), params)
-        cdf = probs.cumsum(dim=-1)  # (B, V)
-        target = uniforms.unsqueeze(-1) * cdf[:, -1:]  # uniform in (0, total]
-        tokens = torch.searchsorted(cdf, target).squeeze(-1).clamp(max=logits.shape[-1] - 1)
+        tokens = inverse_cdf(filter_probs(log_probs.exp(), params), uniforms.unsqueeze(-1)).squeeze(-1)
     return tokens, log_probs.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+
+
+def inverse_cdf(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
+    """Tokens where each row's cumulative probability passes ``uniform * total``.  (B, V), (B, m) -> (B, m)
+
+    ``uniforms`` lie in (0, 1]; ``probs`` need not sum to 1 (filtered). The cumulative sum is
+    float64 (see the module docstring)."""
+    cdf = probs.cumsum(dim=-1, dtype=torch.float64)  # (B, V)
+    target = uniforms.to(torch.float64) * cdf[:, -1:]  # (B, m), in (0, total]
+    return torch.searchsorted(cdf, target).clamp(max=probs.shape[-1] - 1)

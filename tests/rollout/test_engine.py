@@ -12,6 +12,7 @@ from rlvr.data import left_pad
 from rlvr.models import load_model, load_tokenizer
 from rlvr.protocol import DataProto
 from rlvr.rollout import NativeRollout, SamplingParams, filter_probs, sample_tokens
+from rlvr.rollout.sampling import inverse_cdf
 
 QUESTIONS = ["Hi", "What is 12 + 7? Answer with a number.", "Tell me a very long story about a dragon and a knight.",
              "2 * 3 = ?"]
@@ -226,3 +227,51 @@ def test_min_p_and_filter_keeps_at_least_one():
 def test_greedy_log_prob_is_of_the_untempered_distribution():
     tokens, lp = sample_tokens(LOGITS, SamplingParams(max_new_tokens=1, do_sample=False, temperature=0.3), None)
     assert tokens.item() == 0 and lp.item() == pytest.approx(math.log(torch.softmax(LOGITS[0], -1)[0].item()))
+
+
+# ------------------------------------------------------------------ exactness on a real-size vocabulary
+V_REAL = 49_152  # SmolLM2's vocabulary
+# probabilities fall geometrically by e^-20 from the first token to the last (4e-4 down to 8e-13): in
+# a float32 cumulative sum the last few thousand tokens sit where the sum is ~1 and its spacing is
+# 6e-8, so they would get empty intervals (never drawn) and their neighbours their mass
+REAL_LOGITS = -torch.arange(V_REAL, dtype=torch.float32) * (20.0 / V_REAL)
+
+
+def _reported_probs():
+    """The sampler's own probabilities (float32 softmax, what its log-probs report), and in float64."""
+    probs = torch.log_softmax(REAL_LOGITS[None], dim=-1).exp()  # (1, V)
+    return probs, probs[0].double()
+
+
+def test_every_token_above_1e_13_is_drawable_on_a_real_vocabulary():
+    """The uniform at the middle of each token's interval must draw that token: checked for
+    every token of the vocabulary with probability above 1e-13."""
+    probs, exact = _reported_probs()
+    cdf = exact.cumsum(0)
+    tokens = torch.arange(V_REAL)[exact > 1e-13]
+    assert exact[tokens].min() < 1e-12 and len(tokens) == V_REAL  # the check reaches the far tail
+    middle = (cdf[tokens] - exact[tokens] / 2) / cdf[-1]  # (k,) a uniform inside each token's interval
+    drawn = inverse_cdf(probs, middle[None])[0]
+    wrong = (drawn != tokens).nonzero().flatten()
+    assert len(wrong) == 0, f"{len(wrong)} tokens not drawable, e.g. {tokens[wrong[:5]].tolist()}"
+
+
+def test_empirical_frequencies_match_on_a_real_vocabulary():
+    """400k draws binned into 32 blocks of equal probability mass: chi-square(31) below its 99.9%
+    quantile (61.1), and the far tail (the last 8192 tokens, mass 1.5e-3) drawn as often as it should;
+    then the whole sampler (softmax, filter, draw) on a few real-size rows agrees with the search."""
+    probs, exact = _reported_probs()
+    n = 400_000
+    u = 1.0 - torch.rand(1, n, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    counts = torch.bincount(inverse_cdf(probs, u)[0], minlength=V_REAL).double()
+    edges = torch.searchsorted(exact.cumsum(0), torch.linspace(0, 1, 33, dtype=torch.float64)[1:-1])
+    bins = torch.bucketize(torch.arange(V_REAL), edges, right=True)
+    observed = torch.zeros(32, dtype=torch.float64).index_add_(0, bins, counts)
+    expected = torch.zeros(32, dtype=torch.float64).index_add_(0, bins, exact) * n
+    assert float(((observed - expected) ** 2 / expected).sum()) < 61.1
+    tail_expected = float(exact[-8192:].sum()) * n  # ~600
+    assert abs(float(counts[-8192:].sum()) - tail_expected) < 4 * tail_expected ** 0.5
+    rows = u[0, :8]
+    tokens, lp = sample_tokens(REAL_LOGITS.expand(8, -1), SamplingParams(max_new_tokens=1), rows)
+    assert torch.equal(tokens, inverse_cdf(probs, rows[None])[0])
+    assert torch.allclose(lp, probs[0, tokens].log())
