@@ -75,10 +75,13 @@ def _cmd_eval(args: argparse.Namespace) -> None:
                                 {"do_sample": True, "temperature": args.temperature}, args.batch_size, seed=args.seed))
     print(f"{args.model} on {args.data} ({len(dataset)} prompts, {time.perf_counter() - start:.0f} s):")
     for key, value in metrics.items():
+        if not key.startswith("val-core/"):  # std and smaller bootstrap sizes stay in the run's metrics
+            continue
         name = key.removeprefix("val-core/")
-        label = {"mean@1": "accuracy (greedy)"}.get(name.rsplit("/", 1)[-1], "")
-        if name.rsplit("/", 1)[-1].startswith("best@"):
-            label = f"pass@{args.n} (T={args.temperature})"
+        metric = name.split("/reward/", 1)[-1]
+        label = {"mean@1": "accuracy (greedy)", f"mean@{args.n}": f"mean accuracy of {args.n} samples",
+                 f"best@{args.n}/mean": f"pass@{args.n} (T={args.temperature}; bootstrapped as verl does)",
+                 f"maj@{args.n}/mean": f"majority vote of {args.n}"}.get(metric, "")
         print(f"  {name:<40} {value:.4f}  {label}")
 
 

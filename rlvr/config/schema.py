@@ -152,8 +152,9 @@ class ValKwargs:
     n: int = 1
     """Samples per validation prompt."""
     do_sample: bool = False
-    """False: greedy decoding."""
+    """False: greedy decoding (temperature, top_p and top_k are then not used)."""
     temperature: float = 0.0
+    """Sampling temperature when do_sample (must then be > 0)."""
     top_p: float = 1.0
     top_k: int = -1
 
@@ -311,9 +312,9 @@ class TrainerConfig:
     logger: list[str] = field(default_factory=lambda: ["console", "jsonl"])
     """Tracking backends: console, jsonl, tensorboard, wandb."""
     save_freq: int = -1
-    """Save a checkpoint every this many steps (-1: only at the end)."""
+    """Save a checkpoint every this many steps and at the last step (-1: never; Ctrl-C still saves)."""
     test_freq: int = -1
-    """Validate every this many steps (-1: never during training)."""
+    """Validate every this many steps and at the last step (-1: never, as in verl)."""
     val_before_train: bool = True
     resume_mode: str = "auto"
     """auto | disable | a checkpoint path."""

@@ -152,6 +152,12 @@ def _algorithm(cfg: RLVRConfig) -> list[str]:
             f"actor_rollout_ref.rollout.temperature = {rollout.temperature}: training samples and their log-probs "
             "come from softmax(logits / temperature), which needs temperature > 0 (the actor would divide by 0); "
             "for greedy validation set actor_rollout_ref.rollout.val_kwargs.do_sample=false instead")
+    val = rollout.val_kwargs
+    if val.n < 1:
+        errors.append(f"actor_rollout_ref.rollout.val_kwargs.n must be >= 1, got {val.n}")
+    if val.do_sample and val.temperature <= 0:
+        errors.append(f"actor_rollout_ref.rollout.val_kwargs.do_sample=true samples at val_kwargs.temperature = "
+                      f"{val.temperature}; set a temperature > 0 (e.g. 1.0), or do_sample=false for greedy validation")
     for key, value in (("actor_rollout_ref.actor.kl_loss_type", actor.kl_loss_type),
                        ("algorithm.kl_penalty", cfg.algorithm.kl_penalty)):
         if value.rstrip("+") == "full":

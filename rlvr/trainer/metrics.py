@@ -7,14 +7,15 @@
 - ``timing_s/<stage>``, ``timing_per_token_ms/<stage>``, ``perf/*``;
 - ``training/rollout_probs_diff_{mean,max}``: |p_rollout - p_actor| per token, a check that
   the engine samples from the distribution the actor trains;
-- validation: ``val-core/<data_source>/reward/{mean,best,maj}@k``.
+- validation: ``val-core/<data_source>/reward/mean@n`` and verl's bootstrapped
+  ``best@k``/``worst@k``/``maj@k`` (see ``validation_metrics``).
 """
 
 from __future__ import annotations
 
 import contextlib
 import time
-from collections import Counter, defaultdict
+from collections import defaultdict
 from typing import Iterator
 
 import numpy as np
@@ -31,6 +32,12 @@ def timer(name: str, timings: dict[str, float]) -> Iterator[None]:
         yield
     finally:
         timings[name] = timings.get(name, 0.0) + time.perf_counter() - start
+
+
+def reduce_metrics(metrics: dict) -> dict[str, float]:
+    """Worker metrics as one float each: a list (gathered from several workers by
+    ``DataProto.concat``) becomes its mean, as verl's ``reduce_metrics`` does."""
+    return {k: float(np.mean(v)) if isinstance(v, (list, tuple)) else float(v) for k, v in metrics.items()}
 
 
 def _stats(prefix: str, values: torch.Tensor) -> dict[str, float]:
@@ -88,34 +95,65 @@ def compute_throughput_metrics(batch: DataProto, step_time: float, n_devices: in
             "perf/throughput": total / max(step_time, 1e-9) / n_devices}
 
 
-def validation_metrics(data_sources, groups, scores, answers) -> dict[str, float]:
-    """``val-core/<data_source>/reward/{mean,best,maj}@k`` from per-sample scores.
+def validation_metrics(data_sources, groups, scores, answers, n_bootstrap: int = 1000,
+                       seed: int = 42) -> dict[str, float]:
+    """verl's validation metrics from per-sample scores, averaged over prompts.
 
-    ``groups`` names each sample's prompt (k samples share one); ``answers`` is what the
+    ``groups`` names each sample's prompt (n samples share one); ``answers`` is what the
     majority vote counts (the extracted answer when the scorer reports one, else the text).
-    mean@k averages every sample; best@k averages each prompt's best score; maj@k averages
-    the score of each prompt's most frequent answer. For k = 1 all three are the accuracy,
-    so only mean@1 is reported.
+    Per prompt: ``mean@n``; with n > 1 also ``std@n`` and, for k in 2, 4, 8, ... below n and n
+    itself, ``best@k``, ``worst@k`` and ``maj@k`` as ``/mean`` and ``/std`` over ``n_bootstrap``
+    draws of k of the n samples with replacement (verl's bootstrap). The ``@n`` mean, best and
+    maj metrics are ``val-core/<data_source>/reward/...``; the others ``val-aux/...``.
     """
     by_source: dict[str, dict] = defaultdict(lambda: defaultdict(list))
     for source, group, score, answer in zip(data_sources, groups, scores, answers):
-        by_source[source][group].append((float(score), answer))
+        by_source[source][group].append((float(score), str(answer)))
     metrics = {}
     for source, prompts in sorted(by_source.items()):
-        k = max(len(samples) for samples in prompts.values())
-        all_scores = [s for samples in prompts.values() for s, _ in samples]
-        metrics[f"val-core/{source}/reward/mean@{k}"] = float(np.mean(all_scores))
-        if k > 1:
-            metrics[f"val-core/{source}/reward/best@{k}"] = float(np.mean([max(s for s, _ in v) for v in prompts.values()]))
-            metrics[f"val-core/{source}/reward/maj@{k}"] = float(np.mean([_majority_score(v) for v in prompts.values()]))
+        n_max = max(len(samples) for samples in prompts.values())
+        per_prompt: dict[str, list[float]] = defaultdict(list)
+        for samples in prompts.values():
+            for name, value in _prompt_metrics(samples, n_bootstrap, seed).items():
+                per_prompt[name].append(value)
+        for name, values in per_prompt.items():
+            core = name.startswith(("mean", "best", "maj")) and f"@{n_max}" in name and not name.endswith("/std")
+            metrics[f"val-{'core' if core else 'aux'}/{source}/reward/{name}"] = float(np.mean(values))
     return metrics
 
 
-def _majority_score(samples: list[tuple[float, object]]) -> float:
-    """Score of the most frequent answer (ties: the answer seen first)."""
-    counts = Counter(str(a) for _, a in samples)
-    top = max(counts.values())
-    for score, answer in samples:
-        if counts[str(answer)] == top:
-            return score
-    return 0.0
+def bootstrap_sizes(n: int) -> list[int]:
+    """k = 2, 4, 8, ... below n, then n (verl's subset sizes)."""
+    sizes, k = [], 2
+    while k < n:
+        sizes.append(k)
+        k *= 2
+    return sizes + [n]
+
+
+def _prompt_metrics(samples: list[tuple[float, str]], n_bootstrap: int, seed: int) -> dict[str, float]:
+    scores = np.array([s for s, _ in samples])  # (n,)
+    n = len(scores)
+    out = {f"mean@{n}": float(scores.mean())}
+    if n == 1:
+        return out
+    out[f"std@{n}"] = float(scores.std())
+    _, codes = np.unique([a for _, a in samples], return_inverse=True)  # answer id per sample
+    rng = np.random.default_rng(seed)
+    for k in bootstrap_sizes(n):
+        idx = rng.integers(0, n, size=(n_bootstrap, k))  # (B, k) draws with replacement
+        picked = scores[idx]
+        for name, values in (("best", picked.max(axis=1)), ("worst", picked.min(axis=1)),
+                             ("maj", _majority_scores(picked, codes[idx]))):
+            out[f"{name}@{k}/mean"], out[f"{name}@{k}/std"] = float(values.mean()), float(values.std())
+    return out
+
+
+def _majority_scores(scores: np.ndarray, codes: np.ndarray) -> np.ndarray:
+    """Per row of (B, k) draws: the score of the most frequent answer's first occurrence (ties:
+    the answer drawn first)."""
+    counts = np.zeros((codes.shape[0], codes.max() + 1), dtype=np.int64)  # (B, answers)
+    np.add.at(counts, (np.arange(codes.shape[0])[:, None], codes), 1)
+    votes = np.take_along_axis(counts, codes, axis=1)  # (B, k) count of each drawn answer
+    first_top = (votes == votes.max(axis=1, keepdims=True)).argmax(axis=1)  # (B,)
+    return scores[np.arange(len(scores)), first_top]

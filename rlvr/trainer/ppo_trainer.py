@@ -25,7 +25,8 @@ from rlvr.data.sampler import PromptLoader
 from rlvr.protocol import DataProto
 from rlvr.trainer import TrainingInterrupted, checkpoint
 from rlvr.trainer.evaluate import evaluate, generation_batch
-from rlvr.trainer.metrics import compute_data_metrics, compute_throughput_metrics, compute_timing_metrics, timer
+from rlvr.trainer.metrics import (compute_data_metrics, compute_throughput_metrics, compute_timing_metrics,
+                                  reduce_metrics, timer)
 from rlvr.trainer.tracking import Tracking
 
 def needs_old_log_prob_pass(config: RLVRConfig) -> bool:
@@ -57,18 +58,26 @@ class RLTrainer:
         self.use_reference = config.actor_rollout_ref.actor.use_kl_loss or config.algorithm.use_kl_in_reward
         self.kl_ctrl = get_kl_controller(config.algorithm.kl_ctrl)
         self.separate_old_log_prob = needs_old_log_prob_pass(config)
-        self._completed = (0, self.loader.state_dict())  # (last completed step, sampler state after it)
+        self._completed = self._snapshot(0)
+        self._pending: dict | None = None  # the completed step's record until it is logged
+        self._updating = False  # inside a step's updates: the weights are partly updated
         self._saved_step = 0
 
     # ------------------------------------------------------------------ the loop
     def fit(self) -> dict[str, float]:
         """Train for ``total_training_steps``; returns the last step's metrics (with validation).
 
-        Ctrl-C saves the last completed step as a checkpoint and raises ``TrainingInterrupted``.
+        A step is complete as soon as its updates return: the sampler position, KL coefficient
+        and RNG are recorded then (``_commit``), and what follows (validation, checkpoint, logging)
+        only reads the weights. Ctrl-C outside an update saves that complete step, with its
+        record if it was not logged yet, and raises ``TrainingInterrupted``; Ctrl-C inside an
+        update keeps the last checkpoint (the weights are then neither step's).
         """
         last: dict[str, float] = {}
         progress = None
         try:
+            if self._pending is not None:  # resumed from a step whose record was not logged
+                last = self._finish_step(None)
             if self.val_reward_fn is not None and self.config.trainer.val_before_train and self.global_step == 0:
                 last = self.validate()
                 self.tracker.log(last, step=0)
@@ -78,18 +87,11 @@ class RLTrainer:
         except KeyboardInterrupt:
             if progress is not None:
                 progress.close()
-            step, _ = self._completed
-            if step == 0:
-                raise TrainingInterrupted("interrupted before the first step finished; nothing to save") from None
-            path = self.save_checkpoint() if step > self._saved_step else None
-            where = f"saved step {step} to {path}" if path else f"step {step} was already saved"
-            raise TrainingInterrupted(f"interrupted during step {step + 1}; {where}; run the same command again to "
-                                      "resume (trainer.resume_mode=auto)") from None
+            raise TrainingInterrupted(self._save_on_interrupt()) from None
         progress.close()
         return last
 
     def _loop(self, progress) -> dict[str, float]:
-        trainer = self.config.trainer
         last: dict[str, float] = {}
         while self.global_step < self.total_training_steps:
             epoch = self.loader.sampler.epoch
@@ -97,32 +99,65 @@ class RLTrainer:
                 self.global_step += 1
                 metrics = self.train_step(batch)
                 metrics["training/epoch"] = float(epoch)
-                final = self.global_step >= self.total_training_steps
-                timings: dict[str, float] = {}
-                if self.val_reward_fn is not None and (final or trainer.test_freq > 0
-                                                       and self.global_step % trainer.test_freq == 0):
-                    with timer("testing", timings):
-                        metrics.update(self.validate())
-                self._completed = (self.global_step, self.loader.state_dict())
-                if final or trainer.save_freq > 0 and self.global_step % trainer.save_freq == 0:
-                    with timer("save_checkpoint", timings):
-                        self.save_checkpoint()
-                metrics.update({f"timing_s/{k}": v for k, v in timings.items()})
-                self.tracker.log(metrics, step=self.global_step)
-                progress.update(1)
-                progress.set_postfix(reward=f"{metrics['critic/score/mean']:.3f}",
-                                     step_s=f"{metrics['timing_s/step']:.1f}")
-                last = metrics
-                if final:
+                self._commit(metrics)
+                last = self._finish_step(progress)
+                if self.global_step >= self.total_training_steps:
                     break
         return last
 
+    def _snapshot(self, step: int) -> dict[str, Any]:
+        """What a checkpoint of ``step`` holds besides the workers' state."""
+        return {"global_step": step, "sampler": self.loader.state_dict(), "kl_ctrl": self.kl_ctrl.value,
+                "rng": checkpoint.rng_state()}
+
+    def _commit(self, metrics: dict[str, float]) -> None:
+        """The step's updates returned: it is complete; its record waits to be logged."""
+        self._completed = self._snapshot(self.global_step)
+        self._pending = {"metrics": metrics, "validated": False}
+        self._updating = False
+
+    def _finish_step(self, progress) -> dict[str, float]:
+        """Validation (every ``test_freq`` steps and at the last), checkpoint (every ``save_freq``
+        steps and at the last; -1 never, as in verl), then the step's record is logged."""
+        trainer, step = self.config.trainer, self._completed["global_step"]
+        final = step >= self.total_training_steps
+        metrics = self._pending["metrics"]
+        if (not self._pending["validated"] and self.val_reward_fn is not None and trainer.test_freq > 0
+                and (final or step % trainer.test_freq == 0)):
+            timings: dict[str, float] = {}
+            with timer("testing", timings):
+                metrics.update(self.validate())
+            metrics["timing_s/testing"] = timings["testing"]
+        self._pending["validated"] = True
+        if trainer.save_freq > 0 and (final or step % trainer.save_freq == 0) and self._saved_step != step:
+            self.save_checkpoint()
+        self.tracker.log(metrics, step=step)
+        self._pending = None
+        if progress is not None:
+            progress.update(1)
+            progress.set_postfix(reward=f"{metrics['critic/score/mean']:.3f}", step_s=f"{metrics['timing_s/step']:.1f}")
+        return metrics
+
+    def _save_on_interrupt(self) -> str:
+        """Save the last complete step (unless saved already); the message for the user."""
+        step = self._completed["global_step"]
+        resume = "run the same command again to resume (trainer.resume_mode=auto)"
+        if self._updating:
+            kept = (f"the last checkpoint, step {self._saved_step}, is kept" if self._saved_step
+                    else "no checkpoint exists yet, so a new run starts from the beginning")
+            return (f"interrupted inside step {self.global_step}'s update: the weights are partly updated and belong "
+                    f"to no step, so nothing was saved; {kept}; {resume}")
+        if step == 0:
+            return "interrupted before the first step finished; nothing to save"
+        where = f"step {step} was already saved" if step == self._saved_step else f"saved step {step} to {self.save_checkpoint()}"
+        return f"interrupted after step {step}; {where}; {resume}"
+
     # ------------------------------------------------------------------ checkpoints
     def save_checkpoint(self) -> Path:
-        """The last completed step: worker states, sampler, KL controller, RNG (see checkpoint.py)."""
-        step, sampler_state = self._completed
-        state = {"global_step": step, "sampler": sampler_state, "kl_ctrl": self.kl_ctrl.value,
-                 "rng": checkpoint.rng_state(), "compatibility": checkpoint.compatibility(self.config)}
+        """The last complete step: worker states, and the snapshot taken when its updates
+        returned (sampler, KL controller, RNG), with its record if not logged yet."""
+        step = self._completed["global_step"]
+        state = {**self._completed, "pending": self._pending, "compatibility": checkpoint.compatibility(self.config)}
 
         def write_parts(folder: Path) -> None:
             self.wg.save_checkpoint(folder)
@@ -142,10 +177,12 @@ class RLTrainer:
             self.critic_wg.load_checkpoint(path)
         self.loader.load_state_dict(state["sampler"])
         self.global_step = self._saved_step = state["global_step"]
-        self._completed = (self.global_step, state["sampler"])
         self.kl_ctrl.value = state["kl_ctrl"]
         checkpoint.set_rng_state(state["rng"])
-        self.tracker.rewind(self.global_step)
+        self._completed = {key: state[key] for key in ("global_step", "sampler", "kl_ctrl", "rng")}
+        self._pending = state.get("pending")
+        # records after the checkpoint are logged again; an unlogged step's own record too
+        self.tracker.rewind(self.global_step - 1 if self._pending is not None else self.global_step)
 
     def train_step(self, batch: DataProto) -> dict[str, float]:
         """One step on one batch of prompts; returns its metrics."""
@@ -179,17 +216,18 @@ class RLTrainer:
                     batch = batch.union(self.critic_wg.compute_values(batch))
             with timer("adv", timings):
                 metrics.update(self._advantages(batch, reward.result() if hasattr(reward, "result") else reward))
-            if self.critic_wg is not None:
-                with timer("update_critic", timings):
-                    metrics.update(self.critic_wg.update_critic(batch).meta_info["metrics"])
-            with timer("update_actor", timings):
-                update = self.wg.update_actor(batch)
-            metrics.update(update.meta_info["metrics"])
-            if not self.separate_old_log_prob:  # taken from the update's own forward
-                batch = batch.union(update)
-            if cfg.trainer.rollout_data_dir:
+            if cfg.trainer.rollout_data_dir:  # before the updates: an interrupt here leaves the weights alone
                 with timer("dump_rollout", timings):
                     self._dump_rollouts(batch, Path(cfg.trainer.rollout_data_dir).expanduser())
+            self._updating = True  # until _commit: an interrupt now finds the weights partly updated
+            if self.critic_wg is not None:
+                with timer("update_critic", timings):
+                    metrics.update(reduce_metrics(self.critic_wg.update_critic(batch).meta_info["metrics"]))
+            with timer("update_actor", timings):
+                update = self.wg.update_actor(batch)
+            metrics.update(reduce_metrics(update.meta_info["metrics"]))
+            if not self.separate_old_log_prob:  # taken from the update's own forward
+                batch = batch.union(update)
         metrics.update(compute_data_metrics(batch, cfg.data.max_response_length, cfg.data.max_prompt_length))
         metrics.update(compute_timing_metrics(batch, timings))
         metrics.update(compute_throughput_metrics(batch, timings["step"], cfg.trainer.n_gpus_per_node * cfg.trainer.nnodes))
@@ -238,7 +276,9 @@ class RLTrainer:
         folder.mkdir(parents=True, exist_ok=True)
         decode = self.tokenizer.decode
         R = batch.batch["responses"].shape[1]
-        with open(folder / f"{self.global_step}.jsonl", "w") as f:
+        path = folder / f"{self.global_step}.jsonl"
+        tmp = path.with_name(f".{path.name}.tmp")  # renamed when whole: a repeated step replaces it
+        with open(tmp, "w") as f:
             for i in range(len(batch)):
                 prompt_mask = batch.batch["attention_mask"][i, :-R].bool()
                 row = {"step": self.global_step, "uid": str(batch.non_tensor_batch["uid"][i]),
@@ -251,18 +291,17 @@ class RLTrainer:
                     if key in batch.non_tensor_batch:
                         row[key] = batch.non_tensor_batch[key][i]
                 f.write(json.dumps(row, default=str) + "\n")
+        tmp.replace(path)
 
     # ------------------------------------------------------------------ validation
     def validate(self) -> dict[str, float]:
-        """Greedy accuracy (``mean@1``) on the validation set, and with ``val_kwargs.n > 1`` a
-        sampled pass reporting ``mean@n``, ``best@n`` and ``maj@n``."""
+        """``val_kwargs.n`` responses per validation prompt, sampled as ``val_kwargs`` says
+        (greedy by default: ``mean@1`` is greedy accuracy), scored and reported as verl does."""
         val = self.config.actor_rollout_ref.rollout.val_kwargs
-        metrics = self._validation_pass(n=1, sampling={"do_sample": False})
-        if val.n > 1:
-            temperature = val.temperature if val.temperature > 0 else self.config.actor_rollout_ref.rollout.temperature
-            metrics.update(self._validation_pass(n=val.n, sampling={"do_sample": True, "temperature": temperature,
-                                                                     "top_p": val.top_p, "top_k": val.top_k}))
-        return metrics
+        sampling = {"do_sample": val.do_sample}
+        if val.do_sample:
+            sampling.update(temperature=val.temperature, top_p=val.top_p, top_k=val.top_k)
+        return self._validation_pass(n=val.n, sampling=sampling)
 
     def _validation_pass(self, n: int, sampling: dict[str, Any]) -> dict[str, float]:
         return evaluate(self.wg.generate_sequences, self.val_reward_fn, self.val_dataset, self.tokenizer, n, sampling,

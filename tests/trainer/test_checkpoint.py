@@ -123,7 +123,7 @@ def test_save_killed_midway_leaves_previous_checkpoint(tiny_config, tmp_path):
         raise KeyboardInterrupt  # e.g. killed before the rename
 
     trainer.wg.worker.save_checkpoint = dies_midway
-    trainer._completed = (3, trainer.loader.state_dict())
+    trainer._completed = trainer._snapshot(3)
     with pytest.raises(KeyboardInterrupt):
         trainer.save_checkpoint()
     assert (root / ".tmp-global_step_3").exists()

@@ -45,5 +45,5 @@ def test_eval_builtin_model(tiny_data, tmp_path, capsys):
                  "--max-response-length", "64"]) == 0
     out = capsys.readouterr().out
     accuracy = float(out.split("arithmetic/reward/mean@1")[1].split()[0])
-    pass_at_4 = float(out.split("arithmetic/reward/best@4")[1].split()[0])
+    pass_at_4 = float(out.split("arithmetic/reward/best@4/mean")[1].split()[0])
     assert 0.0 < accuracy < 1.0 and 0.0 < pass_at_4 <= 1.0

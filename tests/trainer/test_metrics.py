@@ -1,5 +1,7 @@
 """Data metrics: lengths and their clip ratios against the configured limits."""
 
+import numpy as np
+import pytest
 import torch
 
 from rlvr.protocol import DataProto
@@ -18,3 +20,44 @@ def test_length_clip_ratios_use_the_configured_limits():
     assert metrics["response_length/clip_ratio"] == 0.5  # one of two responses reached 4 tokens
     assert metrics["prompt_length/clip_ratio"] == 0.0  # the longest prompt (3) is under the limit of 8
     assert (metrics["prompt_length/mean"], metrics["response_length/mean"]) == (2.5, 2.5)
+
+
+def test_validation_metrics_mean_std_and_bootstrap_follow_verl():
+    from rlvr.trainer.metrics import bootstrap_sizes, validation_metrics
+
+    assert bootstrap_sizes(8) == [2, 4, 8] and bootstrap_sizes(6) == [2, 4, 6] and bootstrap_sizes(2) == [2]
+    # prompt a: scores 1, 0, 0, 0 (answers x, y, y, z); prompt b: 1, 1, 1, 1 (all "w")
+    sources = ["s"] * 8
+    groups = ["a"] * 4 + ["b"] * 4
+    scores = [1, 0, 0, 0, 1, 1, 1, 1]
+    answers = ["x", "y", "y", "z", "w", "w", "w", "w"]
+    m = validation_metrics(sources, groups, scores, answers, n_bootstrap=20000)
+    assert m["val-core/s/reward/mean@4"] == 0.625  # (0.25 + 1) / 2
+    assert m["val-aux/s/reward/std@4"] == pytest.approx((0.25 ** 0.5 * 0.75 ** 0.5 + 0.0) / 2)  # population std
+    # best of k draws with replacement from a: 1 - (3/4)^k; b: always 1
+    assert m["val-aux/s/reward/best@2/mean"] == pytest.approx((1 - 0.75 ** 2 + 1) / 2, abs=0.01)
+    assert m["val-core/s/reward/best@4/mean"] == pytest.approx((1 - 0.75 ** 4 + 1) / 2, abs=0.01)
+    # worst of k from a is 1 only if every draw is the 1: (1/4)^k
+    assert m["val-aux/s/reward/worst@2/mean"] == pytest.approx((0.25 ** 2 + 1) / 2, abs=0.01)
+    # majority of 4 draws from a: "y" (score 0) unless x is drawn more often than y ... the score is 1 only
+    # when x wins the vote; it is never above best@4
+    assert m["val-core/s/reward/maj@4/mean"] <= m["val-core/s/reward/best@4/mean"]
+    assert m["val-aux/s/reward/best@4/std"] > 0 and "val-core/s/reward/best@4/std" not in m
+    # the same seed gives the same bootstrap
+    assert validation_metrics(sources, groups, scores, answers, n_bootstrap=100) == \
+        validation_metrics(sources, groups, scores, answers, n_bootstrap=100)
+
+
+def test_validation_majority_vote_breaks_ties_by_first_drawn():
+    from rlvr.trainer.metrics import _majority_scores
+
+    scores = np.array([[1.0, 0.0, 0.0], [0.0, 1.0, 1.0], [1.0, 0.0, 0.5]])
+    codes = np.array([[0, 1, 1], [2, 0, 0], [0, 1, 2]])  # row 0: answer 1 twice; row 1: answer 0 twice; row 2: tie
+    assert _majority_scores(scores, codes).tolist() == [0.0, 1.0, 1.0]
+
+
+def test_single_sample_validation_reports_only_mean():
+    from rlvr.trainer.metrics import validation_metrics
+
+    m = validation_metrics(["s", "s"], ["a", "b"], [1, 0], ["1", "2"])
+    assert m == {"val-core/s/reward/mean@1": 0.5}

@@ -86,16 +86,43 @@ def test_reference_equals_actor_at_step_zero(tiny_config):
 
 
 def test_validation_metrics_and_jsonl(tiny_config):
-    config = tiny_config("trainer.val_before_train=true", "actor_rollout_ref.rollout.val_kwargs.n=2",
-                         "actor_rollout_ref.rollout.val_kwargs.do_sample=true")
+    config = tiny_config("trainer.val_before_train=true", "trainer.test_freq=2", "actor_rollout_ref.rollout.val_kwargs.n=4",
+                         "actor_rollout_ref.rollout.val_kwargs.do_sample=true",
+                         "actor_rollout_ref.rollout.val_kwargs.temperature=1.0")
     trainer, last, _ = run(config)
     records = read_metrics(config)
     assert [r["step"] for r in records] == [0, 1, 2]
-    for key in ("val-core/arithmetic/reward/mean@1", "val-core/arithmetic/reward/mean@2",
-                "val-core/arithmetic/reward/best@2", "val-core/arithmetic/reward/maj@2"):
+    for key in ("val-core/arithmetic/reward/mean@4", "val-core/arithmetic/reward/best@4/mean",
+                "val-core/arithmetic/reward/maj@4/mean", "val-aux/arithmetic/reward/std@4",
+                "val-aux/arithmetic/reward/best@2/mean", "val-aux/arithmetic/reward/worst@4/mean"):
         assert key in records[0] and key in records[2], key
-    assert "timing_s/testing" in records[2]
-    assert records[2]["val-core/arithmetic/reward/best@2"] >= records[2]["val-core/arithmetic/reward/mean@2"]
+    assert "val-core/arithmetic/reward/mean@1" not in records[0]  # one pass, as val_kwargs says (verl)
+    assert "timing_s/testing" in records[2] and "timing_s/testing" not in records[1]
+    # sampled: the 4 samples of a prompt differ, so the best of 4 beats their mean somewhere
+    assert records[2]["val-core/arithmetic/reward/best@4/mean"] > records[2]["val-core/arithmetic/reward/mean@4"]
+
+
+def test_val_kwargs_do_sample_false_is_greedy(tiny_config):
+    """do_sample=false with n=4: four identical greedy answers per prompt (std 0, best = mean)."""
+    config = tiny_config("trainer.val_before_train=true", "trainer.total_training_steps=1",
+                         "actor_rollout_ref.rollout.val_kwargs.n=4", "actor_rollout_ref.rollout.val_kwargs.do_sample=false")
+    trainer = build_trainer(config, progress_bar=False)
+    metrics = trainer.validate()
+    trainer.tracker.close()
+    assert metrics["val-aux/arithmetic/reward/std@4"] == 0.0
+    assert metrics["val-core/arithmetic/reward/best@4/mean"] == metrics["val-core/arithmetic/reward/mean@4"]
+
+
+def test_save_and_test_freq_minus_one_neither_save_nor_validate_at_the_end(tiny_config, tmp_path):
+    config = tiny_config("trainer.val_before_train=false", "trainer.save_freq=-1", "trainer.test_freq=-1")
+    run(config)
+    assert not (tmp_path / "run" / "checkpoints").exists()
+    assert not any(k.startswith("val-") for r in read_metrics(config) for k in r)
+    config = tiny_config("trainer.val_before_train=false", "trainer.save_freq=5", "trainer.test_freq=5",
+                         f"trainer.default_local_dir={tmp_path / 'final'}")
+    run(config)  # 2 steps with frequencies of 5: both happen at the last step
+    assert (tmp_path / "final" / "checkpoints" / "global_step_2").is_dir()
+    assert "val-core/arithmetic/reward/mean@1" in read_metrics(config)[-1]
 
 
 def test_rollout_dump(tiny_config, tmp_path):
