@@ -152,3 +152,89 @@ def test_incompatible_config_is_refused(tiny_config, tmp_path):
                         "actor_rollout_ref.rollout.n=2", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
                         "trainer.resume_mode=disable")
     assert build_trainer(fresh, progress_bar=False).global_step == 0
+
+
+CONSISTENT = ("trainer.total_training_steps=4", "trainer.save_freq=-1", "trainer.test_freq=2",
+              "trainer.val_before_train=false", "actor_rollout_ref.actor.ppo_mini_batch_size=1",
+              "algorithm.adv_estimator=gae", "critic.ppo_mini_batch_size=1", "critic.ppo_micro_batch_size_per_gpu=3",
+              "algorithm.use_kl_in_reward=true", "algorithm.kl_ctrl.type=adaptive", "algorithm.kl_ctrl.horizon=10",
+              "algorithm.kl_ctrl.kl_coef=0.05", "algorithm.kl_ctrl.target_kl=0.001")
+
+
+def critic_weights(trainer):
+    return [p.detach().clone() for p in trainer.critic_wg.worker.model.parameters()]
+
+
+def interrupt_once(trainer, step, where):
+    """Raise KeyboardInterrupt at ``step`` inside the rollout dump, validation, or after the first of the
+    step's two actor optimizer steps (between mini-batches)."""
+    if where == "dump":
+        original = trainer._dump_rollouts
+        def dump(batch, folder):
+            if trainer.global_step == step:
+                raise KeyboardInterrupt
+            return original(batch, folder)
+        trainer._dump_rollouts = dump
+    elif where == "validation":
+        original_validate = trainer.validate
+        def validate():
+            if trainer.global_step == step:
+                raise KeyboardInterrupt
+            return original_validate()
+        trainer.validate = validate
+    else:
+        actor = trainer.wg.worker.actor
+        original_step = actor._optimizer_step
+        calls = []
+        def optimizer_step(*args):
+            if trainer.global_step == step:
+                calls.append(1)
+                if len(calls) == 2:  # the first mini-batch's optimizer step has run
+                    raise KeyboardInterrupt
+            return original_step(*args)
+        actor._optimizer_step = optimizer_step
+
+
+def test_ctrl_c_anywhere_resumes_to_the_uninterrupted_run(tiny_config, tmp_path):
+    """save_freq=-1: only Ctrl-C saves. Interrupts after step 2's update (in its validation), before
+    step 2's update (in the rollout dump) and between step 3's mini-batches; each resume continues
+    from one consistent step, and the run ends with the uninterrupted run's weights (actor and
+    critic), adaptive KL coefficient and metrics."""
+    reference = build_trainer(tiny_config(*CONSISTENT, f"trainer.default_local_dir={tmp_path / 'ref'}"),
+                              progress_bar=False)
+    reference.fit()
+    reference.tracker.close()
+
+    config = tiny_config(*CONSISTENT, f"trainer.default_local_dir={tmp_path / 'cut'}")
+    expected_messages = [
+        (2, "dump", r"interrupted after step 1; saved step 1"),
+        (2, "validation", r"interrupted after step 2; saved step 2"),
+        (3, "between", r"inside step 3's update.*nothing was saved; the last checkpoint, step 2, is kept"),
+    ]
+    for step, where, message in expected_messages:
+        trainer = build_trainer(config, progress_bar=False)
+        interrupt_once(trainer, step, where)
+        with pytest.raises(TrainingInterrupted, match=message):
+            trainer.fit()
+        trainer.tracker.close()
+    resumed = build_trainer(config, progress_bar=False)
+    assert resumed.global_step == 2
+    resumed.fit()
+    resumed.tracker.close()
+    got, expected = records(tmp_path / "cut"), records(tmp_path / "ref")
+    assert [r["step"] for r in got] == [1, 2, 3, 4]
+    assert [stable(r) for r in got] == [stable(r) for r in expected]
+    assert "val-core/arithmetic/reward/mean@1" in got[1]  # step 2's validation ran after the resume
+    assert resumed.kl_ctrl.value == reference.kl_ctrl.value != 0.05
+    assert all(torch.equal(a, b) for a, b in zip(weights(resumed), weights(reference)))
+    assert all(torch.equal(a, b) for a, b in zip(critic_weights(resumed), critic_weights(reference)))
+
+
+def test_ctrl_c_inside_the_first_update_saves_nothing(tiny_config, tmp_path):
+    config = tiny_config(*CONSISTENT, f"trainer.default_local_dir={tmp_path / 'run'}")
+    trainer = build_trainer(config, progress_bar=False)
+    interrupt_once(trainer, 1, "between")
+    with pytest.raises(TrainingInterrupted, match="inside step 1's update.*no checkpoint exists yet"):
+        trainer.fit()
+    trainer.tracker.close()
+    assert latest_checkpoint(tmp_path / "run" / "checkpoints") is None
