@@ -9,9 +9,11 @@ A checkpoint is a folder ``<run_dir>/checkpoints/global_step_<k>/``:
 - ``trainer_state.pt``: global step, data sampler state, KL controller, RNG states, and the
   config values a resumed run must share (``COMPATIBILITY_KEYS``).
 
-It is written into ``.tmp-global_step_<k>`` and renamed when complete, so a save killed
-midway leaves the previous checkpoint as the newest loadable one; ``latest_checkpointed_iteration.txt``
-(verl's name) is updated after the rename.
+It is written into ``.tmp-global_step_<k>``, every file is fsynced, and the folder is renamed
+when complete (then the parent folder is fsynced), so a save killed midway, or a power loss,
+leaves the previous checkpoint as the newest loadable one; temporary folders left by such a
+save are removed by the next one. ``latest_checkpointed_iteration.txt`` (verl's name) is
+replaced atomically after the rename.
 """
 
 from __future__ import annotations
@@ -39,6 +41,10 @@ COMPATIBILITY_KEYS = {
     "data.train_batch_size": lambda c: c.data.train_batch_size,
     "data.seed": lambda c: c.data.seed,
     "data.shuffle": lambda c: c.data.shuffle,
+    "trainer.seed": lambda c: c.trainer.seed,
+    "actor_rollout_ref.rollout.seed": lambda c: c.actor_rollout_ref.rollout.seed,
+    "actor_rollout_ref.actor.ppo_mini_batch_size": lambda c: c.actor_rollout_ref.actor.ppo_mini_batch_size,
+    "actor_rollout_ref.actor.ppo_epochs": lambda c: c.actor_rollout_ref.actor.ppo_epochs,
     "actor_rollout_ref.rollout.n": lambda c: c.actor_rollout_ref.rollout.n,
     "algorithm.adv_estimator": lambda c: c.algorithm.adv_estimator,
     "actor_rollout_ref.actor.use_kl_loss": lambda c: c.actor_rollout_ref.actor.use_kl_loss,
@@ -83,19 +89,40 @@ def save(root: Path, step: int, write_parts, trainer_state: dict[str, Any], keep
     renamed to ``global_step_<step>`` when complete; older ones beyond ``keep`` are removed."""
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"global_step_{step}"
+    for stale in root.glob(".tmp-global_step_*"):  # left by saves that were killed midway
+        shutil.rmtree(stale, ignore_errors=True)
     tmp = root / f".tmp-global_step_{step}"
-    shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     write_parts(tmp)
     torch.save(trainer_state, tmp / "trainer_state.pt")
+    fsync_tree(tmp)
     if final.exists():
         shutil.rmtree(final)
     os.replace(tmp, final)
-    (root / LATEST_FILE).write_text(str(step))
+    latest = root / f".tmp-{LATEST_FILE}"
+    latest.write_text(str(step))
+    _fsync(latest)
+    os.replace(latest, root / LATEST_FILE)
+    _fsync(root)
     if keep is not None and keep > 0:
         for old in step_dirs(root)[:-keep]:
             shutil.rmtree(old, ignore_errors=True)
     return final
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def fsync_tree(folder: Path) -> None:
+    """Flush every file and folder under ``folder`` to disk (before the rename publishes it)."""
+    for path in sorted(folder.rglob("*"), key=lambda p: len(p.parts), reverse=True):
+        _fsync(path)
+    _fsync(folder)
 
 
 def resolve_resume(config: RLVRConfig) -> Path | None:

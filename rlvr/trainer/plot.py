@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from rlvr.trainer.tracking import read_records
+
 PANELS = {
     "reward": ("training reward (mean score)", ["critic/score/mean"]),
     "val_accuracy": ("validation accuracy (greedy)", None),  # every val-core/*/reward/mean@1
@@ -25,7 +27,7 @@ def read_metrics(run_dir: Path) -> list[dict]:
     path = run_dir / "metrics.jsonl"
     if not path.exists():
         raise FileNotFoundError(f"{path} does not exist: plot a run directory written with trainer.logger including jsonl")
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return [json.loads(line) for line in read_records(path)]  # a torn last line (killed run) is skipped
 
 
 def series(records: list[dict], key: str) -> tuple[list[int], list[float]]:

@@ -40,16 +40,24 @@ class Tracking:
         self.run_dir = None if run_dir is None else Path(run_dir)
         self.progress_bar = progress_bar
         self._jsonl = self._tensorboard = self._wandb = None
+        self._wandb_args = (self.run_dir or Path("."), project, experiment, config)
         if self.run_dir is not None:
             self.run_dir.mkdir(parents=True, exist_ok=True)
         if "jsonl" in self.backends and self.run_dir is not None:
             self._jsonl = open(self.run_dir / "metrics.jsonl", "a")
         if "tensorboard" in self.backends:
-            from torch.utils.tensorboard import SummaryWriter
+            self._tensorboard = self._summary_writer()
 
-            self._tensorboard = SummaryWriter(log_dir=str((self.run_dir or Path(".")) / "tensorboard"))
-        if "wandb" in self.backends:
-            self._wandb = _start_wandb(self.run_dir or Path("."), project, experiment, config)
+    def _summary_writer(self, purge_step: int | None = None):
+        from torch.utils.tensorboard import SummaryWriter
+
+        return SummaryWriter(log_dir=str((self.run_dir or Path(".")) / "tensorboard"), purge_step=purge_step)
+
+    def _wandb_run(self, rewind_to: int | None = None):
+        """The W&B run, started on first use (so a resumed run can start as a rewind)."""
+        if self._wandb is None and "wandb" in self.backends:
+            self._wandb = _start_wandb(*self._wandb_args, rewind_to=rewind_to)
+        return self._wandb
 
     def log(self, metrics: dict[str, float], step: int) -> None:
         if self._jsonl is not None:
@@ -60,20 +68,24 @@ class Tracking:
             for key, value in metrics.items():
                 self._tensorboard.add_scalar(key, float(value), step)
             self._tensorboard.flush()
-        if self._wandb is not None:
+        if self._wandb_run() is not None:
             self._wandb.log({k: float(v) for k, v in metrics.items()}, step=step)
         if "console" in self.backends:
             tqdm.write(console_line(metrics, step))
 
     def rewind(self, step: int) -> None:
-        """Drop records after ``step`` (a resumed run logs those steps again)."""
-        if self._jsonl is None:
-            return
-        self._jsonl.close()
-        path = self.run_dir / "metrics.jsonl"
-        kept = [line for line in path.read_text().splitlines() if line and json.loads(line)["step"] <= step]
-        path.write_text("".join(line + "\n" for line in kept))
-        self._jsonl = open(path, "a")
+        """Drop records after ``step`` in every backend (a resumed run logs those steps again):
+        the jsonl file is rewritten, TensorBoard purges later events, W&B rewinds the run."""
+        if self._jsonl is not None:
+            self._jsonl.close()
+            path = self.run_dir / "metrics.jsonl"
+            path.write_text("".join(line + "\n" for line in read_records(path, upto=step)))
+            self._jsonl = open(path, "a")
+        if self._tensorboard is not None:
+            self._tensorboard.close()
+            self._tensorboard = self._summary_writer(purge_step=step + 1)
+        if "wandb" in self.backends and self._wandb is None:
+            self._wandb_run(rewind_to=step)
 
     def close(self) -> None:
         if self._jsonl is not None:
@@ -87,7 +99,30 @@ class Tracking:
             self._wandb = None
 
 
-def _start_wandb(run_dir: Path, project: str, experiment: str, config: dict | None):
+def read_records(path: Path, upto: int | None = None) -> list[str]:
+    """The lines of a metrics.jsonl (those with step <= ``upto``). A torn last line (the
+    process was killed mid-write) is dropped; a damaged line before it is an error."""
+    lines = [line for line in path.read_text().splitlines() if line.strip()]
+    kept = []
+    for i, line in enumerate(lines):
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            if i == len(lines) - 1:
+                break  # torn by a kill mid-write: that step is logged again after the resume
+            raise ValueError(f"{path}, line {i + 1}: not a JSON record ({line[:80]!r}); fix or delete the line") from None
+        if upto is None or record["step"] <= upto:
+            kept.append(line)
+    return kept
+
+
+WANDB_ID_FILE = "wandb_run_id.txt"
+
+
+def _start_wandb(run_dir: Path, project: str, experiment: str, config: dict | None, rewind_to: int | None = None):
+    """A new W&B run (its id kept in the run directory), or, resuming at step ``rewind_to``, the
+    saved run rewound to that step. W&B rewinds only on its server: an offline run cannot be
+    rewound, so a resumed offline run starts a new offline run (said on the console)."""
     import os
 
     try:
@@ -98,8 +133,18 @@ def _start_wandb(run_dir: Path, project: str, experiment: str, config: dict | No
     if not os.environ.get("WANDB_API_KEY") and "WANDB_MODE" not in os.environ:
         os.environ["WANDB_MODE"] = "offline"  # no key: write an offline run for `wandb sync`
     (run_dir / "wandb").mkdir(parents=True, exist_ok=True)
-    return wandb.init(project=project, name=experiment, dir=str(run_dir), config=config or {},
-                      settings=wandb.Settings(silent=True, console="off"))
+    id_file = run_dir / WANDB_ID_FILE
+    kwargs: dict = {}
+    if rewind_to is not None and id_file.exists():
+        if os.environ.get("WANDB_MODE") == "offline":
+            tqdm.write(f"[rlvr] W&B: an offline run cannot be rewound; steps after {rewind_to} continue in a new "
+                       f"offline run (the earlier one, {id_file.read_text().strip()}, keeps its records)")
+        else:
+            kwargs["resume_from"] = f"{id_file.read_text().strip()}?_step={rewind_to}"
+    run = wandb.init(project=project, name=experiment, dir=str(run_dir), config=config or {},
+                     settings=wandb.Settings(silent=True, console="off"), **kwargs)
+    id_file.write_text(run.id)
+    return run
 
 
 def _plain(value):

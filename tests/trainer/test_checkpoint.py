@@ -238,3 +238,58 @@ def test_ctrl_c_inside_the_first_update_saves_nothing(tiny_config, tmp_path):
         trainer.fit()
     trainer.tracker.close()
     assert latest_checkpoint(tmp_path / "run" / "checkpoints") is None
+
+
+def test_resume_refuses_changed_seeds_and_mini_batches(tiny_config, tmp_path):
+    full_run(tiny_config, tmp_path / "run", "trainer.total_training_steps=2")
+    for change, message in (("trainer.seed=7", r"trainer.seed: checkpoint 1, this run 7"),
+                            ("actor_rollout_ref.rollout.seed=5", r"rollout.seed: checkpoint 0, this run 5"),
+                            ("actor_rollout_ref.actor.ppo_epochs=2", r"ppo_epochs: checkpoint 1, this run 2"),
+                            ("actor_rollout_ref.actor.ppo_mini_batch_size=2", r"ppo_mini_batch_size: checkpoint 1")):
+        changed = tiny_config("trainer.total_training_steps=4", f"trainer.default_local_dir={tmp_path / 'run'}", change)
+        with pytest.raises(ConfigError, match=message):
+            build_trainer(changed, progress_bar=False)
+
+
+def test_resume_after_a_kill_mid_write_of_metrics(tiny_config, tmp_path):
+    """kill -9 while a metrics line is written: the torn line is dropped and the run resumes."""
+    config, _ = full_run(tiny_config, tmp_path / "run", "trainer.total_training_steps=2", "trainer.save_freq=1")
+    path = tmp_path / "run" / "metrics.jsonl"
+    path.write_text(path.read_text() + '{"step": 3, "critic/score/me')
+    config = tiny_config("trainer.total_training_steps=3", "trainer.save_freq=1", "trainer.val_before_train=false",
+                         f"trainer.default_local_dir={tmp_path / 'run'}")
+    resumed = build_trainer(config, progress_bar=False)
+    resumed.fit()
+    resumed.tracker.close()
+    assert [r["step"] for r in records(tmp_path / "run")] == [1, 2, 3]
+
+
+def test_stale_temporary_checkpoints_are_removed(tiny_config, tmp_path):
+    root = tmp_path / "run" / "checkpoints"
+    (root / ".tmp-global_step_7").mkdir(parents=True)
+    (root / ".tmp-global_step_7" / "half.bin").write_bytes(b"x")
+    full_run(tiny_config, tmp_path / "run", "trainer.total_training_steps=1", "trainer.save_freq=1")
+    assert sorted(p.name for p in root.iterdir()) == ["global_step_1", "latest_checkpointed_iteration.txt"]
+
+
+def test_every_file_is_fsynced_before_the_rename(tmp_path, monkeypatch):
+    from rlvr.trainer import checkpoint
+
+    synced, events = set(), []
+    real_fsync, real_replace = checkpoint._fsync, checkpoint.os.replace
+    monkeypatch.setattr(checkpoint, "_fsync", lambda p: (synced.add(Path(p)), real_fsync(p)))
+
+    def replace(src, dst):
+        events.append((Path(src), {p for p in Path(src).rglob("*")} <= synced))
+        real_replace(src, dst)
+
+    monkeypatch.setattr(checkpoint.os, "replace", replace)
+
+    def write_parts(folder):
+        (folder / "actor").mkdir()
+        (folder / "actor" / "model.safetensors").write_bytes(b"w")
+
+    checkpoint.save(tmp_path, 3, write_parts, {"global_step": 3})
+    folder_event = [ok for src, ok in events if src.name == ".tmp-global_step_3"]
+    assert folder_event == [True]  # all files and folders synced before the folder was published
+    assert tmp_path in synced and (tmp_path / "latest_checkpointed_iteration.txt").read_text() == "3"

@@ -64,3 +64,65 @@ def test_plot_writes_the_panels(tmp_path, capsys):
         image = Image.open(tmp_path / "plots" / f"{name}.png")
         assert image.size[0] >= 400 and image.size[1] >= 300
     assert main(["plot", str(tmp_path / "missing")]) == 2
+
+
+def test_rewind_drops_a_torn_last_line_and_later_records(tmp_path):
+    """kill -9 mid-write leaves half a line; the resumed run must not crash on it."""
+    lines = [json.dumps({"step": s, "critic/score/mean": s / 10}) for s in (1, 2, 3)]
+    (tmp_path / "metrics.jsonl").write_text("\n".join(lines) + '\n{"step": 4, "critic/sco')
+    tracker = Tracking(["jsonl"], tmp_path)
+    tracker.rewind(2)
+    tracker.log({"critic/score/mean": 0.9}, 3)
+    tracker.close()
+    steps = [json.loads(line)["step"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [1, 2, 3]
+    assert json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[-1])["critic/score/mean"] == 0.9
+    (tmp_path / "metrics.jsonl").write_text(lines[0] + "\nnot json\n" + lines[1] + "\n")
+    with pytest.raises(ValueError, match=r"metrics.jsonl, line 2: not a JSON record"):
+        Tracking(["jsonl"], tmp_path).rewind(2)
+
+
+def test_tensorboard_rewind_purges_later_events(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    tracker = Tracking(["tensorboard"], tmp_path)
+    for step in (1, 2, 3):
+        tracker.log({"critic/score/mean": 0.1 * step}, step)
+    tracker.close()
+    resumed = Tracking(["tensorboard"], tmp_path)
+    resumed.rewind(1)  # resumed from the step-1 checkpoint: steps 2 and 3 are logged again
+    for step in (2, 3):
+        resumed.log({"critic/score/mean": 0.5 * step}, step)
+    resumed.close()
+    events = EventAccumulator(str(tmp_path / "tensorboard"))
+    events.Reload()
+    assert [(e.step, round(e.value, 4)) for e in events.Scalars("critic/score/mean")] == [(1, 0.1), (2, 1.0), (3, 1.5)]
+
+
+def test_wandb_resume_rewinds_the_saved_run(tmp_path, monkeypatch):
+    """Online: the saved run is rewound to the checkpoint's step (W&B's resume_from); offline
+    (which W&B cannot rewind): a new run, said on the console."""
+    import sys
+    import types
+
+    calls = []
+
+    def init(**kwargs):
+        calls.append(kwargs)
+        return types.SimpleNamespace(id=f"run{len(calls)}", log=lambda *a, **k: None, finish=lambda: None)
+
+    monkeypatch.setitem(sys.modules, "wandb", types.SimpleNamespace(init=init, Settings=lambda **k: None))
+    monkeypatch.setenv("WANDB_MODE", "online")
+    first = Tracking(["wandb"], tmp_path)
+    first.log({"critic/score/mean": 0.5}, 1)
+    first.close()
+    assert "resume_from" not in calls[0] and (tmp_path / "wandb_run_id.txt").read_text() == "run1"
+    resumed = Tracking(["wandb"], tmp_path)
+    resumed.rewind(3)
+    resumed.close()
+    assert calls[1]["resume_from"] == "run1?_step=3"
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    offline = Tracking(["wandb"], tmp_path)
+    offline.rewind(3)
+    offline.close()
+    assert "resume_from" not in calls[2]
