@@ -44,7 +44,7 @@ class Registry(Generic[F]):
 
     def summaries(self) -> dict[str, str]:
         """Name -> the first line of the function's docstring."""
-        return {n: (self._entries[n].__doc__ or "").strip().splitlines()[0] for n in self.names()}
+        return {n: ((self._entries[n].__doc__ or "").strip().splitlines() or [""])[0] for n in self.names()}
 
 
 def _same_function(a: Callable, b: Callable) -> bool:

@@ -19,3 +19,29 @@ def tokenizer(builtin_dir):
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory, builtin_dir):
     return save_tiny_model(tmp_path_factory.mktemp("tiny"), tokenizer_path=str(builtin_dir))
+
+
+CUSTOM_ALGOS = """
+import torch
+from rlvr.algos import agg_loss, register_adv_est, register_policy_loss
+
+@register_adv_est("test_sign_adv")
+def sign_advantage(token_level_rewards, response_mask, index, epsilon=1e-6, config=None):
+    adv = torch.sign(token_level_rewards.sum(-1) - 0.5).unsqueeze(-1) * response_mask
+    return adv, adv
+
+@register_policy_loss("test_verl_signature")
+def verl_style_loss(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean", config=None,
+                    rollout_is_weights=None):
+    loss = agg_loss(-advantages * log_prob, response_mask, loss_agg_mode)
+    zero = torch.zeros(())
+    return loss, zero, zero, zero
+"""
+
+
+@pytest.fixture(scope="session")
+def custom_algos_file(tmp_path_factory):
+    """A user's file with an advantage estimator and a policy loss written with verl's signatures."""
+    path = tmp_path_factory.mktemp("custom") / "mine.py"
+    path.write_text(CUSTOM_ALGOS)
+    return path

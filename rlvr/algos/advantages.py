@@ -17,6 +17,7 @@ by the lowest row index (verl leaves it to ``torch.topk``).
 
 from __future__ import annotations
 
+import inspect
 from typing import Any, Callable
 
 import torch
@@ -177,13 +178,12 @@ def compute_advantage(data: DataProto, config) -> DataProto:
     """Run ``config.adv_estimator`` on a batch; adds ``advantages`` and ``returns`` (in place)."""
     data.require("token_level_rewards", "response_mask", stage=f"advantage estimator {config.adv_estimator!r}")
     fn = get_adv_estimator_fn(config.adv_estimator)
-    advantages, returns = fn(
-        token_level_rewards=data.batch["token_level_rewards"],
-        response_mask=data.batch["response_mask"],
-        index=data.non_tensor_batch.get("uid"),
-        config=config,
-        values=data.batch.get("values"),
-        reward_baselines=data.batch.get("reward_baselines"),
-    )
+    inputs = {"token_level_rewards": data.batch["token_level_rewards"], "response_mask": data.batch["response_mask"],
+              "index": data.non_tensor_batch.get("uid"), "config": config, "values": data.batch.get("values"),
+              "reward_baselines": data.batch.get("reward_baselines")}
+    params = inspect.signature(fn).parameters
+    if not any(p.kind is p.VAR_KEYWORD for p in params.values()):  # a user's estimator with verl's narrower signature
+        inputs = {k: v for k, v in inputs.items() if k in params}
+    advantages, returns = fn(**inputs)
     data.batch["advantages"], data.batch["returns"] = advantages, returns
     return data

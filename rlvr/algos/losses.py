@@ -19,6 +19,7 @@ constant without dividing by the number of sequences.
 
 from __future__ import annotations
 
+import inspect
 from typing import Callable
 
 import torch
@@ -74,6 +75,34 @@ register_policy_loss = POLICY_LOSSES.register
 
 def get_policy_loss_fn(name: str) -> PolicyLossFn:
     return POLICY_LOSSES.get(name)
+
+
+def _takes_totals(fn: Callable) -> bool:
+    """Whether ``fn`` accepts the mini-batch totals (rlvr's losses do; verl's signature does not)."""
+    params = inspect.signature(fn).parameters.values()
+    return any(p.kind is p.VAR_KEYWORD for p in params) or "num_tokens" in {p.name for p in params}
+
+
+def call_policy_loss(fn: PolicyLossFn, old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config,
+                     rollout_is_weights=None, **totals):
+    """Call a registered policy loss on one micro-batch, so that its loss is the micro-batch's
+    share of the mini-batch loss.
+
+    A loss with verl's signature ``(old_log_prob, log_prob, advantages, response_mask,
+    loss_agg_mode, config, rollout_is_weights)`` aggregates over the micro-batch alone; its
+    loss is then weighed by the micro-batch's share of the mini-batch's tokens (token-mean) or
+    sequences (the seq-mean modes), which gives the same gradient for these modes."""
+    if _takes_totals(fn):
+        return fn(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config,
+                  rollout_is_weights=rollout_is_weights, **totals)
+    pg_loss, *rest = fn(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config, rollout_is_weights)
+    if not totals:
+        return (pg_loss, *rest)
+    if loss_agg_mode == "token-mean":
+        share = response_mask.sum() / torch.as_tensor(totals["num_tokens"], dtype=response_mask.dtype)
+    else:
+        share = count_seqs(response_mask) / max(totals["num_seqs"], 1)
+    return (pg_loss * share, *rest)
 
 
 def clip_range(config) -> tuple[float, float]:

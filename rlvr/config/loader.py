@@ -1,14 +1,22 @@
-"""Load a config: schema defaults <- YAML file <- ``key=value`` overrides, then validate.
+"""Load a config: schema defaults <- the GRPO recipe <- a YAML file <- overrides, then validate.
 
 OmegaConf does the merging, type conversion and ``${...}`` interpolation. Before merging,
 every user key is checked against the schema here, so an unknown key is reported with
 where it came from (the file or the command line) and the nearest known key.
+
+A verl user's habits carry over: Hydra-style ``+key=value`` and ``++key=value`` set a key,
+``~key`` puts it back to the schema default; verl keys that have no effect in rlvr's design
+are accepted with a one-line notice (``VERL_NO_EFFECT``), and verl keys that rlvr names
+differently are refused with the rlvr name (``VERL_RENAMED``).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import difflib
+import importlib
+import importlib.util
+import sys
 import typing
 from pathlib import Path
 from typing import Any, Iterable
@@ -22,6 +30,61 @@ from rlvr.config.validate import ConfigError, validate
 
 RECIPES_DIR = Path(__file__).parent
 DEFAULT_RECIPE = RECIPES_DIR / "grpo.yaml"
+LOAD_TIME_KEYS = ("custom_modules",)  # read here, before validation, not by the training code
+
+_FSDP = "FSDP is not implemented yet (actor.strategy=local: one process, one device)"
+_ENGINE = "the native engine has no such knob"
+# verl key (or section) -> (why it has no effect in rlvr, the values that are harmless or None for any)
+VERL_NO_EFFECT: dict[str, tuple[str, tuple | None]] = {
+    "actor_rollout_ref.model.use_remove_padding": (
+        "rlvr trims each micro-batch to its own longest sequence and packs each group around one prompt "
+        "(actor.share_prompt_forward), with no separate padding-removal switch", None),
+    "actor_rollout_ref.model.use_fused_kernels": ("the vocabulary projection already runs only where a response "
+                                                  "token is predicted, in chunks", None),
+    "actor_rollout_ref.model.use_liger": ("rlvr uses the transformers modelling code as is", None),
+    "actor_rollout_ref.model.enable_activation_offload": (_FSDP, (False,)),
+    "actor_rollout_ref.actor.fsdp_config": (_FSDP, None),
+    "actor_rollout_ref.ref.fsdp_config": (_FSDP, None),
+    "critic.model.fsdp_config": (_FSDP, None),
+    "actor_rollout_ref.actor.ulysses_sequence_parallel_size": ("sequence parallelism is not implemented", (1,)),
+    "actor_rollout_ref.actor.checkpoint": ("a checkpoint always holds the model, optimizer, scheduler and RNG", None),
+    "actor_rollout_ref.rollout.gpu_memory_utilization": (
+        "the native engine allocates exactly the KV cache each batch needs; there is no fraction to reserve", None),
+    "actor_rollout_ref.rollout.tensor_model_parallel_size": ("tensor parallelism is not implemented", (1,)),
+    "actor_rollout_ref.rollout.mode": ("the native engine runs in the trainer's process", ("sync",)),
+    "actor_rollout_ref.rollout.enforce_eager": (_ENGINE, None),
+    "actor_rollout_ref.rollout.free_cache_engine": ("the engine's cache is always freed after generation", None),
+    "actor_rollout_ref.rollout.load_format": ("the engine uses the actor's weights in place", None),
+    "actor_rollout_ref.rollout.enable_chunked_prefill": (_ENGINE, None),
+    "actor_rollout_ref.rollout.max_num_batched_tokens": (_ENGINE, None),
+    "actor_rollout_ref.rollout.max_num_seqs": (_ENGINE, None),
+    "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz": ("log-prob passes follow actor.use_dynamic_bsz", None),
+    "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu": (
+        "log-prob passes follow actor.ppo_max_token_len_per_gpu", None),
+    "actor_rollout_ref.ref.log_prob_use_dynamic_bsz": ("log-prob passes follow actor.use_dynamic_bsz", None),
+    "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu": (
+        "log-prob passes follow actor.ppo_max_token_len_per_gpu", None),
+    "trainer.balance_batch": ("it balances sequence lengths across data-parallel ranks; one device has none", None),
+    "trainer.critic_warmup": ("a critic warm-up (no actor update for the first steps) is not implemented", (0,)),
+    "trainer.val_only": ("validation alone is `rlvr eval`", (False,)),
+    "trainer.default_hdfs_dir": ("checkpoints go to trainer.default_local_dir", None),
+    "trainer.log_val_generations": ("validation generations are not logged to trackers", (0,)),
+}
+# verl key (or section) -> the rlvr key to use instead
+VERL_RENAMED: dict[str, str] = {
+    "actor_rollout_ref.actor.ppo_micro_batch_size": "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu",
+    "actor_rollout_ref.rollout.log_prob_micro_batch_size": "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu",
+    "actor_rollout_ref.ref.log_prob_micro_batch_size": "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu",
+    "critic.ppo_micro_batch_size": "critic.ppo_micro_batch_size_per_gpu",
+    "custom_reward_function": "reward.custom_reward_function (path, name, reward_kwargs)",
+    "reward_model.enable": "reward.reward_model.enable",
+    "reward_model.model.path": "reward.reward_model.path",
+    "reward_model.micro_batch_size_per_gpu": "reward.reward_model.micro_batch_size_per_gpu",
+    "reward_model.reward_manager": "reward.functions or reward.custom_reward_function (rlvr has one reward manager)",
+    "reward_model.overlong_buffer": "reward.overlong_buffer",
+    "reward_model": "reward.reward_model (enable, path, micro_batch_size_per_gpu, weight)",
+    "data.tokenizer": "actor_rollout_ref.model.tokenizer_path",
+}
 
 
 def _field_types(cls: type) -> dict[str, Any]:
@@ -53,12 +116,7 @@ def _check_keys(user: dict[str, Any], source: str, cls: type = RLVRConfig, prefi
     for name, value in user.items():
         key = f"{prefix}{name}"
         if name not in types:
-            all_keys = list(known_keys())
-            near = difflib.get_close_matches(key, all_keys, n=1, cutoff=0.6)
-            if not near:  # a key put under the wrong section: match on the last part
-                near = [k for k in all_keys if k.rsplit(".", 1)[-1] == name]
-            hint = f"; did you mean {' or '.join(map(repr, near))}?" if near else ""
-            raise ConfigError(f"unknown config key {key!r} (from {source}){hint}")
+            raise ConfigError(f"unknown config key {key!r} (from {source}){_nearest(key)}")
         tp = _unwrap_optional(types[name])
         if dataclasses.is_dataclass(tp):
             if not isinstance(value, dict):
@@ -72,12 +130,17 @@ def _check_keys(user: dict[str, Any], source: str, cls: type = RLVRConfig, prefi
 
 
 def parse_overrides(overrides: Iterable[str]) -> dict[str, Any]:
-    """``["a.b=1", "c=[x,y]"]`` -> nested dict, values parsed as YAML scalars/lists."""
+    """``["a.b=1", "+c=[x,y]"]`` -> nested dict, values parsed as YAML scalars/lists.
+
+    Hydra's ``+key=value`` (add) and ``++key=value`` (add or override) set the key like
+    ``key=value``: every rlvr key exists in the schema, so adding and overriding coincide.
+    Deletions (``~key``) are taken apart by ``split_overrides``."""
     nested: dict[str, Any] = {}
     for item in overrides:
-        if "=" not in item or item.startswith("="):
+        bare = item[2:] if item.startswith("++") else item[1:] if item.startswith("+") else item
+        if "=" not in bare or bare.startswith("="):
             raise ConfigError(f"override {item!r} is not of the form key=value (e.g. data.train_batch_size=16)")
-        key, raw = item.split("=", 1)
+        key, raw = bare.split("=", 1)
         try:
             value = yaml.safe_load(raw) if raw != "" else ""
         except yaml.YAMLError:
@@ -90,6 +153,95 @@ def parse_overrides(overrides: Iterable[str]) -> dict[str, Any]:
                 raise ConfigError(f"override {item!r} sets a sub-key of {part!r}, which was given a value")
         node[parts[-1]] = value
     return nested
+
+
+def split_overrides(overrides: Iterable[str]) -> tuple[list[str], list[str]]:
+    """(assignments, keys to delete): Hydra's ``~key`` or ``~key=value`` deletes ``key``, which for
+    rlvr's typed schema means: back to the schema default, whatever the recipe or file set."""
+    sets, deletions = [], []
+    for item in overrides:
+        if item.startswith("~"):
+            deletions.append(item[1:].split("=", 1)[0].strip())
+        else:
+            sets.append(item)
+    return sets, deletions
+
+
+def _flatten(nested: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out = {}
+    for key, value in nested.items():
+        out[f"{prefix}{key}"] = value
+        if isinstance(value, dict):
+            out.update(_flatten(value, f"{prefix}{key}."))
+    return out
+
+
+def _drop(nested: dict[str, Any], dotted: str) -> None:
+    *parents, last = dotted.split(".")
+    for part in parents:
+        nested = nested[part]
+    del nested[last]
+
+
+def _verl_keys(data: dict[str, Any], source: str) -> None:
+    """Refuse verl keys that rlvr names differently; drop (with a notice) verl keys that have no
+    effect in rlvr's design, unless their value asks for something rlvr would not do."""
+    for key, value in list(_flatten(data).items()):
+        if key in VERL_RENAMED:
+            raise ConfigError(f"{key!r} (from {source}) is verl's name; rlvr's is {VERL_RENAMED[key]}")
+        if key in VERL_NO_EFFECT:
+            why, harmless = VERL_NO_EFFECT[key]
+            if harmless is not None and value not in harmless:
+                raise ConfigError(f"{key}={value!r} (from {source}) cannot be honoured: {why}; remove it or set "
+                                  f"{key}={harmless[0]!r}")
+            print(f"[rlvr] note: {key} (from {source}) has no effect in rlvr: {why}", file=sys.stderr, flush=True)
+            _drop(data, key)
+
+
+def _nearest(key: str) -> str:
+    all_keys = list(known_keys())
+    near = difflib.get_close_matches(key, all_keys, n=1, cutoff=0.6)
+    if not near:  # a key put under the wrong section: match on the last part
+        near = [k for k in all_keys if k.rsplit(".", 1)[-1] == key.rsplit(".", 1)[-1]]
+    return f"; did you mean {' or '.join(map(repr, near))}?" if near else ""
+
+
+def recipe_path(name: str | Path) -> Path:
+    """A YAML file, or the name of a recipe shipped in rlvr/config (``grpo``, ``dapo``, ...)."""
+    path = Path(name).expanduser()
+    if not path.exists() and path.suffix == "" and (RECIPES_DIR / f"{name}.yaml").is_file():
+        return RECIPES_DIR / f"{name}.yaml"
+    return path
+
+
+def recipes() -> list[str]:
+    return sorted(p.stem for p in RECIPES_DIR.glob("*.yaml"))
+
+
+def import_custom_modules(entries: Iterable[str]) -> None:
+    """Import each file or module of ``custom_modules`` (once), so its registrations exist."""
+    for entry in entries:
+        path = Path(entry).expanduser()
+        try:
+            if path.suffix == ".py":
+                if not path.is_file():
+                    raise ConfigError(f"custom_modules: {str(path)!r} does not exist")
+                name = f"rlvr_custom_{abs(hash(str(path.resolve())))}"
+                if name not in sys.modules:
+                    spec = importlib.util.spec_from_file_location(name, path)
+                    module = importlib.util.module_from_spec(spec)
+                    sys.modules[name] = module
+                    try:
+                        spec.loader.exec_module(module)
+                    except BaseException:
+                        del sys.modules[name]
+                        raise
+            else:
+                importlib.import_module(entry)
+        except ConfigError:
+            raise
+        except Exception as err:
+            raise ConfigError(f"custom_modules: importing {entry!r} failed: {type(err).__name__}: {err}") from None
 
 
 def _read_yaml(path: Path) -> dict[str, Any]:
@@ -105,20 +257,34 @@ def _read_yaml(path: Path) -> dict[str, Any]:
 
 
 def load_config(config_file: str | Path | None = None, overrides: Iterable[str] = ()) -> RLVRConfig:
-    """Schema defaults, then the recipe (``grpo.yaml`` unless ``config_file``), then overrides."""
-    path = Path(config_file).expanduser() if config_file else DEFAULT_RECIPE
-    layers = [(_read_yaml(path), f"file {str(path)!r}"), (parse_overrides(overrides), "the command line")]
+    """Schema defaults, then the GRPO recipe (``grpo.yaml``), then ``config_file`` (a partial
+    file changes only what it sets; a recipe name like ``dapo`` finds a shipped recipe), then
+    the overrides; ``~key`` overrides restore schema defaults last."""
+    sets, deletions = split_overrides(overrides)
+    layers = [(_read_yaml(DEFAULT_RECIPE), f"the recipe {str(DEFAULT_RECIPE)!r}")]
+    if config_file:
+        path = recipe_path(config_file)
+        if path.resolve() != DEFAULT_RECIPE.resolve():
+            layers.append((_read_yaml(path), f"file {str(path)!r}"))
+    layers.append((parse_overrides(sets), "the command line"))
     merged = OmegaConf.structured(RLVRConfig)
     for data, source in layers:
+        _verl_keys(data, source)
         _check_keys(data, source)
         try:
             merged = OmegaConf.merge(merged, OmegaConf.create(data))
         except OmegaConfBaseException as err:
             raise ConfigError(_explain(err, source)) from None
+    defaults = OmegaConf.structured(RLVRConfig)
+    for key in deletions:
+        if key not in known_keys():
+            raise ConfigError(f"unknown config key {key!r} (from the command line, ~{key}){_nearest(key)}")
+        OmegaConf.update(merged, key, OmegaConf.select(defaults, key), merge=False)
     try:
         cfg = OmegaConf.to_object(merged)
     except OmegaConfBaseException as err:
         raise ConfigError(_explain(err, "the config")) from None
+    import_custom_modules(cfg.custom_modules)
     validate(cfg)
     return cfg
 

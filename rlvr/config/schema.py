@@ -333,6 +333,10 @@ class TrainerConfig:
 
 @dataclass
 class RLVRConfig:
+    custom_modules: list[str] = field(default_factory=list)
+    """Python files (or importable module names) imported before the config is validated, so
+    the advantage estimators, policy losses and reward functions they register can be named
+    (``@register_adv_est("mine")`` then ``algorithm.adv_estimator=mine``)."""
     data: DataConfig = field(default_factory=DataConfig)
     actor_rollout_ref: ActorRolloutRefConfig = field(default_factory=ActorRolloutRefConfig)
     critic: CriticConfig = field(default_factory=CriticConfig)

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from rlvr.algos.kl import kl_penalty
-from rlvr.algos.losses import agg_loss, compute_rollout_is_weights, count_seqs, get_policy_loss_fn
+from rlvr.algos.losses import agg_loss, call_policy_loss, compute_rollout_is_weights, count_seqs, get_policy_loss_fn
 from rlvr.config.schema import ActorConfig, AlgorithmConfig, OptimConfig
 from rlvr.protocol import DataProto
 from rlvr.workers.forward import forward_log_probs, group_rows
@@ -285,8 +285,9 @@ class Actor:
         if self.algorithm.rollout_is and "rollout_log_probs" in data.batch:
             is_weights = compute_rollout_is_weights(old_log_prob, data.batch["rollout_log_probs"][idx].to(device), mask,
                                                     self.algorithm.rollout_is_level, self.algorithm.rollout_is_threshold)
-        pg_loss, clipfrac, ppo_kl, clipfrac_lower = self.policy_loss_fn(
-            old_log_prob, log_prob, advantages, mask, cfg.loss_agg_mode, cfg, rollout_is_weights=is_weights, **totals)
+        pg_loss, clipfrac, ppo_kl, clipfrac_lower = call_policy_loss(
+            self.policy_loss_fn, old_log_prob, log_prob, advantages, mask, cfg.loss_agg_mode, cfg,
+            rollout_is_weights=is_weights, **totals)
         loss = pg_loss
         if cfg.entropy_coeff != 0:
             loss = loss - cfg.entropy_coeff * agg_loss(entropy, mask, cfg.loss_agg_mode, **totals)

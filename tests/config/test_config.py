@@ -35,8 +35,8 @@ def test_config_file_layer(tmp_path):
                  "  actor:\n    ppo_mini_batch_size: 2\n")
     cfg = load_config(f, ["actor_rollout_ref.rollout.n=8"])
     assert (cfg.algorithm.adv_estimator, cfg.data.train_batch_size, cfg.actor_rollout_ref.rollout.n) == ("rloo", 4, 8)
-    # a file replaces the recipe: keys it does not set keep the schema default
-    assert cfg.actor_rollout_ref.actor.use_kl_loss is False
+    # a partial file layers over the GRPO recipe: keys it does not set keep the recipe's values
+    assert cfg.actor_rollout_ref.actor.use_kl_loss is True and cfg.actor_rollout_ref.actor.optim.lr == 1e-5
 
 
 def test_unknown_key_suggests_nearest():
@@ -150,3 +150,87 @@ def test_reward_timeout_must_be_positive_or_null():
         with pytest.raises(ConfigError, match=r"reward.timeout_s = -?[01](\.0)? must be > 0 seconds; set it to null"):
             load_config(overrides=[f"reward.timeout_s={bad}"])
     assert load_config(overrides=["reward.timeout_s=null"]).reward.timeout_s is None
+
+
+@pytest.mark.parametrize("override, message", [
+    ("actor_rollout_ref.actor.strategy=fsdp2", "FSDP/FSDP2 sharding is not implemented yet; use .*strategy=local"),
+    ("actor_rollout_ref.actor.strategy=fsdp", "FSDP/FSDP2 sharding is not implemented yet"),
+    ("trainer.n_gpus_per_node=8", "n_gpus_per_node: several devices per node .* not implemented yet"),
+    ("trainer.nnodes=2", "trainer.nnodes: multi-node training is not implemented yet"),
+    ("actor_rollout_ref.hybrid_engine=false", "hybrid_engine: a rollout on devices of its own is not implemented"),
+    ("actor_rollout_ref.rollout.multi_turn.enable=true", "multi-turn tool-calling rollouts are not implemented yet"),
+    ("actor_rollout_ref.rollout.multi_turn.tool_config_path=tools.yaml", "tools are not implemented yet"),
+    ("actor_rollout_ref.rollout.multi_turn.max_turns=3", "multi_turn.max_turns unset"),
+])
+def test_settings_not_implemented_yet_are_refused(override, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config(overrides=[override])
+
+
+def test_every_schema_key_is_read_outside_the_config_package_or_refused():
+    """A key that nothing reads would be silently ignored: each leaf key's name must be read
+    (``.name`` or ``"name"``) somewhere in rlvr/ outside rlvr/config/, or refused at load."""
+    import dataclasses
+    import pathlib
+    import re
+
+    from rlvr.config.loader import LOAD_TIME_KEYS
+    from rlvr.config.validate import NOT_IMPLEMENTED
+
+    root = pathlib.Path(__file__).parents[2] / "rlvr"
+    source = "\n".join(p.read_text() for p in root.rglob("*.py") if "config" not in p.relative_to(root).parts)
+    refused = {key for key, _, _ in NOT_IMPLEMENTED} | set(LOAD_TIME_KEYS)
+    unread = [key for key, tp in known_keys().items()
+              if not dataclasses.is_dataclass(tp) and key not in refused
+              and not re.search(rf"""(\.|["']){re.escape(key.rsplit('.', 1)[-1])}\b""", source)]
+    assert unread == []
+
+
+def test_hydra_style_overrides():
+    cfg = load_config(overrides=["+actor_rollout_ref.actor.clip_ratio_high=0.28", "++data.train_batch_size=4",
+                                 "actor_rollout_ref.actor.ppo_mini_batch_size=4", "~actor_rollout_ref.actor.optim.lr",
+                                 "~trainer.test_freq=12"])
+    assert cfg.actor_rollout_ref.actor.clip_ratio_high == pytest.approx(0.28) and cfg.data.train_batch_size == 4
+    assert cfg.actor_rollout_ref.actor.optim.lr == 1e-6  # the recipe's 1e-5 deleted: back to the schema default
+    assert cfg.trainer.test_freq == -1
+    with pytest.raises(ConfigError, match=r"unknown config key 'data.train_batch_sise' .*did you mean 'data.train_batch_size'"):
+        load_config(overrides=["+data.train_batch_sise=3"])
+    with pytest.raises(ConfigError, match=r"unknown config key 'trainer.tesst_freq' \(from the command line, ~"):
+        load_config(overrides=["~trainer.tesst_freq"])
+
+
+def test_verl_keys_without_effect_get_a_notice_and_renamed_ones_the_rlvr_name(tmp_path, capsys):
+    f = tmp_path / "verl.yaml"
+    f.write_text("actor_rollout_ref:\n  model:\n    use_remove_padding: true\n  actor:\n    fsdp_config:\n"
+                 "      param_offload: false\n  rollout:\n    gpu_memory_utilization: 0.6\n"
+                 "    tensor_model_parallel_size: 1\ntrainer:\n  critic_warmup: 0\n")
+    cfg = load_config(f)
+    err = capsys.readouterr().err
+    for key in ("use_remove_padding", "fsdp_config", "gpu_memory_utilization", "tensor_model_parallel_size",
+                "critic_warmup"):
+        assert f"{key} (from file" in err and "has no effect in rlvr" in err, key
+    assert "did you mean" not in err and cfg.algorithm.adv_estimator == "grpo"
+    with pytest.raises(ConfigError, match=r"tensor_model_parallel_size=2 .* cannot be honoured: tensor parallelism"):
+        load_config(overrides=["actor_rollout_ref.rollout.tensor_model_parallel_size=2"])
+    with pytest.raises(ConfigError, match=r"'actor_rollout_ref.actor.ppo_micro_batch_size' \(from the command line\) "
+                                          r"is verl's name; rlvr's is actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu"):
+        load_config(overrides=["actor_rollout_ref.actor.ppo_micro_batch_size=4"])
+    with pytest.raises(ConfigError, match=r"'custom_reward_function' .* rlvr's is reward.custom_reward_function"):
+        load_config(overrides=["custom_reward_function.path=my.py"])
+
+
+def test_recipe_by_name():
+    cfg = load_config("grpo")
+    assert cfg.algorithm.adv_estimator == "grpo"
+
+
+def test_custom_modules_register_names_before_validation(custom_algos_file):
+    f = custom_algos_file
+    with pytest.raises(ConfigError, match="'test_sign_adv' is not registered"):
+        load_config(overrides=["algorithm.adv_estimator=test_sign_adv"])
+    cfg = load_config(overrides=[f"custom_modules=[{f}]", "algorithm.adv_estimator=test_sign_adv",
+                                 "actor_rollout_ref.actor.policy_loss.loss_mode=test_verl_signature"])
+    assert cfg.algorithm.adv_estimator == "test_sign_adv"
+    assert load_config(overrides=[f"custom_modules=[{f}]"]).custom_modules == [str(f)]  # importing twice is fine
+    with pytest.raises(ConfigError, match=r"custom_modules: '/no/such.py' does not exist"):
+        load_config(overrides=["custom_modules=[/no/such.py]"])

@@ -192,3 +192,23 @@ def test_on_policy_shortcut_matches_separate_old_log_prob_pass(tiny_config, tmp_
     assert short["training/rollout_probs_diff_max"] < 1e-3
     for a, b in zip(sep_params, short_params):
         assert torch.allclose(a, b, atol=1e-5)
+
+
+def test_custom_estimator_and_verl_signature_loss_from_a_user_file(tiny_config, tmp_path, custom_algos_file):
+    """custom_modules registers a user's estimator and a policy loss written with verl's signature
+    (no mini-batch totals); the loss is weighed per micro-batch so training equals the built-in
+    loss with the same math (gpg: -A * log_prob), with 3 micro-batches per mini-batch."""
+    module = custom_algos_file
+    weights = {}
+    for loss_mode in ("gpg", "test_verl_signature"):
+        config = tiny_config(f"custom_modules=[{module}]", "algorithm.adv_estimator=test_sign_adv",
+                             f"actor_rollout_ref.actor.policy_loss.loss_mode={loss_mode}",
+                             "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1", "trainer.val_before_train=false",
+                             "data.val_files=[]", f"trainer.default_local_dir={tmp_path / loss_mode}")
+        trainer, last, changed = run(config)
+        assert changed
+        weights[loss_mode] = [p.detach().clone() for p in trainer.wg.worker.actor.model.parameters()]
+        rows = [json.loads(line) for line in open(tmp_path / loss_mode / "rollouts" / "2.jsonl")]
+        assert all(r["advantage"] == (1.0 if r["score"] > 0.5 else -1.0) for r in rows)  # the user's estimator
+    for a, b in zip(weights["gpg"], weights["test_verl_signature"]):
+        assert torch.allclose(a, b, atol=1e-6)
