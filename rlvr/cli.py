@@ -34,7 +34,7 @@ def _cmd_prepare(args: argparse.Namespace) -> None:
     else:
         if not args.src:
             raise DatasetError("rlvr prepare gsm8k needs --src PATH: the folder with GSM8K's train/test files")
-        paths = prepare.prepare_gsm8k(out, Path(args.src))
+        paths = prepare.prepare_gsm8k(out, Path(args.src), args.system_prompt)
     for split, path in paths.items():
         print(f"wrote {split}: {path}")
 
@@ -202,6 +202,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("task", choices=["arithmetic", "countdown", "gsm8k"])
     p.add_argument("--out", help="output folder (default ~/data/TASK)")
     p.add_argument("--src", help="gsm8k: folder or file with the raw GSM8K data")
+    p.add_argument("--system-prompt", help="gsm8k: a system prompt (text, or think-answer / think-answer-zh: the "
+                                           "<think>/<answer> format of the gsm8k_zh recipe); the question then goes "
+                                           "bare, without the '####' instruction")
     p.add_argument("--train-size", type=int, default=0, help="rows in train (default 1000; countdown 10000)")
     p.add_argument("--test-size", type=int, default=0, help="rows in test (default 300)")
     p.add_argument("--seed", type=int, default=0)

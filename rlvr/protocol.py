@@ -52,7 +52,10 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 import torch
 
-__all__ = ["DataProto", "DataProtoError"]
+__all__ = ["DataProto", "DataProtoError", "concat_rollouts"]
+
+PROMPT_RESPONSE_KEYS = ("input_ids", "attention_mask", "position_ids")  # (bs, P+R)
+TOKEN_ID_KEYS = ("input_ids", "prompts", "responses")  # padded with the pad token
 
 
 class DataProtoError(ValueError):
@@ -410,3 +413,36 @@ class DataProto:
         """Read a file written by ``save_to_disk`` (trusted files only: it unpickles)."""
         payload = torch.load(Path(path), weights_only=False)
         return cls(payload["batch"], payload["non_tensor_batch"], payload["meta_info"])
+
+
+def concat_rollouts(parts: Sequence[DataProto], pad_id: int) -> DataProto:
+    """``DataProto.concat`` of rollout batches whose prompt and response widths differ (each
+    batch is padded to its own longest): prompts are left-padded and responses right-padded to
+    the widest part first, following the standard layout above. Position ids continue across
+    response padding; masks and per-token values are 0 there."""
+    P = max(p.batch["input_ids"].shape[1] - p.batch["responses"].shape[1] for p in parts)
+    R = max(p.batch["responses"].shape[1] for p in parts)
+    return DataProto.concat([_pad_rollout(part, P, R, pad_id) for part in parts])
+
+
+def _pad_rollout(data: DataProto, P: int, R: int, pad_id: int) -> DataProto:
+    r = data.batch["responses"].shape[1]
+    p = data.batch["input_ids"].shape[1] - r
+    if (p, r) == (P, R):
+        return data
+    batch = {}
+    for key, value in data.batch.items():
+        fill = pad_id if key in TOKEN_ID_KEYS else 0
+        if value.dim() < 2:
+            batch[key] = value
+        elif key in PROMPT_RESPONSE_KEYS:
+            left = torch.nn.functional.pad(value[:, :p], (P - p, 0), value=fill)
+            right = torch.nn.functional.pad(value[:, p:], (0, R - r), value=fill)
+            if key == "position_ids" and R > r:  # keep counting after the last response position
+                right[:, r:] = value[:, -1:] + torch.arange(1, R - r + 1, device=value.device)
+            batch[key] = torch.cat([left, right], dim=1)
+        elif key == "prompts":
+            batch[key] = torch.nn.functional.pad(value, (P - p, 0), value=fill)
+        else:  # (bs, R) response-shaped
+            batch[key] = torch.nn.functional.pad(value, (0, R - r), value=fill)
+    return DataProto(batch=batch, non_tensor_batch=dict(data.non_tensor_batch), meta_info=dict(data.meta_info))

@@ -193,3 +193,25 @@ def test_save_and_load(tmp_path):
     assert back.non_tensor_batch["raw_prompt_ids"][1] == [1, 1]
     assert back.meta_info == dp.meta_info
     assert not (tmp_path / "batch.pt.tmp").exists()
+
+
+def test_concat_rollouts_pads_prompts_left_and_responses_right():
+    from rlvr.protocol import concat_rollouts
+
+    def rollout(prompt, response):
+        P, R = len(prompt), len(response)
+        ids = torch.tensor([prompt + response])
+        return DataProto.from_dict({"input_ids": ids, "attention_mask": torch.ones(1, P + R, dtype=torch.long),
+                                    "position_ids": torch.arange(P + R)[None], "prompts": ids[:, :P],
+                                    "responses": ids[:, P:], "response_mask": torch.ones(1, R, dtype=torch.long),
+                                    "token_level_scores": torch.tensor([[0.0] * (R - 1) + [1.0]])},
+                                   {"uid": ["a"]})
+
+    out = concat_rollouts([rollout([5, 6], [7, 8, 9]), rollout([4, 5, 6], [7])], pad_id=0)
+    assert out.batch["input_ids"].tolist() == [[0, 5, 6, 7, 8, 9], [4, 5, 6, 7, 0, 0]]
+    assert out.batch["attention_mask"].tolist() == [[0, 1, 1, 1, 1, 1], [1, 1, 1, 1, 0, 0]]
+    assert out.batch["position_ids"].tolist() == [[0, 0, 1, 2, 3, 4], [0, 1, 2, 3, 4, 5]]
+    assert out.batch["prompts"].tolist() == [[0, 5, 6], [4, 5, 6]]
+    assert out.batch["responses"].tolist() == [[7, 8, 9], [7, 0, 0]]
+    assert out.batch["token_level_scores"].tolist() == [[0, 0, 1], [1, 0, 0]]
+    assert out.non_tensor_batch["uid"].tolist() == ["a", "a"]

@@ -36,6 +36,9 @@ class DataConfig:
     """Prompts per validation batch; None means the whole validation set at once."""
     return_raw_chat: bool = False
     """Also return the un-templated messages as ``raw_prompt`` (multi-turn rollout needs them)."""
+    gen_batch_size: Optional[int] = None
+    """Prompts per generation batch under DAPO dynamic sampling (``algorithm.filter_groups``);
+    None means train_batch_size. Only dynamic sampling may make it differ from train_batch_size."""
     shuffle: bool = True
     """Shuffle the training rows each epoch (reproducibly, from ``seed``)."""
     seed: int = 1
@@ -249,6 +252,18 @@ class RewardModelConfig:
 
 
 @dataclass
+class OverlongBufferConfig:
+    """DAPO's overlong reward shaping: a linear penalty over the last ``len`` tokens before
+    ``data.max_response_length``, reaching -``penalty_factor`` at the limit."""
+
+    enable: bool = False
+    len: int = 16
+    """Tokens before max_response_length where the penalty starts."""
+    penalty_factor: float = 1.0
+    """The penalty at max_response_length."""
+
+
+@dataclass
 class RewardConfig:
     functions: list[RewardFunctionEntry] = field(default_factory=list)
     """Weighted reward functions; empty means one scorer chosen by each row's data_source."""
@@ -268,6 +283,10 @@ class RewardConfig:
     1.0 never stops."""
     launch_reward_fn_async: bool = False
     """Score while the log-prob passes run."""
+    overlong_buffer: OverlongBufferConfig = field(default_factory=OverlongBufferConfig)
+    val_functions: list[RewardFunctionEntry] = field(default_factory=list)
+    """Weighted functions that score validation (e.g. correctness alone, for an accuracy);
+    empty means the training functions. Validation never gets the overlong penalty."""
 
 
 @dataclass
@@ -277,6 +296,20 @@ class KLControlConfig:
     kl_coef: float = 0.001
     horizon: int = 10000
     target_kl: float = 0.1
+
+
+@dataclass
+class FilterGroupsConfig:
+    """DAPO dynamic sampling: groups whose responses all score the same carry no GRPO signal."""
+
+    enable: bool = False
+    """Drop such groups and generate further batches (of data.gen_batch_size prompts) until
+    data.train_batch_size groups remain; the surplus of the last batch is left out."""
+    metric: str = "acc"
+    """What must vary within a group: acc (the scorer's reported acc, else its score), score (the
+    scorer's score before overlong shaping) or seq_reward (the sequence's token_level_scores)."""
+    max_num_gen_batches: int = 10
+    """Generation batches one step may use before the run stops with an error; <= 0: no limit."""
 
 
 @dataclass
@@ -300,6 +333,7 @@ class AlgorithmConfig:
     """token | sequence | geometric."""
     rollout_is_threshold: float = 2.0
     """Cap of the importance weight."""
+    filter_groups: FilterGroupsConfig = field(default_factory=FilterGroupsConfig)
 
 
 @dataclass

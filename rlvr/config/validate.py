@@ -171,12 +171,41 @@ def _algorithm(cfg: RLVRConfig) -> list[str]:
     reward = cfg.reward
     if reward.timeout_s is not None and reward.timeout_s <= 0:
         errors.append(f"reward.timeout_s = {reward.timeout_s} must be > 0 seconds; set it to null for no time limit")
+    errors += _dapo(cfg)
     if not 0 <= reward.max_failed_fraction <= 1:
         errors.append(f"reward.max_failed_fraction must be in [0, 1], got {reward.max_failed_fraction}")
     if not 0 < rollout.top_p <= 1:
         errors.append(f"actor_rollout_ref.rollout.top_p must be in (0, 1], got {rollout.top_p}")
     if actor.optim.lr <= 0:
         errors.append(f"actor_rollout_ref.actor.optim.lr must be > 0, got {actor.optim.lr}")
+    return errors
+
+
+FILTER_METRICS = ("acc", "score", "seq_reward")
+
+
+def _dapo(cfg: RLVRConfig) -> list[str]:
+    errors = []
+    data, groups, overlong = cfg.data, cfg.algorithm.filter_groups, cfg.reward.overlong_buffer
+    if data.gen_batch_size is not None:
+        if not groups.enable and data.gen_batch_size != data.train_batch_size:
+            errors.append(f"data.gen_batch_size = {data.gen_batch_size} differs from data.train_batch_size = "
+                          f"{data.train_batch_size}, but only DAPO dynamic sampling generates batches of another size; "
+                          "set algorithm.filter_groups.enable=true or remove data.gen_batch_size")
+        elif data.gen_batch_size < 1:
+            errors.append(f"data.gen_batch_size must be >= 1, got {data.gen_batch_size}")
+    if groups.enable:
+        if groups.metric not in FILTER_METRICS:
+            errors.append(f"algorithm.filter_groups.metric = {groups.metric!r} is not one of {list(FILTER_METRICS)}")
+        if cfg.reward.launch_reward_fn_async:
+            errors.append("algorithm.filter_groups needs each generation batch scored before deciding whether to "
+                          "generate another; set reward.launch_reward_fn_async=false")
+    if overlong.enable:
+        if not 1 <= overlong.len <= data.max_response_length:
+            errors.append(f"reward.overlong_buffer.len = {overlong.len} must be in 1..data.max_response_length = "
+                          f"{data.max_response_length}")
+        if overlong.penalty_factor < 0:
+            errors.append(f"reward.overlong_buffer.penalty_factor must be >= 0, got {overlong.penalty_factor}")
     return errors
 
 

@@ -26,5 +26,8 @@ def prepare_countdown(out_dir: Path, train_size: int = 10000, test_size: int = 3
     }
 
 
-def prepare_gsm8k(out_dir: Path, src: Path) -> dict[str, Path]:
-    return {split: write_parquet(rows, out_dir / f"{split}.parquet") for split, rows in gsm8k.convert(src).items()}
+def prepare_gsm8k(out_dir: Path, src: Path, system_prompt: str | None = None) -> dict[str, Path]:
+    """GSM8K's raw files as verl rows; ``system_prompt`` (a text, or a name in gsm8k.SYSTEM_PROMPTS)
+    puts the answer format in a system message, as seed 002's trainer does."""
+    return {split: write_parquet(rows, out_dir / f"{split}.parquet")
+            for split, rows in gsm8k.convert(src, system_prompt).items()}

@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from rlvr.algos.dapo import overlong_penalty
 from rlvr.config.schema import RewardConfig
 from rlvr.protocol import DataProto
 from rlvr.rewards.registry import REWARD_FNS, reward_fn_name_for
@@ -152,6 +153,7 @@ class RewardResult:
     token_level_scores: torch.Tensor  # (bs, R): the score on each response's last valid token
     reward_extra_info: dict[str, np.ndarray] = field(default_factory=dict)
     metrics: dict[str, float] = field(default_factory=dict)
+    scores: torch.Tensor | None = None  # (bs,) the scorers' scores before overlong shaping
 
 
 def place_on_last_token(scores: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
@@ -165,9 +167,13 @@ def place_on_last_token(scores: torch.Tensor, response_mask: torch.Tensor) -> to
 class RewardManager:
     """Computes rule-based scores for a batch of responses (see the module docstring)."""
 
-    def __init__(self, tokenizer, config: RewardConfig | None = None, reward_fn_key: str = "data_source"):
+    def __init__(self, tokenizer, config: RewardConfig | None = None, reward_fn_key: str = "data_source",
+                 max_response_length: int | None = None):
         self.tokenizer, self.config = tokenizer, config or RewardConfig()
         self.reward_fn_key = reward_fn_key
+        self.max_response_length = max_response_length
+        if self.config.overlong_buffer.enable and max_response_length is None:
+            raise RewardError("reward.overlong_buffer needs the reward manager to know data.max_response_length")
         self._fixed_fns = self._configured_functions()
         self._pool = None
         self._async = None
@@ -207,7 +213,19 @@ class RewardManager:
                          None if extra_info is None else extra_info[i], self.config.timeout_s))
         start = time.perf_counter()
         results = self._run(jobs)
-        return self._collect(results, texts, sources, mask, time.perf_counter() - start)
+        result = self._collect(results, texts, sources, mask, time.perf_counter() - start)
+        if self.config.overlong_buffer.enable:
+            self._shape_overlong(result, mask)
+        return result
+
+    def _shape_overlong(self, result: RewardResult, mask: torch.Tensor) -> None:
+        """DAPO: add the overlong penalty of each response's length to its score."""
+        buffer = self.config.overlong_buffer
+        penalty = overlong_penalty(mask.sum(dim=-1).cpu(), self.max_response_length, buffer.len, buffer.penalty_factor)
+        result.token_level_scores = place_on_last_token(result.scores + penalty, mask)
+        result.reward_extra_info["overlong_reward"] = penalty.numpy().astype(object)
+        result.metrics["reward/overlong_penalty/mean"] = float(penalty.mean())
+        result.metrics["reward/overlong_ratio"] = float((penalty < 0).float().mean())
 
     def _run(self, jobs: list[tuple]) -> list[dict]:
         """Score ``jobs`` inline, or in the pool in chunks (one message per chunk, not per sample).
@@ -269,7 +287,7 @@ class RewardManager:
             if numeric:
                 metrics[f"reward/{key}/mean"] = float(np.mean(numeric))
         return RewardResult(place_on_last_token(scores, mask), {k: np.array(v, dtype=object) for k, v in extras.items()},
-                            metrics)
+                            metrics, scores)
 
     # ------------------------------------------------------------------ pool and async
     def _get_pool(self):

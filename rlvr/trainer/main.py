@@ -11,7 +11,7 @@ import dataclasses
 from pathlib import Path
 
 from rlvr.config import ConfigError, to_yaml
-from rlvr.config.schema import RLVRConfig, DataConfig
+from rlvr.config.schema import CustomRewardFunctionConfig, DataConfig, OverlongBufferConfig, RewardConfig, RLVRConfig
 from rlvr.data import RLHFDataset
 from rlvr.data.io import DatasetError
 from rlvr.distributed import LocalWorkerGroup
@@ -64,6 +64,14 @@ def check_scorable(dataset: RLHFDataset, config: RLVRConfig, split: str) -> None
                 "own function (reward.custom_reward_function.path)")
 
 
+def validation_reward_config(reward: RewardConfig) -> RewardConfig:
+    """Validation scores with ``reward.val_functions`` when set, and never with the overlong penalty."""
+    functions = reward.val_functions or reward.functions
+    custom = reward.custom_reward_function if not reward.val_functions else CustomRewardFunctionConfig()
+    return dataclasses.replace(reward, functions=functions, custom_reward_function=custom,
+                               overlong_buffer=OverlongBufferConfig())
+
+
 def total_steps(config: RLVRConfig, batches_per_epoch: int) -> int:
     if config.trainer.total_training_steps is not None:
         return config.trainer.total_training_steps
@@ -80,9 +88,10 @@ def build_trainer(config: RLVRConfig, progress_bar: bool = True) -> RLTrainer:
     check_scorable(train, config, "data.train_files")
     if val is not None:
         check_scorable(val, config, "data.val_files")
-    batches = len(train) // config.data.train_batch_size
+    per_batch = config.data.gen_batch_size or config.data.train_batch_size
+    batches = len(train) // per_batch
     if batches == 0:
-        raise ConfigError(f"data.train_batch_size = {config.data.train_batch_size} is larger than the training set "
+        raise ConfigError(f"data.train_batch_size (or gen_batch_size) = {per_batch} is larger than the training set "
                           f"({len(train)} rows after filtering); lower it or add rows")
     steps = total_steps(config, batches)
     worker = ActorRolloutRefWorker(config, steps, tokenizer)
@@ -93,7 +102,8 @@ def build_trainer(config: RLVRConfig, progress_bar: bool = True) -> RLTrainer:
                               config.actor_rollout_ref.actor.loss_agg_mode)
         critic.init_model()
         critic_wg = LocalWorkerGroup(critic)
-    reward_fn = RewardManager(tokenizer, config.reward, config.data.reward_fn_key)
+    reward_fn = RewardManager(tokenizer, config.reward, config.data.reward_fn_key, config.data.max_response_length)
+    val_reward_fn = RewardManager(tokenizer, validation_reward_config(config.reward), config.data.reward_fn_key)
     reward_model = None
     if config.reward.reward_model.enable:
         from rlvr.rewards.reward_model import RewardModel
@@ -104,7 +114,7 @@ def build_trainer(config: RLVRConfig, progress_bar: bool = True) -> RLTrainer:
     tracker = Tracking(config.trainer.logger, run_dir, progress_bar, config.trainer.project_name,
                        config.trainer.experiment_name, dataclasses.asdict(config))
     trainer = RLTrainer(config, LocalWorkerGroup(worker), tokenizer, train, val, reward_fn,
-                        reward_fn if val is not None else None, steps, tracker, critic_wg, reward_model)
+                        val_reward_fn if val is not None else None, steps, tracker, critic_wg, reward_model)
     resume_from = checkpoint.resolve_resume(config)
     if resume_from is not None:
         trainer.load_checkpoint(resume_from)
@@ -124,4 +134,6 @@ def run_training(config: RLVRConfig) -> dict[str, float]:
     finally:
         trainer.tracker.close()
         trainer.reward_fn.close()
+        if trainer.val_reward_fn is not None:
+            trainer.val_reward_fn.close()
         print(f"[rlvr] run directory: {run_dir} (config.yaml, metrics.jsonl)", flush=True)

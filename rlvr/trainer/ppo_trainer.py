@@ -10,24 +10,31 @@ worker group, own the models.
 
 from __future__ import annotations
 
+import itertools
 import json
+from collections import defaultdict
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 import torch
 from tqdm import tqdm
 
 from rlvr.algos.advantages import compute_advantage
+from rlvr.algos.dapo import filter_groups
 from rlvr.algos.kl import apply_kl_penalty, get_kl_controller
 from rlvr.config.schema import RLVRConfig
 from rlvr.data.sampler import PromptLoader
-from rlvr.protocol import DataProto
+from rlvr.protocol import DataProto, concat_rollouts
 from rlvr.trainer import TrainingInterrupted, checkpoint
 from rlvr.trainer.evaluate import evaluate, generation_batch
 from rlvr.trainer.metrics import (compute_data_metrics, compute_throughput_metrics, compute_timing_metrics,
                                   reduce_metrics, timer)
 from rlvr.trainer.tracking import Tracking
+
+class DynamicSamplingError(RuntimeError):
+    """DAPO dynamic sampling could not collect train_batch_size informative groups."""
+
 
 def needs_old_log_prob_pass(config: RLVRConfig) -> bool:
     """Whether old_log_probs need their own forward pass (see ``actor.recompute_old_log_prob``)."""
@@ -53,7 +60,7 @@ class RLTrainer:
         self.total_training_steps = total_training_steps
         self.tracker = tracker or Tracking([], None)
         data = config.data
-        self.loader = PromptLoader(train_dataset, data.train_batch_size, data.shuffle, data.seed)
+        self.loader = PromptLoader(train_dataset, data.gen_batch_size or data.train_batch_size, data.shuffle, data.seed)
         self.global_step = 0
         self.use_reference = config.actor_rollout_ref.actor.use_kl_loss or config.algorithm.use_kl_in_reward
         self.kl_ctrl = get_kl_controller(config.algorithm.kl_ctrl)
@@ -93,17 +100,23 @@ class RLTrainer:
 
     def _loop(self, progress) -> dict[str, float]:
         last: dict[str, float] = {}
+        batches = self._batches()
+        more_batches = (batch for batch, _ in batches)  # the same stream, for dynamic sampling
         while self.global_step < self.total_training_steps:
+            batch, epoch = next(batches)
+            self.global_step += 1
+            metrics = self.train_step(batch, more_batches)
+            metrics["training/epoch"] = float(epoch)
+            self._commit(metrics)
+            last = self._finish_step(progress)
+        return last
+
+    def _batches(self) -> Iterator[tuple[DataProto, int]]:
+        """(prompt batch, its epoch), epoch after epoch, from where the sampler stands."""
+        while True:
             epoch = self.loader.sampler.epoch
             for batch in self.loader:
-                self.global_step += 1
-                metrics = self.train_step(batch)
-                metrics["training/epoch"] = float(epoch)
-                self._commit(metrics)
-                last = self._finish_step(progress)
-                if self.global_step >= self.total_training_steps:
-                    break
-        return last
+                yield batch, epoch
 
     def _snapshot(self, step: int) -> dict[str, Any]:
         """What a checkpoint of ``step`` holds besides the workers' state."""
@@ -184,27 +197,18 @@ class RLTrainer:
         # records after the checkpoint are logged again; an unlogged step's own record too
         self.tracker.rewind(self.global_step - 1 if self._pending is not None else self.global_step)
 
-    def train_step(self, batch: DataProto) -> dict[str, float]:
-        """One step on one batch of prompts; returns its metrics."""
+    def train_step(self, batch: DataProto, more_batches: Iterator[DataProto] = iter(())) -> dict[str, float]:
+        """One step on one batch of prompts (and, under DAPO dynamic sampling, as many more from
+        ``more_batches`` as it takes); returns its metrics."""
         cfg = self.config
         metrics: dict[str, float] = {"training/global_step": float(self.global_step)}
         timings: dict[str, float] = {}
         with timer("step", timings):
-            batch.non_tensor_batch["uid"] = np.array([f"{self.global_step}-{i}" for i in range(len(batch))], dtype=object)
-            gen_batch = generation_batch(batch).repeat(cfg.actor_rollout_ref.rollout.n, interleave=True)
-            gen_batch.meta_info["seed"] = self._seed("train")
-            with timer("gen", timings):
-                gen_out = self.wg.generate_sequences(gen_batch)
-            batch = batch.repeat(cfg.actor_rollout_ref.rollout.n, interleave=True).union(gen_out)
-            batch.meta_info["temperature"] = cfg.actor_rollout_ref.rollout.temperature
-            if cfg.algorithm.adv_estimator == "remax":
-                with timer("gen_max", timings):
-                    batch.batch["reward_baselines"] = self._greedy_baselines(gen_batch, batch)
-            if self.reward_model is not None:
-                with timer("reward_model", timings):
-                    batch = batch.union(self.reward_model.compute_rm_score(batch))
-            with timer("reward", timings):
-                reward = self.reward_fn.submit(batch) if cfg.reward.launch_reward_fn_async else self.reward_fn(batch)
+            if cfg.algorithm.filter_groups.enable:
+                batch = self._dynamic_sampling(batch, more_batches, metrics, timings)
+                reward = None  # scored and filtered already
+            else:
+                batch, reward = self._rollout(batch, 0, timings)
             if self.separate_old_log_prob:
                 with timer("old_log_prob", timings):
                     batch = batch.union(self.wg.compute_log_prob(batch))
@@ -215,7 +219,9 @@ class RLTrainer:
                 with timer("values", timings):
                     batch = batch.union(self.critic_wg.compute_values(batch))
             with timer("adv", timings):
-                metrics.update(self._advantages(batch, reward.result() if hasattr(reward, "result") else reward))
+                if reward is not None:
+                    metrics.update(self._attach_scores(batch, reward))
+                metrics.update(self._advantages(batch))
             if cfg.trainer.rollout_data_dir:  # before the updates: an interrupt here leaves the weights alone
                 with timer("dump_rollout", timings):
                     self._dump_rollouts(batch, Path(cfg.trainer.rollout_data_dir).expanduser())
@@ -233,37 +239,113 @@ class RLTrainer:
         metrics.update(compute_throughput_metrics(batch, timings["step"], cfg.trainer.n_gpus_per_node * cfg.trainer.nnodes))
         return metrics
 
-    def _seed(self, purpose: str) -> int:
-        """A distinct, reproducible sampling seed per step and purpose."""
+    def _seed(self, purpose: str, gen_index: int = 0) -> int:
+        """A distinct, reproducible sampling seed per step, purpose and generation batch."""
         offset = {"train": 0, "greedy": 1, "val": 2}[purpose]
-        return (self.config.actor_rollout_ref.rollout.seed * 1_000_003 + self.global_step) * 3 + offset
+        return (self.config.actor_rollout_ref.rollout.seed * 1_000_003 + self.global_step) * 3 + offset \
+            + gen_index * 104_729 * 3
 
     # ------------------------------------------------------------------ stages
-    def _advantages(self, batch: DataProto, reward) -> dict[str, float]:
-        """token_level_scores -> token_level_rewards (KL in reward) -> advantages and returns."""
-        metrics = dict(reward.metrics)
+    def _rollout(self, batch: DataProto, gen_index: int, timings: dict[str, float]):
+        """n responses per prompt, scored (or being scored): (the batch, the reward or its future)."""
+        cfg = self.config
+        n = cfg.actor_rollout_ref.rollout.n
+        batch.non_tensor_batch["uid"] = np.array([f"{self.global_step}-{gen_index}-{i}" for i in range(len(batch))],
+                                                 dtype=object)
+        gen_batch = generation_batch(batch).repeat(n, interleave=True)
+        gen_batch.meta_info["seed"] = self._seed("train", gen_index)
+        with timer("gen", timings):
+            gen_out = self.wg.generate_sequences(gen_batch)
+        batch = batch.repeat(n, interleave=True).union(gen_out)
+        batch.meta_info["temperature"] = cfg.actor_rollout_ref.rollout.temperature
+        if cfg.algorithm.adv_estimator == "remax":
+            with timer("gen_max", timings):
+                batch.batch["reward_baselines"] = self._greedy_baselines(gen_batch, batch, gen_index)
+        if self.reward_model is not None:
+            with timer("reward_model", timings):
+                batch = batch.union(self.reward_model.compute_rm_score(batch))
+        with timer("reward", timings):
+            reward = self.reward_fn.submit(batch) if cfg.reward.launch_reward_fn_async else self.reward_fn(batch)
+        return batch, reward
+
+    def _attach_scores(self, batch: DataProto, reward) -> dict[str, float]:
+        """``token_level_scores`` (plus the reward model's, weighted) and the scorers' extras into
+        ``batch``; returns the reward metrics."""
+        reward = reward.result() if hasattr(reward, "result") else reward
         scores = reward.token_level_scores.to(batch.batch["response_mask"].device)
         if "rm_scores" in batch.batch:
             scores = scores + self.config.reward.reward_model.weight * batch.batch["rm_scores"]
         batch.batch["token_level_scores"] = scores
         for key, values in reward.reward_extra_info.items():
             batch.non_tensor_batch[key] = values
+        if reward.scores is not None:
+            batch.batch["sample_scores"] = reward.scores.to(scores.device)
+        return dict(reward.metrics)
+
+    def _dynamic_sampling(self, batch: DataProto, more_batches: Iterator[DataProto], metrics: dict[str, float],
+                          timings: dict[str, float]) -> DataProto:
+        """DAPO: generate and score batches, keep the groups whose ``filter_groups.metric`` varies,
+        until ``train_batch_size`` groups are kept (the last batch's surplus is left out)."""
+        cfg = self.config
+        groups_cfg, n, want = cfg.algorithm.filter_groups, cfg.actor_rollout_ref.rollout.n, cfg.data.train_batch_size
+        kept, kept_groups, seen_groups, reward_metrics = [], 0, 0, defaultdict(list)
+        for gen_index in itertools.count():
+            if gen_index:
+                batch = next(more_batches)
+            batch, reward = self._rollout(batch, gen_index, timings)
+            for key, value in self._attach_scores(batch, reward).items():
+                reward_metrics[key].append(value)
+            keep = filter_groups(batch.non_tensor_batch["uid"], self._filter_metric(batch))  # (bs,)
+            kept.append(batch.select_idxs(keep.numpy()))
+            kept_groups += int(keep.sum()) // n
+            seen_groups += len(batch) // n
+            if kept_groups >= want:
+                break
+            if 0 < groups_cfg.max_num_gen_batches <= gen_index + 1:
+                raise DynamicSamplingError(
+                    f"step {self.global_step}: {gen_index + 1} generation batches (algorithm.filter_groups."
+                    f"max_num_gen_batches) of {len(batch) // n} prompts kept {kept_groups} of {seen_groups} groups "
+                    f"whose {groups_cfg.metric!r} varies, fewer than data.train_batch_size = {want}: most prompts are "
+                    "all right or all wrong for this policy. Raise max_num_gen_batches (<= 0: no limit) or "
+                    "data.gen_batch_size, use data the policy solves sometimes, or set filter_groups.enable=false")
+        extra_keys = set().union(*(part.non_tensor_batch for part in kept))
+        for part in kept:  # a scorer's extra value may appear in one generation batch only
+            for key in extra_keys - set(part.non_tensor_batch):
+                part.non_tensor_batch[key] = np.full(len(part), None, dtype=object)
+        metrics.update({k: float(np.sum(v) if k.startswith("reward/num_") else np.mean(v))
+                        for k, v in reward_metrics.items()})
+        metrics.update({"dapo/num_gen_batches": float(gen_index + 1), "dapo/kept_groups": float(kept_groups),
+                        "dapo/filtered_groups": float(seen_groups - kept_groups)})
+        return concat_rollouts(kept, self.tokenizer.pad_token_id).slice(0, want * n)
+
+    def _filter_metric(self, batch: DataProto) -> torch.Tensor:
+        """(bs,) the value dynamic sampling requires to vary within a group."""
+        metric = self.config.algorithm.filter_groups.metric
+        if metric == "seq_reward":
+            return batch.batch["token_level_scores"].sum(-1)
+        if metric == "acc" and "acc" in batch.non_tensor_batch:
+            return torch.tensor([float(a) if a is not None else float("nan") for a in batch.non_tensor_batch["acc"]])
+        return batch.batch["sample_scores"]
+
+    def _advantages(self, batch: DataProto) -> dict[str, float]:
+        """token_level_scores -> token_level_rewards (KL in reward) -> advantages and returns."""
         algo = self.config.algorithm
+        metrics = {}
+        scores = batch.batch["token_level_scores"]
         if algo.use_kl_in_reward:
-            rewards, kl_metrics = apply_kl_penalty(scores, batch.batch["old_log_probs"], batch.batch["ref_log_prob"],
-                                                   batch.batch["response_mask"], self.kl_ctrl, algo.kl_penalty)
+            rewards, metrics = apply_kl_penalty(scores, batch.batch["old_log_probs"], batch.batch["ref_log_prob"],
+                                                batch.batch["response_mask"], self.kl_ctrl, algo.kl_penalty)
             batch.batch["token_level_rewards"] = rewards
-            metrics.update(kl_metrics)
         else:
             batch.batch["token_level_rewards"] = scores
         compute_advantage(batch, algo)
         return metrics
 
-    def _greedy_baselines(self, gen_batch: DataProto, batch: DataProto) -> torch.Tensor:
+    def _greedy_baselines(self, gen_batch: DataProto, batch: DataProto, gen_index: int = 0) -> torch.Tensor:
         """ReMax: the score of each prompt's greedy response, the baseline of its samples."""
         rows = np.arange(0, len(gen_batch), self.config.actor_rollout_ref.rollout.n)  # one row per prompt
         greedy = gen_batch.select_idxs(rows)
-        greedy.meta_info.update(do_sample=False, seed=self._seed("greedy"))
+        greedy.meta_info.update(do_sample=False, seed=self._seed("greedy", gen_index))
         out = self.wg.generate_sequences(greedy)
         scored = DataProto(batch=dict(out.batch), non_tensor_batch={
             key: batch.non_tensor_batch[key][rows]

@@ -143,3 +143,22 @@ def test_no_time_limit_means_no_limit_inline_and_in_the_pool(tmp_path, tokenizer
     result = manager.compute(batch(tokenizer, ["a"], ["x"], ["1"]))
     manager.close()
     assert result.token_level_scores.sum().item() == 1.0 and result.metrics["reward/num_timeouts"] == 0.0
+
+
+def test_overlong_shaping_penalises_the_last_buffer_tokens(tmp_path, tokenizer):
+    from rlvr.config.schema import OverlongBufferConfig
+
+    f = tmp_path / "one.py"
+    f.write_text("def score(data_source, solution_str, ground_truth, extra_info=None):\n    return 1.0\n")
+    data = batch(tokenizer, ["x"] * 4, ["x"] * 4, ["1"] * 4)
+    lengths = [4, 6, 8, 10]  # max_response_length 10, buffer 4: the penalty starts after 6 tokens
+    data.batch["responses"] = torch.full((4, 10), 5)
+    data.batch["response_mask"] = (torch.arange(10)[None] < torch.tensor(lengths)[:, None]).long()
+    cfg = RewardConfig(custom_reward_function=CustomRewardFunctionConfig(str(f), "score"),
+                       overlong_buffer=OverlongBufferConfig(enable=True, len=4, penalty_factor=0.5))
+    result = RewardManager(tokenizer, cfg, max_response_length=10).compute(data)
+    # penalty = min(0, -(len - 6) / 4 * 0.5): 0, 0, -0.25, -0.5
+    assert result.token_level_scores.sum(-1).tolist() == [1.0, 1.0, 0.75, 0.5]
+    assert result.scores.tolist() == [1.0] * 4  # before shaping: what dynamic sampling filters on
+    assert result.token_level_scores[2, 7] == 0.75  # on the last valid token
+    assert result.metrics["reward/overlong_ratio"] == 0.5

@@ -49,10 +49,10 @@ def test_interrupted_run_resumes_exactly(tiny_config, tmp_path):
     trainer = build_trainer(config, progress_bar=False)
     step = trainer.train_step
 
-    def interrupt_at_3(batch):
+    def interrupt_at_3(batch, more):
         if trainer.global_step == 3:
             raise KeyboardInterrupt
-        return step(batch)
+        return step(batch, more)
 
     trainer.train_step = interrupt_at_3
     with pytest.raises(TrainingInterrupted, match="step 2 was already saved"):
@@ -92,8 +92,8 @@ def test_killed_run_resumes_exactly(tiny_config, tmp_path):
     slow = tmp_path / "slow.py"  # make each step after the checkpoint long enough to kill
     slow.write_text("import sys, time\nfrom rlvr.cli import main\nfrom rlvr.trainer import ppo_trainer\n"
                     "orig = ppo_trainer.RLTrainer.train_step\n"
-                    "def train_step(self, batch):\n    if self.global_step == 3: time.sleep(60)\n"
-                    "    return orig(self, batch)\n"
+                    "def train_step(self, batch, more):\n    if self.global_step == 3: time.sleep(60)\n"
+                    "    return orig(self, batch, more)\n"
                     "ppo_trainer.RLTrainer.train_step = train_step\nsys.exit(main(['train', '--config', sys.argv[1]]))\n")
     proc = subprocess.Popen([sys.executable, str(slow), str(cfg_file)], stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)

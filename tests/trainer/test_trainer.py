@@ -212,3 +212,61 @@ def test_custom_estimator_and_verl_signature_loss_from_a_user_file(tiny_config, 
         assert all(r["advantage"] == (1.0 if r["score"] > 0.5 else -1.0) for r in rows)  # the user's estimator
     for a, b in zip(weights["gpg"], weights["test_verl_signature"]):
         assert torch.allclose(a, b, atol=1e-6)
+
+
+DAPO_REWARD = '''
+def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+    """Even answers: always right (a group with no spread); odd answers: right for even-length text."""
+    acc = 1.0 if int(ground_truth) % 2 == 0 else float(len(solution_str) % 2 == 0)
+    return {"score": acc, "acc": acc}
+'''
+
+
+def test_dapo_dynamic_sampling_keeps_only_groups_with_signal(tiny_config, tmp_path):
+    reward = tmp_path / "dapo_reward.py"
+    reward.write_text(DAPO_REWARD)
+    config = tiny_config("algorithm.filter_groups.enable=true", "algorithm.filter_groups.metric=acc",
+                         "data.gen_batch_size=2", "trainer.total_training_steps=3", "trainer.val_before_train=false",
+                         "data.val_files=[]", f"reward.custom_reward_function.path={reward}",
+                         "reward.overlong_buffer.enable=true", "reward.overlong_buffer.len=4",
+                         "actor_rollout_ref.actor.clip_ratio_high=0.28")
+    trainer, last, changed = run(config)
+    assert changed
+    records = read_metrics(config)
+    assert sum(r["dapo/filtered_groups"] for r in records) > 0  # even answers were filtered out
+    for r in records:
+        assert r["dapo/kept_groups"] >= 2 and r["dapo/num_gen_batches"] >= 1
+    for step in (1, 2, 3):
+        rows = [json.loads(line) for line in open(tmp_path / "run" / "rollouts" / f"{step}.jsonl")]
+        assert len(rows) == 2 * 3  # exactly train_batch_size groups of n
+        by_group = {}
+        for row in rows:
+            by_group.setdefault(row["uid"], set()).add(int(row["reward_model"]["ground_truth"]) % 2)
+        assert all(parities == {1} for parities in by_group.values())  # every kept prompt has an odd answer
+        assert len(by_group) == 2
+
+
+def test_dapo_gives_up_after_max_num_gen_batches(tiny_config, tmp_path):
+    from rlvr.trainer.ppo_trainer import DynamicSamplingError
+
+    reward = tmp_path / "constant.py"
+    reward.write_text("def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n    return 1.0\n")
+    config = tiny_config("algorithm.filter_groups.enable=true", "algorithm.filter_groups.max_num_gen_batches=3",
+                         "algorithm.filter_groups.metric=score", "trainer.val_before_train=false", "data.val_files=[]",
+                         f"reward.custom_reward_function.path={reward}")
+    trainer = build_trainer(config, progress_bar=False)
+    with pytest.raises(DynamicSamplingError, match=r"step 1: 3 generation batches .* kept 0 of 6 groups whose 'score' "
+                                                   r"varies, fewer than data.train_batch_size = 2"):
+        trainer.fit()
+    trainer.tracker.close()
+
+
+def test_validation_scores_with_val_functions(tiny_config):
+    """Training on a weighted sum, validating on accuracy alone (correctness at weight 0.5 is 0/1)."""
+    config = tiny_config("reward.functions=[{name: correctness, weight: 1.0}, {name: mark, weight: 1.0}]",
+                         "reward.val_functions=[{name: correctness, weight: 0.5}]", "trainer.total_training_steps=1",
+                         custom_reward=False)
+    trainer = build_trainer(config, progress_bar=False)
+    trainer.tracker.close()
+    assert [f.name for f in trainer.val_reward_fn.config.functions] == ["correctness"]
+    assert [f.name for f in trainer.reward_fn.config.functions] == ["correctness", "mark"]

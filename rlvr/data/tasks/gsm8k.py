@@ -14,6 +14,12 @@ from rlvr.data.io import DatasetError, SUFFIXES, read_rows
 
 DATA_SOURCE = "openai/gsm8k"
 INSTRUCTION = 'Let\'s think step by step and output the final answer after "####".'
+# named system prompts for ``rlvr prepare gsm8k --system-prompt NAME`` (any other value is used as is):
+# the reasoning/answer format that seed 002's rewards (rlvr.rewards.scorers.format) check
+SYSTEM_PROMPTS = {
+    "think-answer": "Answer in this format:\n<think>\nyour reasoning\n</think>\n<answer>\nthe final number only\n</answer>",
+    "think-answer-zh": "请按以下格式作答：\n<think>\n推理过程\n</think>\n<answer>\n最终答案（只写数字）\n</answer>",
+}
 
 
 def final_answer(answer: str) -> str | None:
@@ -23,7 +29,11 @@ def final_answer(answer: str) -> str | None:
     return answer.rsplit("####", 1)[1].strip().replace(",", "").rstrip(".") or None
 
 
-def convert_row(row: dict[str, Any], index: int, split: str, origin: str) -> dict[str, Any]:
+def convert_row(row: dict[str, Any], index: int, split: str, origin: str,
+                system_prompt: str | None = None) -> dict[str, Any]:
+    """One raw row in verl's format. With ``system_prompt`` the question goes bare after a system
+    message (the answer format is the system prompt's business); without, the "####" instruction
+    follows the question."""
     if "question_zh-cn" in row:  # Chinese GSM8K: translated question, bare answer
         question, key = row["question_zh-cn"], "question_zh-cn"
         ground_truth = str(row.get("answer_only", "")).strip().replace(",", "") or None
@@ -41,7 +51,9 @@ def convert_row(row: dict[str, Any], index: int, split: str, origin: str) -> dic
         raise DatasetError(f"{origin}, row {index}: key {key!r} is missing or empty")
     return {
         "data_source": DATA_SOURCE,
-        "prompt": [{"role": "user", "content": f"{question.strip()} {INSTRUCTION}"}],
+        "prompt": ([{"role": "system", "content": SYSTEM_PROMPTS.get(system_prompt, system_prompt)},
+                    {"role": "user", "content": question.strip()}] if system_prompt
+                   else [{"role": "user", "content": f"{question.strip()} {INSTRUCTION}"}]),
         "ability": "math",
         "reward_model": {"style": "rule", "ground_truth": ground_truth},
         "extra_info": {"index": index, "split": split, "question": question, "answer": solution},
@@ -65,8 +77,8 @@ def find_split_files(src: Path) -> dict[str, Path]:
     return found
 
 
-def convert(src: str | Path) -> dict[str, list[dict[str, Any]]]:
+def convert(src: str | Path, system_prompt: str | None = None) -> dict[str, list[dict[str, Any]]]:
     return {
-        split: [convert_row(row, i, split, str(path)) for i, row in enumerate(read_rows(path))]
+        split: [convert_row(row, i, split, str(path), system_prompt) for i, row in enumerate(read_rows(path))]
         for split, path in find_split_files(Path(src)).items()
     }
