@@ -101,6 +101,20 @@ def _cmd_export(args: argparse.Namespace) -> None:
     out = Path(args.out).expanduser()
     if out.exists():
         raise ConfigError(f"{out} already exists; choose a new folder")
+    adapter_config = source / "actor" / "adapter_config.json"
+    if adapter_config.exists():  # a LoRA checkpoint: merge the adapter into its base model
+        import json
+
+        from rlvr.models.lora import merged_model
+
+        base = json.loads(adapter_config.read_text())["base_model_name_or_path"]
+        merged_model(base, source / "actor").save_pretrained(out, safe_serialization=True)
+        for item in (source / "actor").iterdir():  # the tokenizer files saved next to the adapter
+            if item.is_file() and not item.name.startswith("adapter_") and item.name != "README.md":
+                shutil.copy2(item, out / item.name)
+        print(f"exported {source / 'actor'} (LoRA adapter) merged into {base} -> {out} "
+              "(load with AutoModelForCausalLM.from_pretrained)")
+        return
     shutil.copytree(source / "actor", out)
     print(f"exported {source / 'actor'} -> {out} (load with AutoModelForCausalLM.from_pretrained)")
 

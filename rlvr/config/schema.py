@@ -63,6 +63,14 @@ class ModelConfig:
     """Values that replace entries of the model's config.json (e.g. attention dropout)."""
     enable_gradient_checkpointing: bool = False
     """Recompute activations in the backward pass to save memory."""
+    lora_rank: int = 0
+    """LoRA rank (peft); 0 trains every weight. With LoRA only the adapter trains and the
+    reference policy is the same model with the adapter disabled."""
+    lora_alpha: float = 16.0
+    """LoRA scaling numerator: the update is B @ A * lora_alpha / lora_rank."""
+    target_modules: Any = "all-linear"
+    """Modules that get an adapter: all-linear (every linear layer but the vocabulary
+    projection) or a list of module names (e.g. [q_proj, v_proj])."""
 
 
 @dataclass

@@ -165,6 +165,17 @@ def _algorithm(cfg: RLVRConfig) -> list[str]:
                 f"{key} = {value!r}: the full KL sums over the whole vocabulary distribution of policy and reference "
                 "at every token, but the workers keep one log-prob per sampled token; use low_var_kl (k3, unbiased, "
                 "low variance), k3+ (its value with the k2 gradient) or kl (k1)")
+    model = cfg.actor_rollout_ref.model
+    if model.lora_rank < 0:
+        errors.append(f"actor_rollout_ref.model.lora_rank must be >= 0 (0: full fine-tuning), got {model.lora_rank}")
+    if model.lora_rank > 0:
+        if model.lora_alpha <= 0:
+            errors.append(f"actor_rollout_ref.model.lora_alpha must be > 0, got {model.lora_alpha}")
+        targets = model.target_modules
+        if not (isinstance(targets, str) or isinstance(targets, list) and targets
+                and all(isinstance(t, str) for t in targets)):
+            errors.append(f"actor_rollout_ref.model.target_modules = {targets!r} must be all-linear or a list of "
+                          "module names (e.g. [q_proj, v_proj])")
     if actor.max_consecutive_skipped_steps < 1:
         errors.append(f"actor_rollout_ref.actor.max_consecutive_skipped_steps must be >= 1, "
                       f"got {actor.max_consecutive_skipped_steps}")
@@ -227,6 +238,10 @@ NOT_IMPLEMENTED = (
     ("actor_rollout_ref.rollout.multi_turn.max_turns",
      lambda c: c.actor_rollout_ref.rollout.multi_turn.max_turns is not None,
      "multi-turn rollouts are not implemented yet; leave multi_turn.max_turns unset"),
+    ("critic.model.lora_rank", lambda c: c.critic.model.lora_rank > 0,
+     "LoRA on the critic is not implemented yet; use critic.model.lora_rank=0 (the critic trains every weight)"),
+    ("critic.model.tokenizer_path", lambda c: c.critic.model.tokenizer_path is not None,
+     "the critic reads the policy's tokens; leave critic.model.tokenizer_path unset"),
     ("actor_rollout_ref.rollout.multi_turn.tool_config_path",
      lambda c: c.actor_rollout_ref.rollout.multi_turn.tool_config_path is not None,
      "tools are not implemented yet; leave multi_turn.tool_config_path unset"),

@@ -25,6 +25,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from rlvr.models.lora import lora_delta
 from rlvr.rollout.kv_cache import supports_preallocated
 
 LLAMA_FAMILY = ("llama", "mistral", "qwen2", "qwen3")
@@ -49,11 +50,16 @@ def _norm(norm, x: torch.Tensor) -> torch.Tensor:
 
 
 def _linear(proj, x: torch.Tensor, weight_first: bool) -> torch.Tensor:
-    """``x @ W.T + b`` -> (B, N); ``weight_first`` computes it as ``(W @ x.T).T`` (a view)."""
+    """``x @ W.T + b`` -> (B, N); ``weight_first`` computes it as ``(W @ x.T).T`` (a view).
+    A LoRA layer adds its adapters' low-rank term, as peft's forward does."""
+    base = getattr(proj, "base_layer", proj)
     if not weight_first:
-        return F.linear(x, proj.weight, proj.bias)
-    y = torch.mm(proj.weight, x.t()).t()
-    return y if proj.bias is None else y + proj.bias
+        y = F.linear(x, base.weight, base.bias)
+    else:
+        y = torch.mm(base.weight, x.t()).t()
+        y = y if base.bias is None else y + base.bias
+    delta = lora_delta(proj, x)
+    return y if delta is None else y + delta
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:

@@ -3,7 +3,8 @@
 A checkpoint is a folder ``<run_dir>/checkpoints/global_step_<k>/``:
 
 - ``actor/``: the policy as a Hugging Face folder (safetensors + config + tokenizer), loadable
-  by ``AutoModelForCausalLM.from_pretrained`` with no merge step;
+  by ``AutoModelForCausalLM.from_pretrained`` with no merge step; with LoRA the adapter in
+  peft's format (``rlvr export`` merges it into the base model);
 - ``actor_state.pt``: optimizer, LR scheduler and the actor's update counter;
 - ``critic/`` and ``critic_state.pt`` with a critic;
 - ``trainer_state.pt``: global step, data sampler state, KL controller, RNG states, and the
@@ -46,6 +47,9 @@ COMPATIBILITY_KEYS = {
     "actor_rollout_ref.actor.ppo_mini_batch_size": lambda c: c.actor_rollout_ref.actor.ppo_mini_batch_size,
     "actor_rollout_ref.actor.ppo_epochs": lambda c: c.actor_rollout_ref.actor.ppo_epochs,
     "actor_rollout_ref.rollout.n": lambda c: c.actor_rollout_ref.rollout.n,
+    "actor_rollout_ref.model.lora_rank": lambda c: c.actor_rollout_ref.model.lora_rank,
+    "actor_rollout_ref.model.lora_alpha": lambda c: c.actor_rollout_ref.model.lora_alpha,
+    "actor_rollout_ref.model.target_modules": lambda c: c.actor_rollout_ref.model.target_modules,
     "algorithm.adv_estimator": lambda c: c.algorithm.adv_estimator,
     "actor_rollout_ref.actor.use_kl_loss": lambda c: c.actor_rollout_ref.actor.use_kl_loss,
     "algorithm.use_kl_in_reward": lambda c: c.algorithm.use_kl_in_reward,
@@ -143,7 +147,8 @@ def load_trainer_state(path: Path, config: RLVRConfig) -> dict[str, Any]:
     """The saved trainer state, after checking the run is compatible with ``config``."""
     state = torch.load(path / "trainer_state.pt", weights_only=False)
     saved, now = state["compatibility"], compatibility(config)
-    differ = [f"{k}: checkpoint {saved.get(k)!r}, this run {now[k]!r}" for k in now if saved.get(k) != now[k]]
+    # a key the checkpoint does not record (saved by an older rlvr) is not compared
+    differ = [f"{k}: checkpoint {saved[k]!r}, this run {now[k]!r}" for k in now if k in saved and saved[k] != now[k]]
     if differ:
         raise ConfigError(f"cannot resume from {path}: the config differs from the checkpoint's in\n  - "
                           + "\n  - ".join(differ)

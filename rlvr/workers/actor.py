@@ -34,9 +34,10 @@ SUMMED_METRICS = ("actor/pg_loss", "actor/kl_loss")  # micro-batch shares of the
 
 
 def build_optimizer(model, optim: OptimConfig, total_steps: int):
-    """AdamW with linear warmup, then a constant or cosine schedule (stepped once per training step)."""
-    optimizer = torch.optim.AdamW(model.parameters(), lr=optim.lr, betas=tuple(optim.betas),
-                                  weight_decay=optim.weight_decay)
+    """AdamW over the trainable parameters (all, or a LoRA adapter's) with linear warmup, then a
+    constant or cosine schedule (stepped once per training step)."""
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(trainable, lr=optim.lr, betas=tuple(optim.betas), weight_decay=optim.weight_decay)
     warmup = optim.lr_warmup_steps if optim.lr_warmup_steps >= 0 else int(optim.lr_warmup_steps_ratio * total_steps)
 
     def factor(step: int) -> float:

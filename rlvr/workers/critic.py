@@ -25,15 +25,17 @@ from rlvr.workers.forward import response_states, scatter_responses
 from rlvr.workers.hybrid import resolve_device
 
 
-def load_value_model(path: str, device: torch.device):
+def load_value_model(path: str, device: torch.device, trust_remote_code: bool = False,
+                     override_config: dict | None = None):
     from transformers import AutoModelForTokenClassification
     from transformers.utils import logging as hf_logging
 
     level = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()  # the value head is new by design: no "newly initialized" report
     try:
-        model = AutoModelForTokenClassification.from_pretrained(model_folder(path), num_labels=1, dtype=DTYPES["float32"],
-                                                                attn_implementation="sdpa")
+        model = AutoModelForTokenClassification.from_pretrained(
+            model_folder(path), num_labels=1, dtype=DTYPES["float32"], attn_implementation="sdpa",
+            trust_remote_code=trust_remote_code, **(override_config or {}))
     except ValueError as err:
         raise ModelLoadError(f"critic.model.path={path!r} cannot be loaded as a value model: {err}") from None
     finally:
@@ -61,7 +63,10 @@ class CriticWorker:
         self.updates = 0
 
     def init_model(self) -> None:
-        self.model = load_value_model(self.config.model.path, self.device)
+        model_cfg = self.config.model
+        self.model = load_value_model(model_cfg.path, self.device, model_cfg.trust_remote_code, model_cfg.override_config)
+        if model_cfg.enable_gradient_checkpointing:
+            self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.optimizer, self.scheduler = build_optimizer(self.model, self.config.optim, self.total_training_steps)
 
     def _values(self, data: DataProto, rows: list[int]) -> torch.Tensor:

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
+from rlvr.models.lora import unwrap
 
 LOGIT_CHUNK_TOKENS = 1024  # rows of (tokens, V) logits alive at once in the vocabulary projection
 
@@ -140,8 +141,9 @@ def token_log_probs(model, hidden: torch.Tensor, labels: torch.Tensor, temperatu
 
 
 def _hidden_states(model, **inputs) -> torch.Tensor:
-    """Last hidden states of the backbone (the model without its vocabulary or value head)."""
-    return model.base_model(**inputs, use_cache=False).last_hidden_state
+    """Last hidden states of the backbone (the model without its vocabulary or value head; inside
+    a LoRA wrapper, the wrapped model's backbone, whose layers carry the adapter)."""
+    return unwrap(model).base_model(**inputs, use_cache=False).last_hidden_state
 
 
 @dataclass

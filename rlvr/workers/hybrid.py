@@ -8,7 +8,8 @@ eval mode) and ``trainer_mode()`` (generation caches freed, train mode), as verl
 engine does around vLLM.
 
 The reference policy is a frozen copy of the initial weights, built only when a KL term
-uses it (``actor.use_kl_loss`` or ``algorithm.use_kl_in_reward``).
+uses it (``actor.use_kl_loss`` or ``algorithm.use_kl_in_reward``). With LoRA
+(``model.lora_rank > 0``) it is no copy: the same model with its adapter disabled.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import torch
 
 from rlvr.config.schema import RLVRConfig
 from rlvr.models.loader import load_model, load_tokenizer
+from rlvr.models.lora import apply_lora, load_adapter, save_adapter, unwrap
 from rlvr.protocol import DataProto
 from rlvr.rollout import build_rollout
 from rlvr.workers.actor import Actor, build_optimizer
@@ -55,15 +57,21 @@ class ActorRolloutRefWorker:
         model = load_model(model_cfg.path, "float32", self.device, model_cfg.trust_remote_code, model_cfg.override_config)
         if model_cfg.enable_gradient_checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        if self.lora:
+            model = apply_lora(model, model_cfg.lora_rank, model_cfg.lora_alpha, model_cfg.target_modules)
         optimizer, scheduler = build_optimizer(model, arr.actor.optim, self.total_training_steps)
         pad_id = self.tokenizer.pad_token_id
         max_len = self.config.data.max_response_length
         self.actor = Actor(model, arr.actor, self.config.algorithm, optimizer, scheduler, pad_id, max_len,
                            seed=self.config.trainer.seed)
-        if needs_reference(self.config):
+        if needs_reference(self.config) and not self.lora:  # with LoRA: the actor with its adapter disabled
             ref_model = copy.deepcopy(model).eval().requires_grad_(False)
             self.ref = Actor(ref_model, arr.actor, self.config.algorithm, pad_id=pad_id, max_response_length=max_len)
-        self.rollout = build_rollout(model, self.tokenizer, arr.rollout, max_len)
+        self.rollout = build_rollout(unwrap(model), self.tokenizer, arr.rollout, max_len)
+
+    @property
+    def lora(self) -> bool:
+        return self.config.actor_rollout_ref.model.lora_rank > 0
 
     @property
     def model(self):
@@ -104,12 +112,16 @@ class ActorRolloutRefWorker:
         return DataProto.from_dict({"old_log_probs": log_probs, "entropys": entropy})
 
     def compute_ref_log_prob(self, data: DataProto) -> DataProto:
-        """``ref_log_prob`` under the frozen initial policy."""
-        if self.ref is None:
+        """``ref_log_prob`` under the frozen initial policy (with LoRA: the adapter disabled)."""
+        if self.ref is None and not (self.lora and needs_reference(self.config)):
             raise RuntimeError("no reference policy: it is built only when actor.use_kl_loss or "
                                "algorithm.use_kl_in_reward is set")
         self._log_prob_meta(data, self.config.actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu)
-        log_probs, _ = self.ref.compute_log_prob(data)
+        if self.ref is not None:
+            log_probs, _ = self.ref.compute_log_prob(data)
+        else:
+            with self.model.disable_adapter():
+                log_probs, _ = self.actor.compute_log_prob(data)
         return DataProto.from_dict({"ref_log_prob": log_probs})
 
     def update_actor(self, data: DataProto) -> DataProto:
@@ -122,9 +134,13 @@ class ActorRolloutRefWorker:
 
     # ------------------------------------------------------------------ checkpoints
     def save_checkpoint(self, folder: str | Path) -> None:
-        """The policy as a Hugging Face folder (``actor/``) plus optimizer and scheduler state."""
+        """The policy as a Hugging Face folder (``actor/``; with LoRA the adapter in peft's format,
+        which ``rlvr export`` merges into the base model) plus optimizer and scheduler state."""
         folder = Path(folder)
-        self.model.save_pretrained(folder / "actor", safe_serialization=True)
+        if self.lora:
+            save_adapter(self.model, folder / "actor")
+        else:
+            self.model.save_pretrained(folder / "actor", safe_serialization=True)
         self.tokenizer.save_pretrained(folder / "actor")
         torch.save({"optimizer": self.actor.optimizer.state_dict(), "scheduler": self.actor.scheduler.state_dict(),
                     "updates": self.actor.updates, "skipped_in_a_row": self.actor.skipped_in_a_row},
@@ -134,8 +150,10 @@ class ActorRolloutRefWorker:
         """Policy weights, optimizer and scheduler from ``save_checkpoint``; the reference stays
         the initial model."""
         folder = Path(folder)
-        saved = load_model(folder / "actor", "float32", "cpu")
-        self.model.load_state_dict(saved.state_dict())
+        if self.lora:
+            load_adapter(self.model, folder / "actor")
+        else:
+            self.model.load_state_dict(load_model(folder / "actor", "float32", "cpu").state_dict())
         state = torch.load(folder / "actor_state.pt", weights_only=False)
         self.actor.optimizer.load_state_dict(state["optimizer"])
         self.actor.scheduler.load_state_dict(state["scheduler"])

@@ -20,12 +20,26 @@ def tiny(cls, config_cls, **extra):
     return cls(config_cls(**SIZES, **extra)).eval()
 
 
+def with_lora(model):
+    """Llama with a LoRA adapter on every linear layer, its B matrices random (peft starts them at
+    zero, which would make the adapter a no-op); the wrapped model, whose layers carry the adapter."""
+    from rlvr.models.lora import apply_lora, unwrap
+
+    peft_model = apply_lora(model, rank=4, alpha=8.0, target_modules="all-linear")
+    with torch.no_grad():
+        for name, param in peft_model.named_parameters():
+            if "lora_B" in name:
+                param.normal_(std=0.1)
+    return unwrap(peft_model).eval()
+
+
 FAMILIES = {
     "llama": lambda: tiny(LlamaForCausalLM, LlamaConfig, tie_word_embeddings=True),
     "llama-bias-rope-scaling": lambda: tiny(LlamaForCausalLM, LlamaConfig, attention_bias=True,
                                             rope_scaling={"rope_type": "linear", "factor": 2.0}),
     "qwen2": lambda: tiny(Qwen2ForCausalLM, Qwen2Config),  # q/k/v biases
     "qwen3": lambda: tiny(Qwen3ForCausalLM, Qwen3Config, head_dim=16),  # per-head q/k norms, head_dim != hidden/heads
+    "llama-lora": lambda: with_lora(tiny(LlamaForCausalLM, LlamaConfig, tie_word_embeddings=True)),
 }
 
 

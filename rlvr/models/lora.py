@@ -1,0 +1,80 @@
+"""LoRA adapters on the policy (peft), as verl configures them: ``model.lora_rank`` (0: full
+fine-tuning), ``model.lora_alpha`` and ``model.target_modules``.
+
+With an adapter the actor trains only the adapter's parameters; the reference policy is the
+same model with the adapter disabled (no second copy of the weights); the rollout engine
+generates with the adapter applied. Departure from verl, which merges the adapter into the
+rollout engine's weights: rlvr's engine shares the actor's weights, and merging into them
+then unmerging would drift the frozen base weights by a rounding step per update (so a
+resumed run would no longer equal the uninterrupted one). The lean decode step instead adds
+the low-rank term itself, ``x @ A.T @ B.T * scaling``, exactly as peft's layers do
+(``lora_delta``).
+"""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import torch
+
+ADAPTER_WEIGHTS = "adapter_model.safetensors"
+
+
+def apply_lora(model, rank: int, alpha: float, target_modules):
+    """``model`` wrapped in a peft LoRA adapter (dropout 0, so the rollout and the update see
+    the same function); only the adapter's parameters require gradients."""
+    from peft import LoraConfig, get_peft_model
+
+    targets = target_modules if isinstance(target_modules, str) else list(target_modules)
+    config = LoraConfig(r=rank, lora_alpha=alpha, target_modules=targets, lora_dropout=0.0, bias="none",
+                        task_type="CAUSAL_LM")
+    with warnings.catch_warnings():  # peft asks transformers a deprecated question; nothing for the user to do
+        warnings.filterwarnings("ignore", category=FutureWarning, message=".*is_gradient_checkpointing")
+        return get_peft_model(model, config)
+
+
+def is_peft(model) -> bool:
+    return hasattr(model, "disable_adapter") and hasattr(model, "get_base_model")
+
+
+def unwrap(model):
+    """The transformers model inside a peft wrapper (its layers carry the adapter), or ``model``."""
+    return model.get_base_model() if is_peft(model) else model
+
+
+def lora_delta(proj, x: torch.Tensor) -> torch.Tensor | None:
+    """The active adapters' term of a peft LoRA linear layer for input ``x``, or None when
+    ``proj`` has no adapter in use (not a LoRA layer, adapters disabled, or merged)."""
+    if not hasattr(proj, "lora_A") or getattr(proj, "disable_adapters", False) or getattr(proj, "merged", False):
+        return None
+    delta = None
+    for name in proj.active_adapters:
+        if name in proj.lora_A:
+            term = proj.lora_B[name](proj.lora_A[name](x)) * proj.scaling[name]
+            delta = term if delta is None else delta + term
+    return delta
+
+
+def save_adapter(model, folder: Path) -> None:
+    """The adapter (weights and config) in peft's format: ``PeftModel.from_pretrained(base, folder)``."""
+    model.save_pretrained(folder, safe_serialization=True)
+
+
+def load_adapter(model, folder: Path) -> None:
+    """Adapter weights saved by ``save_adapter`` into ``model`` (same rank and targets)."""
+    from peft import set_peft_model_state_dict
+    from safetensors.torch import load_file
+
+    result = set_peft_model_state_dict(model, load_file(str(folder / ADAPTER_WEIGHTS)))
+    if getattr(result, "unexpected_keys", None):
+        raise ValueError(f"{folder}: adapter weights do not fit this model: {result.unexpected_keys[:5]}")
+
+
+def merged_model(base_path: str, adapter_folder: Path):
+    """The base model with the saved adapter merged in: a plain transformers model."""
+    from peft import PeftModel
+
+    from rlvr.models.loader import load_model
+
+    return PeftModel.from_pretrained(load_model(base_path), adapter_folder).merge_and_unload()
