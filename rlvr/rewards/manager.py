@@ -41,6 +41,9 @@ from rlvr.protocol import DataProto
 from rlvr.rewards.registry import REWARD_FNS, reward_fn_name_for
 
 
+POOL_GRACE_S = 10.0  # beyond the samples' own time limits, how long the pool may take before it counts as stuck
+
+
 class RewardError(RuntimeError):
     """A reward function failed and ``reward.on_error=raise``, or the reward config is wrong."""
 
@@ -242,7 +245,7 @@ class RewardManager:
         pending = [pool.apply_async(score_chunk, (chunk,)) for chunk in chunks]
         waves = -(-len(jobs) // self.config.num_workers)  # ceil: samples per worker
         limit = self.config.timeout_s
-        deadline = None if limit is None else time.monotonic() + limit * waves + 10.0
+        deadline = None if limit is None else time.monotonic() + limit * waves + POOL_GRACE_S
         results = []
         for chunk, item in zip(chunks, pending):
             try:
@@ -291,9 +294,12 @@ class RewardManager:
 
     # ------------------------------------------------------------------ pool and async
     def _get_pool(self):
+        """The worker pool, started and warmed up (every worker has imported the scoring code):
+        the start-up time must not count against a batch's deadline."""
         if self._pool is None:
             context = multiprocessing.get_context("forkserver")  # safe beside torch's threads
             self._pool = context.Pool(self.config.num_workers)
+            self._pool.map(score_chunk, [[]] * self.config.num_workers, chunksize=1)
         return self._pool
 
     def _kill_pool(self) -> None:

@@ -162,3 +162,43 @@ def test_overlong_shaping_penalises_the_last_buffer_tokens(tmp_path, tokenizer):
     assert result.scores.tolist() == [1.0] * 4  # before shaping: what dynamic sampling filters on
     assert result.token_level_scores[2, 7] == 0.75  # on the last valid token
     assert result.metrics["reward/overlong_ratio"] == 0.5
+
+
+POOL_REWARD = '''
+import signal, time
+
+def score(data_source, solution_str, ground_truth, extra_info=None):
+    if "stuck" in solution_str:  # like C code that never returns to Python: the per-sample timer cannot fire
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGALRM})
+        time.sleep(30)
+    if "slow" in solution_str:
+        time.sleep(5)
+    return 1.0
+'''
+
+
+def test_pool_timeout_and_stuck_worker_paths(tmp_path, tokenizer, monkeypatch):
+    """In the pool, a slow sample times out on its own timer and the others keep their scores;
+    a worker that ignores the timer is killed at the chunk deadline (its chunk counted as
+    timeouts), and the pool is rebuilt for the next batch."""
+    from rlvr.rewards import manager as manager_module
+
+    monkeypatch.setattr(manager_module, "POOL_GRACE_S", 1.0)
+    f = tmp_path / "pool_reward.py"
+    f.write_text(POOL_REWARD)
+    cfg = RewardConfig(custom_reward_function=CustomRewardFunctionConfig(str(f), "score"), timeout_s=0.5,
+                       num_workers=1, failure_score=-1.0, max_failed_fraction=1.0)
+    manager = RewardManager(tokenizer, cfg)
+    try:
+        slow = manager.compute(batch(tokenizer, ["fine", "slow", "fine"], ["x"] * 3, ["1"] * 3))
+        assert slow.token_level_scores.sum(-1).tolist() == [1.0, -1.0, 1.0]
+        assert slow.metrics["reward/num_timeouts"] == 1.0
+        pool = manager._pool
+        stuck = manager.compute(batch(tokenizer, ["stuck", "fine"], ["x"] * 2, ["1"] * 2))
+        assert stuck.token_level_scores.sum(-1).tolist() == [-1.0, -1.0]  # one worker: both in the killed chunk
+        assert stuck.metrics["reward/num_timeouts"] == 2.0
+        assert manager._pool is None  # killed
+        again = manager.compute(batch(tokenizer, ["fine"], ["x"], ["1"]))
+        assert again.token_level_scores.sum().item() == 1.0 and manager._pool is not pool  # a new pool
+    finally:
+        manager.close()
