@@ -7,6 +7,10 @@ twice); a different function under a taken name is refused. An Enum name registe
 from __future__ import annotations
 
 import enum
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
 from typing import Callable, Generic, TypeVar
 
 F = TypeVar("F", bound=Callable)
@@ -54,3 +58,19 @@ def _same_function(a: Callable, b: Callable) -> bool:
     code_a, code_b = getattr(a, "__code__", None), getattr(b, "__code__", None)
     return (code_a is not None and code_b is not None and a.__qualname__ == b.__qualname__
             and code_a.co_filename == code_b.co_filename and code_a.co_firstlineno == code_b.co_firstlineno)
+
+
+def import_file(path: Path, prefix: str) -> ModuleType:
+    """The Python file ``path`` as a module, imported once per resolved path (so the functions
+    it registers are registered once). A file whose import fails is not kept half-imported."""
+    name = f"{prefix}_{abs(hash(str(path.resolve())))}"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        try:
+            spec.loader.exec_module(module)
+        except BaseException:
+            del sys.modules[name]
+            raise
+    return sys.modules[name]

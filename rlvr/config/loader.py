@@ -15,7 +15,6 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import importlib
-import importlib.util
 import sys
 import typing
 from pathlib import Path
@@ -26,6 +25,7 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from rlvr.config.schema import RLVRConfig
+from rlvr.registry import import_file
 from rlvr.config.validate import ConfigError, validate
 
 RECIPES_DIR = Path(__file__).parent
@@ -226,16 +226,7 @@ def import_custom_modules(entries: Iterable[str]) -> None:
             if path.suffix == ".py":
                 if not path.is_file():
                     raise ConfigError(f"custom_modules: {str(path)!r} does not exist")
-                name = f"rlvr_custom_{abs(hash(str(path.resolve())))}"
-                if name not in sys.modules:
-                    spec = importlib.util.spec_from_file_location(name, path)
-                    module = importlib.util.module_from_spec(spec)
-                    sys.modules[name] = module
-                    try:
-                        spec.loader.exec_module(module)
-                    except BaseException:
-                        del sys.modules[name]
-                        raise
+                import_file(path, "rlvr_custom")
             else:
                 importlib.import_module(entry)
         except ConfigError:

@@ -21,7 +21,6 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import importlib
-import importlib.util
 import math
 import multiprocessing
 import signal
@@ -38,6 +37,7 @@ import torch
 from rlvr.algos.dapo import overlong_penalty
 from rlvr.config.schema import RewardConfig
 from rlvr.protocol import DataProto
+from rlvr.registry import import_file
 from rlvr.rewards.registry import REWARD_FNS, reward_fn_name_for
 
 
@@ -84,16 +84,10 @@ def load_function(path: str, name: str):
     file = Path(path).expanduser()
     if not file.is_file():
         raise RewardError(f"reward.custom_reward_function.path {str(file)!r} does not exist")
-    module_name = f"rlvr_custom_reward_{abs(hash(str(file.resolve())))}"
-    if module_name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(module_name, file)
-        module = importlib.util.module_from_spec(spec)
-        try:
-            spec.loader.exec_module(module)
-        except Exception as err:
-            raise RewardError(f"importing reward file {str(file)!r} failed: {type(err).__name__}: {err}") from err
-        sys.modules[module_name] = module
-    module = sys.modules[module_name]
+    try:
+        module = import_file(file, "rlvr_custom_reward")
+    except Exception as err:
+        raise RewardError(f"importing reward file {str(file)!r} failed: {type(err).__name__}: {err}") from err
     if not callable(getattr(module, name, None)):
         found = sorted(k for k, v in vars(module).items() if callable(v) and not k.startswith("_"))
         raise RewardError(

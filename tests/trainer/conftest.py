@@ -40,3 +40,32 @@ def tiny_config(tmp_path, tiny_model_dir, tiny_data):
         return load_config(None, base + list(overrides))
 
     return make
+
+
+@pytest.fixture
+def interrupt_and_resume():
+    """``(trainer, at_step) -> resumed trainer``: Ctrl-C when step ``at_step`` starts (the
+    ``TrainingInterrupted`` message is returned for checks), then a new trainer built from the
+    same config resumes and finishes the run."""
+    from rlvr.trainer import TrainingInterrupted
+    from rlvr.trainer.main import build_trainer
+
+    def run(trainer, at_step: int, message: str = ""):
+        original = trainer.train_step
+
+        def train_step(batch, more):
+            if trainer.global_step == at_step:
+                raise KeyboardInterrupt
+            return original(batch, more)
+
+        trainer.train_step = train_step
+        with pytest.raises(TrainingInterrupted, match=message):
+            trainer.fit()
+        trainer.tracker.close()
+        resumed = build_trainer(trainer.config, progress_bar=False)
+        assert resumed.global_step == at_step - 1
+        resumed.fit()
+        resumed.tracker.close()
+        return resumed
+
+    return run

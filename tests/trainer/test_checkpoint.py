@@ -40,28 +40,13 @@ def full_run(tiny_config, run_dir, *extra):
     return config, trainer
 
 
-def test_interrupted_run_resumes_exactly(tiny_config, tmp_path):
+def test_interrupted_run_resumes_exactly(tiny_config, tmp_path, interrupt_and_resume):
     _, reference = full_run(tiny_config, tmp_path / "ref")
     expected = records(tmp_path / "ref")
 
     config = tiny_config("trainer.total_training_steps=4", "trainer.save_freq=2",
                          f"trainer.default_local_dir={tmp_path / 'cut'}", "trainer.val_before_train=false")
-    trainer = build_trainer(config, progress_bar=False)
-    step = trainer.train_step
-
-    def interrupt_at_3(batch, more):
-        if trainer.global_step == 3:
-            raise KeyboardInterrupt
-        return step(batch, more)
-
-    trainer.train_step = interrupt_at_3
-    with pytest.raises(TrainingInterrupted, match="step 2 was already saved"):
-        trainer.fit()
-    trainer.tracker.close()
-    resumed = build_trainer(config, progress_bar=False)
-    assert resumed.global_step == 2
-    resumed.fit()
-    resumed.tracker.close()
+    resumed = interrupt_and_resume(build_trainer(config, progress_bar=False), 3, "step 2 was already saved")
     got = records(tmp_path / "cut")
     assert [r["step"] for r in got] == [1, 2, 3, 4]
     assert [stable(r) for r in got] == [stable(r) for r in expected]
@@ -218,7 +203,7 @@ def test_ctrl_c_anywhere_resumes_to_the_uninterrupted_run(tiny_config, tmp_path)
             trainer.fit()
         trainer.tracker.close()
     resumed = build_trainer(config, progress_bar=False)
-    assert resumed.global_step == 2
+    assert resumed.global_step == 2  # the interrupt inside step 3's update kept step 2
     resumed.fit()
     resumed.tracker.close()
     got, expected = records(tmp_path / "cut"), records(tmp_path / "ref")

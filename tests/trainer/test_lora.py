@@ -9,7 +9,6 @@ import torch
 
 from rlvr.cli import main
 from rlvr.models import load_model
-from rlvr.trainer import TrainingInterrupted
 from rlvr.trainer.main import build_trainer
 
 LORA = ("actor_rollout_ref.model.lora_rank=4", "actor_rollout_ref.model.lora_alpha=8",
@@ -97,25 +96,10 @@ def test_checkpoint_holds_the_adapter_and_export_merges_it(tiny_config, tmp_path
         assert (exported(input_ids=ids).logits - expected).abs().max() < 1e-4
 
 
-def test_lora_run_resumes_exactly(tiny_config, tmp_path):
+def test_lora_run_resumes_exactly(tiny_config, tmp_path, interrupt_and_resume):
     reference = trained(tiny_config, "trainer.total_training_steps=4", f"trainer.default_local_dir={tmp_path / 'ref'}")
     config = tiny_config(*LORA, "trainer.total_training_steps=4", f"trainer.default_local_dir={tmp_path / 'cut'}")
-    trainer = build_trainer(config, progress_bar=False)
-    step = trainer.train_step
-
-    def interrupt_at_3(batch, more):
-        if trainer.global_step == 3:
-            raise KeyboardInterrupt
-        return step(batch, more)
-
-    trainer.train_step = interrupt_at_3
-    with pytest.raises(TrainingInterrupted, match="saved step 2"):
-        trainer.fit()
-    trainer.tracker.close()
-    resumed = build_trainer(config, progress_bar=False)
-    assert resumed.global_step == 2
-    resumed.fit()
-    resumed.tracker.close()
+    resumed = interrupt_and_resume(build_trainer(config, progress_bar=False), 3, "saved step 2")
     for (name, a), b in zip(resumed.wg.worker.model.named_parameters(), reference.wg.worker.model.parameters()):
         assert torch.equal(a, b), name
     volatile = ("timing", "perf/time_per_step", "perf/throughput", "time")
