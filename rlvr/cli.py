@@ -15,9 +15,9 @@ from pathlib import Path
 from rlvr.config import ConfigError, load_config, to_yaml
 from rlvr.data.io import DatasetError
 from rlvr.models.loader import ModelLoadError
-from rlvr.trainer import TrainingInterrupted
+from rlvr.trainer import StopTraining, TrainingInterrupted
 
-USER_ERRORS = (ConfigError, DatasetError, ModelLoadError)
+USER_ERRORS = (ConfigError, DatasetError, ModelLoadError, StopTraining)
 
 
 def _cmd_prepare(args: argparse.Namespace) -> None:

@@ -38,13 +38,14 @@ from rlvr.algos.dapo import overlong_penalty
 from rlvr.config.schema import RewardConfig
 from rlvr.protocol import DataProto
 from rlvr.registry import import_file
+from rlvr.trainer import StopTraining
 from rlvr.rewards.registry import REWARD_FNS, reward_fn_name_for
 
 
 POOL_GRACE_S = 10.0  # beyond the samples' own time limits, how long the pool may take before it counts as stuck
 
 
-class RewardError(RuntimeError):
+class RewardError(StopTraining):
     """A reward function failed and ``reward.on_error=raise``, or the reward config is wrong."""
 
 

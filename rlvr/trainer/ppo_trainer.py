@@ -26,13 +26,14 @@ from rlvr.algos.kl import apply_kl_penalty, get_kl_controller
 from rlvr.config.schema import RLVRConfig
 from rlvr.data.sampler import PromptLoader
 from rlvr.protocol import DataProto, concat_rollouts
-from rlvr.trainer import TrainingInterrupted, checkpoint
+from rlvr.trainer import StopTraining, TrainingInterrupted, checkpoint
 from rlvr.trainer.evaluate import evaluate, generation_batch
 from rlvr.trainer.metrics import (compute_data_metrics, compute_throughput_metrics, compute_timing_metrics,
                                   reduce_metrics, timer)
 from rlvr.trainer.tracking import Tracking
 
-class DynamicSamplingError(RuntimeError):
+
+class DynamicSamplingError(StopTraining):
     """DAPO dynamic sampling could not collect train_batch_size informative groups."""
 
 

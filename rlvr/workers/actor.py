@@ -27,6 +27,7 @@ from rlvr.algos.kl import kl_penalty
 from rlvr.algos.losses import agg_loss, call_policy_loss, compute_rollout_is_weights, count_seqs, get_policy_loss_fn
 from rlvr.config.schema import ActorConfig, AlgorithmConfig, OptimConfig
 from rlvr.protocol import DataProto
+from rlvr.trainer import StopTraining
 from rlvr.workers.forward import forward_log_probs, group_rows
 
 FORWARD_KEYS = ("input_ids", "attention_mask", "position_ids", "responses")
@@ -128,7 +129,7 @@ def clip_and_step(model, optimizer, grad_clip: float) -> tuple[float, bool]:
     return float(grad_norm), stepped
 
 
-class NonFiniteLossError(RuntimeError):
+class NonFiniteLossError(StopTraining):
     """Too many optimizer steps in a row had a NaN or infinite gradient norm."""
 
 

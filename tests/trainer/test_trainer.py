@@ -175,6 +175,21 @@ def test_cli_errors_are_clear(tiny_model_dir, tmp_path, capsys):
     assert "not divisible" in capsys.readouterr().err
 
 
+def test_a_run_whose_rewards_all_fail_stops_with_a_message(tiny_config, tmp_path, capsys):
+    """Every sample's reward raises: the first step stops the run with the first failure, as a
+    message without a traceback, instead of training 24 steps on failure scores."""
+    from rlvr.config import to_yaml
+
+    broken = tmp_path / "broken.py"
+    broken.write_text("def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
+                      "    return float(ground_truth['missing'])\n")
+    config = tiny_config(f"reward.custom_reward_function.path={broken}", "trainer.val_before_train=false")
+    (tmp_path / "config.yaml").write_text(to_yaml(config))
+    assert main(["train", "--config", str(tmp_path / "config.yaml")]) == 2
+    err = capsys.readouterr().err
+    assert "6 of 6 samples failed to score" in err and "TypeError" in err and "Traceback" not in err
+
+
 def test_on_policy_shortcut_matches_separate_old_log_prob_pass(tiny_config, tmp_path):
     """One optimizer step per batch: old_log_probs from the update's own forward give the same
     training as a separate pass (the ratio is 1 either way), one forward pass cheaper."""
