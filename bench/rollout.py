@@ -5,8 +5,10 @@ workload (8 distinct prompts x n=8, up to 128 new tokens, temperature 1.0), in o
 
 Prints generated tokens/s for each engine and the ratio, per dtype, and the peak resident
 memory of the process. ``generate`` is timed with the same prompts, the same sampling
-settings and its padded rows not counted as generated tokens. Shared machines are noisy, so
-the two alternate ``--repeats`` times and the median of the per-repeat ratios is reported.
+settings and its padded rows not counted as generated tokens. Shared machines are noisy and
+tokens/s depends on the lengths drawn (a batch decodes until its longest row ends), so the two
+alternate ``--repeats`` times, repeat r sampling with seed r in both, and the median of the
+per-repeat ratios is reported.
 """
 
 from __future__ import annotations
@@ -50,16 +52,17 @@ def make_batch(tokenizer, num_prompts: int, n: int, kind: str = "arithmetic") ->
     return batch.repeat(n, interleave=True)
 
 
-def timed(engine, batch: DataProto) -> tuple[float, int]:
+def timed(engine, batch: DataProto, seed: int = 0) -> tuple[float, int]:
+    batch.meta_info["seed"] = seed
     start = time.perf_counter()
     out = engine.generate_sequences(batch)
     return time.perf_counter() - start, int(out.batch["response_mask"].sum())
 
 
 @torch.inference_mode()
-def timed_generate(model, tokenizer, eos_ids, batch: DataProto, max_new_tokens: int) -> tuple[float, int]:
+def timed_generate(model, tokenizer, eos_ids, batch: DataProto, max_new_tokens: int, seed: int = 0) -> tuple[float, int]:
     """Plain ``model.generate`` (multinomial sampling, T=1, no top-k/top-p), tokens up to each row's EOS."""
-    torch.manual_seed(0)
+    torch.manual_seed(seed)
     start = time.perf_counter()
     out = model.generate(input_ids=batch.batch["input_ids"], attention_mask=batch.batch["attention_mask"],
                          do_sample=True, temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=max_new_tokens,
@@ -86,17 +89,17 @@ def main() -> None:
           f"{torch.get_num_threads()} threads, {args.repeats} repeats")
     for kind, dtype in [(k, d) for k in args.prompt_set.split(",") for d in args.dtypes.split(",")]:
         batch = make_batch(tokenizer, args.prompts, args.n, kind)
-        batch.meta_info["seed"] = 0
         config = RolloutConfig(temperature=1.0, dtype=dtype, lean_decode=not args.no_lean)
         native = NativeRollout(model, tokenizer, config, args.max_new_tokens)
         timed(native, batch[: args.n])  # warm-up: first-call allocations and lazy imports
         rates, gen_rates = [], []
-        for _ in range(args.repeats):
-            t_native, tok_native = timed(native, batch)
+        for repeat in range(args.repeats):  # each repeat samples with its own seed, in both engines
+            t_native, tok_native = timed(native, batch, seed=repeat)
             rates.append(tok_native / t_native)
             line = f"    rlvr engine: {tok_native} tokens in {t_native:.1f} s = {rates[-1]:.1f} tokens/s"
             if not args.skip_generate:
-                t_gen, tok_gen = timed_generate(native.model, tokenizer, native.eos_ids, batch, args.max_new_tokens)
+                t_gen, tok_gen = timed_generate(native.model, tokenizer, native.eos_ids, batch, args.max_new_tokens,
+                                                seed=repeat)
                 gen_rates.append(tok_gen / t_gen)
                 line += (f" | model.generate: {tok_gen} tokens in {t_gen:.1f} s = {gen_rates[-1]:.1f} tokens/s"
                          f" | ratio {rates[-1] / gen_rates[-1]:.2f}x")

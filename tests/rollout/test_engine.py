@@ -251,9 +251,24 @@ def test_every_token_above_1e_13_is_drawable_on_a_real_vocabulary():
     tokens = torch.arange(V_REAL)[exact > 1e-13]
     assert exact[tokens].min() < 1e-12 and len(tokens) == V_REAL  # the check reaches the far tail
     middle = (cdf[tokens] - exact[tokens] / 2) / cdf[-1]  # (k,) a uniform inside each token's interval
-    drawn = inverse_cdf(probs, middle[None])[0]
+    drawn = torch.cat([inverse_cdf(probs, chunk[None])[0] for chunk in middle.split(16_384)])
     wrong = (drawn != tokens).nonzero().flatten()
     assert len(wrong) == 0, f"{len(wrong)} tokens not drawable, e.g. {tokens[wrong[:5]].tolist()}"
+
+
+def test_zero_probability_tokens_are_never_drawn_even_at_block_edges():
+    """Filtered tokens (probability 0) at the ends of 256-token blocks and in the padding past the
+    vocabulary, and uniforms at exact interval boundaries, 1.0 included."""
+    probs = torch.zeros(1, 1000)
+    probs[0, [3, 255, 256, 700, 999]] = torch.tensor([0.1, 0.2, 0.3, 0.25, 0.15])
+    cdf = probs[0].double().cumsum(0)
+    edges = torch.cat([cdf[[3, 255, 256, 700, 999]] / cdf[-1], torch.tensor([1e-300, 0.5, 1.0], dtype=torch.float64)])
+    drawn = inverse_cdf(probs, edges[None])[0]
+    assert set(drawn.tolist()) <= {3, 255, 256, 700, 999}
+    u = 1.0 - torch.rand(1, 20_000, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    counts = torch.bincount(inverse_cdf(probs, u)[0], minlength=1000).double()
+    assert counts.nonzero().flatten().tolist() == [3, 255, 256, 700, 999]
+    assert torch.allclose(counts[[3, 255, 256, 700, 999]] / 20_000, probs[0, [3, 255, 256, 700, 999]].double(), atol=0.015)
 
 
 def test_empirical_frequencies_match_on_a_real_vocabulary():
@@ -263,7 +278,7 @@ def test_empirical_frequencies_match_on_a_real_vocabulary():
     probs, exact = _reported_probs()
     n = 400_000
     u = 1.0 - torch.rand(1, n, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
-    counts = torch.bincount(inverse_cdf(probs, u)[0], minlength=V_REAL).double()
+    counts = sum(torch.bincount(inverse_cdf(probs, chunk)[0], minlength=V_REAL).double() for chunk in u.split(50_000, 1))
     edges = torch.searchsorted(exact.cumsum(0), torch.linspace(0, 1, 33, dtype=torch.float64)[1:-1])
     bins = torch.bucketize(torch.arange(V_REAL), edges, right=True)
     observed = torch.zeros(32, dtype=torch.float64).index_add_(0, bins, counts)
