@@ -246,8 +246,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _add_config_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--config", help="YAML config file (default: the built-in GRPO recipe)")
-    p.add_argument("overrides", nargs="*", help="key=value overrides, e.g. data.train_batch_size=16")
+    p.add_argument("--config", help="a YAML file layered over the GRPO recipe, or a shipped recipe: "
+                                    "grpo (the default), dapo, gsm8k_zh")
+    p.add_argument("overrides", nargs="*", help="key=value overrides, e.g. data.train_batch_size=16; also "
+                                                "+key=value, ++key=value and ~key (back to the schema default)")
 
 
 def main(argv: list[str] | None = None) -> int:
