@@ -6,6 +6,10 @@ computed; rewards (minus a KL penalty when ``use_kl_in_reward``) become advantag
 actor is updated. Each stage is one call into the folder that owns it. The trainer owns
 the order and the cheap computations (advantages, metrics); workers, reached through a
 worker group, own the models.
+
+With DAPO's dynamic sampling (``algorithm.filter_groups``) the rollout-and-score stage
+repeats over further prompt batches until enough groups carry signal. A step is complete
+when its updates return (``_commit``); see ``fit`` for what Ctrl-C saves.
 """
 
 from __future__ import annotations
