@@ -66,7 +66,7 @@ class CriticWorker:
         model_cfg = self.config.model
         self.model = load_value_model(model_cfg.path, self.device, model_cfg.trust_remote_code, model_cfg.override_config)
         if model_cfg.enable_gradient_checkpointing:
-            self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            self.model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
         self.optimizer, self.scheduler = build_optimizer(self.model, self.config.optim, self.total_training_steps)
 
     def _values(self, data: DataProto, rows: list[int]) -> torch.Tensor:

@@ -56,7 +56,7 @@ class ActorRolloutRefWorker:
             self.tokenizer = load_tokenizer(model_cfg.tokenizer_path or model_cfg.path, model_cfg.trust_remote_code)
         model = load_model(model_cfg.path, "float32", self.device, model_cfg.trust_remote_code, model_cfg.override_config)
         if model_cfg.enable_gradient_checkpointing:
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
         if self.lora:
             model = apply_lora(model, model_cfg.lora_rank, model_cfg.lora_alpha, model_cfg.target_modules)
         optimizer, scheduler = build_optimizer(model, arr.actor.optim, self.total_training_steps)

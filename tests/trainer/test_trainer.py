@@ -261,16 +261,17 @@ def test_dapo_dynamic_sampling_keeps_only_groups_with_signal(tiny_config, tmp_pa
         assert len(by_group) == 2
 
 
-def test_dapo_gives_up_after_max_num_gen_batches(tiny_config, tmp_path):
+@pytest.mark.parametrize("metric", ["score", "seq_reward", "acc"])  # acc: a float scorer reports none, its score counts
+def test_dapo_gives_up_after_max_num_gen_batches(tiny_config, tmp_path, metric):
     from rlvr.trainer.ppo_trainer import DynamicSamplingError
 
     reward = tmp_path / "constant.py"
     reward.write_text("def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n    return 1.0\n")
     config = tiny_config("algorithm.filter_groups.enable=true", "algorithm.filter_groups.max_num_gen_batches=3",
-                         "algorithm.filter_groups.metric=score", "trainer.val_before_train=false", "data.val_files=[]",
+                         f"algorithm.filter_groups.metric={metric}", "trainer.val_before_train=false", "data.val_files=[]",
                          f"reward.custom_reward_function.path={reward}")
     trainer = build_trainer(config, progress_bar=False)
-    with pytest.raises(DynamicSamplingError, match=r"step 1: 3 generation batches .* kept 0 of 6 groups whose 'score' "
+    with pytest.raises(DynamicSamplingError, match=rf"step 1: 3 generation batches .* kept 0 of 6 groups whose '{metric}' "
                                                    r"varies, fewer than data.train_batch_size = 2"):
         trainer.fit()
     trainer.tracker.close()
@@ -285,3 +286,16 @@ def test_validation_scores_with_val_functions(tiny_config):
     trainer.tracker.close()
     assert [f.name for f in trainer.val_reward_fn.config.functions] == ["correctness"]
     assert [f.name for f in trainer.reward_fn.config.functions] == ["correctness", "mark"]
+
+
+def test_gradient_checkpointing_trains_the_same_weights(tiny_config, tmp_path):
+    weights = {}
+    for on in (False, True):
+        config = tiny_config(f"actor_rollout_ref.model.enable_gradient_checkpointing={on}", "trainer.total_training_steps=1",
+                             "trainer.val_before_train=false", "data.val_files=[]",
+                             f"trainer.default_local_dir={tmp_path / str(on)}")
+        trainer, _, changed = run(config)
+        assert changed and trainer.wg.worker.model.is_activation_checkpointing is on
+        weights[on] = [p.detach().clone() for p in trainer.wg.worker.model.parameters()]
+    for a, b in zip(weights[False], weights[True]):
+        assert torch.allclose(a, b, atol=1e-6)

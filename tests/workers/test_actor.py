@@ -174,3 +174,15 @@ def test_mini_batches_hold_whole_groups_and_are_reproducible(batch, tiny_model_d
     assert sorted(map(sorted, minis)) == [[0, 1, 2], [3, 4, 5]]
     assert minis == actor._mini_batches(batch, epoch=0)
     assert np.all([len(m) == 3 for m in minis])
+
+
+def test_critic_reads_its_model_settings(tiny_model_dir):
+    from rlvr.config.schema import CriticConfig, ModelConfig
+    from rlvr.workers.critic import CriticWorker
+
+    config = CriticConfig(model=ModelConfig(path=str(tiny_model_dir), override_config={"attention_dropout": 0.25},
+                                            enable_gradient_checkpointing=True))
+    critic = CriticWorker(config, total_training_steps=2, pad_id=0, device="cpu")
+    critic.init_model()
+    assert critic.model.config.attention_dropout == 0.25
+    assert critic.model.is_activation_checkpointing
