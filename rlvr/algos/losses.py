@@ -19,6 +19,7 @@ constant without dividing by the number of sequences.
 
 from __future__ import annotations
 
+import functools
 import inspect
 from typing import Callable
 
@@ -77,6 +78,7 @@ def get_policy_loss_fn(name: str) -> PolicyLossFn:
     return POLICY_LOSSES.get(name)
 
 
+@functools.lru_cache(maxsize=None)  # asked once per micro-batch: inspect each function once
 def _takes_totals(fn: Callable) -> bool:
     """Whether ``fn`` accepts the mini-batch totals (rlvr's losses do; verl's signature does not)."""
     params = inspect.signature(fn).parameters.values()
