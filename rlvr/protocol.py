@@ -29,6 +29,7 @@ ref_log_prob           (bs, R)     log-probs under the frozen reference policy
 entropys               (bs, R)     per-token entropy of the actor's distribution
 values                 (bs, R)     critic values (GAE only)
 token_level_scores     (bs, R)     reward-function score on each response's last valid token
+sample_scores          (bs,)       the reward functions' score before overlong shaping (DAPO's filter)
 rm_scores              (bs, R)     reward-model score on the last valid token
 token_level_rewards    (bs, R)     scores minus the KL penalty (when use_kl_in_reward)
 advantages             (bs, R)     advantage per token, zero outside response_mask

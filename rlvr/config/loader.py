@@ -214,10 +214,6 @@ def recipe_path(name: str | Path) -> Path:
     return path
 
 
-def recipes() -> list[str]:
-    return sorted(p.stem for p in RECIPES_DIR.glob("*.yaml"))
-
-
 def import_custom_modules(entries: Iterable[str]) -> None:
     """Import each file or module of ``custom_modules`` (once), so its registrations exist."""
     for entry in entries:

@@ -42,23 +42,31 @@ def tiny_config(tmp_path, tiny_model_dir, tiny_data):
     return make
 
 
+def interrupt_at(trainer, owner, name: str, step: int, call: int = 1) -> None:
+    """Make ``owner.<name>`` raise KeyboardInterrupt on its ``call``-th call during training step
+    ``step`` (earlier calls, and every other step, run the original)."""
+    original, calls = getattr(owner, name), []
+
+    def interrupting(*args, **kwargs):
+        if trainer.global_step == step:
+            calls.append(1)
+            if len(calls) == call:
+                raise KeyboardInterrupt
+        return original(*args, **kwargs)
+
+    setattr(owner, name, interrupting)
+
+
 @pytest.fixture
 def interrupt_and_resume():
     """``(trainer, at_step) -> resumed trainer``: Ctrl-C when step ``at_step`` starts (the
-    ``TrainingInterrupted`` message is returned for checks), then a new trainer built from the
-    same config resumes and finishes the run."""
+    ``TrainingInterrupted`` message is checked against ``message``), then a new trainer built
+    from the same config resumes and finishes the run."""
     from rlvr.trainer import TrainingInterrupted
     from rlvr.trainer.main import build_trainer
 
     def run(trainer, at_step: int, message: str = ""):
-        original = trainer.train_step
-
-        def train_step(batch, more):
-            if trainer.global_step == at_step:
-                raise KeyboardInterrupt
-            return original(batch, more)
-
-        trainer.train_step = train_step
+        interrupt_at(trainer, trainer, "train_step", at_step)
         with pytest.raises(TrainingInterrupted, match=message):
             trainer.fit()
         trainer.tracker.close()
@@ -69,3 +77,9 @@ def interrupt_and_resume():
         return resumed
 
     return run
+
+
+@pytest.fixture
+def interrupt():
+    """``interrupt_at`` for tests that interrupt elsewhere than at the start of a step."""
+    return interrupt_at

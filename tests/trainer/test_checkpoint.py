@@ -150,37 +150,14 @@ def critic_weights(trainer):
     return [p.detach().clone() for p in trainer.critic_wg.worker.model.parameters()]
 
 
-def interrupt_once(trainer, step, where):
-    """Raise KeyboardInterrupt at ``step`` inside the rollout dump, validation, or after the first of the
-    step's two actor optimizer steps (between mini-batches)."""
-    if where == "dump":
-        original = trainer._dump_rollouts
-        def dump(batch, folder):
-            if trainer.global_step == step:
-                raise KeyboardInterrupt
-            return original(batch, folder)
-        trainer._dump_rollouts = dump
-    elif where == "validation":
-        original_validate = trainer.validate
-        def validate():
-            if trainer.global_step == step:
-                raise KeyboardInterrupt
-            return original_validate()
-        trainer.validate = validate
-    else:
-        actor = trainer.wg.worker.actor
-        original_step = actor._optimizer_step
-        calls = []
-        def optimizer_step(*args):
-            if trainer.global_step == step:
-                calls.append(1)
-                if len(calls) == 2:  # the first mini-batch's optimizer step has run
-                    raise KeyboardInterrupt
-            return original_step(*args)
-        actor._optimizer_step = optimizer_step
+WHERE = {  # (object, method, call) at which Ctrl-C lands
+    "dump": lambda t: (t, "_dump_rollouts", 1),
+    "validation": lambda t: (t, "validate", 1),
+    "between": lambda t: (t.wg.worker.actor, "_optimizer_step", 2),  # after the first mini-batch's optimizer step
+}
 
 
-def test_ctrl_c_anywhere_resumes_to_the_uninterrupted_run(tiny_config, tmp_path):
+def test_ctrl_c_anywhere_resumes_to_the_uninterrupted_run(tiny_config, tmp_path, interrupt):
     """save_freq=-1: only Ctrl-C saves. Interrupts after step 2's update (in its validation), before
     step 2's update (in the rollout dump) and between step 3's mini-batches; each resume continues
     from one consistent step, and the run ends with the uninterrupted run's weights (actor and
@@ -198,7 +175,8 @@ def test_ctrl_c_anywhere_resumes_to_the_uninterrupted_run(tiny_config, tmp_path)
     ]
     for step, where, message in expected_messages:
         trainer = build_trainer(config, progress_bar=False)
-        interrupt_once(trainer, step, where)
+        owner, name, call = WHERE[where](trainer)
+        interrupt(trainer, owner, name, step, call)
         with pytest.raises(TrainingInterrupted, match=message):
             trainer.fit()
         trainer.tracker.close()
@@ -215,10 +193,10 @@ def test_ctrl_c_anywhere_resumes_to_the_uninterrupted_run(tiny_config, tmp_path)
     assert all(torch.equal(a, b) for a, b in zip(critic_weights(resumed), critic_weights(reference)))
 
 
-def test_ctrl_c_inside_the_first_update_saves_nothing(tiny_config, tmp_path):
+def test_ctrl_c_inside_the_first_update_saves_nothing(tiny_config, tmp_path, interrupt):
     config = tiny_config(*CONSISTENT, f"trainer.default_local_dir={tmp_path / 'run'}")
     trainer = build_trainer(config, progress_bar=False)
-    interrupt_once(trainer, 1, "between")
+    interrupt(trainer, *WHERE["between"](trainer)[:2], 1, 2)
     with pytest.raises(TrainingInterrupted, match="inside step 1's update.*no checkpoint exists yet"):
         trainer.fit()
     trainer.tracker.close()
