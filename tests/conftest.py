@@ -45,3 +45,42 @@ def custom_algos_file(tmp_path_factory):
     path = tmp_path_factory.mktemp("custom") / "mine.py"
     path.write_text(CUSTOM_ALGOS)
     return path
+
+
+class _TeacherForcedEngine:
+    """A NativeRollout whose turns can be scripted: ``script(context_text) -> text or None``.
+    A scripted turn returns the script's tokens (cut to the request's budget) with the model's
+    own log-probs of them (teacher forcing); other turns are sampled by the real engine. Tests
+    use it to put exact tool calls in a random tiny model's trajectories."""
+
+    script = staticmethod(lambda context: None)
+
+    @classmethod
+    def make(cls, script):
+        import torch
+
+        from rlvr.rollout.engine import Completion, NativeRollout
+
+        class Engine(NativeRollout):
+            def generate(self, prompts, params, groups=None, max_new_tokens=None):
+                budgets = list(max_new_tokens) if max_new_tokens is not None else [params.max_new_tokens] * len(prompts)
+                out = super().generate(prompts, params, groups, max_new_tokens)
+                for i, prompt in enumerate(prompts):
+                    text = script(self.tokenizer.decode(prompt))
+                    if text is None:
+                        continue
+                    ids = self.tokenizer.encode(text, add_special_tokens=False)[:budgets[i]]
+                    with torch.no_grad():
+                        logits = self.model(torch.tensor([list(prompt) + ids])).logits[0, len(prompt) - 1:-1].float()
+                    logp = torch.log_softmax(logits / params.temperature, -1).gather(-1, torch.tensor(ids)[:, None])
+                    full = len(self.tokenizer.encode(text, add_special_tokens=False))
+                    out[i] = Completion(ids, logp.squeeze(-1).tolist(), "stop" if len(ids) == full else "length")
+                return out
+
+        return Engine
+
+
+@pytest.fixture(scope="session")
+def teacher_forced_engine():
+    """``script -> engine class`` (see _TeacherForcedEngine)."""
+    return _TeacherForcedEngine.make

@@ -173,11 +173,25 @@ class ValKwargs:
 @dataclass
 class MultiTurnConfig:
     enable: bool = False
-    """Run the multi-turn tool-calling agent loop."""
-    max_turns: Optional[int] = None
-    """Most assistant turns per request; None means until max_response_length."""
+    """Run the multi-turn tool-calling loop (needs tool_config_path and data.return_raw_chat=true)."""
     tool_config_path: Optional[str] = None
-    """YAML file listing the tools (class name and OpenAI-style schema)."""
+    """Tools YAML in verl's format: ``tools: [{class_name, config: {type: native}, tool_schema}]``."""
+    format: str = "hermes"
+    """Tool-call format the model writes: hermes (``<tool_call>{json}</tool_call>``) or tag
+    (``<calculator>12 * 34</calculator>``, for small models)."""
+    max_assistant_turns: Optional[int] = None
+    """Most assistant turns per trajectory; None: until the response budget is spent."""
+    max_parallel_calls: int = 1
+    """Calls run per assistant turn (further calls in the same turn are dropped and counted)."""
+    max_tool_response_length: int = 256
+    """Characters of a tool's answer shown to the model."""
+    tool_response_truncate_side: str = "middle"
+    """Which part of a long tool answer is cut: left (keep the end), right (keep the start) or middle."""
+    tool_timeout_s: float = 30.0
+    """Seconds a tool call may take before the model is told it timed out."""
+    enable_tokenization_sanity_check: bool = True
+    """Count trajectories whose tokens differ from the chat template applied to the final
+    conversation (multi_turn/tokenization_mismatch; a metric, never a failure)."""
 
 
 @dataclass

@@ -104,9 +104,40 @@ def _choices(cfg: RLVRConfig) -> list[str]:
         ("reward.on_error", cfg.reward.on_error, ("score", "raise")),
         ("trainer.device", cfg.trainer.device, DEVICES),
         ("actor_rollout_ref.rollout.name", arr.rollout.name, ("native",)),
+        ("actor_rollout_ref.rollout.multi_turn.tool_response_truncate_side", arr.rollout.multi_turn.tool_response_truncate_side,
+         ("left", "right", "middle")),
     ):
         if value not in allowed:
             errors.append(f"{key} = {value!r} is not one of {list(allowed)}")
+    return errors
+
+
+def _multi_turn(cfg: RLVRConfig) -> list[str]:
+    """A tool loop needs its tools, the prompts' messages, and limits that can be met."""
+    from rlvr.tools.parsers import TOOL_PARSERS
+
+    mt = cfg.actor_rollout_ref.rollout.multi_turn
+    key = "actor_rollout_ref.rollout.multi_turn"
+    errors = []
+    if mt.format not in TOOL_PARSERS:
+        errors.append(f"{key}.format = {mt.format!r} is not one of {sorted(TOOL_PARSERS)}")
+    for name in ("max_parallel_calls", "max_tool_response_length"):
+        if getattr(mt, name) < 1:
+            errors.append(f"{key}.{name} = {getattr(mt, name)} must be >= 1")
+    if mt.max_assistant_turns is not None and mt.max_assistant_turns < 1:
+        errors.append(f"{key}.max_assistant_turns = {mt.max_assistant_turns} must be >= 1 (or null: no limit)")
+    if mt.tool_timeout_s <= 0:
+        errors.append(f"{key}.tool_timeout_s = {mt.tool_timeout_s} must be > 0")
+    if not mt.enable:
+        if mt.tool_config_path is not None:
+            errors.append(f"{key}.tool_config_path is set but {key}.enable=false: the tools would never be called; "
+                          f"set {key}.enable=true or remove the tool config")
+        return errors
+    if mt.tool_config_path is None:
+        errors.append(f"{key}.enable=true needs {key}.tool_config_path (a tools YAML, e.g. examples/tools/calculator.yaml)")
+    if not cfg.data.return_raw_chat:
+        errors.append(f"{key}.enable=true needs data.return_raw_chat=true (the rollout continues each prompt's "
+                      "conversation)")
     return errors
 
 
@@ -233,18 +264,10 @@ NOT_IMPLEMENTED = (
     ("actor_rollout_ref.hybrid_engine", lambda c: not c.actor_rollout_ref.hybrid_engine,
      "a rollout on devices of its own is not implemented yet; use actor_rollout_ref.hybrid_engine=true (actor, "
      "reference and rollout share the device and one copy of the weights)"),
-    ("actor_rollout_ref.rollout.multi_turn.enable", lambda c: c.actor_rollout_ref.rollout.multi_turn.enable,
-     "multi-turn tool-calling rollouts are not implemented yet; use single-turn rollouts (multi_turn.enable=false)"),
-    ("actor_rollout_ref.rollout.multi_turn.max_turns",
-     lambda c: c.actor_rollout_ref.rollout.multi_turn.max_turns is not None,
-     "multi-turn rollouts are not implemented yet; leave multi_turn.max_turns unset"),
     ("critic.model.lora_rank", lambda c: c.critic.model.lora_rank > 0,
      "LoRA on the critic is not implemented yet; use critic.model.lora_rank=0 (the critic trains every weight)"),
     ("critic.model.tokenizer_path", lambda c: c.critic.model.tokenizer_path is not None,
      "the critic reads the policy's tokens; leave critic.model.tokenizer_path unset"),
-    ("actor_rollout_ref.rollout.multi_turn.tool_config_path",
-     lambda c: c.actor_rollout_ref.rollout.multi_turn.tool_config_path is not None,
-     "tools are not implemented yet; leave multi_turn.tool_config_path unset"),
 )
 
 
@@ -254,6 +277,7 @@ def _not_implemented(cfg: RLVRConfig) -> list[str]:
 
 def validate(cfg: RLVRConfig) -> None:
     """Raise ConfigError listing every broken invariant of ``cfg``."""
-    errors = _not_implemented(cfg) + _batch_sizes(cfg) + _choices(cfg) + _registered_names(cfg) + _algorithm(cfg)
+    errors = _not_implemented(cfg) + _batch_sizes(cfg) + _choices(cfg) + _registered_names(cfg) + _algorithm(cfg) \
+        + _multi_turn(cfg)
     if errors:
         raise ConfigError("invalid config:\n  - " + "\n  - ".join(errors))

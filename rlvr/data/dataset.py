@@ -26,8 +26,12 @@ import numpy as np
 import torch
 
 from rlvr.config.schema import DataConfig
+from rlvr.data.chat_template import ChatFormat
 from rlvr.data.io import DatasetError, read_rows
 from rlvr.protocol import DataProto
+
+
+TOOLS_KWARGS_KEYS = {"create_kwargs", "execute_kwargs", "calc_reward_kwargs", "release_kwargs"}
 
 
 @dataclass(frozen=True)
@@ -63,6 +67,16 @@ def validate_row(row: dict[str, Any], origin: RowOrigin, prompt_key: str = "prom
     for key in ("reward_model", "extra_info"):
         if key in row and row[key] is not None and not isinstance(row[key], dict):
             raise fail(key, f"must be a dict, got {type(row[key]).__name__}")
+    tools_kwargs = (row.get("extra_info") or {}).get("tools_kwargs")
+    if tools_kwargs is not None:
+        if not isinstance(tools_kwargs, dict):
+            raise fail("extra_info.tools_kwargs", "must map tool names to {create_kwargs: ..., execute_kwargs: ...}")
+        for tool, kw in tools_kwargs.items():
+            if kw is None:
+                continue
+            bad = set(kw) - TOOLS_KWARGS_KEYS if isinstance(kw, dict) else {"(not a mapping)"}
+            if bad:
+                raise fail(f"extra_info.tools_kwargs.{tool}", f"has keys {sorted(bad)}; allowed: {sorted(TOOLS_KWARGS_KEYS)}")
     reward_model = row.get("reward_model")
     if isinstance(reward_model, dict) and "ground_truth" not in reward_model:
         raise fail("reward_model.ground_truth", "is missing (rule-based scorers compare against it)")
@@ -89,9 +103,11 @@ def truncate_ids(ids: list[int], max_length: int, mode: str, origin: RowOrigin |
 class RLHFDataset:
     """Prompts from one or more files, checked, templated and tokenised at construction."""
 
-    def __init__(self, files: str | Path | Sequence[str | Path], tokenizer, config: DataConfig | None = None):
+    def __init__(self, files: str | Path | Sequence[str | Path], tokenizer, config: DataConfig | None = None,
+                 chat: ChatFormat | None = None):
         self.config = config or DataConfig()
         self.tokenizer = tokenizer
+        self.chat = chat  # with tools: the format that lists them in the prompt
         files = [files] if isinstance(files, (str, Path)) else list(files)
         if not files:
             raise DatasetError("no dataset files given (data.train_files / data.val_files is empty)")
@@ -121,6 +137,8 @@ class RLHFDataset:
 
     def _prompt_text(self, row: dict[str, Any]) -> str:
         messages = list(row[self.config.prompt_key])
+        if self.chat is not None:
+            return self.chat.render(messages, add_generation_prompt=True)
         if self.config.apply_chat_template:
             return self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
         return "\n".join(m["content"] for m in messages)
@@ -142,6 +160,9 @@ class RLHFDataset:
         extra = dict(item.get("extra_info") or {})
         item["extra_info"] = extra
         item["index"] = extra.get("index", i)
+        # per tool: create/execute/calc_reward/release kwargs (parquet fills absent struct fields with None)
+        item["tools_kwargs"] = {name: {k: v for k, v in (kw or {}).items() if v is not None}
+                                for name, kw in (extra.get("tools_kwargs") or {}).items() if kw is not None}
         return item
 
     def collate(self, items: list[dict[str, Any]]) -> DataProto:

@@ -157,8 +157,28 @@ class RewardResult:
 def place_on_last_token(scores: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
     """(bs,) scores -> (bs, R) with each score at its response's last valid token."""
     out = torch.zeros(response_mask.shape, dtype=torch.float32, device=response_mask.device)
-    last = (response_mask.sum(dim=-1) - 1).clamp(min=0).long()
+    # the last token the model generated: with tool output in the response, the mask has holes
+    columns = torch.arange(response_mask.shape[-1], device=response_mask.device)
+    last = torch.where(response_mask.bool(), columns, 0).amax(dim=-1).long() if response_mask.shape[-1] else \
+        torch.zeros(len(scores), dtype=torch.long)
     out[torch.arange(len(scores), device=out.device), last] = scores.to(out)
+    return out
+
+
+TRAJECTORY_KEYS = ("messages", "num_turns", "tool_rewards")  # from a multi-turn rollout, for the scorer
+
+
+def with_trajectory_info(data: DataProto):
+    """Each sample's ``extra_info``, plus (multi-turn) its conversation, turns and tool rewards."""
+    extra_info = data.non_tensor_batch.get("extra_info")
+    present = [k for k in TRAJECTORY_KEYS if k in data.non_tensor_batch]
+    if not present:
+        return extra_info
+    out = []
+    for i in range(len(data)):
+        info = dict(extra_info[i] or {}) if extra_info is not None else {}
+        info.update({k: data.non_tensor_batch[k][i] for k in present})
+        out.append(info)
     return out
 
 
@@ -200,10 +220,12 @@ class RewardManager:
     def compute(self, data: DataProto) -> RewardResult:
         data.require("responses", "response_mask", self.reward_fn_key, stage="reward")
         responses, mask = data.batch["responses"], data.batch["response_mask"]
-        texts = [self.tokenizer.decode(r[m.bool()], skip_special_tokens=True) for r, m in zip(responses.cpu(), mask.cpu())]
+        # the whole response, as verl scores it: with tools, the calls and their results included
+        present = data.batch["attention_mask"][:, -responses.shape[1]:] if "attention_mask" in data.batch else mask
+        texts = [self.tokenizer.decode(r[m.bool()], skip_special_tokens=True) for r, m in zip(responses.cpu(), present.cpu())]
         sources = data.non_tensor_batch[self.reward_fn_key]
         reward_model = data.non_tensor_batch.get("reward_model")
-        extra_info = data.non_tensor_batch.get("extra_info")
+        extra_info = with_trajectory_info(data)
         jobs = []
         for i, text in enumerate(texts):
             truth = None if reward_model is None or reward_model[i] is None else reward_model[i].get("ground_truth")
@@ -213,13 +235,14 @@ class RewardManager:
         results = self._run(jobs)
         result = self._collect(results, texts, sources, mask, time.perf_counter() - start)
         if self.config.overlong_buffer.enable:
-            self._shape_overlong(result, mask)
+            self._shape_overlong(result, mask, present.sum(dim=-1).cpu())
         return result
 
-    def _shape_overlong(self, result: RewardResult, mask: torch.Tensor) -> None:
-        """DAPO: add the overlong penalty of each response's length to its score."""
+    def _shape_overlong(self, result: RewardResult, mask: torch.Tensor, lengths: torch.Tensor) -> None:
+        """DAPO: add the overlong penalty of each response's length (the budget's tokens, tool
+        output included) to its score."""
         buffer = self.config.overlong_buffer
-        penalty = overlong_penalty(mask.sum(dim=-1).cpu(), self.max_response_length, buffer.len, buffer.penalty_factor)
+        penalty = overlong_penalty(lengths, self.max_response_length, buffer.len, buffer.penalty_factor)
         result.token_level_scores = place_on_last_token(result.scores + penalty, mask)
         result.reward_extra_info["overlong_reward"] = penalty.numpy().astype(object)
         result.metrics["reward/overlong_penalty/mean"] = float(penalty.mean())

@@ -115,9 +115,10 @@ class NativeRollout:
     # ------------------------------------------------------------------ request level
     @torch.inference_mode()
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams,
-                 groups: Sequence[Hashable] | None = None) -> list[Completion]:
+                 groups: Sequence[Hashable] | None = None, max_new_tokens: Sequence[int] | None = None) -> list[Completion]:
         """Sample one completion per prompt; prompts with the same ``groups`` key (default: the
-        same tokens) share one prefill."""
+        same tokens) share one prefill. ``max_new_tokens`` caps each row (at most
+        ``params.max_new_tokens``), for requests with different budgets left."""
         keys = list(groups) if groups is not None else [tuple(p) for p in prompts]
         first: dict[Hashable, int] = {}
         unique, row_to_unique = [], []
@@ -128,7 +129,9 @@ class NativeRollout:
             row_to_unique.append(first[key])
         if not prompts:
             return []
-        completions = self._decode(unique, torch.tensor(row_to_unique), params)
+        budgets = torch.tensor([min(int(b), params.max_new_tokens) for b in max_new_tokens]) if max_new_tokens \
+            is not None else torch.full((len(prompts),), params.max_new_tokens)
+        completions = self._decode(unique, torch.tensor(row_to_unique), params, budgets)
         trim_heap()  # the call's cache is gone now
         return completions
 
@@ -140,10 +143,11 @@ class NativeRollout:
                          position_ids=positions.to(device), past_key_values=cache, use_cache=True, logits_to_keep=1)
         return cache, out.logits[:, -1], mask.to(device), positions[:, -1].to(device)
 
-    def _decode(self, unique: list[list[int]], row_to_unique: torch.Tensor, params: SamplingParams):
+    def _decode(self, unique: list[list[int]], row_to_unique: torch.Tensor, params: SamplingParams,
+                budgets: torch.Tensor):
         device = self.model.device
         B = len(row_to_unique)
-        max_new = params.max_new_tokens
+        max_new = int(budgets.max())
         cache, logits, mask, last_pos = self._prefill(unique, max(len(p) for p in unique) + max_new)
         rows = row_to_unique.to(device)
         cache.batch_select_indices(rows)  # repeat each prompt's cache to its n rows
@@ -169,7 +173,7 @@ class NativeRollout:
                 stopped |= active & self._hit_stop(tokens, live, lengths, params.stop)
             for r in live[stopped].tolist():
                 finish[r] = "stop"
-            done |= stopped
+            done |= stopped | active & (lengths[live.cpu()] >= budgets[live.cpu()]).to(device)
             if bool(done.all()) or step == max_new - 1:
                 break
             if bool(done.any()):  # moving a few cache rows is cheaper than decoding dead rows

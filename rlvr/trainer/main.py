@@ -17,6 +17,7 @@ from rlvr.data.io import DatasetError
 from rlvr.distributed import LocalWorkerGroup
 from rlvr.models import load_tokenizer
 from rlvr.rewards import RewardManager
+from rlvr.rollout import ToolSetup
 from rlvr.rewards.registry import needs_ground_truth, reward_fn_name_for
 from rlvr.trainer import checkpoint
 from rlvr.trainer.ppo_trainer import RLTrainer
@@ -64,6 +65,16 @@ def check_scorable(dataset: RLHFDataset, config: RLVRConfig, split: str) -> None
                 "own function (reward.custom_reward_function.path)")
 
 
+def check_tools_kwargs(dataset: RLHFDataset | None, tools: dict, split: str) -> None:
+    """Every tool a row's ``extra_info.tools_kwargs`` names must be in the tools YAML."""
+    for row, origin in zip(dataset.rows if dataset is not None else [], dataset.origins if dataset is not None else []):
+        named = ((row.get("extra_info") or {}).get("tools_kwargs") or {})
+        unknown = sorted(k for k, v in named.items() if v is not None and k not in tools)
+        if unknown:
+            raise DatasetError(f"{origin} ({split}): extra_info.tools_kwargs names tools {unknown} that the tool config "
+                               f"does not define (it defines {sorted(tools)})")
+
+
 def validation_reward_config(reward: RewardConfig) -> RewardConfig:
     """Validation scores with ``reward.val_functions`` when set, and never with the overlong penalty."""
     functions = reward.val_functions or reward.functions
@@ -83,18 +94,23 @@ def build_trainer(config: RLVRConfig, progress_bar: bool = True) -> RLTrainer:
     run_dir = Path(config.trainer.default_local_dir).expanduser()
     model_cfg = config.actor_rollout_ref.model
     tokenizer = load_tokenizer(model_cfg.tokenizer_path or model_cfg.path, model_cfg.trust_remote_code)
-    train = RLHFDataset(config.data.train_files, tokenizer, config.data)
-    val = RLHFDataset(config.data.val_files, tokenizer, config.data) if config.data.val_files else None
+    tool_setup = ToolSetup.from_config(tokenizer, config.actor_rollout_ref.rollout)
+    chat = tool_setup.chat if tool_setup is not None else None
+    train = RLHFDataset(config.data.train_files, tokenizer, config.data, chat)
+    val = RLHFDataset(config.data.val_files, tokenizer, config.data, chat) if config.data.val_files else None
     check_scorable(train, config, "data.train_files")
     if val is not None:
         check_scorable(val, config, "data.val_files")
+    if tool_setup is not None:
+        for dataset, split in ((train, "data.train_files"), (val, "data.val_files")):
+            check_tools_kwargs(dataset, tool_setup.tools, split)
     per_batch = config.data.gen_batch_size or config.data.train_batch_size
     batches = len(train) // per_batch
     if batches == 0:
         raise ConfigError(f"data.train_batch_size (or gen_batch_size) = {per_batch} is larger than the training set "
                           f"({len(train)} rows after filtering); lower it or add rows")
     steps = total_steps(config, batches)
-    worker = ActorRolloutRefWorker(config, steps, tokenizer)
+    worker = ActorRolloutRefWorker(config, steps, tokenizer, tool_setup)
     worker.init_model()
     critic_wg = None
     if config.algorithm.adv_estimator == "gae":  # PPO: the only estimator that needs learned values

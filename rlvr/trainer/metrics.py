@@ -54,7 +54,8 @@ def compute_data_metrics(batch: DataProto, max_response_length: int, max_prompt_
     mask = b["response_mask"].bool()
     R = b["responses"].shape[1]
     prompt_mask = b["attention_mask"][:, :-R]
-    response_length = b["attention_mask"][:, -R:].sum(-1).float()
+    response_length = b["response_mask"].sum(-1).float()  # the model's tokens (tool output excluded)
+    budget_used = b["attention_mask"][:, -R:].sum(-1).float()  # what max_response_length bounds
     prompt_length = prompt_mask.sum(-1).float()
     metrics = {}
     metrics.update(_stats("critic/score", b["token_level_scores"].sum(-1)))
@@ -64,15 +65,47 @@ def compute_data_metrics(batch: DataProto, max_response_length: int, max_prompt_
     if "values" in b:
         metrics.update(_stats("critic/values", b["values"][mask]))
     metrics.update(_stats("response_length", response_length))
-    metrics["response_length/clip_ratio"] = float((response_length >= max_response_length).float().mean())
+    metrics["response_length/clip_ratio"] = float((budget_used >= max_response_length).float().mean())
     metrics.update(_stats("prompt_length", prompt_length))
     # batches are padded to their own longest prompt, so the limit comes from the config
     metrics["prompt_length/clip_ratio"] = float((prompt_length >= max_prompt_length).float().mean())
+    metrics.update(multi_turn_metrics(batch))
     if "rollout_log_probs" in b and "old_log_probs" in b:
         diff = (b["rollout_log_probs"].exp() - b["old_log_probs"].exp()).abs()[mask]
         if diff.numel():
             metrics["training/rollout_probs_diff_mean"] = float(diff.mean())
             metrics["training/rollout_probs_diff_max"] = float(diff.max())
+    return metrics
+
+
+def multi_turn_metrics(batch: DataProto, prefix: str = "") -> dict[str, float]:
+    """The multi-turn statistics of a rollout batch (none for a single-turn one); see ``multi_turn_stats``."""
+    nt = batch.non_tensor_batch
+    if "num_turns" not in nt:
+        return {}
+    R = batch.batch["responses"].shape[1]
+    tool_tokens = (batch.batch["attention_mask"][:, -R:] - batch.batch["response_mask"]).sum(-1)
+    return multi_turn_stats(list(nt["num_turns"]), list(nt["multi_turn_metrics"]), tool_tokens.tolist(), prefix)
+
+
+def multi_turn_stats(num_turns: list, counters: list[dict], tool_tokens: list, prefix: str = "") -> dict[str, float]:
+    """``num_turns/{mean,max,min}`` and the per-sample tool counters of a multi-turn rollout:
+    ``multi_turn/<counter>`` is the mean per sample (``tool_calls``, ``tool_calls/<tool>``,
+    ``tool_errors``, ``tool_timeouts``, ``invalid_json``, ``invalid_arguments``, ``unknown_tool``,
+    ``dropped_calls``, ``truncated``, ``tokenization_mismatch``, ``failed``), plus
+    ``multi_turn/tool_call_rate`` (samples with a call), ``multi_turn/tool_latency_s``
+    (mean per call) and ``multi_turn/tool_tokens/mean`` (tool and template tokens per sample)."""
+    turns = np.asarray(num_turns, dtype=float)
+    metrics = {f"{prefix}num_turns/mean": float(turns.mean()), f"{prefix}num_turns/max": float(turns.max()),
+               f"{prefix}num_turns/min": float(turns.min())}
+    calls = sum(c.get("tool_calls", 0) for c in counters)
+    for key in sorted(set().union(*counters)):
+        if key == "tool_latency_s":
+            metrics[f"{prefix}multi_turn/tool_latency_s"] = sum(c.get(key, 0.0) for c in counters) / max(calls, 1)
+        else:
+            metrics[f"{prefix}multi_turn/{key}"] = float(np.mean([c.get(key, 0) for c in counters]))
+    metrics[f"{prefix}multi_turn/tool_call_rate"] = float(np.mean([c.get("tool_calls", 0) > 0 for c in counters]))
+    metrics[f"{prefix}multi_turn/tool_tokens/mean"] = float(np.mean(tool_tokens))
     return metrics
 
 

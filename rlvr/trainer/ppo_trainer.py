@@ -370,12 +370,12 @@ class RLTrainer:
                 prompt_mask = batch.batch["attention_mask"][i, :-R].bool()
                 row = {"step": self.global_step, "uid": str(batch.non_tensor_batch["uid"][i]),
                        "prompt": decode(batch.batch["input_ids"][i, :-R][prompt_mask], skip_special_tokens=False),
-                       "response": decode(batch.batch["responses"][i][batch.batch["response_mask"][i].bool()],
+                       "response": decode(batch.batch["responses"][i][batch.batch["attention_mask"][i, -R:].bool()],
                                           skip_special_tokens=True),
                        "score": float(batch.batch["token_level_scores"][i].sum()),
                        "advantage": float(batch.batch["advantages"][i][batch.batch["response_mask"][i].bool()][:1].sum())}
-                for key in ("data_source", "reward_model"):
-                    if key in batch.non_tensor_batch:
+                for key in ("data_source", "reward_model", "num_turns", "messages", "tool_rewards"):
+                    if key in batch.non_tensor_batch:  # multi-turn: the conversation, each call and result
                         row[key] = batch.non_tensor_batch[key][i]
                 f.write(json.dumps(row, default=str) + "\n")
         tmp.replace(path)

@@ -41,8 +41,9 @@ def needs_reference(config: RLVRConfig) -> bool:
 class ActorRolloutRefWorker:
     """Holds the policy (with its optimizer), the optional frozen reference and the rollout engine."""
 
-    def __init__(self, config: RLVRConfig, total_training_steps: int, tokenizer=None):
+    def __init__(self, config: RLVRConfig, total_training_steps: int, tokenizer=None, tool_setup=None):
         self.config = config
+        self.tool_setup = tool_setup  # multi-turn: the tools and chat format (else read from the config)
         self.total_training_steps = total_training_steps
         self.device = resolve_device(config.trainer.device)
         self.tokenizer = tokenizer
@@ -67,7 +68,7 @@ class ActorRolloutRefWorker:
         if needs_reference(self.config) and not self.lora:  # with LoRA: the actor with its adapter disabled
             ref_model = copy.deepcopy(model).eval().requires_grad_(False)
             self.ref = Actor(ref_model, arr.actor, self.config.algorithm, pad_id=pad_id, max_response_length=max_len)
-        self.rollout = build_rollout(unwrap(model), self.tokenizer, arr.rollout, max_len)
+        self.rollout = build_rollout(unwrap(model), self.tokenizer, arr.rollout, max_len, self.tool_setup)
 
     @property
     def lora(self) -> bool:

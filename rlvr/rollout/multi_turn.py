@@ -1,0 +1,380 @@
+"""Multi-turn rollouts with tool calling, on rlvr's native engine.
+
+Each sample is a ``Request`` that moves PENDING -> RUNNING -> (TOOL_CALLING -> RUNNING)* ->
+COMPLETED, or FAILED with a reason (verl's AsyncRolloutRequest states). ``MultiTurnRollout``
+advances every live request together, one turn at a time:
+
+1. one batched ``engine.generate`` over the requests still RUNNING (the first turn keeps the
+   shared-prompt prefill: a group's n requests have the same prompt); the tool-call format's
+   closing tags are stop strings, so a turn ends right after a call;
+2. the calls of each turn are parsed (``rlvr.tools.parsers``) and all of the turn's calls, over
+   all requests, run concurrently on one event loop with a per-call timeout;
+3. the results are appended as a token delta rendered by the chat template (earlier tokens are
+   never re-tokenised) and the next turn starts.
+
+Token in, token out: the model's tokens are kept exactly as sampled, with their log-probs;
+template and tool tokens get ``response_mask`` 0. ``data.max_response_length`` bounds model
+plus tool tokens. A ``Request`` only needs token ids in and completions out, so an engine that
+serves requests one at a time could drive the same objects.
+
+Departures from verl: the engine is batched per turn rather than per request (an SGLang server
+interleaves requests; rlvr's engine is fastest on a batch), and every configured tool is
+created for every trajectory (verl creates those named in ``tools_kwargs``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import enum
+import json
+import sys
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+
+from rlvr.config.schema import MultiTurnConfig, RolloutConfig
+from rlvr.data.chat_template import ChatFormat
+from rlvr.protocol import DataProto
+from rlvr.rollout.engine import Completion, NativeRollout
+from rlvr.rollout.sampling import SamplingParams
+from rlvr.tools.base import BaseTool, ToolError
+from rlvr.tools.config import load_tools
+from rlvr.tools.parsers import ToolCall, ToolParser, get_tool_parser
+from rlvr.tools.schema import check_arguments
+
+
+@dataclass
+class ToolSetup:
+    """The tools of a run and the chat format that shows them to the model (prompts and deltas)."""
+
+    tools: dict[str, BaseTool]
+    chat: ChatFormat
+
+    @classmethod
+    def from_config(cls, tokenizer, config: RolloutConfig) -> "ToolSetup | None":
+        """None unless ``multi_turn.enable``; the tools YAML is read (and every tool built) here."""
+        mt = config.multi_turn
+        if not mt.enable:
+            return None
+        tools = load_tools(mt.tool_config_path)
+        return cls(tools, ChatFormat(tokenizer, [t.tool_schema.to_dict() for t in tools.values()], mt.format))
+
+
+class RequestState(enum.Enum):
+    PENDING = "pending"
+    RUNNING = "running"
+    TOOL_CALLING = "tool_calling"
+    COMPLETED = "completed"
+    FAILED = "failed"
+
+
+@dataclass
+class Request:
+    """One trajectory: its conversation, its tokens (model's and tools') and its tool state."""
+
+    request_id: str
+    messages: list[dict[str, Any]]
+    prompt_ids: list[int]
+    max_response_length: int
+    tools_kwargs: dict[str, dict[str, Any]] = field(default_factory=dict)
+    state: RequestState = RequestState.PENDING
+    response_ids: list[int] = field(default_factory=list)
+    response_mask: list[int] = field(default_factory=list)  # 1: the model's token, 0: template/tool token
+    response_log_probs: list[float] = field(default_factory=list)
+    num_turns: int = 0  # assistant turns
+    finish_reason: str | None = None  # stop | length | max_turns | failed
+    failure: str | None = None
+    pending_calls: list[ToolCall] = field(default_factory=list)
+    closed_by: str = ""  # the end-of-turn text the model wrote itself (its EOS), if any
+    instance_ids: dict[str, str] = field(default_factory=dict)
+    step_rewards: list[float] = field(default_factory=list)
+    tool_rewards: dict[str, float] = field(default_factory=dict)
+    metrics: Counter = field(default_factory=Counter)
+
+    @property
+    def budget_left(self) -> int:
+        return self.max_response_length - len(self.response_ids)
+
+    def generation_ids(self) -> list[int]:
+        return self.prompt_ids + self.response_ids
+
+    def start(self) -> None:
+        self._move(RequestState.PENDING, RequestState.RUNNING)
+
+    def _move(self, expected: RequestState, new: RequestState) -> None:
+        if self.state is not expected:
+            raise RuntimeError(f"request {self.request_id}: {new.value} from {self.state.value} (expected {expected.value})")
+        self.state = new
+
+    def _complete(self, reason: str) -> None:
+        self.state, self.finish_reason = RequestState.COMPLETED, reason
+
+    def fail(self, reason: str) -> None:
+        self.state, self.finish_reason, self.failure = RequestState.FAILED, "failed", reason
+
+    def add_assistant_turn(self, completion: Completion, text: str, closed_by: str, calls: list[ToolCall],
+                           max_turns: int | None) -> None:
+        """The model's turn: its tokens (trained on), then COMPLETED or TOOL_CALLING."""
+        self._move(RequestState.RUNNING, RequestState.RUNNING)
+        self.response_ids += completion.token_ids
+        self.response_mask += [1] * len(completion.token_ids)
+        self.response_log_probs += completion.log_probs
+        self.num_turns += 1
+        self.messages.append({"role": "assistant", "content": text})
+        self.closed_by = closed_by
+        if completion.finish_reason == "length":
+            self.metrics["truncated"] = 1
+            self._complete("length")
+        elif not calls:
+            self._complete("stop")
+        elif max_turns is not None and self.num_turns >= max_turns:
+            self._complete("max_turns")  # no turn left to read the result in
+        elif self.budget_left <= 0:
+            self.metrics["truncated"] = 1
+            self._complete("length")
+        else:
+            self.pending_calls = calls
+            self.state = RequestState.TOOL_CALLING
+
+    def add_tool_responses(self, tool_messages: list[dict[str, Any]], delta_ids: list[int]) -> None:
+        """Tool results as a token delta (never trained on); the turn budget decides what follows."""
+        self._move(RequestState.TOOL_CALLING, RequestState.RUNNING)
+        self.pending_calls = []
+        self.messages.extend(tool_messages)
+        kept = delta_ids[:max(self.budget_left, 0)]
+        self.response_ids += kept
+        self.response_mask += [0] * len(kept)
+        self.response_log_probs += [0.0] * len(kept)
+        if len(kept) < len(delta_ids) or self.budget_left <= 0:
+            self.metrics["truncated"] = 1
+            self._complete("length")
+
+
+def truncate_text(text: str, limit: int, side: str) -> str:
+    """Cut ``text`` to ``limit`` characters on ``side`` (left keeps the end, right the start)."""
+    if len(text) <= limit:
+        return text
+    marker = "...(truncated)"
+    keep = max(limit - len(marker), 0)
+    if side == "left":
+        return marker + text[len(text) - keep:]
+    if side == "right":
+        return text[:keep] + marker
+    head = keep // 2
+    return text[:head] + marker + text[len(text) - (keep - head):]
+
+
+class MultiTurnRollout:
+    """Drives ``Request``s through an engine and tools; ``generate_sequences`` as the single-turn engine."""
+
+    def __init__(self, engine: NativeRollout, tools: dict[str, BaseTool], config: MultiTurnConfig,
+                 chat: ChatFormat, max_response_length: int):
+        self.engine, self.tools, self.config, self.chat = engine, tools, config, chat
+        self.tokenizer = engine.tokenizer
+        self.max_response_length = max_response_length
+        self.parser: ToolParser = get_tool_parser(config.format, [t.tool_schema for t in tools.values()])
+        self.eos_texts = {i: self.tokenizer.decode([i]) for i in engine.eos_ids}
+        self.timings: dict[str, float] = {}
+        self._warned: set[str] = set()
+
+    # the hybrid worker's hooks go to the engine
+    def sync_weights(self) -> None:
+        self.engine.sync_weights()
+
+    def free_cache(self) -> None:
+        self.engine.free_cache()
+
+    # ------------------------------------------------------------------ the loop
+    def generate_sequences(self, prompts: DataProto) -> DataProto:
+        prompts.require("input_ids", "attention_mask", "position_ids", stage="multi-turn rollout")
+        params = SamplingParams.from_config(self.engine.config, self.max_response_length, prompts.meta_info)
+        params = dataclasses.replace(params, stop=tuple(dict.fromkeys([*params.stop, *self.parser.stop_strings()])))
+        requests = self.requests(prompts)
+        uids = prompts.non_tensor_batch.get("uid")
+        self.timings = {"generate_s": 0.0, "tools_s": 0.0}
+        loop = asyncio.new_event_loop()
+        try:
+            loop.run_until_complete(self._create(requests))
+            turn = 0
+            while True:
+                running = [i for i, r in enumerate(requests) if r.state is RequestState.RUNNING]
+                if not running:
+                    break
+                groups = [uids[i] for i in running] if turn == 0 and uids is not None else None
+                start = time.perf_counter()
+                self._generate_turn([requests[i] for i in running], params, turn, groups)
+                self.timings["generate_s"] += time.perf_counter() - start
+                calling = [r for r in requests if r.state is RequestState.TOOL_CALLING]
+                start = time.perf_counter()
+                if calling:
+                    loop.run_until_complete(self._call_tools(calling))
+                self.timings["tools_s"] += time.perf_counter() - start
+                turn += 1
+            loop.run_until_complete(self._finish(requests))
+        finally:
+            loop.close()
+        return self.to_dataproto(prompts, requests)
+
+    def requests(self, prompts: DataProto) -> list[Request]:
+        if "raw_prompt" not in prompts.non_tensor_batch:
+            raise ValueError("multi-turn rollouts need each prompt's messages: set data.return_raw_chat=true")
+        ids, mask = prompts.batch["input_ids"].cpu(), prompts.batch["attention_mask"].cpu()
+        kwargs = prompts.non_tensor_batch.get("tools_kwargs")
+        uids = prompts.non_tensor_batch.get("uid")
+        out = []
+        for i in range(len(prompts)):
+            tk = (kwargs[i] if kwargs is not None else None) or {}
+            unknown = set(tk) - set(self.tools)
+            if unknown:
+                raise ValueError(f"sample {i} (uid {uids[i] if uids is not None else i}): tools_kwargs names tools "
+                                 f"{sorted(unknown)} that the tool config does not define (known: {sorted(self.tools)})")
+            out.append(Request(f"{uids[i] if uids is not None else 'r'}-{i}", [dict(m) for m in prompts.non_tensor_batch["raw_prompt"][i]],
+                               ids[i][mask[i].bool()].tolist(), self.max_response_length, dict(tk)))
+        return out
+
+    def _generate_turn(self, running: list[Request], params: SamplingParams, turn: int, groups) -> None:
+        turn_params = dataclasses.replace(params, seed=int(params.seed) + turn * 7919)
+        completions = self.engine.generate([r.generation_ids() for r in running], turn_params, groups,
+                                           max_new_tokens=[r.budget_left for r in running])
+        for req, c in zip(running, completions):
+            ids = c.token_ids
+            closed_by = self.eos_texts.get(ids[-1], "") if ids else ""
+            text = self.tokenizer.decode(ids[:-1] if closed_by else ids, skip_special_tokens=False)
+            calls = self.parser.parse(text) if c.finish_reason == "stop" else []
+            req.add_assistant_turn(c, text, closed_by, calls, self.config.max_assistant_turns)
+
+    # ------------------------------------------------------------------ tools
+    async def _create(self, requests: list[Request]) -> None:
+        async def create(req: Request) -> None:
+            try:
+                for name, tool in self.tools.items():
+                    kw = req.tools_kwargs.get(name, {}).get("create_kwargs", {})
+                    req.instance_ids[name] = await tool.create(req.request_id, **kw)
+                req.start()
+            except Exception as err:  # the trajectory cannot run: it fails, the batch goes on
+                self._warn(f"create:{type(err).__name__}", f"creating tools for request {req.request_id} failed: "
+                           f"{type(err).__name__}: {err}; the request is marked failed (multi_turn/failed)")
+                req.fail(f"tool create failed: {err}")
+
+        await asyncio.gather(*(create(r) for r in requests))
+
+    async def _call_tools(self, calling: list[Request]) -> None:
+        async def run(req: Request) -> None:
+            calls = req.pending_calls[:self.config.max_parallel_calls]
+            req.metrics["dropped_calls"] += len(req.pending_calls) - len(calls)
+            texts = await asyncio.gather(*(self._call(req, c) for c in calls))
+            limit, side = self.config.max_tool_response_length, self.config.tool_response_truncate_side
+            messages = [{"role": "tool", "content": truncate_text(t, limit, side)} for t in texts]
+            req.add_tool_responses(messages, self.chat.tool_delta(messages, req.closed_by))
+
+        await asyncio.gather(*(run(r) for r in calling))
+
+    async def _call(self, req: Request, call: ToolCall) -> str:
+        """One call -> the text the model sees; every failure is an error message and a counter."""
+        req.metrics["tool_calls"] += 1
+        if call.error:
+            req.metrics[call.error] += 1
+            return f"Error: {call.message}"
+        tool = self.tools.get(call.name)
+        if tool is None:
+            req.metrics["unknown_tool"] += 1
+            return f"Error: there is no tool named {call.name!r}; the tools are {sorted(self.tools)}"
+        req.metrics[f"tool_calls/{call.name}"] += 1
+        try:
+            params = json.loads(call.arguments)
+        except json.JSONDecodeError as err:
+            req.metrics["invalid_json"] += 1
+            return f"Error: the arguments are not valid JSON ({err.msg})"
+        problems = check_arguments(tool.tool_schema, params)
+        if problems:
+            req.metrics["invalid_arguments"] += 1
+            return f"Error: {'; '.join(problems)}"
+        kw = req.tools_kwargs.get(call.name, {}).get("execute_kwargs", {})
+        start = time.perf_counter()
+        try:
+            text, reward, _ = await asyncio.wait_for(tool.execute(req.instance_ids[call.name], params, **kw),
+                                                     self.config.tool_timeout_s)
+            req.step_rewards.append(float(reward))
+            return str(text)
+        except asyncio.TimeoutError:
+            req.metrics["tool_timeouts"] += 1
+            return f"Error: {call.name} did not answer within {self.config.tool_timeout_s:g} s"
+        except ToolError as err:
+            req.metrics["tool_errors"] += 1
+            return f"Error: {err}"
+        except Exception as err:  # a tool's bug: the model sees an error, the run goes on, the user is told
+            req.metrics["tool_errors"] += 1
+            self._warn(f"{call.name}:{type(err).__name__}", f"tool {call.name!r} raised {type(err).__name__}: {err} "
+                       f"(request {req.request_id}, arguments {call.arguments}); the model sees it as a tool error")
+            return f"Error: {call.name} failed: {type(err).__name__}: {err}"
+        finally:
+            req.metrics["tool_latency_s"] += time.perf_counter() - start
+
+    async def _finish(self, requests: list[Request]) -> None:
+        async def finish(req: Request) -> None:
+            for name, instance in req.instance_ids.items():
+                kw = req.tools_kwargs.get(name, {})
+                try:
+                    req.tool_rewards[name] = float(await self.tools[name].calc_reward(instance, **kw.get("calc_reward_kwargs", {})))
+                    await self.tools[name].release(instance, **kw.get("release_kwargs", {}))
+                except Exception as err:
+                    req.metrics["tool_errors"] += 1
+                    self._warn(f"finish:{name}", f"tool {name!r}: calc_reward/release raised {type(err).__name__}: "
+                               f"{err} (request {req.request_id}); its reward is left out")
+            if self.config.enable_tokenization_sanity_check and req.state is RequestState.COMPLETED:
+                req.metrics["tokenization_mismatch"] = int(not self._tokens_match(req))
+
+        await asyncio.gather(*(finish(r) for r in requests))
+
+    def _tokens_match(self, req: Request) -> bool:
+        """Whether the tokens equal the chat template applied to the final conversation (a
+        prefix of it: the template may close the last turn after the model's end token)."""
+        rendered = self.chat.encode(self.chat.render(req.messages))
+        ours = req.prompt_ids + req.response_ids
+        return rendered[:len(ours)] == ours
+
+    def _warn(self, key: str, message: str) -> None:
+        if key not in self._warned:  # once per kind per run, not once per sample
+            self._warned.add(key)
+            print(f"[rlvr] warning: {message}", file=sys.stderr, flush=True)
+
+    # ------------------------------------------------------------------ output
+    def to_dataproto(self, prompts: DataProto, requests: Sequence[Request]) -> DataProto:
+        """The single-turn layout: ``responses`` with tool tokens, ``response_mask`` 0 on them,
+        ``attention_mask`` 1 on every real token; plus the conversation and counters per sample."""
+        input_ids = prompts.batch["input_ids"]
+        device = input_ids.device
+        B = len(requests)
+        width = max(1, max(len(r.response_ids) for r in requests))
+        responses = torch.full((B, width), self.engine.pad_id, dtype=torch.long)
+        response_mask = torch.zeros(B, width, dtype=torch.long)
+        attention = torch.zeros(B, width, dtype=torch.long)
+        log_probs = torch.zeros(B, width)
+        for i, r in enumerate(requests):
+            n = len(r.response_ids)
+            responses[i, :n] = torch.tensor(r.response_ids, dtype=torch.long)
+            response_mask[i, :n] = torch.tensor(r.response_mask, dtype=torch.long)
+            attention[i, :n] = 1
+            log_probs[i, :n] = torch.tensor(r.response_log_probs)
+        positions = prompts.batch["position_ids"]
+        steps = torch.arange(1, width + 1, device=device)
+        for r in requests:
+            if r.state is RequestState.FAILED:
+                r.metrics["failed"] = 1
+        return DataProto.from_dict(
+            {"prompts": input_ids, "responses": responses.to(device), "response_mask": response_mask.to(device),
+             "input_ids": torch.cat([input_ids, responses.to(device)], dim=1),
+             "attention_mask": torch.cat([prompts.batch["attention_mask"], attention.to(device)], dim=1),
+             "position_ids": torch.cat([positions, positions[:, -1:] + steps], dim=1),
+             "rollout_log_probs": log_probs.to(device)},
+            {"finish_reason": [r.finish_reason for r in requests],
+             "num_turns": np.array([r.num_turns for r in requests], dtype=object),
+             "messages": [r.messages for r in requests],
+             "tool_rewards": [{"final": dict(r.tool_rewards), "steps": list(r.step_rewards)} for r in requests],
+             "multi_turn_metrics": [dict(r.metrics) for r in requests]},
+        )

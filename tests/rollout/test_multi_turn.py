@@ -1,0 +1,276 @@
+"""The multi-turn loop: request states, token and mask layout, log-prob alignment with the
+training forward, tool errors as messages, budgets, the tool lifecycle and the metrics."""
+
+import asyncio
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from rlvr.config.schema import MultiTurnConfig, RolloutConfig
+from rlvr.data import RLHFDataset
+from rlvr.data.chat_template import ChatFormat
+from rlvr.data.dataset import collate
+from rlvr.models import load_model
+from rlvr.rewards import RewardManager
+from rlvr.rollout import MultiTurnRollout, RequestState
+from rlvr.rollout.multi_turn import Request, truncate_text
+from rlvr.tools import BaseTool, CalculatorTool, ToolError, function_tool
+from rlvr.trainer.metrics import multi_turn_metrics
+from rlvr.workers.forward import forward_log_probs
+
+QUESTION = [{"role": "user", "content": "What is 12 * 34?"}]
+CALL = "<calculator>12 * 34</calculator>"
+ANSWER = "The answer is 408.<|im_end|>"
+
+
+class Recorder(BaseTool):
+    """Counts lifecycle calls, tracks concurrency, and rewards each trajectory by its calls."""
+
+    def __init__(self, sleep=0.0, fail=None):
+        super().__init__({}, None)
+        self.sleep, self.fail = sleep, fail
+        self.created, self.released, self.in_flight, self.peak = [], [], 0, 0
+        self.calls: dict[str, int] = {}
+
+    @classmethod
+    def default_schema(cls):
+        from rlvr.tools import OpenAIFunctionToolSchema
+        return OpenAIFunctionToolSchema.from_dict({"type": "function", "function": {
+            "name": "echo", "description": "Echo a number.",
+            "parameters": {"type": "object", "properties": {"x": {"type": "integer"}}, "required": ["x"]}}})
+
+    async def create(self, instance_id=None, **kw):
+        self.created.append((instance_id, kw))
+        return await super().create(instance_id, **kw)
+
+    async def execute(self, instance_id, parameters, **kw):
+        self.in_flight += 1
+        self.peak = max(self.peak, self.in_flight)
+        try:
+            await asyncio.sleep(self.sleep)
+            if self.fail == "raise":
+                raise RuntimeError("boom")
+            if self.fail == "hang":
+                await asyncio.sleep(60)
+            self.calls[instance_id] = self.calls.get(instance_id, 0) + 1
+            return f"echo {parameters['x']}", 0.25, {}
+        finally:
+            self.in_flight -= 1
+
+    async def calc_reward(self, instance_id, **kw):
+        return float(self.calls.get(instance_id, 0))
+
+    async def release(self, instance_id, **kw):
+        self.released.append(instance_id)
+        await super().release(instance_id, **kw)
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_model_dir, tokenizer):
+    return load_model(tiny_model_dir, "float32", "cpu"), tokenizer
+
+
+def make_rollout(tiny, teacher_forced_engine, script, tools=None, fmt="tag", max_len=64, **mt):
+    model, tokenizer = tiny
+    tools = tools or {"calculator": CalculatorTool(None, None)}
+    config = MultiTurnConfig(enable=True, tool_config_path="unused.yaml", format=fmt, **mt)
+    chat = ChatFormat(tokenizer, [t.tool_schema.to_dict() for t in tools.values()], fmt)
+    engine = teacher_forced_engine(script)(model, tokenizer, RolloutConfig(), max_len)
+    return MultiTurnRollout(engine, tools, config, chat, max_len), chat
+
+
+def prompts_for(rollout, chat, n=1, rows=None, tools_kwargs=None):
+    rows = rows or [QUESTION]
+    items = []
+    for i, messages in enumerate(rows):
+        items.append({"raw_prompt_ids": chat.prompt_ids(messages), "raw_prompt": messages,
+                      "tools_kwargs": tools_kwargs or {}, "data_source": "arithmetic", "uid": f"u{i}"})
+    batch = collate(items, rollout.engine.pad_id).repeat(n, interleave=True)
+    batch.meta_info.update(seed=3)
+    return batch
+
+
+def with_prompt_keys(out, batch):
+    """The rollout's output plus the prompt batch's non-tensor columns (uid, data_source, ...)."""
+    for key, value in batch.non_tensor_batch.items():
+        out.non_tensor_batch.setdefault(key, value)
+    return out
+
+
+def two_turn_script(context):
+    """Call the calculator first, answer once the result is in the conversation."""
+    if "<|im_start|>tool" not in context:
+        return CALL
+    return ANSWER if "408" in context else None
+
+
+def test_call_then_answer_has_exact_tokens_masks_and_log_probs(tiny, tokenizer, teacher_forced_engine):
+    rollout, chat = make_rollout(tiny, teacher_forced_engine, two_turn_script)
+    batch = prompts_for(rollout, chat, n=2)
+    out = rollout.generate_sequences(batch)
+    call_ids = tokenizer.encode(CALL, add_special_tokens=False)
+    answer_ids = tokenizer.encode(ANSWER, add_special_tokens=False)
+    delta = chat.tool_delta([{"role": "tool", "content": "408"}])  # "<|im_end|>\n<|im_start|>tool\n408<|im_end|>\n<|im_start|>assistant\n"
+    expected = call_ids + delta + answer_ids
+    for row in range(2):
+        n = int(out.batch["attention_mask"][row, -out.batch["responses"].shape[1]:].sum())
+        assert out.batch["responses"][row, :n].tolist() == expected
+        mask = out.batch["response_mask"][row, :n].tolist()
+        assert mask == [1] * len(call_ids) + [0] * len(delta) + [1] * len(answer_ids)
+        assert out.batch["rollout_log_probs"][row, len(call_ids):len(call_ids) + len(delta)].abs().sum() == 0
+    assert list(out.non_tensor_batch["num_turns"]) == [2, 2]
+    assert out.non_tensor_batch["finish_reason"][0] == "stop"
+    messages = out.non_tensor_batch["messages"][0]
+    assert [m["role"] for m in messages] == ["user", "assistant", "tool", "assistant"]
+    assert messages[2]["content"] == "408" and messages[1]["content"] == CALL
+    counters = out.non_tensor_batch["multi_turn_metrics"][0]
+    assert counters["tool_calls"] == 1 and counters["tool_calls/calculator"] == 1
+    assert counters["tokenization_mismatch"] == 0
+    # the training forward (both layouts) gives the rollout's log-probs at the model's tokens
+    batch = with_prompt_keys(out, batch)
+    for share in (True, False):
+        lp, _ = forward_log_probs(tiny[0], batch.batch, list(batch.non_tensor_batch["uid"]), temperature=1.0,
+                                  share_prompt=share, pad_id=rollout.engine.pad_id)
+        model_tokens = batch.batch["response_mask"].bool()
+        torch.testing.assert_close(lp[model_tokens], batch.batch["rollout_log_probs"][model_tokens], atol=2e-5, rtol=0)
+
+
+def test_engine_sampled_turn_after_a_tool_result_aligns_with_training(tiny, teacher_forced_engine):
+    """The second turn is sampled by the real engine over a context holding tool tokens."""
+    script = lambda ctx: CALL if "<|im_start|>tool" not in ctx else None  # noqa: E731
+    rollout, chat = make_rollout(tiny, teacher_forced_engine, script, max_len=40, max_assistant_turns=2)
+    batch = prompts_for(rollout, chat, n=3)
+    batch = with_prompt_keys(rollout.generate_sequences(batch), batch)
+    mask = batch.batch["response_mask"].bool()
+    call_len = len(tiny[1].encode(CALL, add_special_tokens=False))
+    assert mask[:, call_len:].any()  # the engine sampled after the tool's tokens
+    lp, _ = forward_log_probs(tiny[0], batch.batch, list(batch.non_tensor_batch["uid"]), 1.0, pad_id=rollout.engine.pad_id)
+    torch.testing.assert_close(lp[mask], batch.batch["rollout_log_probs"][mask], atol=2e-5, rtol=0)
+
+
+def test_reward_goes_on_the_last_model_token_and_sees_tool_rewards(tiny, teacher_forced_engine, tmp_path):
+    script = lambda ctx: "<echo>5</echo>" if "<|im_start|>tool" not in ctx else None  # noqa: E731
+    recorder = Recorder()
+    rollout, chat = make_rollout(tiny, teacher_forced_engine, script, tools={"echo": recorder}, max_len=48,
+                                 max_assistant_turns=2)
+    batch = prompts_for(rollout, chat, n=2, tools_kwargs={"echo": {"create_kwargs": {"seed": 1}}})
+    out = with_prompt_keys(rollout.generate_sequences(batch), batch)
+    fn = tmp_path / "r.py"
+    fn.write_text("def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
+                  "    tr = extra_info['tool_rewards']\n"
+                  "    return tr['final']['echo'] + sum(tr['steps']) + 10 * extra_info['num_turns']\n")
+    from rlvr.config.schema import CustomRewardFunctionConfig, RewardConfig
+    reward = RewardManager(tiny[1], RewardConfig(custom_reward_function=CustomRewardFunctionConfig(path=str(fn))))
+    result = reward(out)
+    # one echo call: calc_reward 1.0 + step reward 0.25 + 10 * 2 turns
+    assert result.token_level_scores.sum(-1).tolist() == [21.25, 21.25]
+    mask = out.batch["response_mask"]
+    last_model = [int(torch.nonzero(m).max()) for m in mask]
+    assert [int(torch.nonzero(s).max()) for s in result.token_level_scores] == last_model
+    # lifecycle: one create per trajectory with its kwargs, one release each
+    assert len(recorder.created) == 2 and all(kw == {"seed": 1} for _, kw in recorder.created)
+    assert sorted(recorder.released) == sorted(i for i, _ in recorder.created)
+
+
+@pytest.mark.parametrize("turn,counter,message", [
+    ("<tool_call>{not json}</tool_call>", "invalid_json", "not valid JSON"),
+    ('<tool_call>{"name": "nope", "arguments": {}}</tool_call>', "unknown_tool", "no tool named 'nope'"),
+    ('<tool_call>{"name": "echo", "arguments": {"x": "five"}}</tool_call>', "invalid_arguments",
+     "argument 'x' must be of type integer"),
+])
+def test_bad_calls_become_error_messages_and_counters(tiny, teacher_forced_engine, turn, counter, message):
+    script = lambda ctx: turn if "<|im_start|>tool" not in ctx else None  # noqa: E731
+    rollout, chat = make_rollout(tiny, teacher_forced_engine, script, tools={"echo": Recorder()}, fmt="hermes",
+                                 max_len=48, max_assistant_turns=2)
+    out = rollout.generate_sequences(prompts_for(rollout, chat))
+    assert out.non_tensor_batch["multi_turn_metrics"][0][counter] == 1
+    assert message in out.non_tensor_batch["messages"][0][2]["content"]
+
+
+@pytest.mark.parametrize("fail,counter", [("raise", "tool_errors"), ("hang", "tool_timeouts")])
+def test_a_tool_that_raises_or_hangs_is_an_error_not_a_crash(tiny, teacher_forced_engine, fail, counter, capsys):
+    script = lambda ctx: "<echo>1</echo>" if "<|im_start|>tool" not in ctx else None  # noqa: E731
+    rollout, chat = make_rollout(tiny, teacher_forced_engine, script, tools={"echo": Recorder(fail=fail)},
+                                 max_len=32, max_assistant_turns=2, tool_timeout_s=0.3)
+    out = rollout.generate_sequences(prompts_for(rollout, chat, n=2))
+    assert [c[counter] for c in out.non_tensor_batch["multi_turn_metrics"]] == [1, 1]
+    assert out.non_tensor_batch["messages"][0][2]["content"].startswith("Error:")
+    if fail == "raise":
+        assert "tool 'echo' raised RuntimeError: boom" in capsys.readouterr().err
+
+
+def test_calls_of_a_turn_run_concurrently_across_requests(tiny, teacher_forced_engine):
+    recorder = Recorder(sleep=0.2)
+    script = lambda ctx: "<echo>1</echo>" if "<|im_start|>tool" not in ctx else None  # noqa: E731
+    rollout, chat = make_rollout(tiny, teacher_forced_engine, script, tools={"echo": recorder}, max_len=24,
+                                 max_assistant_turns=2)
+    rollout.generate_sequences(prompts_for(rollout, chat, n=6))
+    assert recorder.peak == 6  # all six calls were in flight at once
+
+
+def test_max_parallel_calls_drops_the_rest(tiny, teacher_forced_engine):
+    recorder = Recorder()
+    script = lambda ctx: "<echo>1</echo><echo>2</echo><echo>3</echo>" if "<|im_start|>tool" not in ctx else None  # noqa: E731
+    rollout, chat = make_rollout(tiny, teacher_forced_engine, script, tools={"echo": recorder}, max_len=64,
+                                 max_assistant_turns=2, max_parallel_calls=2)
+    # (sampling stops at the first closing tag; a scripted turn holds three calls)
+    out = rollout.generate_sequences(prompts_for(rollout, chat))
+    counters = out.non_tensor_batch["multi_turn_metrics"][0]
+    assert counters["tool_calls"] == 2 and counters["dropped_calls"] == 1
+    assert [m["role"] for m in out.non_tensor_batch["messages"][0][:4]] == ["user", "assistant", "tool", "tool"]
+
+
+def test_max_assistant_turns_ends_before_running_the_last_call(tiny, teacher_forced_engine):
+    recorder = Recorder()
+    rollout, chat = make_rollout(tiny, teacher_forced_engine, lambda ctx: "<echo>1</echo>", tools={"echo": recorder},
+                                 max_len=64, max_assistant_turns=1)
+    out = rollout.generate_sequences(prompts_for(rollout, chat))
+    assert out.non_tensor_batch["finish_reason"][0] == "max_turns" and recorder.calls == {}
+    assert int(out.batch["response_mask"].sum()) == int(out.batch["attention_mask"][:, -out.batch["responses"].shape[1]:].sum())
+
+
+def test_response_budget_counts_tool_tokens(tiny, tokenizer, teacher_forced_engine):
+    call = len(tokenizer.encode(CALL, add_special_tokens=False))
+    delta = len(ChatFormat(tokenizer, [CalculatorTool(None, None).tool_schema.to_dict()], "tag")
+                .tool_delta([{"role": "tool", "content": "408"}]))
+    answer = len(tokenizer.encode(ANSWER, add_special_tokens=False))
+    exact = call + delta + answer
+    rollout, chat = make_rollout(tiny, teacher_forced_engine, two_turn_script, max_len=exact)
+    out = rollout.generate_sequences(prompts_for(rollout, chat))
+    assert out.non_tensor_batch["finish_reason"][0] == "stop"  # fits exactly: kept whole
+    assert "truncated" not in out.non_tensor_batch["multi_turn_metrics"][0]
+    rollout, chat = make_rollout(tiny, teacher_forced_engine, two_turn_script, max_len=call + 3)
+    out = rollout.generate_sequences(prompts_for(rollout, chat))
+    assert out.non_tensor_batch["finish_reason"][0] == "length"
+    assert out.non_tensor_batch["multi_turn_metrics"][0]["truncated"] == 1
+    assert out.batch["responses"].shape[1] == call + 3 and int(out.batch["response_mask"].sum()) == call
+
+
+def test_request_state_machine_refuses_wrong_transitions():
+    req = Request("r", list(QUESTION), [1, 2], 10)
+    assert req.state is RequestState.PENDING
+    with pytest.raises(RuntimeError, match="running from pending"):
+        req.add_tool_responses([], [])  # a tool result before the request ran
+    req.start()
+    assert req.state is RequestState.RUNNING
+    with pytest.raises(RuntimeError, match="expected pending"):
+        req.start()
+
+
+def test_truncate_tool_response_sides():
+    text = "abcdefghijklmnopqrstuvwxyz" * 2
+    assert truncate_text(text, 20, "right") == text[:6] + "...(truncated)"
+    assert truncate_text(text, 20, "left") == "...(truncated)" + text[-6:]
+    assert truncate_text(text, 20, "middle") == text[:3] + "...(truncated)" + text[-3:]
+    assert truncate_text("short", 20, "middle") == "short"
+
+
+def test_multi_turn_metrics_aggregate_counters(tiny, teacher_forced_engine):
+    rollout, chat = make_rollout(tiny, teacher_forced_engine, two_turn_script)
+    batch = prompts_for(rollout, chat, n=2)
+    out = rollout.generate_sequences(batch)
+    metrics = multi_turn_metrics(out)
+    assert metrics["num_turns/mean"] == 2 and metrics["multi_turn/tool_calls"] == 1
+    assert metrics["multi_turn/tool_call_rate"] == 1.0 and metrics["multi_turn/tool_tokens/mean"] > 0
