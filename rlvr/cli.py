@@ -29,6 +29,9 @@ def _cmd_prepare(args: argparse.Namespace) -> None:
         spec = ArithmeticSpec(digits=args.digits, operators=args.operators, num_operands=args.num_operands,
                               max_operand=None if args.max_operand == 0 else args.max_operand)
         paths = prepare.prepare_arithmetic(out, args.train_size or 1000, args.test_size or 300, args.seed, spec)
+    elif args.task in ("calculator", "calculator_no_tool"):
+        paths = prepare.prepare_calculator(out, args.train_size or 1000, args.test_size or 100, args.seed,
+                                           with_tool=args.task == "calculator")
     elif args.task == "countdown":
         paths = prepare.prepare_countdown(out, args.train_size or 10000, args.test_size or 300, args.seed)
     else:
@@ -140,25 +143,28 @@ def _cmd_rollout(args: argparse.Namespace) -> None:
     from rlvr.data import RLHFDataset
     from rlvr.models import load_model_and_tokenizer
     from rlvr.rewards import get_scorer
-    from rlvr.rollout import build_rollout
+    from rlvr.rewards.manager import with_trajectory_info
+    from rlvr.rollout import ToolSetup, build_rollout
 
     cfg = load_config(args.config, args.overrides)
     torch.set_num_threads(max(1, torch.get_num_threads()))
     model, tokenizer = load_model_and_tokenizer(cfg.actor_rollout_ref.model.path)
-    dataset = RLHFDataset(cfg.data.val_files, tokenizer, cfg.data)
+    tools = ToolSetup.from_config(tokenizer, cfg.actor_rollout_ref.rollout)
+    dataset = RLHFDataset(cfg.data.val_files, tokenizer, cfg.data, tools.chat if tools else None)
     items = [dataset[i] for i in range(min(args.limit, len(dataset)))]
     batch = dataset.collate(items)
     batch.meta_info.update(do_sample=cfg.actor_rollout_ref.rollout.val_kwargs.do_sample)
-    rollout = build_rollout(model, tokenizer, cfg.actor_rollout_ref.rollout, cfg.data.max_response_length)
+    rollout = build_rollout(model, tokenizer, cfg.actor_rollout_ref.rollout, cfg.data.max_response_length, tools)
     start = time.perf_counter()
     out = rollout.generate_sequences(batch)
+    extra = with_trajectory_info(out) or [it["extra_info"] for it in items]
     elapsed = time.perf_counter() - start
     scores = []
     for i, item in enumerate(items):
-        text = tokenizer.decode(out.batch["responses"][i][out.batch["response_mask"][i].bool()],
-                                skip_special_tokens=True)
+        present = out.batch["attention_mask"][i, -out.batch["responses"].shape[1]:].bool()
+        text = tokenizer.decode(out.batch["responses"][i][present], skip_special_tokens=True)
         score = get_scorer(item["data_source"])(item["data_source"], text, item["reward_model"]["ground_truth"],
-                                                item["extra_info"])
+                                                {**item["extra_info"], **extra[i]})
         scores.append(float(score["score"] if isinstance(score, dict) else score))
         if i < args.show:
             question = item["extra_info"].get("expression") or item["extra_info"].get("question", "")
@@ -213,7 +219,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_export)
 
     p = sub.add_parser("prepare", help="write train/test parquet files for a task")
-    p.add_argument("task", choices=["arithmetic", "countdown", "gsm8k"])
+    p.add_argument("task", choices=["arithmetic", "calculator", "calculator_no_tool", "countdown", "gsm8k"],
+                   help="calculator: the tool task (train with --config calculator); calculator_no_tool: the same "
+                        "problems without the tool")
     p.add_argument("--out", help="output folder (default ~/data/TASK)")
     p.add_argument("--src", help="gsm8k: folder or file with the raw GSM8K data")
     p.add_argument("--system-prompt", help="gsm8k: a system prompt (text, or think-answer / think-answer-zh: the "

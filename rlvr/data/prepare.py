@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from rlvr.data.io import write_parquet
-from rlvr.data.tasks import arithmetic, countdown, gsm8k
+from rlvr.data.tasks import arithmetic, calculator, countdown, gsm8k
 
 DEFAULT_ROOT = Path("~/data")
 
@@ -31,3 +31,10 @@ def prepare_gsm8k(out_dir: Path, src: Path, system_prompt: str | None = None) ->
     puts the answer format in a system message, as seed 002's trainer does."""
     return {split: write_parquet(rows, out_dir / f"{split}.parquet")
             for split, rows in gsm8k.convert(src, system_prompt).items()}
+
+
+def prepare_calculator(out_dir: Path, train_size: int = 1000, test_size: int = 100, seed: int = 0,
+                       with_tool: bool = True) -> dict[str, Path]:
+    """The tool task (``a * b + c``, 3x2-digit products); ``with_tool=False``: the same problems, no tool."""
+    return {split: write_parquet(rows, out_dir / f"{split}.parquet")
+            for split, rows in calculator.make_splits(train_size, test_size, seed, with_tool).items()}

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Callable, Iterable
 
 from rlvr.registry import Registry
-from rlvr.rewards.scorers import arithmetic, countdown, format, gsm8k, math
+from rlvr.rewards.scorers import arithmetic, countdown, format, gsm8k, math, tool_answer
 
 RewardFn = Callable[..., "float | dict"]
 REWARD_FNS: Registry[RewardFn] = Registry("reward function")
@@ -44,6 +44,7 @@ def needs_ground_truth(name: str) -> bool:
 for _name, _fn, _sources, _needs_truth in [
     ("arithmetic", arithmetic.compute_score, ["arithmetic"], True),
     ("countdown", countdown.compute_score, ["countdown"], True),
+    ("tool_answer", tool_answer.compute_score, ["arithmetic_tool"], True),
     ("gsm8k", gsm8k.compute_score, ["openai/gsm8k", "gsm8k"], True),
     ("gsm8k_flexible", gsm8k.compute_score_flexible, [], True),
     ("math", math.compute_score, ["math", "lighteval/MATH", "DigitalLearningGmbH/MATH-lighteval",

@@ -26,6 +26,7 @@ from rlvr.tools.base import BaseTool
 from rlvr.tools.function_tool import FunctionTool
 from rlvr.tools.schema import OpenAIFunctionToolSchema, SchemaError
 
+SHIPPED = Path(__file__).parent / "configs"  # calculator.yaml, python.yaml: usable by name
 BUILTIN_TOOLS = {"calculator": "rlvr.tools.calculator.CalculatorTool", "python": "rlvr.tools.python.PythonTool"}
 
 
@@ -88,8 +89,10 @@ def build_tool(entry: Any, where: str) -> BaseTool:
 
 
 def load_tools(path: str | Path) -> dict[str, BaseTool]:
-    """The tools of a tools YAML, by name."""
+    """The tools of a tools YAML (a path, or the name of a shipped file: calculator, python), by name."""
     path = Path(path).expanduser()
+    if not path.exists() and (SHIPPED / f"{path}.yaml").exists():  # a shipped tools file by name
+        path = SHIPPED / f"{path}.yaml"
     if not path.exists():
         raise ToolConfigError(f"tool config {path} does not exist (actor_rollout_ref.rollout.multi_turn.tool_config_path)")
     try:

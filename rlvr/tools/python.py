@@ -73,6 +73,12 @@ def hook(event, args):
     elif event in PATH_EVENTS and args and isinstance(args[0], (str, bytes)) and not inside(args[0]):
         raise PermissionError(f"sandbox: {event} outside the working directory")
 
+import signal
+
+def cpu_limit(signum, frame):
+    raise TimeoutError("sandbox: the CPU time limit was reached")
+
+signal.signal(signal.SIGXCPU, cpu_limit)  # the soft limit; the hard limit one second later kills
 source = open("main.py").read()
 code = compile(source, "main.py", "exec")
 sys.addaudithook(hook)
@@ -130,7 +136,8 @@ def _limit_child(limits: SandboxLimits):
 
     def apply() -> None:
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # an over-long write fails instead of killing
-        for res, value in ((resource.RLIMIT_CPU, limits.cpu_time_s), (resource.RLIMIT_AS, limits.memory_mb * mb),
+        resource.setrlimit(resource.RLIMIT_CPU, (limits.cpu_time_s, limits.cpu_time_s + 1))
+        for res, value in ((resource.RLIMIT_AS, limits.memory_mb * mb),
                            (resource.RLIMIT_NPROC, nproc_base + limits.max_processes),
                            (resource.RLIMIT_FSIZE, limits.max_file_mb * mb),
                            (resource.RLIMIT_NOFILE, limits.max_open_files), (resource.RLIMIT_CORE, 0)):
@@ -150,11 +157,19 @@ def network_isolation_error() -> str | None:
     return None
 
 
-def _read_capped(path: Path, limit: int) -> str:
+def _read_capped(path: Path, limit: int, tail: bool = False) -> str:
+    """At most ``limit`` characters of a file: its start, or with ``tail`` its end (where a
+    traceback's exception is)."""
     with open(path, "rb") as f:
+        if tail:
+            f.seek(max(0, path.stat().st_size - limit * 4 - 4))
         data = f.read(limit * 4 + 4)
     text = data.decode("utf-8", errors="replace")
-    return text if len(text) <= limit else text[:limit] + f"\n... [output truncated at {limit} characters]"
+    if len(text) <= limit:
+        return text
+    if tail:
+        return f"[... output truncated to its last {limit} characters]\n" + text[-limit:]
+    return text[:limit] + f"\n... [output truncated at {limit} characters]"
 
 
 async def run_sandboxed(code: str, limits: SandboxLimits, isolate_network: bool = True) -> SandboxResult:
@@ -180,7 +195,7 @@ async def run_sandboxed(code: str, limits: SandboxLimits, isolate_network: bool 
                 pass
             await proc.wait()
         return SandboxResult(None if timed_out else proc.returncode, _read_capped(work / ".stdout", limits.max_output_chars),
-                             _read_capped(work / ".stderr", limits.max_output_chars), timed_out)
+                             _read_capped(work / ".stderr", limits.max_output_chars, tail=True), timed_out)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
