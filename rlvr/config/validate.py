@@ -134,7 +134,7 @@ def _multi_turn(cfg: RLVRConfig) -> list[str]:
                           f"set {key}.enable=true or remove the tool config")
         return errors
     if mt.tool_config_path is None:
-        errors.append(f"{key}.enable=true needs {key}.tool_config_path (a tools YAML, e.g. examples/tools/calculator.yaml)")
+        errors.append(f"{key}.enable=true needs {key}.tool_config_path (a tools YAML, or the name of a shipped one: calculator, python)")
     if not cfg.data.return_raw_chat:
         errors.append(f"{key}.enable=true needs data.return_raw_chat=true (the rollout continues each prompt's "
                       "conversation)")

@@ -158,9 +158,6 @@ def test_reward_timeout_must_be_positive_or_null():
     ("trainer.n_gpus_per_node=8", "n_gpus_per_node: several devices per node .* not implemented yet"),
     ("trainer.nnodes=2", "trainer.nnodes: multi-node training is not implemented yet"),
     ("actor_rollout_ref.hybrid_engine=false", "hybrid_engine: a rollout on devices of its own is not implemented"),
-    ("actor_rollout_ref.rollout.multi_turn.enable=true", "multi-turn tool-calling rollouts are not implemented yet"),
-    ("actor_rollout_ref.rollout.multi_turn.tool_config_path=tools.yaml", "tools are not implemented yet"),
-    ("actor_rollout_ref.rollout.multi_turn.max_turns=3", "multi_turn.max_turns unset"),
 ])
 def test_settings_not_implemented_yet_are_refused(override, message):
     with pytest.raises(ConfigError, match=message):
@@ -234,3 +231,26 @@ def test_custom_modules_register_names_before_validation(custom_algos_file):
     assert load_config(overrides=[f"custom_modules=[{f}]"]).custom_modules == [str(f)]  # importing twice is fine
     with pytest.raises(ConfigError, match=r"custom_modules: '/no/such.py' does not exist"):
         load_config(overrides=["custom_modules=[/no/such.py]"])
+
+
+@pytest.mark.parametrize("overrides,message", [
+    (["actor_rollout_ref.rollout.multi_turn.enable=true", "data.return_raw_chat=true"],
+     r"multi_turn.enable=true needs actor_rollout_ref.rollout.multi_turn.tool_config_path"),
+    (["actor_rollout_ref.rollout.multi_turn.enable=true", "actor_rollout_ref.rollout.multi_turn.tool_config_path=calculator"],
+     r"needs data.return_raw_chat=true"),
+    (["actor_rollout_ref.rollout.multi_turn.tool_config_path=calculator"], r"the tools would never be called"),
+    (["actor_rollout_ref.rollout.multi_turn.format=xml"], r"multi_turn.format = 'xml' is not one of \['hermes', 'tag'\]"),
+    (["actor_rollout_ref.rollout.multi_turn.max_assistant_turns=0"], r"max_assistant_turns = 0 must be >= 1"),
+    (["actor_rollout_ref.rollout.multi_turn.tool_response_truncate_side=top"], r"tool_response_truncate_side = 'top'"),
+    (["actor_rollout_ref.rollout.multi_turn.tool_timeout_s=0"], r"tool_timeout_s = 0.0 must be > 0"),
+    (["actor_rollout_ref.rollout.multi_turn.max_turns=3"], r"verl's name; rlvr's is actor_rollout_ref.rollout.multi_turn.max_assistant_turns"),
+])
+def test_multi_turn_settings_are_checked(overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config(None, overrides)
+
+
+def test_calculator_recipe_loads():
+    cfg = load_config("calculator", [])
+    mt = cfg.actor_rollout_ref.rollout.multi_turn
+    assert mt.enable and mt.format == "tag" and mt.tool_config_path == "calculator" and cfg.data.return_raw_chat
