@@ -172,6 +172,12 @@ def _cmd_rollout(args: argparse.Namespace) -> None:
     tokens = int(out.batch["response_mask"].sum())
     print(f"{len(items)} prompts, mean score {sum(scores) / len(scores):.3f}, "
           f"{tokens} tokens in {elapsed:.1f} s ({tokens / elapsed:.1f} tokens/s)")
+    if "messages" in out.non_tensor_batch:
+        called = [any(m["role"] == "tool" for m in msgs) for msgs in out.non_tensor_batch["messages"]]
+        correct = [s > 0 for s in scores]
+        through = sum(c and t for c, t in zip(correct, called))
+        print(f"tool-call rate {sum(called) / len(called):.3f}; {through} of {sum(correct)} correct answers came "
+              "after a tool call")
 
 
 def _cmd_algos(args: argparse.Namespace) -> None:

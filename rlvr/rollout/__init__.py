@@ -1,7 +1,8 @@
 """Rollout engines: ``generate_sequences(prompts: DataProto) -> DataProto``.
 
-``NativeRollout`` is rlvr's engine; ``GenerateRollout`` wraps transformers' ``generate``
-and is the reference the engine is tested and benchmarked against.
+``NativeRollout`` is rlvr's engine; ``MultiTurnRollout`` drives it through tool-calling
+turns (``multi_turn.enable``); ``GenerateRollout`` wraps transformers' ``generate`` and is
+the reference the engine is tested and benchmarked against.
 """
 
 from rlvr.rollout.engine import Completion, NativeRollout, end_token_ids

@@ -186,3 +186,43 @@ def test_critic_reads_its_model_settings(tiny_model_dir):
     critic.init_model()
     assert critic.model.config.attention_dropout == 0.25
     assert critic.model.is_activation_checkpointing
+
+
+def with_tool_tokens(batch):
+    """Columns 2-3 of every response long enough become tool output: present (attention 1) but
+    not the model's (response_mask 0), as a multi-turn rollout lays them out."""
+    mask = batch.batch["response_mask"].clone()
+    long_enough = mask.sum(-1) >= 5
+    mask[long_enough, 2:4] = 0
+    batch.batch["response_mask"] = mask
+    return batch
+
+
+@pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-sum"])
+def test_gradient_invariant_to_micro_batching_with_tool_tokens(batch, tiny_model_dir, mode, monkeypatch):
+    batch = with_tool_tokens(batch)
+    ref, _ = _step_gradient(tiny_model_dir, batch, monkeypatch, ppo_micro_batch_size_per_gpu=6,
+                            share_prompt_forward=False, loss_agg_mode=mode)
+    for kwargs in ({"ppo_micro_batch_size_per_gpu": 1, "share_prompt_forward": False},
+                   {"ppo_micro_batch_size_per_gpu": 2, "share_prompt_forward": True},
+                   {"use_dynamic_bsz": True, "ppo_max_token_len_per_gpu": 40, "share_prompt_forward": True}):
+        other, _ = _step_gradient(tiny_model_dir, batch, monkeypatch, loss_agg_mode=mode, **kwargs)
+        assert ((other - ref).norm() / ref.norm()) < 1e-4, kwargs
+
+
+def test_tool_tokens_are_context_not_loss(batch, tiny_model_dir, monkeypatch):
+    """Columns masked as tool output leave the loss (the gradient changes when they are masked)
+    but stay in the context: replacing their tokens changes the remaining tokens' gradient."""
+    import copy
+
+    plain, _ = _step_gradient(tiny_model_dir, copy.deepcopy(batch), monkeypatch)
+    tool, _ = _step_gradient(tiny_model_dir, with_tool_tokens(copy.deepcopy(batch)), monkeypatch)
+    assert (plain - tool).norm() / plain.norm() > 1e-3
+    other = with_tool_tokens(copy.deepcopy(batch))
+    R = other.batch["responses"].shape[1]
+    present = other.batch["attention_mask"][:, -R:][:, 2:4].bool()
+    other.batch["responses"][:, 2:4] = torch.where(present, other.batch["responses"][:, 2:4] + 1,
+                                                   other.batch["responses"][:, 2:4])
+    other.batch["input_ids"][:, -R:] = other.batch["responses"]
+    changed, _ = _step_gradient(tiny_model_dir, other, monkeypatch)
+    assert (changed - tool).norm() / tool.norm() > 1e-3

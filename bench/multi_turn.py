@@ -1,0 +1,105 @@
+"""Multi-turn rollout throughput on the built-in tool task: the calculator recipe's workload
+(8 test prompts x n=8, two assistant turns, the tag format) with the built-in model.
+
+    .venv/bin/python bench/multi_turn.py [--prompts 8] [--n 8] [--repeats 3] [--python-calls 10]
+
+Prints, per repeat and as medians: the model's generated tokens/s, tokens/s counting the
+tool and template tokens appended between turns too, the tool-call rate, and where the
+rollout's time goes (generation vs tools). The reference in the same run is the single-turn
+engine on the same prompts without tools (the same number of samples; a model that does
+not call a tool answers in one turn), so the ratio shows what the turn structure costs.
+Last, the latency of one sandboxed ``python`` call (a fresh process in its own namespaces)
+against one ``calculator`` call, the two built-in tools. Run ``rlvr prepare calculator`` first.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from rlvr.config.schema import DataConfig, MultiTurnConfig, RolloutConfig
+from rlvr.data import RLHFDataset
+from rlvr.models import load_model_and_tokenizer
+from rlvr.rollout import MultiTurnRollout, NativeRollout, ToolSetup
+from rlvr.tools import load_tools
+
+DATA = Path("~/data/calculator/test.parquet").expanduser()
+
+
+def batch_of(dataset, prompts: int, n: int, seed: int):
+    items = [dataset[i] for i in range(prompts)]
+    batch = dataset.collate(items)
+    batch.non_tensor_batch["uid"] = [f"p{i}" for i in range(prompts)]
+    batch = batch.repeat(n, interleave=True)
+    batch.meta_info["seed"] = seed
+    return batch
+
+
+def tool_call_latency(tool_name: str, arguments: dict, calls: int) -> float:
+    """Median seconds of one call of a built-in tool."""
+    tool = load_tools(tool_name)[tool_name]
+    times = []
+    for _ in range(calls):
+        start = time.perf_counter()
+        asyncio.run(tool.execute("bench", arguments))
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--prompts", type=int, default=8)
+    p.add_argument("--n", type=int, default=8)
+    p.add_argument("--max-response-length", type=int, default=64)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--python-calls", type=int, default=10)
+    args = p.parse_args()
+    torch.set_num_threads(max(1, torch.get_num_threads()))
+    model, tokenizer = load_model_and_tokenizer("builtin")
+    rollout_cfg = RolloutConfig(multi_turn=MultiTurnConfig(enable=True, tool_config_path="calculator", format="tag",
+                                                           max_assistant_turns=2, max_tool_response_length=64))
+    setup = ToolSetup.from_config(tokenizer, rollout_cfg)
+    data_cfg = DataConfig(max_prompt_length=320, return_raw_chat=True)
+    dataset = RLHFDataset([DATA], tokenizer, data_cfg, setup.chat)
+    engine = NativeRollout(model, tokenizer, rollout_cfg, args.max_response_length)
+    multi = MultiTurnRollout(engine, setup.tools, rollout_cfg.multi_turn, setup.chat, args.max_response_length)
+    ratios, rows = [], []
+    for r in range(args.repeats):
+        batch = batch_of(dataset, args.prompts, args.n, seed=r)
+        start = time.perf_counter()
+        out = multi.generate_sequences(batch)
+        wall = time.perf_counter() - start
+        R = out.batch["responses"].shape[1]
+        model_tokens = int(out.batch["response_mask"].sum())
+        all_tokens = int(out.batch["attention_mask"][:, -R:].sum())
+        calls = sum(c.get("tool_calls", 0) > 0 for c in out.non_tensor_batch["multi_turn_metrics"]) / len(out)
+        start = time.perf_counter()
+        single = engine.generate_sequences(batch)
+        single_wall = time.perf_counter() - start
+        single_tokens = int(single.batch["response_mask"].sum())
+        ratio = (model_tokens / wall) / (single_tokens / single_wall)
+        ratios.append(ratio)
+        rows.append((model_tokens / wall, all_tokens / wall, single_tokens / single_wall, calls,
+                     multi.timings["generate_s"], multi.timings["tools_s"], wall))
+        print(f"repeat {r}: multi-turn {model_tokens / wall:.1f} model tok/s ({all_tokens / wall:.1f} incl. tool "
+              f"tokens), tool-call rate {calls:.2f}, generation {multi.timings['generate_s']:.2f} s, tools "
+              f"{multi.timings['tools_s'] * 1000:.1f} ms of {wall:.2f} s | single-turn {single_tokens / single_wall:.1f} "
+              f"tok/s | ratio {ratio:.2f}")
+    med = [statistics.median(col) for col in zip(*rows)]
+    print(f"median: multi-turn {med[0]:.1f} model tok/s ({med[1]:.1f} incl. tool tokens), single-turn {med[2]:.1f} "
+          f"tok/s, ratio {statistics.median(ratios):.2f}; time in generation {med[4]:.2f} s, in tools "
+          f"{med[5] * 1000:.1f} ms ({100 * med[5] / med[6]:.2f}% of the rollout)")
+    if args.python_calls:
+        calc = tool_call_latency("calculator", {"expression": "347 * 28 + 915"}, args.python_calls)
+        py = tool_call_latency("python", {"code": "print(347 * 28 + 915)"}, args.python_calls)
+        print(f"one tool call (median of {args.python_calls}): calculator {calc * 1000:.2f} ms, sandboxed python "
+              f"{py * 1000:.1f} ms")
+
+
+if __name__ == "__main__":
+    main()
