@@ -165,7 +165,8 @@ def place_on_last_token(scores: torch.Tensor, response_mask: torch.Tensor) -> to
     return out
 
 
-TRAJECTORY_KEYS = ("messages", "num_turns", "tool_rewards")  # from a multi-turn rollout, for the scorer
+# from a multi-turn rollout, for the scorer: the turns it added after the prompt, their count, the tool rewards
+TRAJECTORY_KEYS = ("messages", "num_turns", "tool_rewards")
 
 
 def with_trajectory_info(data: DataProto):

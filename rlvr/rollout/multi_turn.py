@@ -96,6 +96,14 @@ class Request:
     tool_rewards: dict[str, float] = field(default_factory=dict)
     metrics: Counter = field(default_factory=Counter)
 
+    def __post_init__(self) -> None:
+        self.num_prompt_messages = len(self.messages)
+
+    @property
+    def new_messages(self) -> list[dict[str, Any]]:
+        """The turns this rollout added (the model's and the tools'), after the prompt's messages."""
+        return self.messages[self.num_prompt_messages:]
+
     @property
     def budget_left(self) -> int:
         return self.max_response_length - len(self.response_ids)
@@ -374,7 +382,7 @@ class MultiTurnRollout:
              "rollout_log_probs": log_probs.to(device)},
             {"finish_reason": [r.finish_reason for r in requests],
              "num_turns": np.array([r.num_turns for r in requests], dtype=object),
-             "messages": [r.messages for r in requests],
+             "messages": [r.new_messages for r in requests],
              "tool_rewards": [{"final": dict(r.tool_rewards), "steps": list(r.step_rewards)} for r in requests],
              "multi_turn_metrics": [dict(r.metrics) for r in requests]},
         )

@@ -123,8 +123,8 @@ def test_call_then_answer_has_exact_tokens_masks_and_log_probs(tiny, tokenizer, 
     assert list(out.non_tensor_batch["num_turns"]) == [2, 2]
     assert out.non_tensor_batch["finish_reason"][0] == "stop"
     messages = out.non_tensor_batch["messages"][0]
-    assert [m["role"] for m in messages] == ["user", "assistant", "tool", "assistant"]
-    assert messages[2]["content"] == "408" and messages[1]["content"] == CALL
+    assert [m["role"] for m in messages] == ["assistant", "tool", "assistant"]  # the turns after the prompt
+    assert messages[1]["content"] == "408" and messages[0]["content"] == CALL
     counters = out.non_tensor_batch["multi_turn_metrics"][0]
     assert counters["tool_calls"] == 1 and counters["tool_calls/calculator"] == 1
     assert counters["tokenization_mismatch"] == 0
@@ -186,7 +186,7 @@ def test_bad_calls_become_error_messages_and_counters(tiny, teacher_forced_engin
                                  max_len=48, max_assistant_turns=2)
     out = rollout.generate_sequences(prompts_for(rollout, chat))
     assert out.non_tensor_batch["multi_turn_metrics"][0][counter] == 1
-    assert message in out.non_tensor_batch["messages"][0][2]["content"]
+    assert message in out.non_tensor_batch["messages"][0][1]["content"]
 
 
 @pytest.mark.parametrize("fail,counter", [("raise", "tool_errors"), ("hang", "tool_timeouts")])
@@ -196,7 +196,7 @@ def test_a_tool_that_raises_or_hangs_is_an_error_not_a_crash(tiny, teacher_force
                                  max_len=32, max_assistant_turns=2, tool_timeout_s=0.3)
     out = rollout.generate_sequences(prompts_for(rollout, chat, n=2))
     assert [c[counter] for c in out.non_tensor_batch["multi_turn_metrics"]] == [1, 1]
-    assert out.non_tensor_batch["messages"][0][2]["content"].startswith("Error:")
+    assert out.non_tensor_batch["messages"][0][1]["content"].startswith("Error:")
     if fail == "raise":
         assert "tool 'echo' raised RuntimeError: boom" in capsys.readouterr().err
 
@@ -219,7 +219,7 @@ def test_max_parallel_calls_drops_the_rest(tiny, teacher_forced_engine):
     out = rollout.generate_sequences(prompts_for(rollout, chat))
     counters = out.non_tensor_batch["multi_turn_metrics"][0]
     assert counters["tool_calls"] == 2 and counters["dropped_calls"] == 1
-    assert [m["role"] for m in out.non_tensor_batch["messages"][0][:4]] == ["user", "assistant", "tool", "tool"]
+    assert [m["role"] for m in out.non_tensor_batch["messages"][0][:3]] == ["assistant", "tool", "tool"]
 
 
 def test_max_assistant_turns_ends_before_running_the_last_call(tiny, teacher_forced_engine):
