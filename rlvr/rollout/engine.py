@@ -160,9 +160,11 @@ class NativeRollout:
         eos = torch.tensor(self.eos_ids, device=device)
         live = torch.arange(B, device=device)  # original row of each decode-batch row
         done = torch.zeros(B, dtype=torch.bool, device=device)  # per decode-batch row
+        uneven = bool((budgets < max_new).any())  # multi-turn requests with different budgets left
         for step in range(max_new):
+            live_cpu = live.cpu()
             uniforms = 1.0 - torch.rand(B, generator=generator, dtype=torch.float64)  # (0, 1], drawn for all rows
-            next_tok, next_lp = sample_tokens(logits, params, uniforms[live.cpu()].to(device))
+            next_tok, next_lp = sample_tokens(logits, params, uniforms[live_cpu].to(device))
             active = ~done
             idx = live[active].cpu()
             tokens[idx, step] = next_tok[active].cpu()
@@ -173,7 +175,9 @@ class NativeRollout:
                 stopped |= active & self._hit_stop(tokens, live, lengths, params.stop)
             for r in live[stopped].tolist():
                 finish[r] = "stop"
-            done |= stopped | active & (lengths[live.cpu()] >= budgets[live.cpu()]).to(device)
+            done |= stopped
+            if uneven:  # a row whose own budget is spent ends ("length") before the batch's longest
+                done |= active & (lengths[live_cpu] >= budgets[live_cpu]).to(device)
             if bool(done.all()) or step == max_new - 1:
                 break
             if bool(done.any()):  # moving a few cache rows is cheaper than decoding dead rows

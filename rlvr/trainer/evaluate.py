@@ -13,7 +13,7 @@ from typing import Any, Callable
 import numpy as np
 
 from rlvr.protocol import DataProto
-from rlvr.trainer.metrics import multi_turn_stats, validation_metrics
+from rlvr.trainer.metrics import multi_turn_stats, tool_tokens, validation_metrics
 
 GENERATION_KEYS = ("input_ids", "attention_mask", "position_ids")
 GENERATION_NON_TENSOR_KEYS = ("raw_prompt_ids", "raw_prompt", "tools_kwargs", "uid")
@@ -34,7 +34,7 @@ def evaluate(generate: Callable[[DataProto], DataProto], reward_fn, dataset, tok
     """Generate ``n`` responses per prompt of ``dataset`` with ``sampling`` (meta_info overrides), score, report."""
     size = batch_size or len(dataset)
     sources, groups, scores, answers = [], [], [], []
-    turns, counters, tool_tokens = [], [], []  # multi-turn rollouts only
+    turns, counters, tool_token_counts = [], [], []  # multi-turn rollouts only
     for start in range(0, len(dataset), size):
         batch = dataset.collate([dataset[i] for i in range(start, min(start + size, len(dataset)))])
         batch.non_tensor_batch["uid"] = np.array([f"val-{start + i}" for i in range(len(batch))], dtype=object)
@@ -50,11 +50,10 @@ def evaluate(generate: Callable[[DataProto], DataProto], reward_fn, dataset, tok
         scores += result.token_level_scores.sum(-1).tolist()
         answers += list(preds) if preds is not None else texts
         if "num_turns" in batch.non_tensor_batch:
-            R = batch.batch["responses"].shape[1]
             turns += list(batch.non_tensor_batch["num_turns"])
             counters += list(batch.non_tensor_batch["multi_turn_metrics"])
-            tool_tokens += (batch.batch["attention_mask"][:, -R:] - batch.batch["response_mask"]).sum(-1).tolist()
+            tool_token_counts += tool_tokens(batch)
     metrics = validation_metrics(sources, groups, scores, answers)
     if turns:
-        metrics.update(multi_turn_stats(turns, counters, tool_tokens, prefix="val-aux/"))
+        metrics.update(multi_turn_stats(turns, counters, tool_token_counts, prefix="val-aux/"))
     return metrics

@@ -83,9 +83,13 @@ def multi_turn_metrics(batch: DataProto, prefix: str = "") -> dict[str, float]:
     nt = batch.non_tensor_batch
     if "num_turns" not in nt:
         return {}
+    return multi_turn_stats(list(nt["num_turns"]), list(nt["multi_turn_metrics"]), tool_tokens(batch), prefix)
+
+
+def tool_tokens(batch: DataProto) -> list[int]:
+    """Per sample: the response's tokens that are not the model's (tool output, template)."""
     R = batch.batch["responses"].shape[1]
-    tool_tokens = (batch.batch["attention_mask"][:, -R:] - batch.batch["response_mask"]).sum(-1)
-    return multi_turn_stats(list(nt["num_turns"]), list(nt["multi_turn_metrics"]), tool_tokens.tolist(), prefix)
+    return (batch.batch["attention_mask"][:, -R:] - batch.batch["response_mask"]).sum(-1).tolist()
 
 
 def multi_turn_stats(num_turns: list, counters: list[dict], tool_tokens: list, prefix: str = "") -> dict[str, float]:

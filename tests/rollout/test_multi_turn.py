@@ -274,3 +274,18 @@ def test_multi_turn_metrics_aggregate_counters(tiny, teacher_forced_engine):
     metrics = multi_turn_metrics(out)
     assert metrics["num_turns/mean"] == 2 and metrics["multi_turn/tool_calls"] == 1
     assert metrics["multi_turn/tool_call_rate"] == 1.0 and metrics["multi_turn/tool_tokens/mean"] > 0
+
+
+def test_engine_caps_each_row_at_its_own_budget(tiny):
+    """Requests with different budgets left share one decode batch; each stops at its own."""
+    from rlvr.rollout import NativeRollout
+    from rlvr.rollout.sampling import SamplingParams
+
+    engine = NativeRollout(*tiny, RolloutConfig(), 16)
+    prompt = tiny[1].encode("Count to ten:", add_special_tokens=False)
+    params = SamplingParams(max_new_tokens=16, seed=0)
+    free = engine.generate([prompt] * 3, params, groups=["a"] * 3)
+    capped = engine.generate([prompt] * 3, params, groups=["a"] * 3, max_new_tokens=[2, 5, 16])
+    for c, f, budget in zip(capped, free, [2, 5, 16]):
+        assert c.token_ids == f.token_ids[:budget]  # same draws, cut at the row's budget
+        assert c.finish_reason == ("length" if len(f.token_ids) > budget else f.finish_reason)
