@@ -150,8 +150,11 @@ def network_isolation_error() -> str | None:
     """Why the child cannot get a network namespace here, or None when it can."""
     if not sys.platform.startswith("linux") or shutil.which("unshare") is None:
         return "the unshare command (util-linux) is not available"
-    probe = subprocess.run([*UNSHARE, PYTHON, "-I", "-S", "-c", "pass"], capture_output=True, text=True, timeout=30,
-                           preexec_fn=_limit_child(SandboxLimits()))
+    try:
+        probe = subprocess.run([*UNSHARE, PYTHON, "-I", "-S", "-c", "pass"], capture_output=True, text=True,
+                               timeout=30, preexec_fn=_limit_child(SandboxLimits()))
+    except (OSError, subprocess.SubprocessError) as err:  # cannot start, or hangs
+        return f"`unshare --user --net --pid python` could not run: {err}"
     if probe.returncode != 0:
         return f"`unshare --user --net --pid python` failed: {probe.stderr.strip() or probe.returncode}"
     return None
