@@ -34,12 +34,17 @@ class ToolConfigError(ValueError):
     """A tools YAML that cannot be turned into tools."""
 
 
-def _import(class_name: str, where: str) -> Any:
+def _import(class_name: str, where: str, base: Path) -> Any:
+    """``module.Class``, or ``path/to/file.py:Name`` (a relative path is looked up next to the
+    tools YAML first, then from the working directory)."""
     class_name = BUILTIN_TOOLS.get(class_name, class_name)
     try:
         if ":" in class_name:  # path/to/file.py:Name
             path, _, attr = class_name.rpartition(":")
-            module = import_file(Path(path).expanduser(), "rlvr_tools")
+            file = Path(path).expanduser()
+            if not file.is_absolute() and (base / file).exists():
+                file = base / file
+            module = import_file(file, "rlvr_tools")
         else:
             module_name, _, attr = class_name.rpartition(".")
             if not module_name:
@@ -55,7 +60,7 @@ def _import(class_name: str, where: str) -> Any:
     return getattr(module, attr)
 
 
-def build_tool(entry: Any, where: str) -> BaseTool:
+def build_tool(entry: Any, where: str, base: Path = Path(".")) -> BaseTool:
     """One ``tools:`` entry -> a tool instance."""
     if not isinstance(entry, dict) or "class_name" not in entry:
         raise ToolConfigError(f"{where}: each tool needs a class_name (and optional config, tool_schema)")
@@ -74,7 +79,7 @@ def build_tool(entry: Any, where: str) -> BaseTool:
             schema = OpenAIFunctionToolSchema.from_dict(entry["tool_schema"], f"{where}.tool_schema")
         except SchemaError as err:
             raise ToolConfigError(str(err)) from None
-    target = _import(str(entry["class_name"]), f"{where}.class_name")
+    target = _import(str(entry["class_name"]), f"{where}.class_name", base)
     try:
         if isinstance(target, FunctionTool):
             return FunctionTool(target.fn, config, schema or target.tool_schema)
@@ -103,7 +108,7 @@ def load_tools(path: str | Path) -> dict[str, BaseTool]:
         raise ToolConfigError(f"{path}: must hold a non-empty list under 'tools:'")
     tools: dict[str, BaseTool] = {}
     for i, entry in enumerate(data["tools"]):
-        tool = build_tool(entry, f"{path}: tools[{i}]")
+        tool = build_tool(entry, f"{path}: tools[{i}]", path.parent)
         if tool.name in tools:
             raise ToolConfigError(f"{path}: tools[{i}]: a second tool named {tool.name!r}")
         tools[tool.name] = tool

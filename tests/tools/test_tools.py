@@ -246,3 +246,22 @@ def test_tool_calls_in_messages_are_rendered_when_the_text_lacks_them(tokenizer)
         {"type": "function", "function": {"name": "calculator", "arguments": '{"expression": "1+1"}'}}]}
     text = chat.render([CONVERSATION[1], message])
     assert '<tool_call>\n{"name": "calculator", "arguments": {"expression": "1+1"}}\n</tool_call>' in text
+
+
+def test_the_example_tools_load_and_keep_state_per_trajectory():
+    from pathlib import Path
+
+    tools = load_tools(Path(__file__).parents[2] / "examples" / "tools" / "tools.yaml")
+    assert sorted(tools) == ["calculator", "convert_length", "guess"]
+    assert run(tools["convert_length"].execute("i", {"value": 2.0, "unit": "km"}))[0] == "2000 m"
+    guess = tools["guess"]
+
+    async def play(seed):
+        instance = await guess.create(f"t{seed}", seed=seed)
+        target = guess._instances[instance]["target"]
+        hints = [(await guess.execute(instance, {"n": n}))[0] for n in (target - 1, target)]
+        reward = await guess.calc_reward(instance)
+        await guess.release(instance)
+        return hints, reward, instance in guess._instances
+
+    assert run(play(3)) == (["higher", "correct"], 1.0, False)
