@@ -18,6 +18,7 @@ from rlvr.algos.losses import agg_loss, count_seqs
 from rlvr.algos.utils import masked_mean
 from rlvr.config.schema import CriticConfig
 from rlvr.models.loader import DTYPES, ModelLoadError, model_folder
+from rlvr.distributed.dispatch import Dispatch, register
 from rlvr.protocol import DataProto
 from rlvr.workers.actor import (FORWARD_KEYS, build_optimizer, clip_and_step, micro_batches, packing_units,
                                 shuffled_mini_batches)
@@ -62,6 +63,7 @@ class CriticWorker:
         self.model = self.optimizer = self.scheduler = None
         self.updates = 0
 
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self) -> None:
         model_cfg = self.config.model
         self.model = load_value_model(model_cfg.path, self.device, model_cfg.trust_remote_code, model_cfg.override_config)
@@ -83,6 +85,7 @@ class CriticWorker:
         return micro_batches(units, tokens, micro, None)
 
     @torch.no_grad()
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def compute_values(self, data: DataProto) -> DataProto:
         data.require(*FORWARD_KEYS, "response_mask", stage="compute_values")
         self.model.eval()
@@ -91,6 +94,7 @@ class CriticWorker:
             values[torch.tensor(rows)] = self._values(data, rows).cpu()
         return DataProto.from_dict({"values": values * data.batch["response_mask"]})
 
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def update_critic(self, data: DataProto) -> DataProto:
         data.require(*FORWARD_KEYS, "response_mask", "values", "returns", stage="update_critic")
         self.model.train()
@@ -126,12 +130,14 @@ class CriticWorker:
         metrics["critic/vpred_mean"].append(vpred_sum / float(totals["num_tokens"]))
         metrics["critic/grad_norm"].append(grad_norm)
 
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def save_checkpoint(self, folder) -> None:
         folder = Path(folder)
         self.model.save_pretrained(folder / "critic", safe_serialization=True)
         torch.save({"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
                     "updates": self.updates}, folder / "critic_state.pt")
 
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def load_checkpoint(self, folder) -> None:
         folder = Path(folder)
         self.model.load_state_dict(load_value_model(str(folder / "critic"), torch.device("cpu")).state_dict())

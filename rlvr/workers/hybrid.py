@@ -23,6 +23,7 @@ import torch
 from rlvr.config.schema import RLVRConfig
 from rlvr.models.loader import load_model, load_tokenizer
 from rlvr.models.lora import apply_lora, load_adapter, save_adapter, unwrap
+from rlvr.distributed.dispatch import Dispatch, register
 from rlvr.protocol import DataProto
 from rlvr.rollout import build_rollout
 from rlvr.workers.actor import Actor, build_optimizer
@@ -49,6 +50,7 @@ class ActorRolloutRefWorker:
         self.tokenizer = tokenizer
         self.actor = self.ref = self.rollout = None
 
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self) -> None:
         arr = self.config.actor_rollout_ref
         model_cfg = arr.model
@@ -98,6 +100,7 @@ class ActorRolloutRefWorker:
             self.trainer_mode()
 
     # ------------------------------------------------------------------ worker methods
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def generate_sequences(self, prompts: DataProto) -> DataProto:
         with self._generating():
             return self.rollout.generate_sequences(prompts)
@@ -106,12 +109,14 @@ class ActorRolloutRefWorker:
         data.meta_info.setdefault("temperature", self.config.actor_rollout_ref.rollout.temperature)
         data.meta_info["micro_batch_size"] = micro_batch_size
 
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def compute_log_prob(self, data: DataProto) -> DataProto:
         """``old_log_probs`` and ``entropys`` of the responses under the current policy."""
         self._log_prob_meta(data, self.config.actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu)
         log_probs, entropy = self.actor.compute_log_prob(data, calculate_entropy=True)
         return DataProto.from_dict({"old_log_probs": log_probs, "entropys": entropy})
 
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def compute_ref_log_prob(self, data: DataProto) -> DataProto:
         """``ref_log_prob`` under the frozen initial policy (with LoRA: the adapter disabled)."""
         if self.ref is None and not (self.lora and needs_reference(self.config)):
@@ -125,6 +130,7 @@ class ActorRolloutRefWorker:
                 log_probs, _ = self.actor.compute_log_prob(data)
         return DataProto.from_dict({"ref_log_prob": log_probs})
 
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def update_actor(self, data: DataProto) -> DataProto:
         data.meta_info.setdefault("temperature", self.config.actor_rollout_ref.rollout.temperature)
         computed_old = "old_log_probs" not in data.batch
@@ -134,6 +140,7 @@ class ActorRolloutRefWorker:
         return out
 
     # ------------------------------------------------------------------ checkpoints
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def save_checkpoint(self, folder: str | Path) -> None:
         """The policy as a Hugging Face folder (``actor/``; with LoRA the adapter in peft's format,
         which ``rlvr export`` merges into the base model) plus optimizer and scheduler state."""
@@ -147,6 +154,7 @@ class ActorRolloutRefWorker:
                     "updates": self.actor.updates, "skipped_in_a_row": self.actor.skipped_in_a_row},
                    folder / "actor_state.pt")
 
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def load_checkpoint(self, folder: str | Path) -> None:
         """Policy weights, optimizer and scheduler from ``save_checkpoint``; the reference stays
         the initial model."""
