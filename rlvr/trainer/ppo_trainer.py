@@ -30,6 +30,7 @@ from rlvr.algos.kl import apply_kl_penalty, get_kl_controller
 from rlvr.config.schema import RLVRConfig
 from rlvr.data.sampler import PromptLoader
 from rlvr.protocol import DataProto, concat_rollouts
+from rlvr.rewards.manager import TRAJECTORY_KEYS
 from rlvr.trainer import StopTraining, TrainingInterrupted, checkpoint
 from rlvr.trainer.evaluate import evaluate, generation_batch
 from rlvr.trainer.metrics import (compute_data_metrics, compute_throughput_metrics, compute_timing_metrics,
@@ -355,6 +356,9 @@ class RLTrainer:
         scored = DataProto(batch=dict(out.batch), non_tensor_batch={
             key: batch.non_tensor_batch[key][rows]
             for key in (self.config.data.reward_fn_key, "reward_model", "extra_info") if key in batch.non_tensor_batch})
+        for key in TRAJECTORY_KEYS:  # multi-turn: the greedy trajectory's own turns, as its samples have theirs
+            if key in out.non_tensor_batch:
+                scored.non_tensor_batch[key] = out.non_tensor_batch[key]
         baseline = self.reward_fn(scored).token_level_scores.sum(-1)  # (prompts,)
         return baseline.repeat_interleave(self.config.actor_rollout_ref.rollout.n)
 

@@ -80,3 +80,22 @@ def test_multi_turn_run_resumes_exactly(tool_config, tmp_path, forced_calls, int
         torch.testing.assert_close(a, b, atol=0, rtol=0)
     assert [r.get("critic/score/mean") for r in records(tmp_path / "a")] == \
         [r.get("critic/score/mean") for r in records(tmp_path / "b")]
+
+
+def test_remax_greedy_baseline_is_scored_on_its_own_trajectory(tool_config, tmp_path, forced_calls):
+    """The greedy trajectory's turns reach the scorer as the samples' do (here: score = turns)."""
+    import numpy as np
+
+    from rlvr.trainer.evaluate import generation_batch
+
+    turns = tmp_path / "turns.py"
+    turns.write_text("def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
+                     "    return float(extra_info['num_turns'])\n")
+    trainer = build_trainer(tool_config("algorithm.adv_estimator=remax", f"reward.custom_reward_function.path={turns}"),
+                            progress_bar=False)
+    batch, _ = next(trainer._batches())
+    batch.non_tensor_batch["uid"] = np.array([f"u{i}" for i in range(len(batch))], dtype=object)
+    n = trainer.config.actor_rollout_ref.rollout.n
+    gen = generation_batch(batch).repeat(n, interleave=True)
+    baselines = trainer._greedy_baselines(gen, batch.repeat(n, interleave=True))
+    assert baselines.tolist() == [2.0] * len(gen)  # the forced call, then the greedy answer
