@@ -75,8 +75,8 @@ class ChatFormat:
         self.tools = list(tools) if tools else None
         self.tool_format = tool_format
         self.template = chat_template or (None if template_renders_tools(tokenizer) else TOOL_CHAT_TEMPLATE)
-        rendered = self.render(self._DUMMY)
-        self.assistant_end = rendered[rendered.rindex("A") + 1:]  # what closes an assistant turn, e.g. "<|im_end|>\n"
+        self._dummy = self.render(self._DUMMY)  # the base every tool delta is cut from
+        self.assistant_end = self._dummy[self._dummy.rindex("A") + 1:]  # closes an assistant turn, e.g. "<|im_end|>\n"
 
     def render(self, messages: Sequence[dict[str, Any]], add_generation_prompt: bool = False) -> str:
         return self.tokenizer.apply_chat_template(list(messages), tools=self.tools, chat_template=self.template,
@@ -92,9 +92,8 @@ class ChatFormat:
     def tool_delta(self, tool_messages: Sequence[dict[str, Any]], closed_by: str = "") -> list[int]:
         """Tokens after a model turn that ended with text ``closed_by`` (e.g. the end token it
         generated): the rest of the assistant turn's end, the tool messages, the next header."""
-        base = self.render(self._DUMMY)
         full = self.render([*self._DUMMY, *tool_messages], add_generation_prompt=True)
         end = self.assistant_end
         if closed_by and end.startswith(closed_by):
             end = end[len(closed_by):]
-        return self.encode(end + full[len(base):])
+        return self.encode(end + full[len(self._dummy):])

@@ -19,7 +19,6 @@ calls take one path whatever group it has.
 from __future__ import annotations
 
 import enum
-import functools
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -49,11 +48,8 @@ class Registration:
 def register(dispatch_mode: Dispatch = Dispatch.ALL_TO_ALL, execute_mode: Execute = Execute.ALL):
     """Mark a worker method with how a worker group calls it (the method itself is unchanged)."""
     def decorate(fn: Callable) -> Callable:
-        @functools.wraps(fn)
-        def method(*args, **kwargs):
-            return fn(*args, **kwargs)
-        setattr(method, ATTR, Registration(Dispatch(dispatch_mode), Execute(execute_mode)))
-        return method
+        setattr(fn, ATTR, Registration(Dispatch(dispatch_mode), Execute(execute_mode)))
+        return fn
     return decorate
 
 

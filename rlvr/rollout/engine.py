@@ -89,6 +89,42 @@ def fill_finished_slots(done: torch.Tensor) -> torch.Tensor:
     return keep
 
 
+def pack_responses(prompts: DataProto, token_ids: Sequence[Sequence[int]], log_probs: Sequence[Sequence[float]],
+                   model_masks: Sequence[Sequence[int]], pad_id: int, non_tensors: dict) -> DataProto:
+    """Responses right-padded next to the left-padded prompts: ``attention_mask`` is 1 on every
+    response token, ``response_mask`` is ``model_masks`` (0 on tokens the model did not sample,
+    such as tool output) and ``rollout_log_probs`` the sampled log-probs (0 elsewhere)."""
+    input_ids = prompts.batch["input_ids"]
+    device = input_ids.device
+    B = len(token_ids)
+    width = max(1, max(len(t) for t in token_ids))
+    responses = torch.full((B, width), pad_id, dtype=torch.long)
+    rollout_log_probs = torch.zeros(B, width)
+    response_mask = torch.zeros(B, width, dtype=torch.long)
+    present = torch.zeros(B, width, dtype=torch.long)
+    for r, (ids, lps, mask) in enumerate(zip(token_ids, log_probs, model_masks)):
+        n = len(ids)
+        responses[r, :n] = torch.tensor(ids, dtype=torch.long)
+        rollout_log_probs[r, :n] = torch.tensor(lps)
+        response_mask[r, :n] = torch.tensor(mask, dtype=torch.long)
+        present[r, :n] = 1
+    responses = responses.to(device)
+    prompt_positions = prompts.batch["position_ids"]
+    steps = torch.arange(1, width + 1, device=device)
+    return DataProto.from_dict(
+        {
+            "prompts": input_ids,
+            "responses": responses,
+            "response_mask": response_mask.to(device),
+            "input_ids": torch.cat([input_ids, responses], dim=1),
+            "attention_mask": torch.cat([prompts.batch["attention_mask"], present.to(device)], dim=1),
+            "position_ids": torch.cat([prompt_positions, prompt_positions[:, -1:] + steps], dim=1),
+            "rollout_log_probs": rollout_log_probs.to(device),
+        },
+        non_tensors,
+    )
+
+
 class NativeRollout:
     """Generates responses with a model it shares with the actor (float32) or a synced copy (bfloat16)."""
 
@@ -221,32 +257,9 @@ class NativeRollout:
 
     def to_dataproto(self, prompts: DataProto, completions: list[Completion]) -> DataProto:
         """Pack completions as right-padded response tensors next to the left-padded prompts."""
-        input_ids = prompts.batch["input_ids"]
-        device = input_ids.device
-        width = max(1, max(len(c.token_ids) for c in completions))
-        responses = torch.full((len(completions), width), self.pad_id, dtype=torch.long)
-        rollout_log_probs = torch.zeros(len(completions), width)
-        response_mask = torch.zeros(len(completions), width, dtype=torch.long)
-        for r, c in enumerate(completions):
-            n = len(c.token_ids)
-            responses[r, :n] = torch.tensor(c.token_ids, dtype=torch.long)
-            rollout_log_probs[r, :n] = torch.tensor(c.log_probs)
-            response_mask[r, :n] = 1
-        responses, response_mask = responses.to(device), response_mask.to(device)
-        prompt_positions = prompts.batch["position_ids"]
-        steps = torch.arange(1, width + 1, device=device)
-        return DataProto.from_dict(
-            {
-                "prompts": input_ids,
-                "responses": responses,
-                "response_mask": response_mask,
-                "input_ids": torch.cat([input_ids, responses], dim=1),
-                "attention_mask": torch.cat([prompts.batch["attention_mask"], response_mask], dim=1),
-                "position_ids": torch.cat([prompt_positions, prompt_positions[:, -1:] + steps], dim=1),
-                "rollout_log_probs": rollout_log_probs.to(device),
-            },
-            {"finish_reason": [c.finish_reason for c in completions]},
-        )
+        return pack_responses(prompts, [c.token_ids for c in completions], [c.log_probs for c in completions],
+                              [[1] * len(c.token_ids) for c in completions], self.pad_id,
+                              {"finish_reason": [c.finish_reason for c in completions]})
 
     def free_cache(self) -> None:
         """Each call's KV cache is freed when it returns; the packed vocabulary projection goes here."""

@@ -35,12 +35,11 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 import numpy as np
-import torch
 
 from rlvr.config.schema import MultiTurnConfig, RolloutConfig
 from rlvr.data.chat_template import ChatFormat
 from rlvr.protocol import DataProto
-from rlvr.rollout.engine import Completion, NativeRollout
+from rlvr.rollout.engine import Completion, NativeRollout, pack_responses
 from rlvr.rollout.sampling import SamplingParams
 from rlvr.tools.base import BaseTool, ToolError
 from rlvr.tools.config import load_tools
@@ -355,34 +354,14 @@ class MultiTurnRollout:
     def to_dataproto(self, prompts: DataProto, requests: Sequence[Request]) -> DataProto:
         """The single-turn layout: ``responses`` with tool tokens, ``response_mask`` 0 on them,
         ``attention_mask`` 1 on every real token; plus the conversation and counters per sample."""
-        input_ids = prompts.batch["input_ids"]
-        device = input_ids.device
-        B = len(requests)
-        width = max(1, max(len(r.response_ids) for r in requests))
-        responses = torch.full((B, width), self.engine.pad_id, dtype=torch.long)
-        response_mask = torch.zeros(B, width, dtype=torch.long)
-        attention = torch.zeros(B, width, dtype=torch.long)
-        log_probs = torch.zeros(B, width)
-        for i, r in enumerate(requests):
-            n = len(r.response_ids)
-            responses[i, :n] = torch.tensor(r.response_ids, dtype=torch.long)
-            response_mask[i, :n] = torch.tensor(r.response_mask, dtype=torch.long)
-            attention[i, :n] = 1
-            log_probs[i, :n] = torch.tensor(r.response_log_probs)
-        positions = prompts.batch["position_ids"]
-        steps = torch.arange(1, width + 1, device=device)
         for r in requests:
             if r.state is RequestState.FAILED:
                 r.metrics["failed"] = 1
-        return DataProto.from_dict(
-            {"prompts": input_ids, "responses": responses.to(device), "response_mask": response_mask.to(device),
-             "input_ids": torch.cat([input_ids, responses.to(device)], dim=1),
-             "attention_mask": torch.cat([prompts.batch["attention_mask"], attention.to(device)], dim=1),
-             "position_ids": torch.cat([positions, positions[:, -1:] + steps], dim=1),
-             "rollout_log_probs": log_probs.to(device)},
+        return pack_responses(
+            prompts, [r.response_ids for r in requests], [r.response_log_probs for r in requests],
+            [r.response_mask for r in requests], self.engine.pad_id,
             {"finish_reason": [r.finish_reason for r in requests],
              "num_turns": np.array([r.num_turns for r in requests], dtype=object),
              "messages": [r.new_messages for r in requests],
              "tool_rewards": [{"final": dict(r.tool_rewards), "steps": list(r.step_rewards)} for r in requests],
-             "multi_turn_metrics": [dict(r.metrics) for r in requests]},
-        )
+             "multi_turn_metrics": [dict(r.metrics) for r in requests]})
