@@ -32,7 +32,7 @@ RECIPES_DIR = Path(__file__).parent
 DEFAULT_RECIPE = RECIPES_DIR / "grpo.yaml"
 LOAD_TIME_KEYS = ("custom_modules",)  # read here, before validation, not by the training code
 
-_FSDP = "FSDP is not implemented yet (actor.strategy=local: one process, one device)"
+_FSDP = "activation offload is not implemented; actor_rollout_ref.model.enable_gradient_checkpointing saves activations"
 _ENGINE = "the native engine has no such knob"
 # verl key (or section) -> (why it has no effect in rlvr, the values that are harmless or None for any)
 VERL_NO_EFFECT: dict[str, tuple[str, tuple | None]] = {
@@ -43,9 +43,14 @@ VERL_NO_EFFECT: dict[str, tuple[str, tuple | None]] = {
                                                   "token is predicted, in chunks", None),
     "actor_rollout_ref.model.use_liger": ("rlvr uses the transformers modelling code as is", None),
     "actor_rollout_ref.model.enable_activation_offload": (_FSDP, (False,)),
-    "actor_rollout_ref.actor.fsdp_config": (_FSDP, None),
-    "actor_rollout_ref.ref.fsdp_config": (_FSDP, None),
-    "critic.model.fsdp_config": (_FSDP, None),
+    "actor_rollout_ref.actor.fsdp_config.wrap_policy": ("FSDP2 shards each decoder layer, then the root", None),
+    "actor_rollout_ref.ref.fsdp_config.wrap_policy": ("FSDP2 shards each decoder layer, then the root", None),
+    "actor_rollout_ref.actor.fsdp_config.fsdp_size": ("the actor is sharded over all data-parallel ranks", (-1,)),
+    "actor_rollout_ref.actor.fsdp_config.forward_prefetch": ("FSDP2 prefetches the next layer by default", None),
+    "actor_rollout_ref.actor.fsdp_config.offload_policy": (
+        "offload is between phases (fsdp_config.param_offload, optimizer_offload), not inside a step", (False,)),
+    "critic.model.fsdp_config": ("the critic is replicated on every rank (its gradients are all-reduced), "
+                                 "not sharded", None),
     "actor_rollout_ref.actor.ulysses_sequence_parallel_size": ("sequence parallelism is not implemented", (1,)),
     "actor_rollout_ref.actor.checkpoint": ("a checkpoint always holds the model, optimizer, scheduler and RNG", None),
     "actor_rollout_ref.rollout.gpu_memory_utilization": (

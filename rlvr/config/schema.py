@@ -100,9 +100,34 @@ class PolicyLossConfig:
 
 
 @dataclass
+class MixedPrecisionConfig:
+    param_dtype: str = "float32"
+    """dtype the sharded parameters are gathered in for forward and backward (bfloat16 on GPUs saves
+    memory and time; the fp32 master weights and optimizer state stay fp32)."""
+    reduce_dtype: str = "float32"
+    """dtype gradients are reduced across ranks in."""
+
+
+@dataclass
+class FSDPConfig:
+    """FSDP2 (``strategy=fsdp2``): each decoder layer, then the root, is a sharded unit."""
+
+    param_offload: bool = False
+    """Move the sharded parameters (and gradients) to the CPU while the model is not in use
+    (GPU only: on a CPU device there is nothing to offload)."""
+    optimizer_offload: bool = False
+    """Move the optimizer state to the CPU between updates (GPU only)."""
+    reshard_after_forward: bool = True
+    """Free each layer's gathered parameters after its forward (ZeRO-3); False keeps them until
+    the backward (ZeRO-2: more memory, one all-gather less)."""
+    mixed_precision: MixedPrecisionConfig = field(default_factory=MixedPrecisionConfig)
+
+
+@dataclass
 class ActorConfig:
     strategy: str = "local"
-    """local (one process, one device) | fsdp | fsdp2."""
+    """local (one process, one device) | fsdp2 (sharded over the data-parallel ranks)."""
+    fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
     ppo_mini_batch_size: int = 8
     """Prompts per optimizer step (times ``rollout.n`` responses)."""
     ppo_micro_batch_size_per_gpu: int = 8
@@ -153,7 +178,16 @@ class ActorConfig:
 
 
 @dataclass
+class RefFSDPConfig:
+    param_offload: bool = False
+    """Move the reference's shards to the CPU between its forward passes (GPU only)."""
+    reshard_after_forward: bool = True
+
+
+@dataclass
 class RefConfig:
+    fsdp_config: RefFSDPConfig = field(default_factory=RefFSDPConfig)
+    """The reference is sharded like the actor when ``actor.strategy=fsdp2``."""
     log_prob_micro_batch_size_per_gpu: int = 16
     """Rows per forward pass when computing reference log-probs."""
 
@@ -388,6 +422,20 @@ class TrainerConfig:
 
 
 @dataclass
+class RayInitConfig:
+    address: Optional[str] = None
+    """An existing Ray cluster (``auto``, or ``ray://host:10001``); None starts a local Ray on
+    127.0.0.1 for the run."""
+    num_cpus: Optional[int] = None
+    """CPUs of the local Ray (None: all of this machine's)."""
+
+
+@dataclass
+class RayKwargsConfig:
+    ray_init: RayInitConfig = field(default_factory=RayInitConfig)
+
+
+@dataclass
 class RLVRConfig:
     custom_modules: list[str] = field(default_factory=list)
     """Python files (or importable module names) imported before the config is validated, so
@@ -399,3 +447,6 @@ class RLVRConfig:
     reward: RewardConfig = field(default_factory=RewardConfig)
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    ray_kwargs: RayKwargsConfig = field(default_factory=RayKwargsConfig)
+    """Ray, used when the run has more than one device (n_gpus_per_node x nnodes > 1) or
+    ``ray_init.address`` is set."""

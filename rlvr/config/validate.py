@@ -8,7 +8,7 @@ from rlvr.config.schema import RLVRConfig
 TRUNCATION_MODES = ("left", "right", "middle", "error")
 LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 DTYPES = ("float32", "bfloat16")
-STRATEGIES = ("local", "fsdp", "fsdp2")
+STRATEGIES = ("local", "fsdp2")
 DEVICES = ("auto", "cpu", "cuda")
 GROUP_ESTIMATORS = ("grpo", "grpo_passk", "rloo", "reinforce_plus_plus_baseline", "opo")
 
@@ -54,18 +54,17 @@ def _batch_sizes(cfg: RLVRConfig) -> list[str]:
             f"ppo_mini_batch_size x n = {actor.ppo_mini_batch_size * n}; every optimizer step must see a "
             f"whole mini-batch: choose ppo_mini_batch_size among the divisors of {data.train_batch_size}"
         )
-    if (data.train_batch_size * n) % world:
-        errors.append(
-            f"train_batch_size x n = {data.train_batch_size * n} responses cannot be split evenly over "
-            f"{world} devices (n_gpus_per_node x nnodes); make it a multiple of {world}"
-        )
+    # data-parallel ranks get whole prompt groups: prompt counts must split evenly
+    for key, prompts in (("data.train_batch_size", data.train_batch_size),
+                         ("data.gen_batch_size", data.gen_batch_size or world),
+                         ("actor_rollout_ref.actor.ppo_mini_batch_size", actor.ppo_mini_batch_size)):
+        if prompts % world:
+            errors.append(
+                f"{key} = {prompts} prompts cannot be split evenly over {world} devices (n_gpus_per_node x nnodes; "
+                f"each device takes whole groups of n responses); make it a multiple of {world}"
+            )
     mini_rows = actor.ppo_mini_batch_size * n
-    if mini_rows % world:
-        errors.append(
-            f"ppo_mini_batch_size x n = {mini_rows} responses cannot be split evenly over {world} devices; "
-            f"make it a multiple of {world}"
-        )
-    elif not actor.use_dynamic_bsz:
+    if actor.ppo_mini_batch_size % world == 0 and not actor.use_dynamic_bsz:
         per_device = mini_rows // world
         micro = actor.ppo_micro_batch_size_per_gpu
         if micro > per_device:
@@ -254,13 +253,6 @@ def _dapo(cfg: RLVRConfig) -> list[str]:
 # Settings of the schema whose implementation has not landed yet: (key, is it asked for, what to
 # use instead). Accepting them would train something other than what the user asked for.
 NOT_IMPLEMENTED = (
-    ("actor_rollout_ref.actor.strategy", lambda c: c.actor_rollout_ref.actor.strategy != "local",
-     "FSDP/FSDP2 sharding is not implemented yet; use actor_rollout_ref.actor.strategy=local (one process, one device)"),
-    ("trainer.n_gpus_per_node", lambda c: c.trainer.n_gpus_per_node != 1,
-     "several devices per node (Ray worker groups) are not implemented yet; use trainer.n_gpus_per_node=1 "
-     "(trainer.device picks the CPU or one GPU)"),
-    ("trainer.nnodes", lambda c: c.trainer.nnodes != 1,
-     "multi-node training is not implemented yet; use trainer.nnodes=1"),
     ("actor_rollout_ref.hybrid_engine", lambda c: not c.actor_rollout_ref.hybrid_engine,
      "a rollout on devices of its own is not implemented yet; use actor_rollout_ref.hybrid_engine=true (actor, "
      "reference and rollout share the device and one copy of the weights)"),
@@ -275,9 +267,41 @@ def _not_implemented(cfg: RLVRConfig) -> list[str]:
     return [f"{key}: {why}" for key, asked, why in NOT_IMPLEMENTED if asked(cfg)]
 
 
+def _distributed(cfg: RLVRConfig) -> list[str]:
+    errors = []
+    arr, trainer = cfg.actor_rollout_ref, cfg.trainer
+    world = trainer.n_gpus_per_node * trainer.nnodes
+    fsdp = arr.actor.fsdp_config
+    if world > 1 and arr.actor.strategy != "fsdp2":
+        errors.append(f"trainer.n_gpus_per_node x nnodes = {world} devices: the actor is split over them with "
+                      "FSDP2; set actor_rollout_ref.actor.strategy=fsdp2")
+    if arr.actor.strategy == "fsdp2" and arr.model.lora_rank > 0:
+        errors.append("actor_rollout_ref.model.lora_rank > 0 with strategy=fsdp2 is not implemented yet; use "
+                      "strategy=local (one device) for LoRA, or lora_rank=0")
+    for key, value in (("actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype",
+                        fsdp.mixed_precision.param_dtype),
+                       ("actor_rollout_ref.actor.fsdp_config.mixed_precision.reduce_dtype",
+                        fsdp.mixed_precision.reduce_dtype)):
+        if value not in DTYPES:
+            errors.append(f"{key} = {value!r}; choose one of {list(DTYPES)}")
+    offloads = [k for k, on in (("actor.fsdp_config.param_offload", fsdp.param_offload),
+                                ("actor.fsdp_config.optimizer_offload", fsdp.optimizer_offload),
+                                ("ref.fsdp_config.param_offload", arr.ref.fsdp_config.param_offload)) if on]
+    if offloads and arr.actor.strategy != "fsdp2":
+        errors.append(f"actor_rollout_ref.{offloads[0]} needs actor_rollout_ref.actor.strategy=fsdp2")
+    elif offloads and trainer.device == "cpu":
+        errors.append(f"actor_rollout_ref.{offloads[0]} moves GPU memory to the CPU; with trainer.device=cpu the "
+                      "model is already there: set it to false")
+    if trainer.nnodes > 1 and cfg.ray_kwargs.ray_init.address is None:
+        errors.append(f"trainer.nnodes = {trainer.nnodes}: several nodes run on an existing Ray cluster; start one "
+                      "(`ray start --head` on one node, `ray start --address=HEAD:6379` on the others) and set "
+                      "ray_kwargs.ray_init.address=auto")
+    return errors
+
+
 def validate(cfg: RLVRConfig) -> None:
     """Raise ConfigError listing every broken invariant of ``cfg``."""
     errors = _not_implemented(cfg) + _batch_sizes(cfg) + _choices(cfg) + _registered_names(cfg) + _algorithm(cfg) \
-        + _multi_turn(cfg)
+        + _multi_turn(cfg) + _distributed(cfg)
     if errors:
         raise ConfigError("invalid config:\n  - " + "\n  - ".join(errors))

@@ -11,6 +11,10 @@ reads the mark and, for a call, (1) ``dispatch`` turns the arguments into one ca
 - ``DP_COMPUTE_PROTO``: a DataProto is split by data-parallel rank, keeping each prompt
   group (rows sharing a ``uid``) on one rank, since the prompt-once forward and group
   statistics need the whole group; the answers are concatenated back in rank order.
+- ``DP_MINI_BATCH_PROTO``: every rank gets the whole DataProto and works on its own share
+  of each mini-batch (the update: shuffled mini-batches of whole groups are the same on
+  every rank, so a step equals the one-process step); the ranks agree on the answer and
+  rank 0's is returned.
 
 ``LocalWorkerGroup`` goes through the same functions at world size 1, so the trainer's
 calls take one path whatever group it has.
@@ -22,6 +26,8 @@ import enum
 from dataclasses import dataclass
 from typing import Any, Callable
 
+import numpy as np
+
 from rlvr.protocol import DataProto
 
 ATTR = "__rlvr_dispatch__"
@@ -32,6 +38,7 @@ class Dispatch(enum.Enum):
     ALL_TO_ALL = "all_to_all"
     RANK_ZERO = "rank_zero"
     DP_COMPUTE_PROTO = "dp_compute_proto"
+    DP_MINI_BATCH_PROTO = "dp_mini_batch_proto"
 
 
 class Execute(enum.Enum):
@@ -82,9 +89,38 @@ def split_by_groups(data: DataProto, world_size: int) -> list[DataProto]:
     return parts
 
 
+def pad_groups(data: DataProto, world_size: int) -> tuple[DataProto, int]:
+    """``data`` with copies of its last rows appended so its groups split evenly over the ranks
+    (validation batches: a remainder of prompts), and the number of rows added. Training batches
+    never need it: their sizes are checked at config load."""
+    uids = data.non_tensor_batch.get("uid")
+    sizes = [len(g) for g in _runs(uids)] if uids is not None else [1] * len(data)
+    missing = -len(sizes) % world_size
+    if not missing or not len(data):
+        return data, 0
+    if len(set(sizes)) != 1:
+        raise DispatchError(f"{len(sizes)} groups of unequal sizes cannot be padded to a multiple of {world_size}")
+    rows = missing * sizes[0]
+    extra = DataProto.concat([data.slice(len(data) - sizes[0], len(data))] * missing) if rows else None
+    if uids is not None:
+        extra.non_tensor_batch["uid"] = np.array([f"{u}#pad{i // sizes[0]}" for i, u in
+                                                  enumerate(extra.non_tensor_batch["uid"])], dtype=object)
+    return DataProto.concat([data, extra]), rows
+
+
+def _runs(uids) -> list[list[int]]:
+    runs: list[list[int]] = []
+    for i, uid in enumerate(uids):
+        if i and uid == uids[i - 1]:
+            runs[-1].append(i)
+        else:
+            runs.append([i])
+    return runs
+
+
 def dispatch(mode: Dispatch, world_size: int, args: tuple, kwargs: dict) -> list[tuple[tuple, dict]]:
     """One (args, kwargs) per rank."""
-    if mode in (Dispatch.ONE_TO_ALL, Dispatch.RANK_ZERO):
+    if mode in (Dispatch.ONE_TO_ALL, Dispatch.RANK_ZERO, Dispatch.DP_MINI_BATCH_PROTO):
         return [(args, kwargs)] * world_size
     if mode is Dispatch.ALL_TO_ALL:
         for value in (*args, *kwargs.values()):
@@ -97,12 +133,13 @@ def dispatch(mode: Dispatch, world_size: int, args: tuple, kwargs: dict) -> list
     return [(tuple(a[r] for a in split_args), {k: v[r] for k, v in split_kwargs.items()}) for r in range(world_size)]
 
 
-def collect(mode: Dispatch, outputs: list[Any]) -> Any:
-    """The group's answer from the ranks' answers (in rank order)."""
-    if mode is Dispatch.RANK_ZERO:
+def collect(mode: Dispatch, outputs: list[Any], pad_rows: int = 0) -> Any:
+    """The group's answer from the ranks' answers (in rank order), less ``pad_rows`` padding rows."""
+    if mode in (Dispatch.RANK_ZERO, Dispatch.DP_MINI_BATCH_PROTO):
         return outputs[0]
     if mode is Dispatch.DP_COMPUTE_PROTO:
         if all(isinstance(o, DataProto) for o in outputs):
-            return outputs[0] if len(outputs) == 1 else DataProto.concat(outputs)
+            out = outputs[0] if len(outputs) == 1 else DataProto.concat(outputs)
+            return out.slice(0, len(out) - pad_rows) if pad_rows else out
         return outputs[0] if len(outputs) == 1 else outputs
     return outputs

@@ -199,7 +199,8 @@ class NativeRollout:
         uneven = bool((budgets < max_new).any())  # multi-turn requests with different budgets left
         for step in range(max_new):
             live_cpu = live.cpu()
-            uniforms = 1.0 - torch.rand(B, generator=generator, dtype=torch.float64)  # (0, 1], drawn for all rows
+            uniforms = 1.0 - torch.rand(max(B, params.total_rows), generator=generator,  # (0, 1], for all rows
+                                        dtype=torch.float64)[params.row_offset:params.row_offset + B]
             next_tok, next_lp = sample_tokens(logits, params, uniforms[live_cpu].to(device))
             active = ~done
             idx = live[active].cpu()

@@ -34,6 +34,11 @@ class SamplingParams:
     min_p: float = 0.0
     stop: tuple[str, ...] = field(default_factory=tuple)
     seed: int = 0
+    row_offset: int = 0
+    """Data-parallel ranks: this batch's first row in the whole batch, which has ``total_rows``;
+    each step draws the whole batch's uniforms and keeps this part, so a row samples the same
+    tokens on any number of ranks."""
+    total_rows: int = 0
 
     @property
     def greedy(self) -> bool:
@@ -52,7 +57,7 @@ class SamplingParams:
                      seed=config.seed)
         meta = meta or {}
         overrides = {k: meta[k] for k in ("do_sample", "temperature", "top_p", "top_k", "min_p", "seed",
-                                          "max_new_tokens") if k in meta}
+                                          "max_new_tokens", "row_offset", "total_rows") if k in meta}
         if "stop" in meta:
             overrides["stop"] = tuple(meta["stop"])
         return replace(params, **overrides)

@@ -12,6 +12,13 @@ policy loss taken from the registry (``policy_loss.loss_mode``) and the KL estim
 from ``kl_loss_type``. A non-finite gradient norm skips the optimizer step and is counted
 in ``actor/grad_norm_nonfinite``; ``max_consecutive_skipped_steps`` skipped in a row raise
 ``NonFiniteLossError`` (a NaN loss on every micro-batch must not pass as a quiet metric).
+
+Data-parallel (``dp.world_size > 1``, FSDP2): every rank gets the whole step's data and the
+same shuffled mini-batches; each takes its contiguous share of each mini-batch's groups,
+with losses still normalised by the mini-batch's global totals, and the sharded model sums
+the ranks' gradients, so an optimizer step equals the one-process step. Ranks run the same
+number of forward passes (a rank with fewer micro-batches repeats one with zero weight), as
+the sharded model's collectives need, and metric contributions are summed over the ranks.
 """
 
 from __future__ import annotations
@@ -26,6 +33,8 @@ import torch
 from rlvr.algos.kl import kl_penalty
 from rlvr.algos.losses import agg_loss, call_policy_loss, compute_rollout_is_weights, count_seqs, get_policy_loss_fn
 from rlvr.config.schema import ActorConfig, AlgorithmConfig, OptimConfig
+from rlvr.distributed.fsdp import full_tensor
+from rlvr.distributed.worker import SINGLE, DataParallel
 from rlvr.protocol import DataProto
 from rlvr.trainer import StopTraining
 from rlvr.workers.forward import forward_log_probs, group_rows
@@ -120,7 +129,7 @@ def shuffled_mini_batches(uids, num_rows: int, groups_per_mini: int, seed: list[
 def clip_and_step(model, optimizer, grad_clip: float) -> tuple[float, bool]:
     """Clip the global gradient norm and step, unless the norm is not finite (then the
     gradients are dropped). Returns (grad_norm, stepped)."""
-    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+    grad_norm = full_tensor(torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip))  # over all shards
     stepped = bool(torch.isfinite(grad_norm))
     if stepped:
         optimizer.step()
@@ -141,8 +150,10 @@ class Actor:
     """Owns the policy model and its optimizer; computes log-probs and updates the policy."""
 
     def __init__(self, model, config: ActorConfig, algorithm: AlgorithmConfig | None = None, optimizer=None,
-                 scheduler=None, pad_id: int = 0, max_response_length: int | None = None, seed: int = 0):
+                 scheduler=None, pad_id: int = 0, max_response_length: int | None = None, seed: int = 0,
+                 root=None, dp: DataParallel = SINGLE):
         self.model, self.config = model, config
+        self.root, self.dp = root, dp  # FSDP2: the sharded root unit; this rank among the data-parallel ones
         self.algorithm = algorithm or AlgorithmConfig()
         self.optimizer, self.scheduler = optimizer, scheduler
         self.pad_id, self.max_response_length, self.seed = pad_id, max_response_length, seed
@@ -151,9 +162,11 @@ class Actor:
         self.skipped_in_a_row = 0  # optimizer steps skipped for a non-finite gradient norm, consecutively
 
     def _forward(self, batch: dict, uids, temperature: float, calculate_entropy: bool, entropy_grad: bool = False):
-        return forward_log_probs(self.model, batch, uids, temperature, calculate_entropy, entropy_grad=entropy_grad,
-                                 share_prompt=self.config.share_prompt_forward, pad_id=self.pad_id,
-                                 dtype=self.config.dtype)
+        kwargs = dict(entropy_grad=entropy_grad, share_prompt=self.config.share_prompt_forward, pad_id=self.pad_id,
+                      dtype=self.config.dtype)
+        if self.root is not None:  # through the sharded root, which gathers the embeddings and head
+            return self.root(forward_log_probs, batch, uids, temperature, calculate_entropy, **kwargs)
+        return forward_log_probs(self.model, batch, uids, temperature, calculate_entropy, **kwargs)
 
     def _micro_batches(self, data: DataProto, rows: list[int], rows_per_micro: int) -> tuple[list[list[int]], int]:
         """Micro-batches of ``rows`` and the tokens they feed through the model together."""
@@ -174,10 +187,14 @@ class Actor:
         uids = data.non_tensor_batch.get("uid")
         log_probs = torch.zeros(data.batch["responses"].shape, dtype=torch.float32)
         entropy = torch.zeros_like(log_probs) if calculate_entropy else None
-        for rows in self._micro_batches(data, list(range(len(data))), micro_size)[0]:
+        micros = self._micro_batches(data, list(range(len(data))), micro_size)[0]
+        padding = self.dp.max(len(micros)) - len(micros)  # forwards that only keep the ranks in step
+        for i, rows in enumerate(micros + micros[:1] * padding):
             idx = torch.tensor(rows)
             batch = {k: data.batch[k][idx].to(self.model.device) for k in FORWARD_KEYS}
             lp, ent = self._forward(batch, None if uids is None else uids[rows], temperature, calculate_entropy)
+            if i >= len(micros):
+                continue
             log_probs[idx] = lp.float().cpu()
             if calculate_entropy:
                 entropy[idx] = ent.float().cpu()
@@ -215,6 +232,8 @@ class Actor:
         for epoch_minis in minis:
             for mini_rows in epoch_minis:
                 forward_tokens += self._optimizer_step(data, mini_rows, temperature, metrics, on_policy)
+        if on_policy:
+            self.dp.sum_(data.batch["old_log_probs"])  # each rank filled its own rows
         metrics["perf/actor_forward_tokens"].append(forward_tokens)  # tokens through forward + backward
         metrics["perf/actor_response_tokens"].append(
             self.config.ppo_epochs * float(data.batch["attention_mask"][:, -data.batch["responses"].shape[1]:].sum()))
@@ -237,12 +256,18 @@ class Actor:
                   "norm_constant": self.max_response_length}
         self.optimizer.zero_grad(set_to_none=True)
         step = defaultdict(float)
-        micros, tokens = self._micro_batches(data, mini_rows, self.config.ppo_micro_batch_size_per_gpu)
+        mine = self.dp.share(group_units(data.non_tensor_batch.get("uid"), mini_rows))  # this rank's groups
+        micros, tokens = self._micro_batches(data, mine, self.config.ppo_micro_batch_size_per_gpu)
         for rows in micros:
             share = float(mask[torch.tensor(rows)].sum()) / float(totals["num_tokens"])  # token share of the mini-batch
             for key, value in self._micro_loss(data, rows, temperature, totals, on_policy).items():
                 # losses are shares of the mini-batch loss (they add up); rates and means weigh by tokens
                 step[key] += value if key in SUMMED_METRICS else value * share
+        for _ in range(self.dp.max(len(micros)) - len(micros)):  # keep the ranks' collectives in step
+            self._micro_loss(data, micros[0], temperature, totals, on_policy=False, weight=0.0)
+        keys = sorted(step)
+        step = dict(zip(keys, self.dp.sum([step[k] for k in keys])))  # the ranks' shares add up
+        tokens = int(self.dp.sum([tokens])[0])
         grad_norm, stepped = clip_and_step(self.model, self.optimizer, self.config.grad_clip)
         self._count_skipped(stepped, step)
         metrics["actor/grad_norm_nonfinite"].append(0.0 if stepped else 1.0)
@@ -264,11 +289,12 @@ class Actor:
                 f"(now {limit}) to tolerate more")
 
     def _micro_loss(self, data: DataProto, rows: list[int], temperature: float, totals: dict,
-                    on_policy: bool) -> dict[str, float]:
+                    on_policy: bool, weight: float = 1.0) -> dict[str, float]:
         """Forward, loss and backward of one micro-batch; returns its metric contributions.
 
         ``on_policy``: pi_old is the policy of this very forward; its detached log-probs are
-        the old log-probs (and are written into ``data``)."""
+        the old log-probs (and are written into ``data``). ``weight`` 0: a pass that adds
+        nothing (a data-parallel rank keeping step with ranks that have more micro-batches)."""
         idx = torch.tensor(rows)
         device = self.model.device
         batch = {k: data.batch[k][idx].to(device) for k in FORWARD_KEYS}
@@ -301,5 +327,7 @@ class Actor:
             kl_loss = agg_loss(kld, mask, cfg.loss_agg_mode, **totals)
             loss = loss + cfg.kl_loss_coef * kl_loss
             out["actor/kl_loss"] = _item(kl_loss)
-        loss.backward()
+        # FSDP2 averages the ranks' gradients; each loss is a share of the global loss, so undo the mean
+        scale = weight * (self.dp.world_size if self.root is not None else 1)
+        (loss * scale if scale != 1.0 else loss).backward()
         return out

@@ -10,6 +10,15 @@ engine does around vLLM.
 The reference policy is a frozen copy of the initial weights, built only when a KL term
 uses it (``actor.use_kl_loss`` or ``algorithm.use_kl_in_reward``). With LoRA
 (``model.lora_rank > 0``) it is no copy: the same model with its adapter disabled.
+
+With ``actor.strategy=fsdp2`` the worker is one data-parallel rank (``Worker``: rank and
+world size from the environment a worker group sets; one process is world size 1): actor
+and reference are sharded with FSDP2 (``rlvr.distributed.fsdp``), the rollout engine
+decodes this rank's prompt groups on a full copy of the weights that ``rollout_mode()``
+refreshes from the shards, and ``fsdp_config.param_offload`` / ``optimizer_offload`` move
+the shards and the optimizer state to the CPU while generation runs. A checkpoint is the
+same Hugging Face folder and name-keyed optimizer state as one process writes, so runs
+resume on any number of ranks.
 """
 
 from __future__ import annotations
@@ -19,11 +28,14 @@ import copy
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 
 from rlvr.config.schema import RLVRConfig
 from rlvr.models.loader import load_model, load_tokenizer
 from rlvr.models.lora import apply_lora, load_adapter, save_adapter, unwrap
+from rlvr.distributed import fsdp
 from rlvr.distributed.dispatch import Dispatch, register
+from rlvr.distributed.worker import Worker
 from rlvr.protocol import DataProto
 from rlvr.rollout import build_rollout
 from rlvr.workers.actor import Actor, build_optimizer
@@ -39,16 +51,19 @@ def needs_reference(config: RLVRConfig) -> bool:
     return config.actor_rollout_ref.actor.use_kl_loss or config.algorithm.use_kl_in_reward
 
 
-class ActorRolloutRefWorker:
+class ActorRolloutRefWorker(Worker):
     """Holds the policy (with its optimizer), the optional frozen reference and the rollout engine."""
 
     def __init__(self, config: RLVRConfig, total_training_steps: int, tokenizer=None, tool_setup=None):
+        super().__init__()
         self.config = config
         self.tool_setup = tool_setup  # multi-turn: the tools and chat format (else read from the config)
         self.total_training_steps = total_training_steps
         self.device = resolve_device(config.trainer.device)
         self.tokenizer = tokenizer
         self.actor = self.ref = self.rollout = None
+        self.sharded = config.actor_rollout_ref.actor.strategy == "fsdp2"
+        self.full_model = None  # fsdp2: the unsharded copy the rollout engine decodes with
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self) -> None:
@@ -62,15 +77,32 @@ class ActorRolloutRefWorker:
             model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
         if self.lora:
             model = apply_lora(model, model_cfg.lora_rank, model_cfg.lora_alpha, model_cfg.target_modules)
+        ref_model = None
+        if needs_reference(self.config) and not self.lora:  # with LoRA: the actor with its adapter disabled
+            ref_model = copy.deepcopy(model).eval().requires_grad_(False)
+        root = ref_root = None
+        if self.sharded:
+            self.init_process_group(self.device)
+            self.full_model = copy.deepcopy(model).requires_grad_(False)
+            root, ref_root = self._shard(model, arr.actor.fsdp_config), None
+            if ref_model is not None:
+                ref_root = self._shard(ref_model, arr.ref.fsdp_config)
         optimizer, scheduler = build_optimizer(model, arr.actor.optim, self.total_training_steps)
         pad_id = self.tokenizer.pad_token_id
         max_len = self.config.data.max_response_length
+        dp = self.data_parallel()
         self.actor = Actor(model, arr.actor, self.config.algorithm, optimizer, scheduler, pad_id, max_len,
-                           seed=self.config.trainer.seed)
-        if needs_reference(self.config) and not self.lora:  # with LoRA: the actor with its adapter disabled
-            ref_model = copy.deepcopy(model).eval().requires_grad_(False)
-            self.ref = Actor(ref_model, arr.actor, self.config.algorithm, pad_id=pad_id, max_response_length=max_len)
-        self.rollout = build_rollout(unwrap(model), self.tokenizer, arr.rollout, max_len, self.tool_setup)
+                           seed=self.config.trainer.seed, root=root, dp=dp)
+        if ref_model is not None:
+            self.ref = Actor(ref_model, arr.actor, self.config.algorithm, pad_id=pad_id, max_response_length=max_len,
+                             root=ref_root, dp=dp)
+        engine_model = self.full_model if self.sharded else unwrap(model)
+        self.rollout = build_rollout(engine_model, self.tokenizer, arr.rollout, max_len, self.tool_setup)
+
+    def _shard(self, model, fsdp_config):
+        mp = getattr(fsdp_config, "mixed_precision", None)
+        return fsdp.shard(model, self.device, self.world_size, fsdp_config.reshard_after_forward,
+                          mp.param_dtype if mp else "float32", mp.reduce_dtype if mp else "float32")
 
     @property
     def lora(self) -> bool:
@@ -82,14 +114,33 @@ class ActorRolloutRefWorker:
 
     # ------------------------------------------------------------------ modes
     def rollout_mode(self) -> None:
-        """Before generation: the engine gets the actor's current weights; no dropout."""
+        """Before generation: the engine gets the actor's current weights; no dropout. Sharded:
+        the full copy is refreshed from the shards, then the shards (and the optimizer state)
+        go to the CPU when offload is on."""
         self.model.eval()
+        if self.sharded:
+            fsdp.copy_full_weights(self.model, self.full_model)
+            self._offload(True)
         self.rollout.sync_weights()
 
     def trainer_mode(self) -> None:
-        """After generation: free the engine's caches; back to training."""
+        """After generation: free the engine's caches; back to training (shards back on the device)."""
         self.rollout.free_cache()
+        if self.sharded:
+            self._offload(False)
         self.model.train()
+
+    def _offload(self, to_cpu: bool) -> None:
+        cfg = self.config.actor_rollout_ref
+        device = "cpu" if to_cpu else self.device
+        if cfg.actor.fsdp_config.param_offload:
+            self.actor.root.to(device)
+        if cfg.actor.fsdp_config.optimizer_offload:
+            fsdp.move_optimizer_state(self.actor.optimizer, device)
+        if cfg.ref.fsdp_config.param_offload and self.ref is not None:
+            self.ref.root.to(device)
+        if to_cpu and self.device.type == "cuda":
+            torch.cuda.empty_cache()
 
     @contextlib.contextmanager
     def _generating(self):
@@ -102,6 +153,8 @@ class ActorRolloutRefWorker:
     # ------------------------------------------------------------------ worker methods
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def generate_sequences(self, prompts: DataProto) -> DataProto:
+        # this rank's rows are a contiguous part of the batch: sample them as one process would
+        prompts.meta_info.update(row_offset=self.rank * len(prompts), total_rows=self.world_size * len(prompts))
         with self._generating():
             return self.rollout.generate_sequences(prompts)
 
@@ -130,7 +183,7 @@ class ActorRolloutRefWorker:
                 log_probs, _ = self.actor.compute_log_prob(data)
         return DataProto.from_dict({"ref_log_prob": log_probs})
 
-    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    @register(dispatch_mode=Dispatch.DP_MINI_BATCH_PROTO)
     def update_actor(self, data: DataProto) -> DataProto:
         data.meta_info.setdefault("temperature", self.config.actor_rollout_ref.rollout.temperature)
         computed_old = "old_log_probs" not in data.batch
@@ -143,28 +196,39 @@ class ActorRolloutRefWorker:
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def save_checkpoint(self, folder: str | Path) -> None:
         """The policy as a Hugging Face folder (``actor/``; with LoRA the adapter in peft's format,
-        which ``rlvr export`` merges into the base model) plus optimizer and scheduler state."""
+        which ``rlvr export`` merges into the base model) plus optimizer and scheduler state, the
+        optimizer's keyed by parameter name. Sharded: every rank gathers, rank 0 writes."""
         folder = Path(folder)
-        if self.lora:
-            save_adapter(self.model, folder / "actor")
-        else:
-            self.model.save_pretrained(folder / "actor", safe_serialization=True)
-        self.tokenizer.save_pretrained(folder / "actor")
-        torch.save({"optimizer": self.actor.optimizer.state_dict(), "scheduler": self.actor.scheduler.state_dict(),
-                    "updates": self.actor.updates, "skipped_in_a_row": self.actor.skipped_in_a_row},
-                   folder / "actor_state.pt")
+        optimizer_state = fsdp.full_optimizer_state(self.actor.root, self.model, self.actor.optimizer)
+        if self.sharded:
+            optimizer_state = fsdp.strip_root_prefix(optimizer_state) if self.rank == 0 else None  # rank 0 holds it
+            fsdp.copy_full_weights(self.model, self.full_model)
+        if self.rank == 0:
+            if self.lora:
+                save_adapter(self.model, folder / "actor")
+            else:
+                (self.full_model if self.sharded else self.model).save_pretrained(folder / "actor",
+                                                                                  safe_serialization=True)
+            self.tokenizer.save_pretrained(folder / "actor")
+            torch.save({"optimizer": optimizer_state, "scheduler": self.actor.scheduler.state_dict(),
+                        "updates": self.actor.updates, "skipped_in_a_row": self.actor.skipped_in_a_row},
+                       folder / "actor_state.pt")
+        self.data_parallel().barrier()
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def load_checkpoint(self, folder: str | Path) -> None:
-        """Policy weights, optimizer and scheduler from ``save_checkpoint``; the reference stays
-        the initial model."""
+        """Policy weights, optimizer and scheduler from ``save_checkpoint`` (written by any number of
+        ranks); the reference stays the initial model."""
         folder = Path(folder)
+        state = torch.load(folder / "actor_state.pt", weights_only=False)
         if self.lora:
             load_adapter(self.model, folder / "actor")
+        weights = None if self.lora else load_model(folder / "actor", "float32", "cpu").state_dict()
+        if all(isinstance(k, int) for k in state["optimizer"]["state"]):  # written before name-keyed states
+            self.model.load_state_dict(weights)
+            self.actor.optimizer.load_state_dict(state["optimizer"])
         else:
-            self.model.load_state_dict(load_model(folder / "actor", "float32", "cpu").state_dict())
-        state = torch.load(folder / "actor_state.pt", weights_only=False)
-        self.actor.optimizer.load_state_dict(state["optimizer"])
+            fsdp.load_full_state(self.actor.root, self.model, self.actor.optimizer, weights, state["optimizer"])
         self.actor.scheduler.load_state_dict(state["scheduler"])
         self.actor.updates = state["updates"]
         self.actor.skipped_in_a_row = state.get("skipped_in_a_row", 0)

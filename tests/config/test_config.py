@@ -98,10 +98,33 @@ def test_micro_batch_larger_than_per_device_mini_batch():
                                "actor_rollout_ref.rollout.n=4"])
 
 
-def test_responses_not_splitting_over_devices():
-    # 8 x 4 = 32 responses over 3 devices
-    with pytest.raises(ConfigError, match="32 responses cannot be split evenly over 3 devices"):
-        load_config(overrides=["trainer.n_gpus_per_node=3", "actor_rollout_ref.rollout.n=4"])
+def test_prompt_groups_not_splitting_over_devices():
+    # 8 prompts (whole groups of 4 responses) over 3 devices: 8 % 3 = 2
+    with pytest.raises(ConfigError) as err:
+        load_config(overrides=["trainer.n_gpus_per_node=3", "actor_rollout_ref.rollout.n=4",
+                               "actor_rollout_ref.actor.strategy=fsdp2"])
+    assert "data.train_batch_size = 8 prompts cannot be split evenly over 3 devices" in str(err.value)
+    assert "ppo_mini_batch_size = 8 prompts cannot be split evenly over 3 devices" in str(err.value)
+    assert "gen_batch_size" not in str(err.value)  # unset: it is train_batch_size, reported once
+
+
+def test_several_devices_need_fsdp2_and_offload_needs_a_gpu():
+    with pytest.raises(ConfigError, match="2 devices: the actor is split over them with FSDP2; set .*strategy=fsdp2"):
+        load_config(overrides=["trainer.n_gpus_per_node=2"])
+    with pytest.raises(ConfigError, match="param_offload moves GPU memory to the CPU; with trainer.device=cpu"):
+        load_config(overrides=["actor_rollout_ref.actor.strategy=fsdp2", "trainer.device=cpu",
+                               "actor_rollout_ref.actor.fsdp_config.param_offload=true"])
+    with pytest.raises(ConfigError, match="optimizer_offload needs actor_rollout_ref.actor.strategy=fsdp2"):
+        load_config(overrides=["actor_rollout_ref.actor.fsdp_config.optimizer_offload=true"])
+    with pytest.raises(ConfigError, match="strategy=fsdp2 is not implemented yet; use strategy=local .* for LoRA"):
+        load_config(overrides=["actor_rollout_ref.actor.strategy=fsdp2", "actor_rollout_ref.model.lora_rank=8"])
+    with pytest.raises(ConfigError, match="nnodes = 2: several nodes run on an existing Ray cluster"):
+        load_config(overrides=["trainer.nnodes=2", "actor_rollout_ref.actor.strategy=fsdp2"])
+    with pytest.raises(ConfigError, match="strategy = 'fsdp'"):
+        load_config(overrides=["actor_rollout_ref.actor.strategy=fsdp"])
+    cfg = load_config(overrides=["trainer.n_gpus_per_node=2", "actor_rollout_ref.actor.strategy=fsdp2",
+                                 "trainer.device=cpu"])
+    assert cfg.trainer.n_gpus_per_node == 2
 
 
 def test_group_estimator_needs_n_at_least_2_and_errors_are_collected():
@@ -153,10 +176,6 @@ def test_reward_timeout_must_be_positive_or_null():
 
 
 @pytest.mark.parametrize("override, message", [
-    ("actor_rollout_ref.actor.strategy=fsdp2", "FSDP/FSDP2 sharding is not implemented yet; use .*strategy=local"),
-    ("actor_rollout_ref.actor.strategy=fsdp", "FSDP/FSDP2 sharding is not implemented yet"),
-    ("trainer.n_gpus_per_node=8", "n_gpus_per_node: several devices per node .* not implemented yet"),
-    ("trainer.nnodes=2", "trainer.nnodes: multi-node training is not implemented yet"),
     ("actor_rollout_ref.hybrid_engine=false", "hybrid_engine: a rollout on devices of its own is not implemented"),
 ])
 def test_settings_not_implemented_yet_are_refused(override, message):

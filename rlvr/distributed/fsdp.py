@@ -1,0 +1,116 @@
+"""FSDP2 for the actor and the reference (``actor.strategy=fsdp2``).
+
+``shard`` applies ``torch.distributed.fsdp.fully_shard`` to each decoder layer, then to a
+root unit around the whole model, with the mixed-precision policy of ``fsdp_config``.
+The root is ``FSDPRoot``: its forward runs a given function on the model, so the
+parameters outside the layers (embeddings, final norm, the head) are gathered for
+everything the function does, including rlvr's chunked vocabulary projection, which
+calls the backbone and the head separately.
+
+Each rank's loss is its share of the global loss (normalised by the global token and
+sequence totals), so the ranks' gradients must be summed; FSDP2 averages them (gloo has no
+pre-multiplied sum to change that), so the actor scales its loss by the world size before
+the backward: a step's gradient does not depend on the number of ranks.
+
+The rollout engine decodes on a full, unsharded copy of the weights (ranks decode
+different numbers of steps, which collectives inside the sharded model would not
+survive); ``copy_full_weights`` refreshes it one tensor at a time, so the gathering costs
+at most one full tensor beyond the copy. Checkpoints hold full, name-keyed states
+(``full_optimizer_state``), so a run saved on some number of ranks loads on any other.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import torch
+from torch import nn
+from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_optimizer_state_dict,
+                                                     set_model_state_dict, set_optimizer_state_dict)
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import DTensor
+
+
+class FSDPRoot(nn.Module):
+    """The outermost sharded unit: ``root(fn, *args)`` runs ``fn(model, *args)`` with the root
+    parameters gathered."""
+
+    def __init__(self, module: nn.Module):
+        super().__init__()
+        self.module = module
+
+    def forward(self, fn, *args, **kwargs):
+        return fn(self.module, *args, **kwargs)
+
+
+def decoder_layers(model: nn.Module) -> list[nn.Module]:
+    """The transformer blocks: the ``ModuleList`` named ``...layers`` (Llama, Qwen, Mistral, ...)."""
+    for name, module in model.named_modules():
+        if isinstance(module, nn.ModuleList) and name.rsplit(".", 1)[-1] in ("layers", "h", "blocks"):
+            return list(module)
+    raise ValueError(f"{type(model).__name__} has no list of decoder layers (a ModuleList named 'layers', 'h' or "
+                     "'blocks') for FSDP2 to shard one by one")
+
+
+def _dtype(name: str) -> torch.dtype:
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16}[name]
+
+
+def shard(model: nn.Module, device: torch.device, world_size: int, reshard_after_forward: bool = True,
+          param_dtype: str = "float32", reduce_dtype: str = "float32") -> FSDPRoot:
+    """Shard ``model`` over the ``world_size`` ranks of the process group; returns its root unit."""
+    mesh = init_device_mesh(device.type, (world_size,))
+    policy = MixedPrecisionPolicy(param_dtype=_dtype(param_dtype), reduce_dtype=_dtype(reduce_dtype))
+    for layer in decoder_layers(model):
+        fully_shard(layer, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard_after_forward)
+    return fully_shard(FSDPRoot(model), mesh=mesh, mp_policy=policy, reshard_after_forward=reshard_after_forward)
+
+
+def full_tensor(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
+
+
+@torch.no_grad()
+def copy_full_weights(sharded: nn.Module, target: nn.Module) -> None:
+    """Gather ``sharded``'s parameters one at a time into the plain model ``target`` (same names).
+    A collective: every rank must call it."""
+    into = dict(itertools.chain(target.named_parameters(), target.named_buffers()))
+    for name, tensor in itertools.chain(sharded.named_parameters(), sharded.named_buffers()):
+        into[name].copy_(full_tensor(tensor))
+
+
+def full_optimizer_state(root: nn.Module | None, model: nn.Module, optimizer) -> dict:
+    """The optimizer state keyed by parameter name, whole (a collective under FSDP2; rank 0 gets it)."""
+    return get_optimizer_state_dict(root if root is not None else model, optimizer,
+                                    options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+
+def load_full_state(root: nn.Module | None, model: nn.Module, optimizer, weights: dict | None,
+                    optimizer_state: dict) -> None:
+    """Load name-keyed full weights (None: leave them) and optimizer state, each rank keeping its shard."""
+    target = root if root is not None else model
+    if root is not None:
+        weights = {f"module.{k}": v for k, v in weights.items()} if weights is not None else None
+        optimizer_state = {**optimizer_state, "state": {f"module.{k}": v for k, v in optimizer_state["state"].items()},
+                           "param_groups": [{**g, "params": [f"module.{p}" for p in g["params"]]}
+                                            for g in optimizer_state["param_groups"]]}
+    if weights is not None:
+        set_model_state_dict(target, weights, options=StateDictOptions(full_state_dict=True, strict=False))
+    set_optimizer_state_dict(target, optimizer, optimizer_state, options=StateDictOptions(full_state_dict=True))
+
+
+def strip_root_prefix(state: dict) -> dict:
+    """A full optimizer state of a root unit with its parameter names as the bare model's."""
+    def bare(name: str) -> str:
+        return name.removeprefix("module.")
+    return {**state, "state": {bare(k): v for k, v in state["state"].items()},
+            "param_groups": [{**g, "params": [bare(p) for p in g["params"]]} for g in state["param_groups"]]}
+
+
+def move_optimizer_state(optimizer, device: torch.device | str) -> None:
+    """Optimizer offload: its state tensors to ``device``."""
+    for state in optimizer.state.values():
+        for key, value in state.items():
+            if isinstance(value, torch.Tensor) and key != "step":
+                state[key] = value.to(device, non_blocking=True)
