@@ -26,7 +26,7 @@ test: setup
 	$(BIN)/python -m pytest -q
 
 test-fast: setup
-	$(BIN)/python -m pytest -q -m 'not slow'
+	$(BIN)/python -m pytest -q -m 'not slow and not ray'
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -3,6 +3,12 @@
 Everything a run needs is built here, in the order a failure is cheapest to report: the
 run directory, the tokenizer (a missing model path fails before any weights load), the
 datasets (every row must have a scorable data_source), the workers, the reward managers.
+
+One device (the default) runs everything in this process with ``LocalWorkerGroup``, where
+``breakpoint()`` works anywhere. More devices (``trainer.n_gpus_per_node x nnodes > 1``), or a
+Ray cluster (``ray_kwargs.ray_init.address``), run the same fit loop in a ``TaskRunner`` Ray
+actor (the single controller) driving a ``RayWorkerGroup`` of colocated actor-rollout-ref (and
+critic) workers, one process per device; the trainer cannot tell the groups apart.
 """
 
 from __future__ import annotations
@@ -19,11 +25,11 @@ from rlvr.models import load_tokenizer
 from rlvr.rewards import RewardManager
 from rlvr.rollout import ToolSetup
 from rlvr.rewards.registry import needs_ground_truth, reward_fn_name_for
-from rlvr.trainer import checkpoint
+from rlvr.trainer import StopTraining, checkpoint
 from rlvr.trainer.ppo_trainer import RLTrainer
 from rlvr.trainer.tracking import Tracking
 from rlvr.workers.critic import CriticWorker
-from rlvr.workers.hybrid import ActorRolloutRefWorker
+from rlvr.workers.hybrid import ActorRolloutRefWorker, resolve_device
 
 DEFAULT_ARITHMETIC = [Path("~/data/arithmetic/train.parquet"), Path("~/data/arithmetic/test.parquet")]
 
@@ -89,6 +95,52 @@ def total_steps(config: RLVRConfig, batches_per_epoch: int) -> int:
     return batches_per_epoch * config.trainer.total_epochs
 
 
+def uses_ray(config: RLVRConfig) -> bool:
+    return config.trainer.n_gpus_per_node * config.trainer.nnodes > 1 or config.ray_kwargs.ray_init.address is not None
+
+
+def critic_args(config: RLVRConfig, steps: int, pad_id: int) -> tuple:
+    return (config.critic, steps, pad_id, config.trainer.device, config.trainer.seed,
+            config.actor_rollout_ref.actor.loss_agg_mode)
+
+
+def local_worker_groups(config: RLVRConfig, steps: int, tokenizer, tool_setup, run_dir: Path):
+    """The workers in this process (one device)."""
+    worker = ActorRolloutRefWorker(config, steps, tokenizer, tool_setup)
+    worker.init_model()
+    critic_wg = None
+    if config.algorithm.adv_estimator == "gae":  # PPO: the only estimator that needs learned values
+        critic = CriticWorker(*critic_args(config, steps, tokenizer.pad_token_id))
+        critic.init_model()
+        critic_wg = LocalWorkerGroup(critic)
+    return LocalWorkerGroup(worker), critic_wg
+
+
+def ray_worker_groups(config: RLVRConfig, steps: int, tokenizer, tool_setup, run_dir: Path):
+    """One Ray actor per device holding actor-rollout-ref (and the critic): ranks of one group."""
+    import ray
+
+    from rlvr.distributed.ray_workers import (RayClassWithInitArgs, RayWorkerGroup, ResourcePoolManager, Role,
+                                              create_colocated_worker_cls)
+
+    trainer = config.trainer
+    use_gpu = trainer.device == "cuda" or (trainer.device == "auto" and ray.cluster_resources().get("GPU", 0) > 0)
+    manager = ResourcePoolManager({"global_pool": [trainer.n_gpus_per_node] * trainer.nnodes},
+                                  {Role.ActorRollout: "global_pool", Role.Critic: "global_pool"}, use_gpu)
+    manager.create_resource_pools()
+    # the workers load the tokenizer and tools themselves: those objects stay in this process
+    classes = {Role.ActorRollout.value: RayClassWithInitArgs(ActorRolloutRefWorker, config, steps)}
+    if config.algorithm.adv_estimator == "gae":
+        classes[Role.Critic.value] = RayClassWithInitArgs(CriticWorker, *critic_args(config, steps,
+                                                                                     tokenizer.pad_token_id))
+    group = RayWorkerGroup(manager.get_resource_pool(Role.ActorRollout), create_colocated_worker_cls(classes),
+                           run_dir, local_cluster=config.ray_kwargs.ray_init.address is None)
+    groups = group.spawn(classes)
+    for wg in groups.values():
+        wg.init_model()
+    return groups[Role.ActorRollout.value], groups.get(Role.Critic.value)
+
+
 def build_trainer(config: RLVRConfig, progress_bar: bool = True) -> RLTrainer:
     ensure_default_data(config)
     run_dir = Path(config.trainer.default_local_dir).expanduser()
@@ -110,26 +162,20 @@ def build_trainer(config: RLVRConfig, progress_bar: bool = True) -> RLTrainer:
         raise ConfigError(f"data.train_batch_size (or gen_batch_size) = {per_batch} is larger than the training set "
                           f"({len(train)} rows after filtering); lower it or add rows")
     steps = total_steps(config, batches)
-    worker = ActorRolloutRefWorker(config, steps, tokenizer, tool_setup)
-    worker.init_model()
-    critic_wg = None
-    if config.algorithm.adv_estimator == "gae":  # PPO: the only estimator that needs learned values
-        critic = CriticWorker(config.critic, steps, tokenizer.pad_token_id, config.trainer.device, config.trainer.seed,
-                              config.actor_rollout_ref.actor.loss_agg_mode)
-        critic.init_model()
-        critic_wg = LocalWorkerGroup(critic)
+    actor_wg, critic_wg = (ray_worker_groups if uses_ray(config) else local_worker_groups)(
+        config, steps, tokenizer, tool_setup, run_dir)
     reward_fn = RewardManager(tokenizer, config.reward, config.data.reward_fn_key, config.data.max_response_length)
     val_reward_fn = RewardManager(tokenizer, validation_reward_config(config.reward), config.data.reward_fn_key)
     reward_model = None
     if config.reward.reward_model.enable:
         from rlvr.rewards.reward_model import RewardModel
 
-        reward_model = RewardModel(config.reward.reward_model, tokenizer, str(worker.device))
+        reward_model = RewardModel(config.reward.reward_model, tokenizer, str(resolve_device(config.trainer.device)))
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(to_yaml(config))
     tracker = Tracking(config.trainer.logger, run_dir, progress_bar, config.trainer.project_name,
                        config.trainer.experiment_name, dataclasses.asdict(config))
-    trainer = RLTrainer(config, LocalWorkerGroup(worker), tokenizer, train, val, reward_fn,
+    trainer = RLTrainer(config, actor_wg, tokenizer, train, val, reward_fn,
                         val_reward_fn if val is not None else None, steps, tracker, critic_wg, reward_model)
     resume_from = checkpoint.resolve_resume(config)
     if resume_from is not None:
@@ -138,18 +184,59 @@ def build_trainer(config: RLVRConfig, progress_bar: bool = True) -> RLTrainer:
     return trainer
 
 
-def run_training(config: RLVRConfig) -> dict[str, float]:
+def fit(config: RLVRConfig, progress_bar: bool = True) -> dict[str, float]:
+    """Build the trainer and run it to the end (in this process, or in the TaskRunner actor)."""
     run_dir = Path(config.trainer.default_local_dir).expanduser().resolve()
-    print(f"[rlvr] run directory: {run_dir}", flush=True)
-    trainer = build_trainer(config)
+    trainer = build_trainer(config, progress_bar)
     if trainer.global_step >= trainer.total_training_steps:
         print(f"[rlvr] this run is already complete ({trainer.global_step} steps); set trainer.resume_mode=disable "
               "or another trainer.experiment_name to train again", flush=True)
     try:
         return trainer.fit()
+    except StopTraining as err:
+        if uses_ray(config):  # a worker failed: say where to resume from
+            last = checkpoint.latest_checkpoint(checkpoint.checkpoint_root(config))
+            raise type(err)(f"{err}\nlast checkpoint: {last or 'none yet'}; run the same command again to resume "
+                            "from it") from None
+        raise
     finally:
         trainer.tracker.close()
         trainer.reward_fn.close()
         if trainer.val_reward_fn is not None:
             trainer.val_reward_fn.close()
         print(f"[rlvr] run directory: {run_dir} (config.yaml, metrics.jsonl)", flush=True)
+
+
+class TaskRunner:
+    """The single controller as a Ray actor: runs ``fit`` next to the worker group it drives."""
+
+    def run(self, config: RLVRConfig) -> dict[str, float]:
+        return fit(config, progress_bar=False)
+
+
+def fit_on_ray(config: RLVRConfig) -> dict[str, float]:
+    import ray
+
+    from rlvr.distributed.ray_workers import init_ray
+
+    run_dir = Path(config.trainer.default_local_dir).expanduser().resolve()
+    ray_init = config.ray_kwargs.ray_init
+    started = init_ray(ray_init.address, ray_init.num_cpus, run_dir)
+    print(f"[rlvr] Ray: {config.trainer.n_gpus_per_node * config.trainer.nnodes} workers; Ray's logs: "
+          f"{run_dir / 'ray' if ray_init.address is None else 'on the cluster'}", flush=True)
+    try:
+        runner = ray.remote(num_cpus=0)(TaskRunner).remote()
+        return ray.get(runner.run.remote(config))
+    except ray.exceptions.RayTaskError as err:
+        if isinstance(err.cause, Exception):
+            raise err.cause from None
+        raise
+    finally:
+        if started:
+            ray.shutdown()
+
+
+def run_training(config: RLVRConfig) -> dict[str, float]:
+    run_dir = Path(config.trainer.default_local_dir).expanduser().resolve()
+    print(f"[rlvr] run directory: {run_dir}", flush=True)
+    return fit_on_ray(config) if uses_ray(config) else fit(config)

@@ -4,6 +4,10 @@ The value model is the policy architecture with a one-output token-classificatio
 (``AutoModelForTokenClassification``, ``num_labels=1``, as verl builds it; the head starts
 untrained). The value of response token t is read at the position that predicts it (the
 state before the token), through the same prompt-once/plain forward as the actor.
+
+On several data-parallel ranks the critic is replicated (it is not sharded): each rank takes
+its share of every mini-batch, as the actor does, and the ranks' gradients (shares of the
+global loss) are summed before the optimizer step, so each replica takes the same step.
 """
 
 from __future__ import annotations
@@ -20,8 +24,9 @@ from rlvr.config.schema import CriticConfig
 from rlvr.models.loader import DTYPES, ModelLoadError, model_folder
 from rlvr.distributed.dispatch import Dispatch, register
 from rlvr.protocol import DataProto
-from rlvr.workers.actor import (FORWARD_KEYS, build_optimizer, clip_and_step, micro_batches, packing_units,
-                                shuffled_mini_batches)
+from rlvr.distributed.worker import Worker
+from rlvr.workers.actor import (FORWARD_KEYS, build_optimizer, clip_and_step, group_units, micro_batches,
+                                packing_units, shuffled_mini_batches)
 from rlvr.workers.forward import response_states, scatter_responses
 from rlvr.workers.hybrid import resolve_device
 
@@ -52,11 +57,12 @@ def value_loss(vpreds, values, returns, response_mask, cliprange_value: float, l
     return loss, masked_mean(torch.gt(losses2, losses1).float(), response_mask)
 
 
-class CriticWorker:
+class CriticWorker(Worker):
     """compute_values / update_critic over one value model on one device."""
 
     def __init__(self, config: CriticConfig, total_training_steps: int, pad_id: int, device: str = "auto",
                  seed: int = 1, loss_agg_mode: str = "token-mean"):
+        super().__init__()
         self.config, self.total_training_steps = config, total_training_steps
         self.pad_id, self.device, self.seed = pad_id, resolve_device(device), seed
         self.loss_agg_mode = loss_agg_mode
@@ -70,6 +76,9 @@ class CriticWorker:
         if model_cfg.enable_gradient_checkpointing:
             self.model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
         self.optimizer, self.scheduler = build_optimizer(self.model, self.config.optim, self.total_training_steps)
+        if self.world_size > 1:
+            self.init_process_group(self.device)
+        self.dp = self.data_parallel()
 
     def _values(self, data: DataProto, rows: list[int]) -> torch.Tensor:
         idx = torch.tensor(rows)
@@ -94,7 +103,7 @@ class CriticWorker:
             values[torch.tensor(rows)] = self._values(data, rows).cpu()
         return DataProto.from_dict({"values": values * data.batch["response_mask"]})
 
-    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    @register(dispatch_mode=Dispatch.DP_MINI_BATCH_PROTO)
     def update_critic(self, data: DataProto) -> DataProto:
         data.require(*FORWARD_KEYS, "response_mask", "values", "returns", stage="update_critic")
         self.model.train()
@@ -113,7 +122,8 @@ class CriticWorker:
         totals = {"num_tokens": mask[torch.tensor(mini_rows)].sum().clamp(min=1), "num_seqs": count_seqs(mask[torch.tensor(mini_rows)])}
         self.optimizer.zero_grad(set_to_none=True)
         vf_loss_total, clipfrac, vpred_sum = 0.0, 0.0, 0.0
-        for rows in self._micro_batches(data, mini_rows):
+        mine = self.dp.share(group_units(data.non_tensor_batch.get("uid"), mini_rows))  # this rank's groups
+        for rows in self._micro_batches(data, mine):
             idx = torch.tensor(rows)
             vpreds = self._values(data, rows)
             loss, frac = value_loss(vpreds, data.batch["values"][idx].to(self.device),
@@ -124,6 +134,13 @@ class CriticWorker:
             vf_loss_total += float(loss.detach())
             clipfrac += float(frac) * share
             vpred_sum += float((vpreds.detach().cpu() * mask[idx]).sum())
+        if self.dp.world_size > 1:  # replicas: sum the ranks' shares of the gradient
+            for param in self.model.parameters():
+                if param.requires_grad:
+                    if param.grad is None:
+                        param.grad = torch.zeros_like(param)
+                    self.dp.sum_(param.grad)
+            vf_loss_total, clipfrac, vpred_sum = self.dp.sum([vf_loss_total, clipfrac, vpred_sum])
         grad_norm, _ = clip_and_step(self.model, self.optimizer, self.config.grad_clip)
         metrics["critic/vf_loss"].append(vf_loss_total)
         metrics["critic/vf_clipfrac"].append(clipfrac)
@@ -133,9 +150,11 @@ class CriticWorker:
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def save_checkpoint(self, folder) -> None:
         folder = Path(folder)
-        self.model.save_pretrained(folder / "critic", safe_serialization=True)
-        torch.save({"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
-                    "updates": self.updates}, folder / "critic_state.pt")
+        if self.rank == 0:  # the replicas are equal
+            self.model.save_pretrained(folder / "critic", safe_serialization=True)
+            torch.save({"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
+                        "updates": self.updates}, folder / "critic_state.pt")
+        self.dp.barrier()
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def load_checkpoint(self, folder) -> None:

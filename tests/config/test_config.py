@@ -218,11 +218,13 @@ def test_hydra_style_overrides():
 def test_verl_keys_without_effect_get_a_notice_and_renamed_ones_the_rlvr_name(tmp_path, capsys):
     f = tmp_path / "verl.yaml"
     f.write_text("actor_rollout_ref:\n  model:\n    use_remove_padding: true\n  actor:\n    fsdp_config:\n"
-                 "      param_offload: false\n  rollout:\n    gpu_memory_utilization: 0.6\n"
+                 "      param_offload: false\n      wrap_policy: {min_num_params: 0}\n"
+                 "  rollout:\n    gpu_memory_utilization: 0.6\n"
                  "    tensor_model_parallel_size: 1\ntrainer:\n  critic_warmup: 0\n")
     cfg = load_config(f)
     err = capsys.readouterr().err
-    for key in ("use_remove_padding", "fsdp_config", "gpu_memory_utilization", "tensor_model_parallel_size",
+    assert "param_offload" not in err  # read: FSDP2 offload
+    for key in ("use_remove_padding", "fsdp_config.wrap_policy", "gpu_memory_utilization", "tensor_model_parallel_size",
                 "critic_warmup"):
         assert f"{key} (from file" in err and "has no effect in rlvr" in err, key
     assert "did you mean" not in err and cfg.algorithm.adv_estimator == "grpo"

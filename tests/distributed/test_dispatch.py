@@ -92,11 +92,47 @@ def test_every_worker_method_declares_its_dispatch_mode():
     from rlvr.workers.critic import CriticWorker
     from rlvr.workers.hybrid import ActorRolloutRefWorker
 
-    data_methods = {"generate_sequences", "compute_log_prob", "compute_ref_log_prob", "update_actor",
-                    "compute_values", "update_critic"}
+    data_methods = {"generate_sequences", "compute_log_prob", "compute_ref_log_prob", "compute_values"}
+    updates = {"update_actor", "update_critic"}  # the whole batch on every rank: the same shuffled mini-batches
     for cls in (ActorRolloutRefWorker, CriticWorker):
-        for name in ("init_model", "save_checkpoint", "load_checkpoint", *data_methods):
+        for name in ("init_model", "save_checkpoint", "load_checkpoint", *data_methods, *updates):
             if not hasattr(cls, name):
                 continue
             reg = getattr(getattr(cls, name), ATTR)
-            assert reg.dispatch_mode is (Dispatch.DP_COMPUTE_PROTO if name in data_methods else Dispatch.ONE_TO_ALL)
+            expected = Dispatch.DP_COMPUTE_PROTO if name in data_methods else \
+                Dispatch.DP_MINI_BATCH_PROTO if name in updates else Dispatch.ONE_TO_ALL
+            assert reg.dispatch_mode is expected, name
+
+
+def test_mini_batch_mode_gives_every_rank_everything_and_returns_rank_zeros_answer():
+    data = DataProto.from_dict({"x": torch.arange(4.0)}, {"uid": np.array(["a", "a", "b", "b"], dtype=object)})
+    calls = dispatch(Dispatch.DP_MINI_BATCH_PROTO, 2, (data,), {})
+    assert [len(args[0]) for args, _ in calls] == [4, 4]
+    assert collect(Dispatch.DP_MINI_BATCH_PROTO, ["rank0", "rank1"]) == "rank0"
+
+
+def test_validation_batches_are_padded_to_whole_groups_per_rank_and_trimmed_back():
+    from rlvr.distributed.dispatch import pad_groups
+    # 3 prompts (n=1) over 2 ranks: one copy of the last row makes 4; the answer loses it again
+    data = DataProto.from_dict({"x": torch.arange(3.0)}, {"uid": np.array(["a", "b", "c"], dtype=object)})
+    padded, pad = pad_groups(data, 2)
+    assert pad == 1 and padded.batch["x"].tolist() == [0, 1, 2, 2]
+    assert list(padded.non_tensor_batch["uid"]) == ["a", "b", "c", "c#pad0"]  # its own group
+    parts = [args[0] for args, _ in dispatch(Dispatch.DP_COMPUTE_PROTO, 2, (padded,), {})]
+    out = collect(Dispatch.DP_COMPUTE_PROTO, parts, pad_rows=pad)
+    assert out.batch["x"].tolist() == [0, 1, 2]
+    # groups of 2 rows: 3 groups over 2 ranks -> one whole group added
+    data = DataProto.from_dict({"x": torch.arange(6.0)}, {"uid": np.array(list("aabbcc"), dtype=object)})
+    padded, pad = pad_groups(data, 2)
+    assert pad == 2 and padded.batch["x"].tolist()[-2:] == [4, 5]
+    assert pad_groups(padded, 2)[1] == 0  # already even: untouched
+
+
+def test_data_parallel_share_is_contiguous_whole_groups():
+    from rlvr.distributed.worker import DataParallel
+    groups = [[0, 1], [2, 3], [4, 5], [6, 7]]
+    assert DataParallel(0, 2).share(groups) == [0, 1, 2, 3]
+    assert DataParallel(1, 2).share(groups) == [4, 5, 6, 7]
+    assert DataParallel(0, 1).share(groups) == list(range(8))
+    with pytest.raises(ValueError, match="3 groups cannot be split evenly over 2 ranks"):
+        DataParallel(0, 2).share(groups[:3])
