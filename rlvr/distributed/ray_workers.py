@@ -187,7 +187,9 @@ def create_colocated_worker_cls(class_dict: dict[str, RayClassWithInitArgs]) -> 
             return getattr(self.workers[role], method)(*args, **kwargs)
 
         def where(self) -> dict:
-            return {"rank": self.rank, "pid": os.getpid(), "node": ray.util.get_node_ip_address()}
+            node_id = ray.get_runtime_context().get_node_id()
+            node = next((n["NodeManagerAddress"] for n in ray.nodes() if n["NodeID"] == node_id), "?")
+            return {"rank": self.rank, "pid": os.getpid(), "node": node, "master": f"{self.master_addr}:{self.master_port}"}
 
     colocated = RayClassWithInitArgs(WorkerDict)
     colocated.roles = {role: cls for role, (cls, _, _) in roles.items()}

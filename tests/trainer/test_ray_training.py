@@ -1,0 +1,112 @@
+"""`rlvr train` on a local Ray cluster of 2 CPU workers (FSDP2, gloo on 127.0.0.1) equals the
+in-process run with the same global batch: the same metrics, step by step, and the same final
+weights. A worker killed mid-run stops the run with an error naming its rank and the last
+checkpoint; the same command then resumes and finishes.
+
+The Ray runs are `rlvr train` processes inside a network namespace whose only interface is
+the loopback (``tests/loopback_only.py``): Ray's gRPC servers listen on every interface."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from rlvr.config import to_yaml
+from rlvr.trainer.main import run_training
+
+sys.path.insert(0, str(Path(__file__).parents[1]))
+from loopback_only import loopback_only  # noqa: E402
+
+pytestmark = pytest.mark.ray
+pytest.importorskip("ray")
+
+VOLATILE = ("timing_s/", "timing_per_token_ms/", "perf/time_per_step", "perf/throughput", "time",
+            "training/rollout_probs_diff")
+RAY_2_CPU = ["trainer.device=cpu", "trainer.n_gpus_per_node=2", "actor_rollout_ref.actor.strategy=fsdp2"]
+STEPS = ["trainer.total_training_steps=3", "trainer.save_freq=3", "data.train_batch_size=4",
+         "actor_rollout_ref.actor.ppo_mini_batch_size=2", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=3",
+         "actor_rollout_ref.actor.use_kl_loss=true", "trainer.test_freq=3", "trainer.val_before_train=true"]
+
+
+def records(run_dir):
+    return [json.loads(line) for line in open(Path(run_dir) / "metrics.jsonl")]
+
+
+def final_weights(run_dir, step):
+    return load_file(Path(run_dir) / "checkpoints" / f"global_step_{step}" / "actor" / "model.safetensors")
+
+
+def assert_same_metrics(got, expected):
+    assert [r["step"] for r in got] == [r["step"] for r in expected]
+    for g, e in zip(got, expected):
+        keys = {k for k in e if not k.startswith(VOLATILE)}
+        assert keys == {k for k in g if not k.startswith(VOLATILE)}
+        for key in keys:
+            assert g[key] == pytest.approx(e[key], rel=1e-4, abs=2e-5), (g["step"], key)
+
+
+def assert_same_weights(got, expected):
+    for key in expected:  # Adam may turn a ~1e-9 gradient's rounding into a visible step on a few entries
+        diff = (got[key] - expected[key]).abs()
+        assert int((diff > 2e-5).sum()) <= 8 and float(diff.max()) < 1e-3, key
+
+
+@pytest.fixture
+def in_process_run(tiny_config, tmp_path):
+    run_dir = tmp_path / "local"
+    run_training(tiny_config(*STEPS, f"trainer.default_local_dir={run_dir}"))
+    return run_dir
+
+
+def train_command(config, tmp_path, name="config.yaml"):
+    config_file = tmp_path / name
+    config_file.write_text(to_yaml(config))
+    return loopback_only([sys.executable, "-m", "rlvr.cli", "train", "--config", str(config_file)])
+
+
+def test_two_ray_workers_equal_the_in_process_run(tiny_config, tmp_path, in_process_run):
+    ray_dir = tmp_path / "ray"
+    done = subprocess.run(train_command(tiny_config(*STEPS, *RAY_2_CPU, f"trainer.default_local_dir={ray_dir}"),
+                                        tmp_path), capture_output=True, text=True, timeout=400)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    got, expected = records(ray_dir), records(in_process_run)
+    assert_same_metrics(got, expected)
+    assert any(r.get("actor/grad_norm", 0) > 0 for r in got)  # it trained
+    assert_same_weights(final_weights(ray_dir, 3), final_weights(in_process_run, 3))
+    where = json.loads((ray_dir / "workers.json").read_text())
+    assert [w["rank"] for w in where] == [0, 1] and all(w["node"] == "127.0.0.1" for w in where)
+    assert (ray_dir / "ray").is_symlink() and any((ray_dir / "ray").rglob("*.log"))  # Ray's logs, reachable
+
+
+def test_a_killed_worker_stops_the_run_naming_its_rank_and_the_run_resumes(tiny_config, tmp_path):
+    run_dir = tmp_path / "run"
+    overrides = [*STEPS, *RAY_2_CPU, "trainer.total_training_steps=40", "trainer.save_freq=1", "trainer.test_freq=-1",
+                 f"trainer.default_local_dir={run_dir}"]
+    command = train_command(tiny_config(*overrides), tmp_path)
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.time() + 240
+    while not (run_dir / "checkpoints" / "global_step_2").exists():
+        assert proc.poll() is None and time.time() < deadline, "the run ended or stalled before step 2"
+        time.sleep(0.2)
+    rank1 = json.loads((run_dir / "workers.json").read_text())[1]
+    os.kill(rank1["pid"], signal.SIGKILL)
+    out = proc.communicate(timeout=120)[0]
+    assert proc.returncode == 2, out[-3000:]
+    assert "rank 1's worker process" in out and "died" in out, out[-3000:]
+    assert "last checkpoint: " in out and "global_step_" in out and "run the same command again" in out
+    assert "Traceback" not in out.split("rank 1's worker process")[-1]
+    saved = sorted(int(p.name.rsplit("_", 1)[1]) for p in (run_dir / "checkpoints").glob("global_step_*"))
+    assert 2 <= saved[-1] < 40
+    # the same command resumes from the last checkpoint and finishes
+    done = subprocess.run(command, capture_output=True, text=True, timeout=400)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert f"resumed from {run_dir / 'checkpoints' / f'global_step_{saved[-1]}'}" in done.stdout
+    steps = [r["step"] for r in records(run_dir)]
+    assert steps[-1] == 40 and sorted(set(steps) - {0}) == list(range(1, 41))  # 0: validation before training
