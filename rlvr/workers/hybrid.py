@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import resource
 from pathlib import Path
 
 import torch
@@ -188,6 +189,9 @@ class ActorRolloutRefWorker(Worker):
         data.meta_info.setdefault("temperature", self.config.actor_rollout_ref.rollout.temperature)
         computed_old = "old_log_probs" not in data.batch
         metrics = self.actor.update_policy(data)
+        metrics["perf/cpu_max_rss_gb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # this process
+        if self.device.type == "cuda":
+            metrics["perf/max_memory_allocated_gb"] = torch.cuda.max_memory_allocated(self.device) / 2**30
         out = DataProto.from_dict({"old_log_probs": data.batch["old_log_probs"]}) if computed_old else DataProto()
         out.meta_info["metrics"] = metrics
         return out
