@@ -16,7 +16,8 @@ from rlvr.trainer import TrainingInterrupted
 from rlvr.trainer.checkpoint import latest_checkpoint
 from rlvr.trainer.main import build_trainer
 
-VOLATILE = ("timing_s/", "timing_per_token_ms/", "perf/time_per_step", "perf/throughput", "time")
+VOLATILE = ("timing_s/", "timing_per_token_ms/", "perf/time_per_step", "perf/throughput", "time",
+            "perf/cpu_max_rss_gb", "perf/max_memory_allocated_gb")  # memory differs from process to process
 
 
 def stable(record):

@@ -28,11 +28,12 @@ pytestmark = pytest.mark.ray
 pytest.importorskip("ray")
 
 VOLATILE = ("timing_s/", "timing_per_token_ms/", "perf/time_per_step", "perf/throughput", "time",
-            "training/rollout_probs_diff")
+            "training/rollout_probs_diff", "perf/cpu_max_rss_gb", "perf/max_memory_allocated_gb")
 RAY_2_CPU = ["trainer.device=cpu", "trainer.n_gpus_per_node=2", "actor_rollout_ref.actor.strategy=fsdp2"]
 STEPS = ["trainer.total_training_steps=3", "trainer.save_freq=3", "data.train_batch_size=4",
          "actor_rollout_ref.actor.ppo_mini_batch_size=2", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=3",
-         "actor_rollout_ref.actor.use_kl_loss=true", "trainer.test_freq=3", "trainer.val_before_train=true"]
+         "actor_rollout_ref.actor.use_kl_loss=true", "trainer.test_freq=3", "trainer.val_before_train=true",
+         "data.val_batch_size=3"]  # 4 validation prompts: batches of 3 and 1, padded to whole ranks and trimmed
 
 
 def records(run_dir):
