@@ -253,12 +253,17 @@ class RolloutConfig:
     """Base seed of sampling (each step derives its own)."""
     val_kwargs: ValKwargs = field(default_factory=ValKwargs)
     multi_turn: MultiTurnConfig = field(default_factory=MultiTurnConfig)
+    n_gpus_per_node: int = 1
+    """Devices of the rollout's own pool when ``actor_rollout_ref.hybrid_engine=false`` (one
+    rollout worker each, on one node, beside the actor's ``trainer.n_gpus_per_node``)."""
 
 
 @dataclass
 class ActorRolloutRefConfig:
     hybrid_engine: bool = True
-    """Actor, reference and rollout share one device and one copy of the weights."""
+    """Actor, reference and rollout share each device and one copy of the weights. false: the
+    rollout runs in workers of its own (``rollout.n_gpus_per_node`` devices, on Ray) with their
+    own copy, which the actor's new weights replace after every update."""
     model: ModelConfig = field(default_factory=ModelConfig)
     actor: ActorConfig = field(default_factory=ActorConfig)
     ref: RefConfig = field(default_factory=RefConfig)

@@ -253,11 +253,6 @@ def _dapo(cfg: RLVRConfig) -> list[str]:
 # Settings of the schema whose implementation has not landed yet: (key, is it asked for, what to
 # use instead). Accepting them would train something other than what the user asked for.
 NOT_IMPLEMENTED = (
-    ("actor_rollout_ref.hybrid_engine", lambda c: not c.actor_rollout_ref.hybrid_engine,
-     "a rollout on devices of its own is not implemented yet; use actor_rollout_ref.hybrid_engine=true (actor, "
-     "reference and rollout share the device and one copy of the weights)"),
-    ("critic.model.lora_rank", lambda c: c.critic.model.lora_rank > 0,
-     "LoRA on the critic is not implemented yet; use critic.model.lora_rank=0 (the critic trains every weight)"),
     ("critic.model.tokenizer_path", lambda c: c.critic.model.tokenizer_path is not None,
      "the critic reads the policy's tokens; leave critic.model.tokenizer_path unset"),
 )
@@ -292,6 +287,21 @@ def _distributed(cfg: RLVRConfig) -> list[str]:
     elif offloads and trainer.device == "cpu":
         errors.append(f"actor_rollout_ref.{offloads[0]} moves GPU memory to the CPU; with trainer.device=cpu the "
                       "model is already there: set it to false")
+    if not arr.hybrid_engine:
+        rollout_world = arr.rollout.n_gpus_per_node
+        if rollout_world < 1:
+            errors.append(f"actor_rollout_ref.rollout.n_gpus_per_node = {rollout_world}: the rollout's own pool needs "
+                          "at least 1 device")
+        elif cfg.data.train_batch_size % rollout_world:
+            errors.append(f"data.train_batch_size = {cfg.data.train_batch_size} prompts cannot be split evenly over "
+                          f"the {rollout_world} rollout workers (actor_rollout_ref.rollout.n_gpus_per_node); make it a "
+                          f"multiple of {rollout_world}")
+        if arr.model.lora_rank > 0:
+            errors.append("actor_rollout_ref.hybrid_engine=false with LoRA is not implemented yet: the rollout workers "
+                          "load full weights; use hybrid_engine=true with lora_rank > 0")
+    elif arr.rollout.n_gpus_per_node != 1:
+        errors.append("actor_rollout_ref.rollout.n_gpus_per_node sizes the rollout's own pool, which exists only with "
+                      "actor_rollout_ref.hybrid_engine=false; with the hybrid engine the rollout uses the actor's devices")
     if trainer.nnodes > 1 and cfg.ray_kwargs.ray_init.address is None:
         errors.append(f"trainer.nnodes = {trainer.nnodes}: several nodes run on an existing Ray cluster; start one "
                       "(`ray start --head` on one node, `ray start --address=HEAD:6379` on the others) and set "

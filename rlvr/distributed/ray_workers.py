@@ -74,6 +74,7 @@ def init_ray(address: str | None, num_cpus: int | None, run_dir: Path) -> bool:
 class Role(enum.Enum):
     ActorRollout = "actor_rollout"
     Critic = "critic"
+    Rollout = "rollout"  # hybrid_engine=false: the rollout's own pool
 
 
 @dataclass
@@ -153,6 +154,9 @@ class ResourcePoolManager:
     def create_resource_pools(self) -> None:
         for name, process_on_nodes in self.resource_pool_spec.items():
             self.pools[name] = RayResourcePool(process_on_nodes, self.use_gpu, name=name)
+        if len(self.pools) > 1:  # together, too: each pool may fit alone and all of them not
+            RayResourcePool([sum(sum(p.process_on_nodes) for p in self.pools.values())], self.use_gpu,
+                            name="+".join(self.pools)).check_resources()
         for pool in self.pools.values():
             pool.check_resources()
 
@@ -257,6 +261,9 @@ class RayWorkerGroup:
                     value, pad = pad_groups(value, self.world_size)
                 padded.append(value)
             args = tuple(padded)
+        if reg.dispatch_mode in (Dispatch.ONE_TO_ALL, Dispatch.DP_MINI_BATCH_PROTO) and self.world_size > 1:
+            args = tuple(ray.put(a) for a in args)  # one copy in the object store for all ranks, not one each
+            kwargs = {k: ray.put(v) for k, v in kwargs.items()}
         per_rank = dispatch(reg.dispatch_mode, self.world_size, args, kwargs)
         ranks = [0] if reg.execute_mode is Execute.RANK_ZERO else list(range(self.world_size))
         refs = [self.workers[r].call.remote(self.role, method, *per_rank[r][0], **per_rank[r][1]) for r in ranks]

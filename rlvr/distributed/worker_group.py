@@ -15,7 +15,8 @@ from rlvr.distributed.dispatch import Dispatch, collect, dispatch, registration
 from rlvr.protocol import DataProto
 
 WORKER_METHODS = ("init_model", "generate_sequences", "compute_log_prob", "compute_ref_log_prob", "update_actor",
-                  "compute_values", "update_critic", "save_checkpoint", "load_checkpoint")
+                  "compute_values", "update_critic", "save_checkpoint", "load_checkpoint", "full_weights",
+                  "update_weights")
 
 
 class LocalWorkerGroup:

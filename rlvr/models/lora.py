@@ -21,14 +21,16 @@ import torch
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 
 
-def apply_lora(model, rank: int, alpha: float, target_modules):
+def apply_lora(model, rank: int, alpha: float, target_modules, task_type: str = "CAUSAL_LM",
+               modules_to_save: list[str] | None = None):
     """``model`` wrapped in a peft LoRA adapter (dropout 0, so the rollout and the update see
-    the same function); only the adapter's parameters require gradients."""
+    the same function); only the adapter's parameters (and ``modules_to_save``, trained whole,
+    such as a critic's fresh value head) require gradients."""
     from peft import LoraConfig, get_peft_model
 
     targets = target_modules if isinstance(target_modules, str) else list(target_modules)
     config = LoraConfig(r=rank, lora_alpha=alpha, target_modules=targets, lora_dropout=0.0, bias="none",
-                        task_type="CAUSAL_LM")
+                        task_type=task_type, modules_to_save=modules_to_save)
     with warnings.catch_warnings():  # peft asks transformers a deprecated question; nothing for the user to do
         warnings.filterwarnings("ignore", category=FutureWarning, message=".*is_gradient_checkpointing")
         return get_peft_model(model, config)

@@ -30,6 +30,7 @@ from rlvr.trainer.ppo_trainer import RLTrainer
 from rlvr.trainer.tracking import Tracking
 from rlvr.workers.critic import CriticWorker
 from rlvr.workers.hybrid import ActorRolloutRefWorker, resolve_device
+from rlvr.workers.rollout import RolloutWorker
 
 DEFAULT_ARITHMETIC = [Path("~/data/arithmetic/train.parquet"), Path("~/data/arithmetic/test.parquet")]
 
@@ -96,7 +97,9 @@ def total_steps(config: RLVRConfig, batches_per_epoch: int) -> int:
 
 
 def uses_ray(config: RLVRConfig) -> bool:
-    return config.trainer.n_gpus_per_node * config.trainer.nnodes > 1 or config.ray_kwargs.ray_init.address is not None
+    """More than one device, a rollout on devices of its own, or an existing cluster: Ray."""
+    return config.trainer.n_gpus_per_node * config.trainer.nnodes > 1 or config.ray_kwargs.ray_init.address is not None \
+        or not config.actor_rollout_ref.hybrid_engine
 
 
 def critic_args(config: RLVRConfig, steps: int, pad_id: int) -> tuple:
@@ -113,7 +116,7 @@ def local_worker_groups(config: RLVRConfig, steps: int, tokenizer, tool_setup, r
         critic = CriticWorker(*critic_args(config, steps, tokenizer.pad_token_id))
         critic.init_model()
         critic_wg = LocalWorkerGroup(critic)
-    return LocalWorkerGroup(worker), critic_wg
+    return LocalWorkerGroup(worker), critic_wg, None
 
 
 def ray_worker_groups(config: RLVRConfig, steps: int, tokenizer, tool_setup, run_dir: Path):
@@ -125,8 +128,12 @@ def ray_worker_groups(config: RLVRConfig, steps: int, tokenizer, tool_setup, run
 
     trainer = config.trainer
     use_gpu = trainer.device == "cuda" or (trainer.device == "auto" and ray.cluster_resources().get("GPU", 0) > 0)
-    manager = ResourcePoolManager({"global_pool": [trainer.n_gpus_per_node] * trainer.nnodes},
-                                  {Role.ActorRollout: "global_pool", Role.Critic: "global_pool"}, use_gpu)
+    pools = {"global_pool": [trainer.n_gpus_per_node] * trainer.nnodes}
+    hybrid = config.actor_rollout_ref.hybrid_engine
+    if not hybrid:  # the rollout on devices of its own
+        pools["rollout_pool"] = [config.actor_rollout_ref.rollout.n_gpus_per_node]
+    manager = ResourcePoolManager(pools, {Role.ActorRollout: "global_pool", Role.Critic: "global_pool",
+                                          Role.Rollout: "rollout_pool"}, use_gpu)
     manager.create_resource_pools()
     # the workers load the tokenizer and tools themselves: those objects stay in this process
     classes = {Role.ActorRollout.value: RayClassWithInitArgs(ActorRolloutRefWorker, config, steps)}
@@ -136,9 +143,13 @@ def ray_worker_groups(config: RLVRConfig, steps: int, tokenizer, tool_setup, run
     group = RayWorkerGroup(manager.get_resource_pool(Role.ActorRollout), create_colocated_worker_cls(classes),
                            run_dir, local_cluster=config.ray_kwargs.ray_init.address is None)
     groups = group.spawn(classes)
+    if not hybrid:
+        rollout_cls = create_colocated_worker_cls({Role.Rollout.value: RayClassWithInitArgs(RolloutWorker, config)})
+        groups.update(RayWorkerGroup(manager.get_resource_pool(Role.Rollout), rollout_cls, run_dir / "rollout_pool",
+                                     local_cluster=config.ray_kwargs.ray_init.address is None).spawn([Role.Rollout.value]))
     for wg in groups.values():
         wg.init_model()
-    return groups[Role.ActorRollout.value], groups.get(Role.Critic.value)
+    return groups[Role.ActorRollout.value], groups.get(Role.Critic.value), groups.get(Role.Rollout.value)
 
 
 def build_trainer(config: RLVRConfig, progress_bar: bool = True) -> RLTrainer:
@@ -162,7 +173,7 @@ def build_trainer(config: RLVRConfig, progress_bar: bool = True) -> RLTrainer:
         raise ConfigError(f"data.train_batch_size (or gen_batch_size) = {per_batch} is larger than the training set "
                           f"({len(train)} rows after filtering); lower it or add rows")
     steps = total_steps(config, batches)
-    actor_wg, critic_wg = (ray_worker_groups if uses_ray(config) else local_worker_groups)(
+    actor_wg, critic_wg, rollout_wg = (ray_worker_groups if uses_ray(config) else local_worker_groups)(
         config, steps, tokenizer, tool_setup, run_dir)
     reward_fn = RewardManager(tokenizer, config.reward, config.data.reward_fn_key, config.data.max_response_length)
     val_reward_fn = RewardManager(tokenizer, validation_reward_config(config.reward), config.data.reward_fn_key)
@@ -176,7 +187,8 @@ def build_trainer(config: RLVRConfig, progress_bar: bool = True) -> RLTrainer:
     tracker = Tracking(config.trainer.logger, run_dir, progress_bar, config.trainer.project_name,
                        config.trainer.experiment_name, dataclasses.asdict(config))
     trainer = RLTrainer(config, actor_wg, tokenizer, train, val, reward_fn,
-                        val_reward_fn if val is not None else None, steps, tracker, critic_wg, reward_model)
+                        val_reward_fn if val is not None else None, steps, tracker, critic_wg, reward_model,
+                        rollout_wg)
     resume_from = checkpoint.resolve_resume(config)
     if resume_from is not None:
         trainer.load_checkpoint(resume_from)

@@ -55,9 +55,10 @@ class RLTrainer:
 
     def __init__(self, config: RLVRConfig, worker_group, tokenizer, train_dataset, val_dataset, reward_fn,
                  val_reward_fn, total_training_steps: int, tracker: Tracking | None = None, critic_wg=None,
-                 reward_model=None):
+                 reward_model=None, rollout_wg=None):
         self.config = config
         self.wg = worker_group
+        self.rollout_wg = rollout_wg or worker_group  # rollout workers of their own (hybrid_engine=false), or the actor's
         self.critic_wg = critic_wg
         self.reward_model = reward_model
         self.tokenizer = tokenizer
@@ -188,10 +189,19 @@ class RLTrainer:
         self._saved_step = step
         return path
 
+    def sync_rollout_weights(self) -> None:
+        """Rollout workers of their own get the actor's new weights (the hybrid engine needs nothing:
+        it generates with the actor's own weights)."""
+        if self.rollout_wg is self.wg:
+            return
+        weights = self.wg.full_weights()
+        self.rollout_wg.update_weights(weights[0] if isinstance(weights, list) else weights)
+
     def load_checkpoint(self, path: Path) -> None:
         """Continue from ``path`` exactly where the saved run stopped."""
         state = checkpoint.load_trainer_state(path, self.config)
         self.wg.load_checkpoint(path)
+        self.sync_rollout_weights()
         if self.critic_wg is not None:
             self.critic_wg.load_checkpoint(path)
         self.loader.load_state_dict(state["sampler"])
@@ -237,6 +247,9 @@ class RLTrainer:
                     metrics.update(reduce_metrics(self.critic_wg.update_critic(batch).meta_info["metrics"]))
             with timer("update_actor", timings):
                 update = self.wg.update_actor(batch)
+            if self.rollout_wg is not self.wg:
+                with timer("sync_weights", timings):  # to the rollout workers of their own
+                    self.sync_rollout_weights()
             metrics.update(reduce_metrics(update.meta_info["metrics"]))
             if not self.separate_old_log_prob:  # taken from the update's own forward
                 batch = batch.union(update)
@@ -261,7 +274,7 @@ class RLTrainer:
         gen_batch = generation_batch(batch).repeat(n, interleave=True)
         gen_batch.meta_info["seed"] = self._seed("train", gen_index)
         with timer("gen", timings):
-            gen_out = self.wg.generate_sequences(gen_batch)
+            gen_out = self.rollout_wg.generate_sequences(gen_batch)
         batch = batch.repeat(n, interleave=True).union(gen_out)
         batch.meta_info["temperature"] = cfg.actor_rollout_ref.rollout.temperature
         if cfg.algorithm.adv_estimator == "remax":
@@ -352,7 +365,7 @@ class RLTrainer:
         rows = np.arange(0, len(gen_batch), self.config.actor_rollout_ref.rollout.n)  # one row per prompt
         greedy = gen_batch.select_idxs(rows)
         greedy.meta_info.update(do_sample=False, seed=self._seed("greedy", gen_index))
-        out = self.wg.generate_sequences(greedy)
+        out = self.rollout_wg.generate_sequences(greedy)
         scored = DataProto(batch=dict(out.batch), non_tensor_batch={
             key: batch.non_tensor_batch[key][rows]
             for key in (self.config.data.reward_fn_key, "reward_model", "extra_info") if key in batch.non_tensor_batch})
@@ -395,5 +408,5 @@ class RLTrainer:
         return self._validation_pass(n=val.n, sampling=sampling)
 
     def _validation_pass(self, n: int, sampling: dict[str, Any]) -> dict[str, float]:
-        return evaluate(self.wg.generate_sequences, self.val_reward_fn, self.val_dataset, self.tokenizer, n, sampling,
+        return evaluate(self.rollout_wg.generate_sequences, self.val_reward_fn, self.val_dataset, self.tokenizer, n, sampling,
                         self.config.data.val_batch_size, self._seed("val"), self.config.data.reward_fn_key)

@@ -25,6 +25,7 @@ from rlvr.models.loader import DTYPES, ModelLoadError, model_folder
 from rlvr.distributed.dispatch import Dispatch, register
 from rlvr.protocol import DataProto
 from rlvr.distributed.worker import Worker
+from rlvr.models.lora import apply_lora, load_adapter, save_adapter
 from rlvr.workers.actor import (FORWARD_KEYS, build_optimizer, clip_and_step, group_units, micro_batches,
                                 packing_units, shuffled_mini_batches)
 from rlvr.workers.forward import response_states, scatter_responses
@@ -75,10 +76,17 @@ class CriticWorker(Worker):
         self.model = load_value_model(model_cfg.path, self.device, model_cfg.trust_remote_code, model_cfg.override_config)
         if model_cfg.enable_gradient_checkpointing:
             self.model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        if self.lora:  # the backbone gets an adapter; the value head starts untrained, so it trains whole
+            self.model = apply_lora(self.model, model_cfg.lora_rank, model_cfg.lora_alpha, model_cfg.target_modules,
+                                    task_type="TOKEN_CLS", modules_to_save=["score"])
         self.optimizer, self.scheduler = build_optimizer(self.model, self.config.optim, self.total_training_steps)
         if self.world_size > 1:
             self.init_process_group(self.device)
         self.dp = self.data_parallel()
+
+    @property
+    def lora(self) -> bool:
+        return self.config.model.lora_rank > 0
 
     def _values(self, data: DataProto, rows: list[int]) -> torch.Tensor:
         idx = torch.tensor(rows)
@@ -151,7 +159,8 @@ class CriticWorker(Worker):
     def save_checkpoint(self, folder) -> None:
         folder = Path(folder)
         if self.rank == 0:  # the replicas are equal
-            self.model.save_pretrained(folder / "critic", safe_serialization=True)
+            (save_adapter if self.lora else lambda m, f: m.save_pretrained(f, safe_serialization=True))(
+                self.model, folder / "critic")
             torch.save({"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
                         "updates": self.updates}, folder / "critic_state.pt")
         self.dp.barrier()
@@ -159,7 +168,10 @@ class CriticWorker(Worker):
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def load_checkpoint(self, folder) -> None:
         folder = Path(folder)
-        self.model.load_state_dict(load_value_model(str(folder / "critic"), torch.device("cpu")).state_dict())
+        if self.lora:
+            load_adapter(self.model, folder / "critic")
+        else:
+            self.model.load_state_dict(load_value_model(str(folder / "critic"), torch.device("cpu")).state_dict())
         state = torch.load(folder / "critic_state.pt", weights_only=False)
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])

@@ -97,8 +97,9 @@ class ActorRolloutRefWorker(Worker):
         if ref_model is not None:
             self.ref = Actor(ref_model, arr.actor, self.config.algorithm, pad_id=pad_id, max_response_length=max_len,
                              root=ref_root, dp=dp)
-        engine_model = self.full_model if self.sharded else unwrap(model)
-        self.rollout = build_rollout(engine_model, self.tokenizer, arr.rollout, max_len, self.tool_setup)
+        if arr.hybrid_engine:  # else the rollout lives in RolloutWorkers of its own (workers/rollout.py)
+            engine_model = self.full_model if self.sharded else unwrap(model)
+            self.rollout = build_rollout(engine_model, self.tokenizer, arr.rollout, max_len, self.tool_setup)
 
     def _shard(self, model, fsdp_config):
         mp = getattr(fsdp_config, "mixed_precision", None)
@@ -152,8 +153,22 @@ class ActorRolloutRefWorker(Worker):
             self.trainer_mode()
 
     # ------------------------------------------------------------------ worker methods
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def full_weights(self) -> dict[str, torch.Tensor] | None:
+        """The policy's full weights on the CPU, for rollout workers of their own (rank 0 answers;
+        sharded, every rank takes part in gathering them)."""
+        if self.sharded:
+            fsdp.copy_full_weights(self.model, self.full_model)
+            model = self.full_model
+        else:
+            model = self.model
+        return {k: v.detach().cpu() for k, v in model.state_dict().items()} if self.rank == 0 else None
+
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def generate_sequences(self, prompts: DataProto) -> DataProto:
+        if self.rollout is None:
+            raise RuntimeError("this worker has no rollout engine (hybrid_engine=false): generate with the "
+                               "rollout worker group")
         # this rank's rows are a contiguous part of the batch: sample them as one process would
         prompts.meta_info.update(row_offset=self.rank * len(prompts), total_rows=self.world_size * len(prompts))
         with self._generating():

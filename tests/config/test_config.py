@@ -175,12 +175,15 @@ def test_reward_timeout_must_be_positive_or_null():
     assert load_config(overrides=["reward.timeout_s=null"]).reward.timeout_s is None
 
 
-@pytest.mark.parametrize("override, message", [
-    ("actor_rollout_ref.hybrid_engine=false", "hybrid_engine: a rollout on devices of its own is not implemented"),
-])
-def test_settings_not_implemented_yet_are_refused(override, message):
-    with pytest.raises(ConfigError, match=message):
-        load_config(overrides=[override])
+def test_a_rollout_of_its_own_checks_its_pool():
+    cfg = load_config(overrides=["actor_rollout_ref.hybrid_engine=false", "actor_rollout_ref.rollout.n_gpus_per_node=2"])
+    assert not cfg.actor_rollout_ref.hybrid_engine and cfg.actor_rollout_ref.rollout.n_gpus_per_node == 2
+    with pytest.raises(ConfigError, match="8 prompts cannot be split evenly over the 3 rollout workers"):
+        load_config(overrides=["actor_rollout_ref.hybrid_engine=false", "actor_rollout_ref.rollout.n_gpus_per_node=3"])
+    with pytest.raises(ConfigError, match="n_gpus_per_node sizes the rollout's own pool, which exists only with"):
+        load_config(overrides=["actor_rollout_ref.rollout.n_gpus_per_node=2"])
+    with pytest.raises(ConfigError, match="hybrid_engine=false with LoRA is not implemented yet"):
+        load_config(overrides=["actor_rollout_ref.hybrid_engine=false", "actor_rollout_ref.model.lora_rank=8"])
 
 
 def test_every_schema_key_is_read_outside_the_config_package_or_refused():

@@ -102,7 +102,31 @@ def test_lora_run_resumes_exactly(tiny_config, tmp_path, interrupt_and_resume):
     resumed = interrupt_and_resume(build_trainer(config, progress_bar=False), 3, "saved step 2")
     for (name, a), b in zip(resumed.wg.worker.model.named_parameters(), reference.wg.worker.model.parameters()):
         assert torch.equal(a, b), name
-    volatile = ("timing", "perf/time_per_step", "perf/throughput", "time")
+    volatile = ("timing", "perf/time_per_step", "perf/throughput", "time", "perf/cpu_max_rss_gb")
     records = [[{k: v for k, v in json.loads(line).items() if not k.startswith(volatile)}
                 for line in open(tmp_path / run / "metrics.jsonl")] for run in ("ref", "cut")]
     assert records[0] == records[1]
+
+
+CRITIC_LORA = ("algorithm.adv_estimator=gae", "critic.ppo_mini_batch_size=1", "critic.ppo_micro_batch_size_per_gpu=3",
+               "critic.model.lora_rank=4", "critic.model.lora_alpha=8", "critic.optim.lr=5e-2",
+               "trainer.val_before_train=false", "data.val_files=[]")
+
+
+def test_critic_with_lora_trains_its_adapter_and_its_value_head_only(tiny_config, tmp_path, interrupt_and_resume):
+    trainer = build_trainer(tiny_config(*CRITIC_LORA, f"trainer.default_local_dir={tmp_path / 'ref'}",
+                                        "trainer.total_training_steps=3"), progress_bar=False)
+    critic = trainer.critic_wg.worker.model
+    before = {n: p.detach().clone() for n, p in critic.named_parameters()}
+    trainer.fit()
+    trainer.tracker.close()
+    changed = {n for n, p in critic.named_parameters() if not torch.equal(p, before[n])}
+    trainable = {n for n, p in critic.named_parameters() if p.requires_grad}
+    assert changed == trainable  # everything trainable moved (lr 5e-2), nothing else did
+    assert any("lora_" in n for n in changed) and any("score" in n for n in changed)
+    assert not any("lora_" not in n and "score" not in n for n in changed)  # the backbone stays frozen
+    # a resumed run ends with the same critic
+    config = tiny_config(*CRITIC_LORA, f"trainer.default_local_dir={tmp_path / 'cut'}", "trainer.total_training_steps=3")
+    resumed = interrupt_and_resume(build_trainer(config, progress_bar=False), 3, "saved step 2")
+    for (name, a), b in zip(resumed.critic_wg.worker.model.named_parameters(), critic.parameters()):
+        assert torch.equal(a, b), name

@@ -1,0 +1,58 @@
+"""The rollout on devices of its own (``actor_rollout_ref.hybrid_engine=false``).
+
+``RolloutWorker`` holds a full copy of the policy and the rollout engine and nothing else: no
+optimizer, no reference. The trainer sends it the actor's full weights after every update
+(``update_weights``; the hybrid worker's ``full_weights`` gathers them from the shards), so
+it always samples from the policy the actor just became, as the hybrid engine does in place.
+Its ranks are a data-parallel group of their own: each samples its share of the prompt groups.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from rlvr.config.schema import RLVRConfig
+from rlvr.distributed.dispatch import Dispatch, register
+from rlvr.distributed.worker import Worker
+from rlvr.models.loader import load_model, load_tokenizer
+from rlvr.protocol import DataProto
+from rlvr.rollout import build_rollout
+from rlvr.workers.hybrid import resolve_device
+
+
+class RolloutWorker(Worker):
+    def __init__(self, config: RLVRConfig, tokenizer=None, tool_setup=None):
+        super().__init__()
+        self.config, self.tokenizer, self.tool_setup = config, tokenizer, tool_setup
+        self.device = resolve_device(config.trainer.device)
+        self.model = self.rollout = None
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def init_model(self) -> None:
+        model_cfg = self.config.actor_rollout_ref.model
+        if self.tokenizer is None:
+            self.tokenizer = load_tokenizer(model_cfg.tokenizer_path or model_cfg.path, model_cfg.trust_remote_code)
+        self.model = load_model(model_cfg.path, "float32", self.device, model_cfg.trust_remote_code,
+                                model_cfg.override_config).eval().requires_grad_(False)
+        self.rollout = build_rollout(self.model, self.tokenizer, self.config.actor_rollout_ref.rollout,
+                                     self.config.data.max_response_length, self.tool_setup)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    @torch.no_grad()
+    def update_weights(self, weights: dict[str, torch.Tensor]) -> None:
+        """Replace the copy's weights with the actor's (names as the Hugging Face model's)."""
+        missing, unexpected = self.model.load_state_dict(weights, strict=False)
+        tied = {name for name, _ in self.model.named_parameters(remove_duplicate=False)} - \
+            {name for name, _ in self.model.named_parameters()}
+        if unexpected or set(missing) - tied:
+            raise ValueError(f"the actor's weights do not fit the rollout's model: missing {sorted(missing)[:5]}, "
+                             f"unexpected {sorted(unexpected)[:5]}")
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def generate_sequences(self, prompts: DataProto) -> DataProto:
+        prompts.meta_info.update(row_offset=self.rank * len(prompts), total_rows=self.world_size * len(prompts))
+        self.rollout.sync_weights()  # the engine's bf16 / lean copies follow the new weights
+        try:
+            return self.rollout.generate_sequences(prompts)
+        finally:
+            self.rollout.free_cache()
