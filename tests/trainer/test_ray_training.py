@@ -128,3 +128,20 @@ def test_a_rollout_on_workers_of_its_own_equals_the_hybrid_engine(tiny_config, t
     actor = json.loads((run_dir / "workers.json").read_text())
     rollout = json.loads((run_dir / "rollout_pool" / "workers.json").read_text())
     assert {w["pid"] for w in actor}.isdisjoint({w["pid"] for w in rollout})  # processes of their own
+
+
+def test_ppo_with_a_critic_colocated_on_two_ray_workers_equals_the_in_process_run(tiny_config, tmp_path):
+    """GAE: actor-rollout-ref and the (replicated) critic share each worker's process."""
+    gae = ["algorithm.adv_estimator=gae", "critic.ppo_mini_batch_size=2", "critic.ppo_micro_batch_size_per_gpu=3",
+           "critic.optim.lr=1e-3"]
+    local_dir, ray_dir = tmp_path / "local", tmp_path / "ray"
+    run_training(tiny_config(*STEPS, *gae, f"trainer.default_local_dir={local_dir}"))
+    done = subprocess.run(train_command(tiny_config(*STEPS, *gae, *RAY_2_CPU, f"trainer.default_local_dir={ray_dir}"),
+                                        tmp_path), capture_output=True, text=True, timeout=400)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    got = records(ray_dir)
+    assert_same_metrics(got, records(local_dir))
+    assert any(r.get("critic/grad_norm", 0) > 0 for r in got)
+    critic = [load_file(d / "checkpoints" / "global_step_3" / "critic" / "model.safetensors") for d in (ray_dir, local_dir)]
+    assert_same_weights(*critic)
+    assert_same_weights(final_weights(ray_dir, 3), final_weights(local_dir, 3))
