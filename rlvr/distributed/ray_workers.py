@@ -101,10 +101,13 @@ class RayResourcePool:
         have_gpu, have_cpu = int(total.get("GPU", 0)), int(total.get("CPU", 0))
         per_node_gpus = sorted((int(n["Resources"].get("GPU", 0)) for n in ray.nodes() if n.get("Alive")),
                                reverse=True)
+        # the pool's nodes, largest first, must each fit on a different node of the cluster
+        wanted = sorted(self.process_on_nodes, reverse=True)
+        nodes_fit = len(per_node_gpus) >= len(wanted) and all(n <= have for n, have in zip(wanted, per_node_gpus))
         problems = []
         if need_gpu > have_gpu:
             problems.append(f"{need_gpu} GPUs (the cluster has {have_gpu})")
-        elif self.use_gpu and any(n > have for n, have in zip(self.process_on_nodes, per_node_gpus + [0] * 99)):
+        elif self.use_gpu and not nodes_fit:
             problems.append(f"{max(self.process_on_nodes)} GPUs on each of {len(self.process_on_nodes)} nodes "
                             f"(its nodes have {per_node_gpus})")
         if need_cpu > have_cpu:

@@ -85,9 +85,9 @@ class ActorRolloutRefWorker(Worker):
         if self.sharded:
             self.init_process_group(self.device)
             self.full_model = copy.deepcopy(model).requires_grad_(False)
-            root, ref_root = self._shard(model, arr.actor.fsdp_config), None
+            root = self._shard(model, arr.actor.fsdp_config.reshard_after_forward)
             if ref_model is not None:
-                ref_root = self._shard(ref_model, arr.ref.fsdp_config)
+                ref_root = self._shard(ref_model, arr.ref.fsdp_config.reshard_after_forward)
         optimizer, scheduler = build_optimizer(model, arr.actor.optim, self.total_training_steps)
         pad_id = self.tokenizer.pad_token_id
         max_len = self.config.data.max_response_length
@@ -101,10 +101,10 @@ class ActorRolloutRefWorker(Worker):
             engine_model = self.full_model if self.sharded else unwrap(model)
             self.rollout = build_rollout(engine_model, self.tokenizer, arr.rollout, max_len, self.tool_setup)
 
-    def _shard(self, model, fsdp_config):
-        mp = getattr(fsdp_config, "mixed_precision", None)
-        return fsdp.shard(model, self.device, self.world_size, fsdp_config.reshard_after_forward,
-                          mp.param_dtype if mp else "float32", mp.reduce_dtype if mp else "float32")
+    def _shard(self, model, reshard_after_forward: bool):
+        """FSDP2 over this group's ranks; the reference computes in the actor's precision."""
+        mp = self.config.actor_rollout_ref.actor.fsdp_config.mixed_precision
+        return fsdp.shard(model, self.device, self.world_size, reshard_after_forward, mp.param_dtype, mp.reduce_dtype)
 
     @property
     def lora(self) -> bool:

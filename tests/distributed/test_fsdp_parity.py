@@ -92,6 +92,14 @@ def test_two_fsdp2_ranks_equal_one_process(tiny_model_dir, tmp_path, share_promp
     assert len(two[0]["metrics"]) == 2 and two[0]["metrics"][0]["actor/grad_norm"] > 0
 
 
+def test_one_fsdp2_rank_in_process_equals_the_local_strategy(tiny_model_dir, tmp_path):
+    """strategy=fsdp2 on one device: a process group of one (the sharded code path, for debugging
+    and for one GPU) trains exactly as strategy=local."""
+    local = run_ranks(tmp_path, "local", 1, base_overrides(tiny_model_dir, 1, "local"), steps=2)
+    sharded = run_ranks(tmp_path, "sharded", 1, base_overrides(tiny_model_dir, 1, "fsdp2"), steps=2)
+    assert_same_run(sharded, local)
+
+
 def test_two_rank_checkpoint_resumes_in_one_process(tiny_model_dir, tmp_path):
     one_rank = base_overrides(tiny_model_dir, 1, "local")
     straight = run_ranks(tmp_path, "straight", 1, one_rank, steps=3)

@@ -145,3 +145,15 @@ def test_ppo_with_a_critic_colocated_on_two_ray_workers_equals_the_in_process_ru
     critic = [load_file(d / "checkpoints" / "global_step_3" / "critic" / "model.safetensors") for d in (ray_dir, local_dir)]
     assert_same_weights(*critic)
     assert_same_weights(final_weights(ray_dir, 3), final_weights(local_dir, 3))
+
+
+def test_asking_for_more_than_the_cluster_has_fails_at_once_with_the_numbers(tiny_config, tmp_path):
+    """4 CPU workers on a Ray of 2 CPUs: a clear error before any placement group waits."""
+    config = tiny_config("trainer.device=cpu", "trainer.n_gpus_per_node=4", "actor_rollout_ref.actor.strategy=fsdp2",
+                         "data.train_batch_size=4", "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+                         "ray_kwargs.ray_init.num_cpus=2", f"trainer.default_local_dir={tmp_path / 'run'}")
+    started = time.time()
+    done = subprocess.run(train_command(config, tmp_path), capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "resource pool 'global_pool' needs 4 CPUs (the cluster has 2) for 4 workers" in done.stderr
+    assert "Traceback" not in done.stderr and time.time() - started < 120
