@@ -258,12 +258,13 @@ class Actor:
         step = defaultdict(float)
         mine = self.dp.share(group_units(data.non_tensor_batch.get("uid"), mini_rows))  # this rank's groups
         micros, tokens = self._micro_batches(data, mine, self.config.ppo_micro_batch_size_per_gpu)
+        padding = self.dp.max(len(micros)) - len(micros)  # agreed before any pass: collectives must pair up
         for rows in micros:
             share = float(mask[torch.tensor(rows)].sum()) / float(totals["num_tokens"])  # token share of the mini-batch
             for key, value in self._micro_loss(data, rows, temperature, totals, on_policy).items():
                 # losses are shares of the mini-batch loss (they add up); rates and means weigh by tokens
                 step[key] += value if key in SUMMED_METRICS else value * share
-        for _ in range(self.dp.max(len(micros)) - len(micros)):  # keep the ranks' collectives in step
+        for _ in range(padding):  # zero-weight passes keep the ranks' collectives in step
             self._micro_loss(data, micros[0], temperature, totals, on_policy=False, weight=0.0)
         keys = sorted(step)
         step = dict(zip(keys, self.dp.sum([step[k] for k in keys])))  # the ranks' shares add up

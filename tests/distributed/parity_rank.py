@@ -64,6 +64,7 @@ def main(spec_path: str, out_dir: str) -> None:
         prompts = prompt_batch(worker.tokenizer, step, config.data.train_batch_size, n)
         (mine,), _ = dispatch(Dispatch.DP_COMPUTE_PROTO, world, (prompts,), {})[rank]
         batch = gather(worker.generate_sequences(mine))
+        batch.non_tensor_batch["uid"] = prompts.non_tensor_batch["uid"]  # as the trainer unions them back
         (mine,), _ = dispatch(Dispatch.DP_COMPUTE_PROTO, world, (batch,), {})[rank]
         batch = batch.union(gather(worker.compute_log_prob(mine)))
         if config.actor_rollout_ref.actor.use_kl_loss:
