@@ -74,8 +74,7 @@ def split_by_groups(data: DataProto, world_size: int) -> list[DataProto]:
     if world_size == 1:
         return [data]
     uids = data.non_tensor_batch.get("uid")
-    starts = [0] if uids is None else [i for i in range(len(data)) if i == 0 or uids[i] != uids[i - 1]]
-    units = len(starts) if uids is not None else len(data)
+    units = len(_runs(uids)) if uids is not None else len(data)
     if uids is not None and len(set(uids)) != units:
         raise DispatchError("rows of a uid group must be contiguous (repeat with interleave=True) to be split by rank")
     if units % world_size or len(data) % world_size:
@@ -101,7 +100,7 @@ def pad_groups(data: DataProto, world_size: int) -> tuple[DataProto, int]:
     if len(set(sizes)) != 1:
         raise DispatchError(f"{len(sizes)} groups of unequal sizes cannot be padded to a multiple of {world_size}")
     rows = missing * sizes[0]
-    extra = DataProto.concat([data.slice(len(data) - sizes[0], len(data))] * missing) if rows else None
+    extra = DataProto.concat([data.slice(len(data) - sizes[0], len(data))] * missing)
     if uids is not None:
         extra.non_tensor_batch["uid"] = np.array([f"{u}#pad{i // sizes[0]}" for i, u in
                                                   enumerate(extra.non_tensor_batch["uid"])], dtype=object)
@@ -109,6 +108,7 @@ def pad_groups(data: DataProto, world_size: int) -> tuple[DataProto, int]:
 
 
 def _runs(uids) -> list[list[int]]:
+    """Row indices of each run of equal consecutive uids."""
     runs: list[list[int]] = []
     for i, uid in enumerate(uids):
         if i and uid == uids[i - 1]:

@@ -29,7 +29,6 @@ import resource
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 
 from rlvr.config.schema import RLVRConfig
 from rlvr.models.loader import load_model, load_tokenizer

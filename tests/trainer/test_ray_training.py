@@ -15,7 +15,6 @@ import time
 from pathlib import Path
 
 import pytest
-import torch
 from safetensors.torch import load_file
 
 from rlvr.config import to_yaml

@@ -1,0 +1,81 @@
+"""Checks of the Ray worker group with small fake workers, run by ``test_ray_group.py`` inside a
+loopback-only network namespace (one Ray start for all of them). Exits non-zero on a failure."""
+
+import os
+import sys
+
+import numpy as np
+import ray
+import torch
+
+from rlvr.distributed.dispatch import Dispatch, register
+from rlvr.distributed.ray_workers import (RayClassWithInitArgs, RayResourcePool, RayWorkerGroup, ResourceError,
+                                          WorkerError, create_colocated_worker_cls, init_ray)
+from rlvr.distributed.worker import Worker
+from rlvr.protocol import DataProto
+
+
+class Doubler(Worker):
+    def __init__(self, factor):
+        super().__init__()
+        self.factor = factor
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def init_model(self):
+        return (self.rank, self.world_size, os.environ["MASTER_ADDR"], os.environ.get("GLOO_SOCKET_IFNAME"))
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def compute_log_prob(self, data):
+        out = DataProto.from_dict({"old_log_probs": data.batch["x"] * self.factor + self.rank})
+        return out
+
+    def fail(self):
+        raise ValueError(f"broken on purpose on rank {self.rank}")
+
+
+class Counter(Worker):
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def init_model(self):
+        return "critic ready"
+
+    def pid(self):
+        return os.getpid()
+
+
+def main(run_dir):
+    init_ray(None, 2, __import__("pathlib").Path(run_dir))
+    pool = RayResourcePool([2])
+    colocated = create_colocated_worker_cls({"actor": RayClassWithInitArgs(Doubler, 10),
+                                             "critic": RayClassWithInitArgs(Counter)})
+    group = RayWorkerGroup(pool, colocated, run_dir)
+    groups = group.spawn(["actor", "critic"])
+    actor, critic = groups["actor"], groups["critic"]
+    # ranks and the rendezvous address from the environment; every rank answers, in rank order
+    assert actor.init_model() == [(0, 2, "127.0.0.1", "lo"), (1, 2, "127.0.0.1", "lo")], actor.init_model()
+    assert critic.init_model() == ["critic ready", "critic ready"]
+    # colocated: the two roles share each rank's process
+    assert critic.execute_all("pid") == [w["pid"] for w in group.where]
+    assert critic.execute_rank_zero("pid") == group.where[0]["pid"]
+    # DP_COMPUTE_PROTO: whole groups per rank, concatenated in rank order; 3 prompts padded to 4, trimmed
+    data = DataProto.from_dict({"x": torch.arange(3.0)}, {"uid": np.array(["a", "b", "c"], dtype=object)})
+    out = actor.compute_log_prob(data)
+    assert out.batch["old_log_probs"].tolist() == [0.0, 10.0, 21.0], out.batch["old_log_probs"]  # row 2 on rank 1
+    # a failing rank stops the call with its rank and its error
+    try:
+        actor.execute_all("fail")
+        raise AssertionError("no error")
+    except WorkerError as err:
+        assert "rank 0 failed in fail: ValueError: broken on purpose on rank 0" in str(err) or \
+            "rank 1 failed in fail: ValueError: broken on purpose on rank 1" in str(err), err
+    # more GPUs than the cluster has: refused with the numbers before any placement group
+    try:
+        RayResourcePool([2], use_gpu=True).get_placement_groups()
+        raise AssertionError("no error")
+    except ResourceError as err:
+        assert "needs 2 GPUs (the cluster has 0)" in str(err), err
+    ray.shutdown()
+    print("ALL CHECKS PASSED")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
