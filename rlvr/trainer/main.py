@@ -25,7 +25,7 @@ from rlvr.models import load_tokenizer
 from rlvr.rewards import RewardManager
 from rlvr.rollout import ToolSetup
 from rlvr.rewards.registry import needs_ground_truth, reward_fn_name_for
-from rlvr.trainer import StopTraining, checkpoint
+from rlvr.trainer import StopTraining, TrainingInterrupted, checkpoint
 from rlvr.trainer.ppo_trainer import RLTrainer
 from rlvr.trainer.tracking import Tracking
 from rlvr.workers.critic import CriticWorker
@@ -196,10 +196,12 @@ def build_trainer(config: RLVRConfig, progress_bar: bool = True) -> RLTrainer:
     return trainer
 
 
-def fit(config: RLVRConfig, progress_bar: bool = True) -> dict[str, float]:
+def fit(config: RLVRConfig, progress_bar: bool = True, stop_requested=None) -> dict[str, float]:
     """Build the trainer and run it to the end (in this process, or in the TaskRunner actor)."""
     run_dir = Path(config.trainer.default_local_dir).expanduser().resolve()
     trainer = build_trainer(config, progress_bar)
+    if stop_requested is not None:
+        trainer.stop_requested = stop_requested
     if trainer.global_step >= trainer.total_training_steps:
         print(f"[rlvr] this run is already complete ({trainer.global_step} steps); set trainer.resume_mode=disable "
               "or another trainer.experiment_name to train again", flush=True)
@@ -220,10 +222,17 @@ def fit(config: RLVRConfig, progress_bar: bool = True) -> dict[str, float]:
 
 
 class TaskRunner:
-    """The single controller as a Ray actor: runs ``fit`` next to the worker group it drives."""
+    """The single controller as a Ray actor: runs ``fit`` next to the worker group it drives. The
+    driver's Ctrl-C cancels the task, which the fit loop sees after the current step: it saves
+    that step and stops, as Ctrl-C does in one process."""
 
     def run(self, config: RLVRConfig) -> dict[str, float]:
-        return fit(config, progress_bar=False)
+        import ray
+
+        return fit(config, progress_bar=False, stop_requested=ray.get_runtime_context().is_canceled)
+
+    def finished(self) -> bool:
+        return True
 
 
 def fit_on_ray(config: RLVRConfig) -> dict[str, float]:
@@ -240,7 +249,17 @@ def fit_on_ray(config: RLVRConfig) -> dict[str, float]:
           f"{run_dir / 'ray' if ray_init.address is None else 'on the cluster'}", flush=True)
     try:
         runner = ray.remote(num_cpus=0)(TaskRunner).remote()
-        return ray.get(runner.run.remote(config))
+        task = runner.run.remote(config)
+        try:
+            return ray.get(task)
+        except KeyboardInterrupt:
+            print("[rlvr] Ctrl-C: the run stops after the current step and saves it (Ctrl-C again: stop now, "
+                  "keeping the last checkpoint)", flush=True)
+            ray.cancel(task, recursive=False)  # a flag the fit loop reads after its step; then it saves and returns
+            ray.get(runner.finished.remote())  # an actor runs one task at a time: this one starts after ``run``
+            last = checkpoint.latest_checkpoint(checkpoint.checkpoint_root(config))
+            raise TrainingInterrupted(f"interrupted; last checkpoint: {last or 'none'} (run the same command again "
+                                      "to resume from it)") from None
     except ray.exceptions.RayTaskError as err:
         if isinstance(err.cause, Exception):
             raise err.cause from None

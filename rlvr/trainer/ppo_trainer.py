@@ -116,7 +116,14 @@ class RLTrainer:
             metrics["training/epoch"] = float(epoch)
             self._commit(metrics)
             last = self._finish_step(progress)
+            if self.stop_requested():  # a Ctrl-C that reached the controller as a request: stop here
+                raise KeyboardInterrupt
         return last
+
+    def stop_requested(self) -> bool:
+        """Whether to stop after this step as if Ctrl-C had come (set by the Ray TaskRunner, where
+        the driver's Ctrl-C arrives as a cancellation request, not as a signal)."""
+        return False
 
     def _batches(self) -> Iterator[tuple[DataProto, int]]:
         """(prompt batch, its epoch), epoch after epoch, from where the sampler stands."""

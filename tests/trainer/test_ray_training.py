@@ -1,7 +1,7 @@
 """`rlvr train` on a local Ray cluster of 2 CPU workers (FSDP2, gloo on 127.0.0.1) equals the
 in-process run with the same global batch: the same metrics, step by step, and the same final
 weights. A worker killed mid-run stops the run with an error naming its rank and the last
-checkpoint; the same command then resumes and finishes.
+checkpoint; the same command then resumes and finishes. Ctrl-C saves the current step.
 
 The Ray runs are `rlvr train` processes inside a network namespace whose only interface is
 the loopback (``tests/loopback_only.py``): Ray's gRPC servers listen on every interface."""
@@ -156,3 +156,27 @@ def test_asking_for_more_than_the_cluster_has_fails_at_once_with_the_numbers(tin
     assert done.returncode == 2, done.stdout[-2000:] + done.stderr[-2000:]
     assert "resource pool 'global_pool' needs 4 CPUs (the cluster has 2) for 4 workers" in done.stderr
     assert "Traceback" not in done.stderr and time.time() - started < 120
+
+
+def test_ctrl_c_on_a_ray_run_saves_the_current_step_and_resumes(tiny_config, tmp_path):
+    """save_freq=-1: only Ctrl-C saves. The driver's Ctrl-C reaches the controller as a request;
+    it finishes its step, saves it, and the same command resumes from there."""
+    run_dir = tmp_path / "run"
+    overrides = [*STEPS, *RAY_2_CPU, "trainer.total_training_steps=40", "trainer.save_freq=-1", "trainer.test_freq=-1",
+                 f"trainer.default_local_dir={run_dir}"]
+    command = train_command(tiny_config(*overrides), tmp_path)
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.time() + 240
+    while not (run_dir / "metrics.jsonl").exists() or sum(1 for _ in open(run_dir / "metrics.jsonl")) < 3:
+        assert proc.poll() is None and time.time() < deadline, "the run ended or stalled before step 2"
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)
+    out = proc.communicate(timeout=120)[0]
+    assert proc.returncode == 130, out[-3000:]
+    saved = sorted(int(p.name.rsplit("_", 1)[1]) for p in (run_dir / "checkpoints").glob("global_step_*"))
+    assert len(saved) == 1 and 2 <= saved[0] < 40, out[-3000:]
+    assert f"last checkpoint: {run_dir / 'checkpoints' / f'global_step_{saved[0]}'}" in out
+    done = subprocess.run(command, capture_output=True, text=True, timeout=400)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    steps = [r["step"] for r in records(run_dir)]
+    assert steps[-1] == 40 and sorted(set(steps) - {0}) == list(range(1, 41))
