@@ -85,16 +85,23 @@ def test_two_ray_workers_equal_the_in_process_run(tiny_config, tmp_path, in_proc
     assert (ray_dir / "ray").is_symlink() and any((ray_dir / "ray").rglob("*.log"))  # Ray's logs, reachable
 
 
-def test_a_killed_worker_stops_the_run_naming_its_rank_and_the_run_resumes(tiny_config, tmp_path):
+def start_long_run(tiny_config, tmp_path, save_freq: int, reached):
+    """A 40-step Ray run in the background, returned once ``reached(run_dir)`` holds."""
     run_dir = tmp_path / "run"
-    overrides = [*STEPS, *RAY_2_CPU, "trainer.total_training_steps=40", "trainer.save_freq=1", "trainer.test_freq=-1",
-                 f"trainer.default_local_dir={run_dir}"]
+    overrides = [*STEPS, *RAY_2_CPU, "trainer.total_training_steps=40", f"trainer.save_freq={save_freq}",
+                 "trainer.test_freq=-1", f"trainer.default_local_dir={run_dir}"]
     command = train_command(tiny_config(*overrides), tmp_path)
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     deadline = time.time() + 240
-    while not (run_dir / "checkpoints" / "global_step_2").exists():
+    while not reached(run_dir):
         assert proc.poll() is None and time.time() < deadline, "the run ended or stalled before step 2"
         time.sleep(0.2)
+    return run_dir, command, proc
+
+
+def test_a_killed_worker_stops_the_run_naming_its_rank_and_the_run_resumes(tiny_config, tmp_path):
+    run_dir, command, proc = start_long_run(tiny_config, tmp_path, 1,
+                                            lambda run: (run / "checkpoints" / "global_step_2").exists())
     rank1 = json.loads((run_dir / "workers.json").read_text())[1]
     os.kill(rank1["pid"], signal.SIGKILL)
     out = proc.communicate(timeout=120)[0]
@@ -161,15 +168,8 @@ def test_asking_for_more_than_the_cluster_has_fails_at_once_with_the_numbers(tin
 def test_ctrl_c_on_a_ray_run_saves_the_current_step_and_resumes(tiny_config, tmp_path):
     """save_freq=-1: only Ctrl-C saves. The driver's Ctrl-C reaches the controller as a request;
     it finishes its step, saves it, and the same command resumes from there."""
-    run_dir = tmp_path / "run"
-    overrides = [*STEPS, *RAY_2_CPU, "trainer.total_training_steps=40", "trainer.save_freq=-1", "trainer.test_freq=-1",
-                 f"trainer.default_local_dir={run_dir}"]
-    command = train_command(tiny_config(*overrides), tmp_path)
-    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    deadline = time.time() + 240
-    while not (run_dir / "metrics.jsonl").exists() or sum(1 for _ in open(run_dir / "metrics.jsonl")) < 3:
-        assert proc.poll() is None and time.time() < deadline, "the run ended or stalled before step 2"
-        time.sleep(0.2)
+    run_dir, command, proc = start_long_run(tiny_config, tmp_path, -1, lambda run: (run / "metrics.jsonl").exists()
+                                            and sum(1 for _ in open(run / "metrics.jsonl")) >= 3)
     proc.send_signal(signal.SIGINT)
     out = proc.communicate(timeout=120)[0]
     assert proc.returncode == 130, out[-3000:]
