@@ -91,21 +91,25 @@ def load_full_state(root: nn.Module | None, model: nn.Module, optimizer, weights
     """Load name-keyed full weights (None: leave them) and optimizer state, each rank keeping its shard."""
     target = root if root is not None else model
     if root is not None:
-        weights = {f"module.{k}": v for k, v in weights.items()} if weights is not None else None
-        optimizer_state = {**optimizer_state, "state": {f"module.{k}": v for k, v in optimizer_state["state"].items()},
-                           "param_groups": [{**g, "params": [f"module.{p}" for p in g["params"]]}
-                                            for g in optimizer_state["param_groups"]]}
+        weights = {ROOT_PREFIX + k: v for k, v in weights.items()} if weights is not None else None
+        optimizer_state = rename_optimizer_state(optimizer_state, lambda name: ROOT_PREFIX + name)
     if weights is not None:
         set_model_state_dict(target, weights, options=StateDictOptions(full_state_dict=True, strict=False))
     set_optimizer_state_dict(target, optimizer, optimizer_state, options=StateDictOptions(full_state_dict=True))
 
 
+ROOT_PREFIX = "module."  # FSDPRoot's attribute: the root unit's parameter names start with it
+
+
+def rename_optimizer_state(state: dict, rename) -> dict:
+    """A full optimizer state with every parameter name passed through ``rename``."""
+    return {**state, "state": {rename(k): v for k, v in state["state"].items()},
+            "param_groups": [{**g, "params": [rename(p) for p in g["params"]]} for g in state["param_groups"]]}
+
+
 def strip_root_prefix(state: dict) -> dict:
     """A full optimizer state of a root unit with its parameter names as the bare model's."""
-    def bare(name: str) -> str:
-        return name.removeprefix("module.")
-    return {**state, "state": {bare(k): v for k, v in state["state"].items()},
-            "param_groups": [{**g, "params": [bare(p) for p in g["params"]]} for g in state["param_groups"]]}
+    return rename_optimizer_state(state, lambda name: name.removeprefix(ROOT_PREFIX))
 
 
 def move_optimizer_state(optimizer, device: torch.device | str) -> None:

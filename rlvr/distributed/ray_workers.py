@@ -223,7 +223,7 @@ class RayWorkerGroup:
         first_pg, first_bundle = bundles[0]
         host, port = ray.get(_rendezvous_address.options(scheduling_strategy=PlacementGroupSchedulingStrategy(
             placement_group=first_pg, placement_group_bundle_index=first_bundle)).remote(single_node))
-        self.workers = []
+        self.workers, self.where = [], []  # where: each rank's pid and node, once started
         for rank, (pg, bundle) in enumerate(bundles):
             env = {"RANK": str(rank), "WORLD_SIZE": str(self.world_size), "MASTER_ADDR": host,
                    "MASTER_PORT": str(port), "LOCAL_RANK": str(bundle), "RLVR_WORKER_RANK": str(rank)}
@@ -299,7 +299,7 @@ class RayWorkerGroup:
                                   f"{err.traceback_str if hasattr(err, 'traceback_str') else ''}") from None
             except RayActorError as err:
                 self.kill()
-                where = self.where[rank] if getattr(self, "where", None) else {}
+                where = self.where[rank] if self.where else {}
                 raise WorkerError(f"rank {rank}'s worker process (pid {where.get('pid', '?')}) died during "
                                   f"{method}: {err.__class__.__name__}: {str(err).splitlines()[0]}") from None
         return ray.get(refs)
