@@ -15,7 +15,7 @@ from pathlib import Path
 from rlvr.config import ConfigError, load_config, to_yaml
 from rlvr.data.io import DatasetError
 from rlvr.models.loader import ModelLoadError
-from rlvr.trainer import StopTraining, TrainingInterrupted
+from rlvr.errors import StopTraining, TrainingInterrupted
 
 USER_ERRORS = (ConfigError, DatasetError, ModelLoadError, StopTraining)
 

@@ -39,7 +39,7 @@ from rlvr.distributed.dispatch import Dispatch, Execute, collect, dispatch, pad_
 from rlvr.distributed.worker import LOOPBACK, Worker, free_port
 from rlvr.distributed.worker_group import WORKER_METHODS
 from rlvr.protocol import DataProto
-from rlvr.trainer import StopTraining
+from rlvr.errors import StopTraining
 
 PLACEMENT_TIMEOUT_S = 120
 

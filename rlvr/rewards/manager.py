@@ -38,7 +38,7 @@ from rlvr.algos.dapo import overlong_penalty
 from rlvr.config.schema import RewardConfig
 from rlvr.protocol import DataProto
 from rlvr.registry import import_file
-from rlvr.trainer import StopTraining
+from rlvr.errors import StopTraining
 from rlvr.rewards.registry import REWARD_FNS, reward_fn_name_for
 
 

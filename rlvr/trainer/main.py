@@ -25,7 +25,8 @@ from rlvr.models import load_tokenizer
 from rlvr.rewards import RewardManager
 from rlvr.rollout import ToolSetup
 from rlvr.rewards.registry import needs_ground_truth, reward_fn_name_for
-from rlvr.trainer import StopTraining, TrainingInterrupted, checkpoint
+from rlvr.errors import StopTraining, TrainingInterrupted
+from rlvr.trainer import checkpoint
 from rlvr.trainer.ppo_trainer import RLTrainer
 from rlvr.trainer.tracking import Tracking
 from rlvr.workers.critic import CriticWorker

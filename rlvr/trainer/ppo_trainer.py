@@ -31,7 +31,8 @@ from rlvr.config.schema import RLVRConfig
 from rlvr.data.sampler import PromptLoader
 from rlvr.protocol import DataProto, concat_rollouts
 from rlvr.rewards.manager import TRAJECTORY_KEYS
-from rlvr.trainer import StopTraining, TrainingInterrupted, checkpoint
+from rlvr.errors import StopTraining, TrainingInterrupted
+from rlvr.trainer import checkpoint
 from rlvr.trainer.evaluate import evaluate, generation_batch
 from rlvr.trainer.metrics import (compute_data_metrics, compute_throughput_metrics, compute_timing_metrics,
                                   reduce_metrics, timer)

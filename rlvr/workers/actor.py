@@ -36,7 +36,7 @@ from rlvr.config.schema import ActorConfig, AlgorithmConfig, OptimConfig
 from rlvr.distributed.fsdp import full_tensor
 from rlvr.distributed.worker import SINGLE, DataParallel
 from rlvr.protocol import DataProto
-from rlvr.trainer import StopTraining
+from rlvr.errors import StopTraining
 from rlvr.workers.forward import forward_log_probs, group_rows
 
 FORWARD_KEYS = ("input_ids", "attention_mask", "position_ids", "responses")

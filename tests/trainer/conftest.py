@@ -62,7 +62,7 @@ def interrupt_and_resume():
     """``(trainer, at_step) -> resumed trainer``: Ctrl-C when step ``at_step`` starts (the
     ``TrainingInterrupted`` message is checked against ``message``), then a new trainer built
     from the same config resumes and finishes the run."""
-    from rlvr.trainer import TrainingInterrupted
+    from rlvr.errors import TrainingInterrupted
     from rlvr.trainer.main import build_trainer
 
     def run(trainer, at_step: int, message: str = ""):

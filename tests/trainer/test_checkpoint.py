@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from rlvr.config import ConfigError
-from rlvr.trainer import TrainingInterrupted
+from rlvr.errors import TrainingInterrupted
 from rlvr.trainer.checkpoint import latest_checkpoint
 from rlvr.trainer.main import build_trainer
 
