@@ -1,33 +1,37 @@
-"""The ``python`` tool: runs a model's code in a separate, limited process.
+"""The ``python`` tool: runs a model's code in a sandbox the kernel enforces.
 
-Each call gets a fresh temporary working directory and a child process with:
+Each call starts ``sandbox_launch.py`` (read its docstring for the mechanics), which gives the
+code:
 
-- resource limits: CPU seconds, address space, number of processes, file size (which also
-  caps the captured output: stdout and stderr go to files), open files;
-- a wall-clock timeout that kills the child's whole process group;
-- a scrubbed environment (``PATH``, ``HOME`` = the working directory, ``LANG``) and Python's
-  isolated mode (no user site, no ``PYTHON*`` variables);
-- no network: the child runs in new user, network and PID namespaces (``unshare``), so it has
-  only a loopback interface that is down, sees no process outside its own, and has no
-  capability outside its namespace (so it cannot raise its limits, even when rlvr runs as root);
-- an audit hook (PEP 578) installed before the code runs that refuses writes outside the
-  working directory, reading other processes' ``/proc`` files (e.g. the parent's environment),
-  starting processes, changing limits, sockets and ``ctypes``. The kernel does not enforce the
-  process limit for root, so when rlvr runs as root the hook is what stops a fork bomb.
+- its own mount namespace whose root is read-only and holds only ``/usr``, the library
+  folders, the interpreter's prefix and five device nodes; the working folder ``/sandbox``
+  (also ``/tmp``) is a size-limited tmpfs and the only writable place; home folders, the
+  training data, the venv, ``/etc`` and every other host path are not there at all;
+- its own PID namespace and ``/proc`` (it sees no host process), network namespace (no
+  interface up), IPC and UTS namespaces;
+- uid 65534 with no capability and no-new-privileges: when rlvr runs as root the sandbox
+  switches to uid 65534 on the host as well; otherwise it is the trainer's own uid outside
+  a user namespace;
+- a seccomp filter: no fork, exec, ptrace, mount, unshare, setns, pivot_root, bpf, keyring,
+  perf, io_uring or module calls (threads are allowed);
+- resource limits: CPU seconds, address space, processes/threads, file size (stdout and
+  stderr go to unlinked host files, so this caps them too), open files; a wall-clock timeout
+  that kills the whole process group; a parent-death signal, so nothing outlives the trainer;
+- a scrubbed environment and Python's isolated mode.
 
-Where the machine does not allow namespaces the tool refuses to start, unless the tools YAML
-sets ``require_network_isolation: false`` (the code then shares the machine's network).
-
-This contains the mistakes and mischief of a model being trained (fork bombs, memory bombs,
-infinite loops, stray writes); it is not a boundary against a determined attacker with a
-kernel exploit. For that, run tools on a remote sandbox service behind your own BaseTool.
+Where the machine cannot create these namespaces (a container without user namespaces, a
+kernel without seccomp) the tool refuses to start with the reason; there is no unsandboxed
+fallback. Not contained: CPU and memory bandwidth shared with the trainer, and kernel
+vulnerabilities (the code talks to the host kernel). For a boundary against those, run tools
+on a remote sandbox service behind your own BaseTool.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
-import resource
+import platform
 import shutil
 import signal
 import subprocess
@@ -37,53 +41,16 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from rlvr.tools import sandbox_launch
 from rlvr.tools.base import BaseTool, ToolError
 from rlvr.tools.schema import OpenAIFunctionToolSchema
 
 # The base interpreter, not a virtual environment's link to it: the child needs no packages.
 PYTHON = os.path.realpath(getattr(sys, "_base_executable", sys.executable))
-UNSHARE = ["unshare", "--user", "--map-root-user", "--net", "--pid", "--fork", "--kill-child"]
-
-# Runs in the child before the model's code: the audit hook cannot be removed once added.
-_BOOTSTRAP = r'''
-import os, sys
-WORK = os.getcwd()
-OWN = str(os.getpid())
-WRITE = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
-BLOCKED = {"os.fork", "os.forkpty", "os.system", "os.exec", "os.posix_spawn", "os.spawn", "subprocess.Popen",
-           "socket.connect", "socket.bind", "socket.sendto", "socket.getaddrinfo", "ctypes.dlopen", "ctypes.dlsym",
-           "ctypes.cdata", "os.kill", "os.killpg", "resource.setrlimit", "resource.prlimit"}
-NO_IMPORT = {"_posixsubprocess", "_ctypes"}  # process creation and foreign calls without an audit event
-PATH_EVENTS = {"os.remove", "os.rename", "os.rmdir", "os.mkdir", "os.chmod", "os.chown", "os.symlink", "os.link",
-               "os.truncate", "os.utime", "shutil.rmtree", "os.chdir"}
-
-def inside(path):
-    return os.path.realpath(os.path.join(WORK, os.fsdecode(path))).startswith(WORK + os.sep)
-
-def hook(event, args):
-    if event in BLOCKED or event == "import" and args[0] in NO_IMPORT:
-        raise PermissionError(f"sandbox: {event} {args[0] if event == 'import' else ''}".strip() + " is not allowed")
-    if event == "open" and not isinstance(args[0], int):
-        path = os.fsdecode(args[0])
-        if (args[2] or 0) & WRITE and not inside(path):
-            raise PermissionError(f"sandbox: writing outside the working directory ({path})")
-        parts = os.path.abspath(path).split(os.sep)
-        if len(parts) > 2 and parts[1] == "proc" and parts[2] not in ("self", "thread-self", OWN):
-            raise PermissionError(f"sandbox: reading another process's files ({path})")
-    elif event in PATH_EVENTS and args and isinstance(args[0], (str, bytes)) and not inside(args[0]):
-        raise PermissionError(f"sandbox: {event} outside the working directory")
-
-import signal
-
-def cpu_limit(signum, frame):
-    raise TimeoutError("sandbox: the CPU time limit was reached")
-
-signal.signal(signal.SIGXCPU, cpu_limit)  # the soft limit; the hard limit one second later kills
-source = open("main.py").read()
-code = compile(source, "main.py", "exec")
-sys.addaudithook(hook)
-exec(code, {"__name__": "__main__"})
-'''
+LAUNCHER = os.path.realpath(sandbox_launch.__file__)
+MOUNT_PREFIX = "rlvr-sandbox-"  # + the trainer's pid: an empty folder the sandbox's root is mounted on
+REMOVED_KEYS = {"require_network_isolation": "the sandbox always runs in its own namespaces and refuses to start "
+                                             "where the machine cannot create them; remove the key"}
 
 
 @dataclass
@@ -94,16 +61,22 @@ class SandboxLimits:
     memory_mb: int = 512
     """Address space of the child."""
     max_processes: int = 16
+    """Threads the code may run (new processes are refused by the seccomp filter)."""
     max_file_mb: int = 16
     """Largest file the code may write (stdout and stderr included)."""
+    disk_mb: int = 32
+    """Size of the working folder's tmpfs (all files together)."""
+    max_files: int = 1000
+    """Files and folders the working folder may hold."""
     max_open_files: int = 64
     max_output_chars: int = 2000
     """Characters of stdout (and of stderr on failure) returned to the model."""
-    require_network_isolation: bool = True
-    """Refuse to start where the machine cannot give the child a network namespace."""
 
     @classmethod
     def from_config(cls, config: dict[str, Any], where: str = "python tool config") -> "SandboxLimits":
+        for key, why in REMOVED_KEYS.items():
+            if key in config:
+                raise ValueError(f"{where}: `{key}` is no longer a setting: {why}")
         known = {f.name for f in fields(cls)}
         unknown = set(config) - known - {"type"}
         if unknown:
@@ -129,45 +102,30 @@ def _process_count(uid: int) -> int:
     return count
 
 
-def _limit_child(limits: SandboxLimits):
-    """The preexec function: set the limits (they survive exec)."""
-    mb = 1024 * 1024
-    nproc_base = _process_count(os.getuid())  # the limit counts every process of the user
-
-    def apply() -> None:
-        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # an over-long write fails instead of killing
-        resource.setrlimit(resource.RLIMIT_CPU, (limits.cpu_time_s, limits.cpu_time_s + 1))
-        for res, value in ((resource.RLIMIT_AS, limits.memory_mb * mb),
-                           (resource.RLIMIT_NPROC, nproc_base + limits.max_processes),
-                           (resource.RLIMIT_FSIZE, limits.max_file_mb * mb),
-                           (resource.RLIMIT_NOFILE, limits.max_open_files), (resource.RLIMIT_CORE, 0)):
-            resource.setrlimit(res, (value, value))
-
-    return apply
+def _runs_as_root() -> bool:
+    return os.geteuid() == 0
 
 
-def network_isolation_error() -> str | None:
-    """Why the child cannot get a network namespace here, or None when it can."""
-    if not sys.platform.startswith("linux") or shutil.which("unshare") is None:
-        return "the unshare command (util-linux) is not available"
-    try:
-        probe = subprocess.run([*UNSHARE, PYTHON, "-I", "-S", "-c", "pass"], capture_output=True, text=True,
-                               timeout=30, preexec_fn=_limit_child(SandboxLimits()))
-    except (OSError, subprocess.SubprocessError) as err:  # cannot start, or hangs
-        return f"`unshare --user --net --pid python` could not run: {err}"
-    if probe.returncode != 0:
-        return f"`unshare --user --net --pid python` failed: {probe.stderr.strip() or probe.returncode}"
-    return None
+def _launch_spec(limits: SandboxLimits, mount_point: Path) -> str:
+    as_root = _runs_as_root()
+    uid = sandbox_launch.SANDBOX_ID if as_root else os.getuid()  # whose processes RLIMIT_NPROC counts
+    prefix = os.path.realpath(sys.base_prefix)
+    return json.dumps({
+        "parent": os.getpid(), "as_root": as_root, "root": str(mount_point), "python": PYTHON,
+        "binds": sorted({prefix, os.path.dirname(PYTHON)}),
+        "env": {"PATH": "/usr/bin:/bin", "HOME": sandbox_launch.WORKDIR, "TMPDIR": sandbox_launch.WORKDIR,
+                "LANG": "C.UTF-8"},
+        "nproc": _process_count(uid) + limits.max_processes, "cpu_time_s": limits.cpu_time_s,
+        "memory_mb": limits.memory_mb, "max_file_mb": limits.max_file_mb, "max_open_files": limits.max_open_files,
+        "disk_mb": limits.disk_mb, "max_files": limits.max_files})
 
 
-def _read_capped(path: Path, limit: int, tail: bool = False) -> str:
-    """At most ``limit`` characters of a file: its start, or with ``tail`` its end (where a
-    traceback's exception is)."""
-    with open(path, "rb") as f:
-        if tail:
-            f.seek(max(0, path.stat().st_size - limit * 4 - 4))
-        data = f.read(limit * 4 + 4)
-    text = data.decode("utf-8", errors="replace")
+def _read_capped(f, limit: int, tail: bool = False) -> str:
+    """At most ``limit`` characters of an open file: its start, or with ``tail`` its end (where
+    a traceback's exception is)."""
+    size = f.seek(0, os.SEEK_END)
+    f.seek(max(0, size - limit * 4 - 4) if tail else 0)
+    text = f.read(limit * 4 + 4).decode("utf-8", errors="replace")
     if len(text) <= limit:
         return text
     if tail:
@@ -175,32 +133,56 @@ def _read_capped(path: Path, limit: int, tail: bool = False) -> str:
     return text[:limit] + f"\n... [output truncated at {limit} characters]"
 
 
-async def run_sandboxed(code: str, limits: SandboxLimits, isolate_network: bool = True) -> SandboxResult:
-    """Run ``code`` as ``main.py`` in a fresh directory under ``limits``."""
-    work = Path(tempfile.mkdtemp(prefix="rlvr-python-"))
+def remove_stale_mount_points() -> None:
+    """Empty mount points left by trainers that were killed mid-call (SIGKILL runs no cleanup)."""
+    for path in Path(tempfile.gettempdir()).glob(MOUNT_PREFIX + "*"):
+        pid = path.name[len(MOUNT_PREFIX):].split("-")[0]
+        if pid.isdigit() and not Path(f"/proc/{pid}").exists():
+            shutil.rmtree(path, ignore_errors=True)
+
+
+async def run_sandboxed(code: str, limits: SandboxLimits) -> SandboxResult:
+    """Run ``code`` as ``/sandbox/main.py`` in a fresh sandbox under ``limits``."""
+    mount_point = Path(tempfile.mkdtemp(prefix=f"{MOUNT_PREFIX}{os.getpid()}-"))
+    mount_point.chmod(0o755)
     try:
-        (work / "main.py").write_text(code)
-        env = {"PATH": "/usr/bin:/bin", "HOME": str(work), "LANG": "C.UTF-8"}
-        argv = [*(UNSHARE if isolate_network else []), PYTHON, "-I", "-S", "-c", _BOOTSTRAP]
-        with open(work / ".stdout", "wb") as out, open(work / ".stderr", "wb") as err:
+        with tempfile.TemporaryFile() as source, tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+            source.write(code.encode("utf-8", "backslashreplace"))
+            source.seek(0)
             proc = await asyncio.create_subprocess_exec(
-                *argv, cwd=work, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=err, start_new_session=True,
-                preexec_fn=_limit_child(limits))
-        timed_out = False
-        try:
-            await asyncio.wait_for(proc.wait(), limits.timeout_s)
-        except asyncio.TimeoutError:
-            timed_out = True
-        finally:  # the whole group, also when the code exited but left children behind
+                PYTHON, "-I", "-S", LAUNCHER, "launch", _launch_spec(limits, mount_point),
+                cwd="/", env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}, stdin=source, stdout=out, stderr=err,
+                start_new_session=True)
+            timed_out = False
             try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            await proc.wait()
-        return SandboxResult(None if timed_out else proc.returncode, _read_capped(work / ".stdout", limits.max_output_chars),
-                             _read_capped(work / ".stderr", limits.max_output_chars, tail=True), timed_out)
+                await asyncio.wait_for(proc.wait(), limits.timeout_s)
+            except asyncio.TimeoutError:
+                timed_out = True
+            finally:  # the whole group, also when cancelled (Ctrl-C) or when the code left threads behind
+                try:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                await asyncio.shield(proc.wait())
+            return SandboxResult(None if timed_out else proc.returncode, _read_capped(out, limits.max_output_chars),
+                                 _read_capped(err, limits.max_output_chars, tail=True), timed_out)
     finally:
-        shutil.rmtree(work, ignore_errors=True)
+        shutil.rmtree(mount_point, ignore_errors=True)
+
+
+def sandbox_error() -> str | None:
+    """Why this machine cannot run the sandbox, or None when it can."""
+    if not sys.platform.startswith("linux"):
+        return f"the sandbox needs Linux namespaces (this is {sys.platform})"
+    if platform.machine() not in sandbox_launch.SYSCALLS:
+        return f"the sandbox's seccomp filter knows no syscall table for {platform.machine()}"
+    try:
+        result = asyncio.run(asyncio.wait_for(run_sandboxed("print('ok')", SandboxLimits()), 60))
+    except (OSError, asyncio.TimeoutError) as err:
+        return f"the sandbox could not start: {err}"
+    if result.exit_code != 0 or result.stdout != "ok\n":
+        return f"the sandbox could not start: {result.stderr.strip() or f'exit code {result.exit_code}'}"
+    return None
 
 
 class PythonTool(BaseTool):
@@ -209,15 +191,13 @@ class PythonTool(BaseTool):
     def __init__(self, config: dict | None, tool_schema: OpenAIFunctionToolSchema | None):
         super().__init__(config, tool_schema)
         self.limits = SandboxLimits.from_config(self.config, f"tool {self.name!r} config")
-        self.isolate_network = True
-        why = network_isolation_error()
+        remove_stale_mount_points()
+        why = sandbox_error()
         if why is not None:
-            if self.limits.require_network_isolation:
-                raise ToolError(
-                    f"tool {self.name!r}: cannot isolate the sandboxed code from the network ({why}); allow user "
-                    "namespaces on this machine, or set `require_network_isolation: false` in the tool's config "
-                    "to run code with the machine's network (not recommended)")
-            self.isolate_network = False
+            raise ToolError(
+                f"tool {self.name!r}: cannot sandbox the model's code on this machine ({why}); allow user namespaces "
+                "(e.g. `sysctl kernel.unprivileged_userns_clone=1`, or run the container with namespaces allowed), "
+                "or serve the tool from a remote sandbox behind your own BaseTool")
 
     @classmethod
     def default_schema(cls) -> OpenAIFunctionToolSchema:
@@ -230,7 +210,7 @@ class PythonTool(BaseTool):
                 "required": ["code"]}}})
 
     async def execute(self, instance_id: str, parameters: dict[str, Any], **execute_kwargs) -> tuple[str, float, dict]:
-        result = await run_sandboxed(str(parameters.get("code", "")), self.limits, self.isolate_network)
+        result = await run_sandboxed(str(parameters.get("code", "")), self.limits)
         if result.timed_out:
             raise ToolError(f"the program did not finish within {self.limits.timeout_s:g} s and was stopped")
         if result.exit_code != 0:

@@ -1,27 +1,57 @@
-"""The python tool under attack: each attack is contained, reported as a tool error, and the
-next call works. (The tool-error path into the rollout is tested in tests/rollout.)"""
+"""The python tool under attack. Every attack is written as model code would be, with the whole
+of Python at hand (ctypes included): nothing in the sandboxed interpreter guards anything, so
+each route must end contained by the kernel (namespaces, a read-only root, uid 65534 without
+capabilities, seccomp, limits). The expected outputs are written by hand: the errno a Linux
+kernel gives for each route. (The tool-error path into the rollout is tested in tests/rollout.)"""
 
 import asyncio
 import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from rlvr.tools import ToolError
 from rlvr.tools import python as sandbox
-from rlvr.tools.python import PythonTool
+from rlvr.tools.python import PythonTool, SandboxLimits, run_sandboxed
 
-pytestmark = pytest.mark.skipif(sandbox.network_isolation_error() is not None,
+pytestmark = pytest.mark.skipif(sandbox.sandbox_error() is not None,
                                 reason="this machine cannot create the sandbox's namespaces")
+
+PREFIX = os.path.realpath(sys.base_prefix)  # visible inside, read-only
+REPO = Path(__file__).resolve().parents[2]  # not visible inside
+
+# Prepended to attacks: print each route's outcome as "name: ok" or "name: ERRNO".
+ATTEMPT = '''import ctypes, errno, os, shutil
+libc = ctypes.CDLL(None, use_errno=True)
+def attempt(name, fn):
+    try:
+        result = fn()
+    except OSError as e:
+        print(f"{name}: {errno.errorcode[e.errno]}")
+        return
+    if isinstance(result, int) and result < 0:  # a raw libc call: -1 and errno
+        print(f"{name}: {errno.errorcode[ctypes.get_errno()]}")
+    else:
+        print(f"{name}: ok")
+'''
 
 
 @pytest.fixture(scope="module")
 def tool():
-    return PythonTool({"timeout_s": 3, "cpu_time_s": 2, "memory_mb": 256, "max_output_chars": 200}, None)
+    return PythonTool({"timeout_s": 3, "cpu_time_s": 2, "memory_mb": 256, "max_output_chars": 2000,
+                       "disk_mb": 4, "max_files": 50}, None)
 
 
 def call(tool, code):
     return asyncio.run(tool.execute("i", {"code": code}))
+
+
+def routes(tool, body):
+    return call(tool, ATTEMPT + body)[0].splitlines()
 
 
 def test_runs_code_and_returns_its_output(tool):
@@ -29,78 +59,280 @@ def test_runs_code_and_returns_its_output(tool):
     assert call(tool, "x = 1")[0] == "(no output)"
 
 
-ATTACKS = {
-    "fork bomb": ("import os\nwhile True:\n    os.fork()", "os.fork is not allowed"),
-    "subprocess": ("import subprocess\nsubprocess.run(['sh', '-c', 'echo hi'])", "_posixsubprocess is not allowed"),
+REPORTED = {
+    "fork bomb": ("import os\nwhile True:\n    os.fork()", "PermissionError: \\[Errno 1\\] Operation not permitted"),
+    "subprocess": ("import subprocess\nsubprocess.run(['sh', '-c', 'echo hi'])", "PermissionError"),
     "memory bomb": ("x = bytearray(4 * 1024 ** 3)", "MemoryError"),
     "infinite loop": ("while True:\n    pass", "CPU time limit was reached"),
     "socket connect": ("import socket\ns = socket.socket()\ns.settimeout(1)\ns.connect(('1.1.1.1', 80))",
-                       "socket.connect is not allowed"),
-    "write outside": ("open('/tmp/rlvr-sandbox-escape.txt', 'w').write('x')", "writing outside the working directory"),
-    "parent environment": ("import os\nprint(open(f'/proc/{os.getppid()}/environ').read())",
-                           "reading another process's files"),
+                       "Network is unreachable"),
     "raise limits": ("import resource\nresource.setrlimit(resource.RLIMIT_AS, (-1, -1))",
-                     "resource.setrlimit is not allowed"),
-    "ctypes": ("import ctypes\nctypes.CDLL(None).fork()", "_ctypes is not allowed"),
+                     "not allowed to raise maximum limit"),
     "sleeping": ("import time\ntime.sleep(60)", "did not finish within 3 s"),
     "exception": ("raise ValueError('bad input')", "ValueError: bad input"),
 }
 
 
-@pytest.mark.parametrize("name", list(ATTACKS))
-def test_attacks_are_contained_and_reported(tool, name):
-    code, message = ATTACKS[name]
+@pytest.mark.parametrize("name", list(REPORTED))
+def test_failures_are_reported_and_the_tool_keeps_working(tool, name):
+    code, message = REPORTED[name]
     with pytest.raises(ToolError, match=message):
         call(tool, code)
-    assert call(tool, "print('still fine')")[0] == "still fine\n"  # the tool keeps working
-    assert not Path("/tmp/rlvr-sandbox-escape.txt").exists()
+    assert call(tool, "print('still fine')")[0] == "still fine\n"
+
+
+def test_traceback_starts_at_the_models_code(tool):
+    with pytest.raises(ToolError) as info:
+        call(tool, "def f():\n    return 1 / 0\nf()")
+    text = str(info.value)
+    assert 'File "main.py", line 3' in text and "ZeroDivisionError" in text and "sandbox_launch" not in text
+
+
+def test_writes_outside_the_working_folder_never_reach_the_host(tool, tmp_path):
+    """The routes an audit hook missed: rename/replace/link/symlink destinations (shutil.move),
+    dir_fd-relative calls, fchdir, mkfifo, a subinterpreter, raw libc calls. Targets are the
+    interpreter's own folder (visible, read-only: EROFS) and the host's temporary folder and
+    repository (not mounted at all: ENOENT)."""
+    visible = f"{PREFIX}/lib/rlvr-escape"
+    hidden = f"{tmp_path}/escape"
+    repo = f"{REPO}/rlvr-escape"
+    body = f'''open("r.txt", "w").write("x")
+attempt("open", lambda: open("{visible}", "w"))
+attempt("open hidden", lambda: open("{hidden}", "w"))
+attempt("open repo", lambda: open("{repo}", "w"))
+attempt("shutil.move", lambda: shutil.move("r.txt", "{visible}"))
+attempt("replace", lambda: os.replace("r.txt", "{visible}"))
+attempt("link", lambda: os.link("r.txt", "{visible}"))
+attempt("symlink", lambda: os.symlink("/sandbox/r.txt", "{visible}"))
+attempt("mkfifo", lambda: os.mkfifo("{visible}"))
+attempt("mkdir", lambda: os.mkdir("{visible}"))
+root = os.open("/", os.O_RDONLY)
+attempt("dir_fd open", lambda: os.open("{visible[1:]}", os.O_CREAT | os.O_WRONLY, dir_fd=root))
+attempt("dir_fd unlink", lambda: os.unlink("{PREFIX[1:]}/lib/libpython3.11.so.1.0", dir_fd=root))
+os.fchdir(root)
+attempt("fchdir write", lambda: open("{visible[1:]}", "w"))
+os.chdir("/sandbox")
+attempt("libc open", lambda: libc.open(b"{visible}", os.O_CREAT | os.O_WRONLY, 0o644))
+attempt("libc rename", lambda: libc.rename(b"r.txt", b"{visible}"))
+attempt("write /usr", lambda: open("/usr/bin/python3", "a"))
+attempt("remount", lambda: libc.mount(None, b"/", None, 32, None))
+import _xxsubinterpreters as interpreters
+sub = interpreters.create()
+try:
+    interpreters.run_string(sub, 'open("{visible}", "w")')
+except Exception as e:
+    print("subinterpreter:", "Read-only file system" in str(e))
+'''
+    # rename across mounts fails with EXDEV before the read-only check (link checks read-only
+    # first); shutil.move then falls back to a copy, which meets the read-only root. Root's
+    # existing files refuse uid 65534 (EACCES) before the read-only mount is asked.
+    assert routes(tool, body) == [
+        "open: EROFS", "open hidden: ENOENT", "open repo: ENOENT", "shutil.move: EROFS", "replace: EXDEV",
+        "link: EROFS", "symlink: EROFS", "mkfifo: EROFS", "mkdir: EROFS", "dir_fd open: EROFS",
+        "dir_fd unlink: EROFS", "fchdir write: EROFS", "libc open: EROFS", "libc rename: EXDEV",
+        "write /usr: EACCES", "remount: EPERM", "subinterpreter: True"]
+    for path in (visible, hidden, repo):
+        assert not os.path.lexists(path)
+
+
+def test_host_files_are_not_visible(tool, tmp_path):
+    """Home folders, /etc, the training data, the venv and the host's temporary files are not
+    in the sandbox's file system: only the interpreter and system libraries are."""
+    secret = tmp_path / "ground_truth.jsonl"
+    secret.write_text('{"answer": 42}')
+    home = os.path.expanduser("~")
+    body = f'''
+attempt("tmp secret", lambda: open("{secret}").read())
+attempt("home", lambda: os.listdir("{home}"))
+attempt("etc passwd", lambda: open("/etc/passwd").read())
+attempt("etc shadow", lambda: open("/etc/shadow").read())
+attempt("venv", lambda: os.listdir("{REPO}/.venv"))
+attempt("sys", lambda: os.listdir("/sys"))
+attempt("library", lambda: open("{PREFIX}/lib/python3.11/os.py").read())
+print(sorted(os.listdir("/sandbox")), os.path.realpath("/tmp"))
+'''
+    home_result = "ENOENT" if not PREFIX.startswith(home + "/") else "ok"  # the prefix's parents exist inside
+    assert routes(tool, body) == [
+        "tmp secret: ENOENT", f"home: {home_result}", "etc passwd: ENOENT", "etc shadow: ENOENT", "venv: ENOENT",
+        "sys: ENOENT", "library: ok", "['main.py'] /sandbox"]
+    top = set(call(tool, "import os\nprint(*sorted(os.listdir('/')))")[0].split())
+    assert top <= {"usr", "bin", "sbin", "lib", "lib64", "lib32", "libx32", "etc", "dev", "proc", "sandbox", "tmp",
+                   PREFIX.split("/")[1]}
+    if PREFIX.startswith(home + "/"):  # only the path down to the interpreter, nothing beside it
+        inside = call(tool, f"import os\nprint(os.listdir('{home}'))")[0]
+        assert inside == f"['{PREFIX[len(home) + 1:].split('/')[0]}']\n"
+
+
+def test_proc_shows_only_the_sandbox(tool):
+    out = call(tool, "import os\nprint(sorted(p for p in os.listdir('/proc') if p.isdigit()), os.getpid(), "
+                     "os.getppid())")[0]
+    assert out == "['1'] 1 0\n"  # the host's processes (the trainer first) are not there
+
+
+def test_no_privileges_inside_and_seccomp_refuses_the_rest(tool):
+    body = '''
+print("ids", os.getuid(), os.geteuid(), os.getgid())
+status = dict(line.split(":\\t") for line in open("/proc/self/status").read().splitlines() if ":\\t" in line)
+print("caps", status["CapEff"], status["CapBnd"], "nnp", status["NoNewPrivs"], "seccomp", status["Seccomp"])
+attempt("setuid 0", lambda: os.setuid(0))
+attempt("unshare user", lambda: libc.unshare(0x10000000))
+attempt("ptrace", lambda: libc.ptrace(0, 0, None, None))
+attempt("execv", lambda: os.execv("/usr/bin/true", ["true"]))
+attempt("fork", lambda: os.fork())
+attempt("system", lambda: -1 if os.system("echo escaped") != 0 else 0)
+attempt("chroot", lambda: os.chroot("/sandbox"))
+attempt("kill the trainer", lambda: os.kill(TRAINER, 9))
+'''.replace("TRAINER", str(os.getpid()))  # a host pid: not in the sandbox's PID namespace
+    assert routes(tool, body) == [
+        "ids 65534 65534 65534", "caps 0000000000000000 0000000000000000 nnp 1 seccomp 2",
+        "setuid 0: EPERM", "unshare user: EPERM", "ptrace: EPERM", "execv: EPERM", "fork: EPERM",
+        "system: EPERM", "chroot: EPERM", "kill the trainer: ESRCH"]
+
+
+def test_the_user_namespace_path_for_a_trainer_that_is_not_root(tool, monkeypatch):
+    """A trainer that is not root gets a user namespace mapping uid 65534 inside to its own uid.
+    Taken here by telling the launcher it is not root (the map then points at root outside, but
+    what the code can do inside is the same): the mounts, the capability drop and seccomp hold."""
+    monkeypatch.setattr(sandbox, "_runs_as_root", lambda: False)
+    body = f'''
+print("ids", os.getuid(), sorted(p for p in os.listdir("/proc") if p.isdigit()))
+print("caps", open("/proc/self/status").read().split("CapEff:\\t")[1][:16])
+attempt("open", lambda: open("{PREFIX}/lib/rlvr-escape", "w"))
+attempt("unshare user", lambda: libc.unshare(0x10000000))
+attempt("mount", lambda: libc.mount(b"tmpfs", b"/usr", b"tmpfs", 0, None))
+attempt("fork", lambda: os.fork())
+attempt("home", lambda: open("{REPO}/pyproject.toml"))
+'''
+    assert routes(tool, body) == ["ids 65534 ['1']", "caps 0000000000000000", "open: EROFS", "unshare user: EPERM",
+                                  "mount: EPERM", "fork: EPERM", "home: ENOENT"]
+
+
+def _descendants(pid: int) -> list[int]:
+    children = {}
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            ppid = int(Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        children.setdefault(ppid, []).append(int(entry))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return "State:\tZ" not in Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+
+
+def _uid(pid: int) -> int:
+    status = Path(f"/proc/{pid}/status").read_text()
+    return int(next(line for line in status.splitlines() if line.startswith("Uid:")).split()[1])
+
+
+def test_outside_the_namespace_the_code_is_unprivileged_too():
+    """Seen from the host, the running code's uid is 65534 when rlvr runs as root (the trainer's
+    own uid otherwise): not root, so file permissions and RLIMIT_NPROC apply to it."""
+    async def watch():
+        task = asyncio.ensure_future(run_sandboxed("import time\ntime.sleep(2)", SandboxLimits(timeout_s=10)))
+        for _ in range(100):
+            await asyncio.sleep(0.05)
+            pids = [p for p in _descendants(os.getpid()) if _alive(p)]
+            if len(pids) >= 2:
+                break
+        uids = {_uid(p) for p in pids}
+        task.cancel()
+        try:
+            await task
+        except asyncio.CancelledError:
+            pass
+        return pids, uids
+
+    pids, uids = asyncio.run(watch())
+    expected = 65534 if os.geteuid() == 0 else os.getuid()
+    assert len(pids) == 2 and expected in uids and (os.geteuid() != 0 or 0 in uids)  # the launcher, then the code
+    assert not any(_alive(p) for p in pids)  # cancelled: the group was killed
+
+
+def test_working_folder_is_size_limited(tool):
+    body = '''
+def fill():
+    with open("big", "wb") as f:
+        for _ in range(64):
+            f.write(b"x" * 1024 * 1024)
+attempt("64 MB", fill)
+def many():
+    for i in range(100):
+        open(f"f{i}", "w").close()
+attempt("100 files", many)
+'''
+    assert routes(tool, body) == ["64 MB: ENOSPC", "100 files: ENOSPC"]  # disk_mb=4, max_files=50
 
 
 def test_environment_is_scrubbed(tool, monkeypatch):
     monkeypatch.setenv("RLVR_SECRET_TOKEN", "hunter2")
     out = call(tool, "import os\nprint(sorted(os.environ))")[0]
-    assert "RLVR_SECRET_TOKEN" not in out and "hunter2" not in out
-    assert out.strip() == "['HOME', 'LANG', 'PATH']"
+    assert out.strip() == "['HOME', 'LANG', 'PATH', 'TMPDIR']"
 
 
-def test_network_is_isolated_even_without_the_hook():
-    """Below the audit hook: in the child's namespaces there is no route out (ENETUNREACH)."""
-    import errno
-    import subprocess
-
-    code = "import socket\ns = socket.socket()\ns.settimeout(1)\nprint(s.connect_ex(('1.1.1.1', 80)))"
-    out = subprocess.run([*sandbox.UNSHARE, sandbox.PYTHON, "-I", "-c", code], capture_output=True, text=True, timeout=30)
-    assert int(out.stdout) == errno.ENETUNREACH
-
-
-def test_output_is_capped(tool):
-    text = call(tool, "print('x' * 100000)")[0]
+def test_output_is_capped():
+    small = PythonTool({"max_output_chars": 200}, None)
+    text = call(small, "print('x' * 100000)")[0]
     assert text.startswith("x" * 200) and "[output truncated at 200 characters]" in text
 
 
-def test_writes_inside_the_working_directory_are_allowed_and_removed(tool):
+def test_writes_inside_the_working_folder_are_allowed_and_removed(tool):
     assert call(tool, "open('notes.txt', 'w').write('hi')\nprint(open('notes.txt').read())")[0] == "hi\n"
-    assert call(tool, "import os\nprint(os.path.exists('notes.txt'))")[0] == "False\n"  # a fresh directory per call
+    assert call(tool, "open('/tmp/t', 'w').write('t')\nprint(open('/sandbox/t').read())")[0] == "t\n"
+    assert call(tool, "import os\nprint(os.listdir('.'))")[0] == "['main.py']\n"  # a fresh folder per call
 
 
-def test_refuses_to_start_without_network_isolation(monkeypatch):
-    monkeypatch.setattr(sandbox, "network_isolation_error", lambda: "unshare is not available")
-    with pytest.raises(ToolError, match="cannot isolate the sandboxed code from the network.*require_network_isolation"):
+def test_refuses_to_start_where_the_machine_cannot_sandbox(monkeypatch):
+    monkeypatch.setattr(sandbox, "sandbox_error", lambda: "unshare (user namespaces): Operation not permitted")
+    with pytest.raises(ToolError, match="cannot sandbox the model's code on this machine .unshare .user namespaces"):
         PythonTool({}, None)
-    allowed = PythonTool({"require_network_isolation": False}, None)
-    assert allowed.isolate_network is False
 
 
-def test_unknown_limit_keys_are_refused():
+def test_unknown_and_removed_limit_keys_are_refused():
     with pytest.raises(ValueError, match=r"unknown keys \['memory'\]"):
         PythonTool({"memory": 1}, None)
+    with pytest.raises(ValueError, match="require_network_isolation` is no longer a setting"):
+        PythonTool({"require_network_isolation": False}, None)
 
 
-def test_no_process_is_left_behind(tool):
-    before = {p for p in os.listdir("/proc") if p.isdigit()}
-    with pytest.raises(ToolError):
-        call(tool, "while True:\n    pass")
-    after = {p for p in os.listdir("/proc") if p.isdigit()}
-    leftover = [p for p in after - before
-                if Path(f"/proc/{p}/cmdline").exists() and b"-I\x00-S" in Path(f"/proc/{p}/cmdline").read_bytes()]
-    assert leftover == []
+INTERRUPTED = '''
+import asyncio, sys
+from rlvr.tools.python import PythonTool
+tool = PythonTool({"timeout_s": 60, "cpu_time_s": 60}, None)
+asyncio.run(tool.execute("i", {"code": "import time\\ntime.sleep(60)"}))
+'''
+
+
+@pytest.mark.parametrize("how", [signal.SIGINT, signal.SIGKILL])
+def test_nothing_outlives_an_interrupted_trainer(how):
+    """Ctrl-C in the middle of a call cancels it (the process group is killed, the mount point
+    removed); SIGKILL runs no cleanup, so the parent-death signal ends the sandbox and the next
+    tool start removes the empty mount point."""
+    trainer = subprocess.Popen([sys.executable, "-c", INTERRUPTED], cwd=REPO)
+    deadline = time.monotonic() + 30
+    while len([p for p in _descendants(trainer.pid) if _alive(p)]) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    sandboxed = _descendants(trainer.pid)
+    assert len(sandboxed) == 2
+    trainer.send_signal(how)
+    trainer.wait(timeout=30)
+    deadline = time.monotonic() + 10
+    while any(_alive(p) for p in sandboxed) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not any(_alive(p) for p in sandboxed)
+    left = list(Path(sandbox.tempfile.gettempdir()).glob(f"{sandbox.MOUNT_PREFIX}{trainer.pid}-*"))
+    if how == signal.SIGKILL:
+        assert len(left) == 1
+        sandbox.remove_stale_mount_points()
+        left = [p for p in left if p.exists()]
+    assert left == []
