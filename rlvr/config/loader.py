@@ -261,6 +261,8 @@ def load_config(config_file: str | Path | None = None, overrides: Iterable[str] 
             layers.append((_read_yaml(path), f"file {str(path)!r}"))
     layers.append((parse_overrides(sets), "the command line"))
     merged = OmegaConf.structured(RLVRConfig)
+    defaults = OmegaConf.structured(RLVRConfig)
+    set_by: dict[str, str] = {}  # run-length key -> the layer that set it
     for data, source in layers:
         _verl_keys(data, source)
         _check_keys(data, source)
@@ -268,7 +270,7 @@ def load_config(config_file: str | Path | None = None, overrides: Iterable[str] 
             merged = OmegaConf.merge(merged, OmegaConf.create(data))
         except OmegaConfBaseException as err:
             raise ConfigError(_explain(err, source)) from None
-    defaults = OmegaConf.structured(RLVRConfig)
+        _one_run_length(data, source, merged, defaults, set_by)
     for key in deletions:
         if key not in known_keys():
             raise ConfigError(f"unknown config key {key!r} (from the command line, ~{key}){_nearest(key)}")
@@ -280,6 +282,31 @@ def load_config(config_file: str | Path | None = None, overrides: Iterable[str] 
     import_custom_modules(cfg.custom_modules)
     validate(cfg)
     return cfg
+
+
+RUN_LENGTH_KEYS = ("trainer.total_epochs", "trainer.total_training_steps")
+
+
+def _one_run_length(data: dict[str, Any], source: str, merged, defaults, set_by: dict[str, str]) -> None:
+    """The layer that sets one of ``trainer.total_epochs`` / ``total_training_steps`` and not the
+    other decides the run length: the other goes back to its schema default. Otherwise the GRPO
+    recipe's ``total_training_steps: 24`` would silently outrank a user's ``total_epochs=15``
+    (a set ``total_training_steps`` decides the length whatever ``total_epochs`` says)."""
+    flat = _flatten(data)
+    given = [key for key in RUN_LENGTH_KEYS if key in flat]
+    for key in given:
+        set_by[key] = source
+    if len(given) != 1:
+        return
+    other = next(key for key in RUN_LENGTH_KEYS if key not in given)
+    value, default = OmegaConf.select(merged, other), OmegaConf.select(defaults, other)
+    if value != default:
+        print(f"[rlvr] note: {given[0]}={flat[given[0]]} (from {source}) sets the run length, so {other}={value} "
+              f"(from {set_by[other]}) is dropped (back to {default}); to keep both, set both in the same place "
+              "(then total_training_steps decides)",
+              file=sys.stderr, flush=True)
+        OmegaConf.update(merged, other, default, merge=False)
+        set_by[other] = "the schema default"
 
 
 def _explain(err: OmegaConfBaseException, source: str) -> str:

@@ -278,3 +278,24 @@ def test_calculator_recipe_loads():
     cfg = load_config("calculator", [])
     mt = cfg.actor_rollout_ref.rollout.multi_turn
     assert mt.enable and mt.format == "tag" and mt.tool_config_path == "calculator" and cfg.data.return_raw_chat
+
+
+def test_a_user_set_run_length_is_not_outranked_by_the_recipe(tmp_path, capsys):
+    from rlvr.trainer.main import total_steps
+
+    # grpo.yaml says total_training_steps: 24; a verl user's total_epochs=15 must decide instead
+    cfg = load_config(overrides=["trainer.total_epochs=15"])
+    assert (cfg.trainer.total_epochs, cfg.trainer.total_training_steps) == (15, None)
+    assert total_steps(cfg, batches_per_epoch=10) == 150  # 15 epochs x 10 batches, not 24
+    assert "total_training_steps=24 (from the recipe" in capsys.readouterr().err
+    user = tmp_path / "verl.yaml"
+    user.write_text("trainer:\n  total_epochs: 3\n")
+    cfg = load_config(user, ["actor_rollout_ref.rollout.n=8"])  # a verl config file does the same
+    assert (cfg.trainer.total_epochs, cfg.trainer.total_training_steps) == (3, None)
+    # the command line's steps replace the file's epochs; both in one place: both kept, steps decide
+    cfg = load_config(user, ["trainer.total_training_steps=5"])
+    assert (cfg.trainer.total_epochs, cfg.trainer.total_training_steps) == (1, 5)
+    cfg = load_config(overrides=["trainer.total_epochs=2", "trainer.total_training_steps=7"])
+    assert (cfg.trainer.total_epochs, cfg.trainer.total_training_steps) == (2, 7)
+    assert total_steps(cfg, batches_per_epoch=10) == 7
+    assert load_config("dapo").trainer.total_training_steps == 24  # a recipe over the recipe keeps it
