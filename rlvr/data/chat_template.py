@@ -10,8 +10,17 @@ which is what lets a rollout append tool results as a token delta.
 
 ``ChatFormat.tool_delta`` gives the tokens that follow a model's turn when tool results
 arrive: the template's end of the assistant turn (unless the model wrote it), the tool
-messages, and the next assistant header, computed from the template itself on a dummy
-conversation, so earlier turns are never re-tokenised.
+messages, and the next assistant header, so earlier turns are never re-tokenised. The tool
+part is cut from a base conversation that ends in a user turn, not an assistant one: some
+templates render the last assistant turn differently from earlier ones (Qwen3 gives it an
+empty ``<think></think>`` block and drops it once a tool message follows), so a base ending in
+an assistant turn is not a prefix of the longer conversation. The end of an assistant turn is
+what the template renders between an assistant's text and the tool part. A template for which
+either does not hold is not prefix-stable and is refused (``TemplateError``).
+
+Tool output is text: it is tokenised with special-token parsing off, so a tool (or a model
+that makes a tool echo its input) that prints ``<|im_end|>`` or ``<|im_start|>assistant`` does
+not open or close turns; only the template's own text becomes special tokens.
 """
 
 from __future__ import annotations
@@ -56,6 +65,15 @@ TOOL_CHAT_TEMPLATE = (
 )
 
 
+class TemplateError(ValueError):
+    """A chat template the tool loop cannot use (not prefix-stable, or a tool format it contradicts)."""
+
+
+_FIX_TEMPLATE = ("give the model a template that renders a conversation's earlier turns the same whatever follows "
+                 "(the chat_template of tokenizer_config.json in actor_rollout_ref.model.tokenizer_path, or the "
+                 "model folder)")
+
+
 def template_renders_tools(tokenizer) -> bool:
     """Whether the tokenizer's own chat template reads the ``tools`` list."""
     template = tokenizer.chat_template
@@ -67,16 +85,25 @@ def template_renders_tools(tokenizer) -> bool:
 class ChatFormat:
     """Renders conversations with tools, with the tokenizer's template or the fallback one."""
 
-    _DUMMY = [{"role": "user", "content": "U"}, {"role": "assistant", "content": "A"}]
+    _BASE = [{"role": "user", "content": "U"}]
+    _MARK = "RLVRASSISTANTTEXT"  # an assistant's text, to find where the template closes its turn
 
     def __init__(self, tokenizer, tools: Sequence[dict[str, Any]] | None = None, tool_format: str = "hermes",
                  chat_template: str | None = None):
         self.tokenizer = tokenizer
         self.tools = list(tools) if tools else None
         self.tool_format = tool_format
-        self.template = chat_template or (None if template_renders_tools(tokenizer) else TOOL_CHAT_TEMPLATE)
-        self._dummy = self.render(self._DUMMY)  # the base every tool delta is cut from
-        self.assistant_end = self._dummy[self._dummy.rindex("A") + 1:]  # closes an assistant turn, e.g. "<|im_end|>\n"
+        own = template_renders_tools(tokenizer)
+        if chat_template is None and own and tool_format == "tag":
+            raise TemplateError(
+                "actor_rollout_ref.rollout.multi_turn.format=tag, but the tokenizer's chat template lists the tools "
+                "itself and tells the model its own call format (Qwen-style templates: <tool_call>{json}</tool_call>), "
+                "which the tag parser does not read; set actor_rollout_ref.rollout.multi_turn.format=hermes")
+        self.template = chat_template or (None if own else TOOL_CHAT_TEMPLATE)
+        self._special_ids = set(tokenizer.all_special_ids) | {
+            i for i, t in tokenizer.added_tokens_decoder.items() if t.special}
+        self._base = self._probe(self._BASE)  # every tool delta is cut from it: it ends in a user turn
+        self.assistant_end = self._assistant_end()  # closes an assistant turn, e.g. "<|im_end|>\n"
 
     def render(self, messages: Sequence[dict[str, Any]], add_generation_prompt: bool = False) -> str:
         return self.tokenizer.apply_chat_template(list(messages), tools=self.tools, chat_template=self.template,
@@ -86,14 +113,76 @@ class ChatFormat:
     def encode(self, text: str) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=False)
 
+    def encode_text(self, text: str) -> list[int]:
+        """Tokens of ``text`` read as plain text: special-token strings in it stay ordinary tokens."""
+        ids = self.tokenizer.encode(text, add_special_tokens=False, split_special_tokens=True)
+        special = sorted(set(ids) & self._special_ids)
+        if special:
+            raise TemplateError(f"tool output {text[:80]!r} tokenises to special tokens "
+                                f"{self.tokenizer.convert_ids_to_tokens(special)} even as plain text")
+        return ids
+
     def prompt_ids(self, messages: Sequence[dict[str, Any]]) -> list[int]:
         return self.encode(self.render(messages, add_generation_prompt=True))
 
+    def _after_base(self, tool_messages: Sequence[dict[str, Any]]) -> str:
+        """What the template renders after the base for ``tool_messages`` and the next assistant header."""
+        full = self.render([*self._BASE, *tool_messages], add_generation_prompt=True)
+        if not full.startswith(self._base):
+            raise TemplateError(f"the chat template is not prefix-stable: adding a tool message changes the text "
+                                f"rendered before it ({self._base!r} becomes {full[:len(self._base)]!r}), so tool "
+                                f"results cannot be appended as tokens; {_FIX_TEMPLATE}")
+        return full[len(self._base):]
+
+    def _probe(self, messages: Sequence[dict[str, Any]], add_generation_prompt: bool = False) -> str:
+        """``render`` at construction, where a template that raises means it cannot serve the tool loop."""
+        try:
+            return self.render(messages, add_generation_prompt)
+        except Exception as err:  # jinja raises: e.g. a template that allows no tool role
+            raise TemplateError(f"the chat template cannot render {[m['role'] for m in messages]} "
+                                f"({type(err).__name__}: {err}); {_FIX_TEMPLATE}") from None
+
+    def _assistant_end(self) -> str:
+        """The text between an assistant's last character and the tool messages that follow it."""
+        probe = [{"role": "tool", "content": "T"}]
+        self._probe([*self._BASE, *probe], add_generation_prompt=True)
+        after_user = self._after_base(probe)
+        text = self._probe([*self._BASE, {"role": "assistant", "content": self._MARK}, *probe], True)
+        after_mark = text[text.index(self._MARK) + len(self._MARK):] if self._MARK in text else ""
+        if not after_mark.endswith(after_user):
+            raise TemplateError(f"the chat template is not prefix-stable: tool messages render as {after_user!r} "
+                                f"after a user turn but {after_mark!r} after an assistant's text; {_FIX_TEMPLATE}")
+        return after_mark[:len(after_mark) - len(after_user)]
+
+    def _tool_pieces(self, tool_messages: Sequence[dict[str, Any]]) -> list[tuple[str, bool]]:
+        """The tool part after the base as (text, is_tool_content) pieces, in order. Each content
+        is located by rendering it alone among placeholders, so a template that transforms it
+        (Llama-3.1 quotes it as JSON) is followed exactly."""
+        marks = [f"RLVRTOOLCONTENT{i}X" for i in range(len(tool_messages))]
+        marked = [{**m, "content": mark} for m, mark in zip(tool_messages, marks)]
+        skeleton = self._after_base(marked)
+        pieces, rest = [], skeleton
+        for i, (message, mark) in enumerate(zip(tool_messages, marks)):
+            if skeleton.count(mark) != 1:
+                raise TemplateError(f"the chat template renders a tool message's content {skeleton.count(mark)} "
+                                    f"times (expected once); {_FIX_TEMPLATE}")
+            before, _, rest = rest.partition(mark)
+            head, tail = skeleton.split(mark)
+            real = self._after_base([*marked[:i], message, *marked[i + 1:]])
+            if not (real.startswith(head) and real.endswith(tail)):
+                raise TemplateError(f"the chat template is not prefix-stable: tool output {message['content'][:80]!r} "
+                                    f"changes the text around it; {_FIX_TEMPLATE}")
+            pieces += [(before, False), (real[len(head):len(real) - len(tail)], True)]
+        return pieces + [(rest, False)]
+
     def tool_delta(self, tool_messages: Sequence[dict[str, Any]], closed_by: str = "") -> list[int]:
         """Tokens after a model turn that ended with text ``closed_by`` (e.g. the end token it
-        generated): the rest of the assistant turn's end, the tool messages, the next header."""
-        full = self.render([*self._DUMMY, *tool_messages], add_generation_prompt=True)
+        generated): the rest of the assistant turn's end, the tool messages, the next header.
+        The template's text may hold special tokens; the tools' text never does."""
         end = self.assistant_end
         if closed_by and end.startswith(closed_by):
             end = end[len(closed_by):]
-        return self.encode(end + full[len(self._dummy):])
+        ids = self.encode(end)
+        for text, is_content in self._tool_pieces(tool_messages):
+            ids += self.encode_text(text) if is_content else self.encode(text)
+        return ids
