@@ -11,6 +11,8 @@ DTYPES = ("float32", "bfloat16")
 STRATEGIES = ("local", "fsdp2")
 DEVICES = ("auto", "cpu", "cuda")
 GROUP_ESTIMATORS = ("grpo", "grpo_passk", "rloo", "reinforce_plus_plus_baseline", "opo")
+# trainer.logger backend -> the package it needs (None: none beyond rlvr's own)
+LOGGER_BACKENDS = {"console": None, "jsonl": None, "tensorboard": "tensorboard", "wandb": "wandb"}
 
 
 class ConfigError(ValueError):
@@ -138,6 +140,49 @@ def _multi_turn(cfg: RLVRConfig) -> list[str]:
         errors.append(f"{key}.enable=true needs data.return_raw_chat=true (the rollout continues each prompt's "
                       "conversation)")
     return errors
+
+
+def _run_management(cfg: RLVRConfig) -> list[str]:
+    """What the trainer would otherwise find wrong only after the model has loaded: the logger
+    backends (and their packages), the reward function names, the checkpoint to resume from."""
+    import importlib.util
+
+    from rlvr.rewards.registry import REWARD_FNS
+
+    errors = []
+    for backend in cfg.trainer.logger:
+        if backend not in LOGGER_BACKENDS:
+            errors.append(f"trainer.logger has unknown backend {backend!r}; choose from {list(LOGGER_BACKENDS)}")
+        elif LOGGER_BACKENDS[backend] and importlib.util.find_spec(LOGGER_BACKENDS[backend]) is None:
+            errors.append(f"trainer.logger includes {backend} but the {LOGGER_BACKENDS[backend]} package is not "
+                          f"installed: pip install 'rlvr[{backend}]', or drop {backend} from trainer.logger")
+    for key in ("functions", "val_functions"):
+        for i, entry in enumerate(getattr(cfg.reward, key)):
+            if entry.name not in REWARD_FNS.names():
+                errors.append(f"reward.{key}[{i}].name = {entry.name!r} is not a registered reward function; choose "
+                              f"one of {REWARD_FNS.names()} (or register yours with @register_reward_fn in a file "
+                              "listed in custom_modules)")
+    if cfg.reward.custom_reward_function.path and cfg.reward.functions:
+        errors.append("reward.custom_reward_function.path and reward.functions both choose the training reward, and "
+                      "the custom function would replace the functions; keep one (a custom function can call "
+                      "rlvr's scorers itself)")
+    problem = resume_mode_problem(cfg.trainer.resume_mode)
+    if problem:
+        errors.append(problem)
+    return errors
+
+
+def resume_mode_problem(mode: str) -> str | None:
+    """Why ``trainer.resume_mode`` names no checkpoint (None when it is auto, disable, or a checkpoint folder)."""
+    from pathlib import Path
+
+    if mode in ("auto", "disable"):
+        return None
+    path = Path(mode).expanduser()
+    if not (path / "trainer_state.pt").is_file():
+        return (f"trainer.resume_mode = {mode!r}: {path} is not a checkpoint folder (no trainer_state.pt); use auto "
+                "(the run's newest checkpoint), disable, or a <run dir>/checkpoints/global_step_<k> folder")
+    return None
 
 
 def _registered_names(cfg: RLVRConfig) -> list[str]:
@@ -312,6 +357,6 @@ def _distributed(cfg: RLVRConfig) -> list[str]:
 def validate(cfg: RLVRConfig) -> None:
     """Raise ConfigError listing every broken invariant of ``cfg``."""
     errors = _not_implemented(cfg) + _batch_sizes(cfg) + _choices(cfg) + _registered_names(cfg) + _algorithm(cfg) \
-        + _multi_turn(cfg) + _distributed(cfg)
+        + _multi_turn(cfg) + _distributed(cfg) + _run_management(cfg)
     if errors:
         raise ConfigError("invalid config:\n  - " + "\n  - ".join(errors))

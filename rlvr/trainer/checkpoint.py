@@ -31,6 +31,7 @@ import torch
 
 from rlvr.config import ConfigError
 from rlvr.config.schema import RLVRConfig
+from rlvr.config.validate import resume_mode_problem
 
 LATEST_FILE = "latest_checkpointed_iteration.txt"
 STEP_DIR = re.compile(r"^global_step_(\d+)$")
@@ -136,11 +137,10 @@ def resolve_resume(config: RLVRConfig) -> Path | None:
         return None
     if mode == "auto":
         return latest_checkpoint(checkpoint_root(config))
-    path = Path(mode).expanduser()
-    if not (path / "trainer_state.pt").exists():
-        raise ConfigError(f"trainer.resume_mode={mode!r}: {path} is not a checkpoint folder (no trainer_state.pt); "
-                          "use auto, disable, or a checkpoints/global_step_<k> folder")
-    return path
+    problem = resume_mode_problem(mode)  # checked at load; the folder may have gone since
+    if problem:
+        raise ConfigError(problem)
+    return Path(mode).expanduser()
 
 
 def load_trainer_state(path: Path, config: RLVRConfig) -> dict[str, Any]:

@@ -299,3 +299,30 @@ def test_a_user_set_run_length_is_not_outranked_by_the_recipe(tmp_path, capsys):
     assert (cfg.trainer.total_epochs, cfg.trainer.total_training_steps) == (2, 7)
     assert total_steps(cfg, batches_per_epoch=10) == 7
     assert load_config("dapo").trainer.total_training_steps == 24  # a recipe over the recipe keeps it
+
+
+def test_run_management_is_checked_at_load_before_any_model(tmp_path, monkeypatch):
+    import importlib.util
+
+    with pytest.raises(ConfigError, match=r"trainer.logger has unknown backend 'mlflow'; choose from \['console', "
+                                          r"'jsonl', 'tensorboard', 'wandb'\]"):
+        load_config(overrides=["trainer.logger=[console,mlflow]"])
+    with pytest.raises(ConfigError, match=r"reward.functions\[1\].name = 'arithmatic' is not a registered reward "
+                                          r"function; choose one of \['arithmetic', "):
+        load_config(overrides=["reward.functions=[{name: correctness},{name: arithmatic}]"])
+    with pytest.raises(ConfigError, match=r"reward.val_functions\[0\].name = 'acc' is not a registered"):
+        load_config(overrides=["reward.val_functions=[{name: acc}]"])
+    with pytest.raises(ConfigError, match=r"reward.custom_reward_function.path and reward.functions both"):
+        load_config(overrides=["reward.functions=[{name: correctness}]", "reward.custom_reward_function.path=my.py"])
+    (tmp_path / "global_step_2").mkdir()
+    with pytest.raises(ConfigError, match=r"trainer.resume_mode = '.*global_step_2': .* is not a checkpoint folder "
+                                          r"\(no trainer_state.pt\); use auto"):
+        load_config(overrides=[f"trainer.resume_mode={tmp_path / 'global_step_2'}"])
+    (tmp_path / "global_step_2" / "trainer_state.pt").write_bytes(b"")
+    assert load_config(overrides=[f"trainer.resume_mode={tmp_path / 'global_step_2'}"]).trainer.resume_mode.endswith(
+        "global_step_2")
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "wandb" else real(name, *a))
+    with pytest.raises(ConfigError, match=r"trainer.logger includes wandb but the wandb package is not installed: "
+                                          r"pip install 'rlvr\[wandb\]'"):
+        load_config(overrides=["trainer.logger=[console,wandb]"])
