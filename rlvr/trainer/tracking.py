@@ -3,8 +3,9 @@
 - ``console``: one compact line per step (through tqdm, so the progress bar stays at the bottom);
 - ``jsonl``: ``metrics.jsonl`` in the run directory, one record per step (``rlvr plot`` reads it);
 - ``tensorboard``: event files in ``<run_dir>/tensorboard`` (``tensorboard --logdir runs``);
-- ``wandb``: Weights & Biases under ``<run_dir>/wandb``; with ``WANDB_MODE=offline`` (the
-  default when no API key is configured) it writes an offline run for ``wandb sync``.
+- ``wandb``: Weights & Biases under ``<run_dir>/wandb``. Online when wandb finds an API key
+  where it looks for one (``WANDB_API_KEY``, the netrc entry ``wandb login`` writes, wandb's
+  settings file); with none, or with ``WANDB_MODE=offline``, an offline run for ``wandb sync``.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-KNOWN_BACKENDS = ("console", "jsonl", "tensorboard", "wandb")
+from rlvr.config.validate import LOGGER_BACKENDS  # the config checks them at load; Tracking again, for direct use
 
 # (metric, label, format) shown on the console line, in order, when present
 CONSOLE_FIELDS = (
@@ -33,9 +34,9 @@ CONSOLE_FIELDS = (
 class Tracking:
     def __init__(self, backends: list[str], run_dir: str | Path | None, progress_bar: bool = True,
                  project: str = "rlvr", experiment: str = "run", config: dict | None = None):
-        unknown = [b for b in backends if b not in KNOWN_BACKENDS]
+        unknown = [b for b in backends if b not in LOGGER_BACKENDS]
         if unknown:
-            raise ValueError(f"trainer.logger has unknown backends {unknown}; choose from {list(KNOWN_BACKENDS)}")
+            raise ValueError(f"trainer.logger has unknown backends {unknown}; choose from {list(LOGGER_BACKENDS)}")
         self.backends = list(backends)
         self.run_dir = None if run_dir is None else Path(run_dir)
         self.progress_bar = progress_bar
@@ -130,13 +131,17 @@ def _start_wandb(run_dir: Path, project: str, experiment: str, config: dict | No
     except ImportError:
         raise ValueError("trainer.logger includes wandb but the wandb package is not installed: "
                          "pip install 'rlvr[wandb]' (or drop wandb from trainer.logger)") from None
-    if not os.environ.get("WANDB_API_KEY") and "WANDB_MODE" not in os.environ:
-        os.environ["WANDB_MODE"] = "offline"  # no key: write an offline run for `wandb sync`
+    kwargs: dict = {}
+    offline = os.environ.get("WANDB_MODE") in ("offline", "dryrun")
+    if "WANDB_MODE" not in os.environ and wandb_credentials() is None:
+        # wandb.init would stop to ask for a key (or fail without a terminal): an offline run instead
+        tqdm.write("[rlvr] W&B: no API key found (WANDB_API_KEY, `wandb login`'s netrc entry, wandb's settings): "
+                   f"writing an offline run under {run_dir / 'wandb'} (`wandb sync` uploads it)")
+        kwargs["mode"], offline = "offline", True
     (run_dir / "wandb").mkdir(parents=True, exist_ok=True)
     id_file = run_dir / WANDB_ID_FILE
-    kwargs: dict = {}
     if rewind_to is not None and id_file.exists():
-        if os.environ.get("WANDB_MODE") == "offline":
+        if offline:
             tqdm.write(f"[rlvr] W&B: an offline run cannot be rewound; steps after {rewind_to} continue in a new "
                        f"offline run (the earlier one, {id_file.read_text().strip()}, keeps its records)")
         else:
@@ -145,6 +150,46 @@ def _start_wandb(run_dir: Path, project: str, experiment: str, config: dict | No
                      settings=wandb.Settings(silent=True, console="off"), **kwargs)
     id_file.write_text(run.id)
     return run
+
+
+def wandb_credentials() -> str | None:
+    """Where wandb will find an API key, looked up in wandb's own order, or None: the
+    ``WANDB_API_KEY`` (or ``WANDB_IDENTITY_TOKEN_FILE``) variable, the netrc entry of the W&B host
+    (``$NETRC``, ``~/.netrc``, ``~/_netrc``; ``wandb login`` writes it), the ``api_key`` of wandb's
+    settings files (``$WANDB_CONFIG_DIR/settings`` or ``~/.config/wandb/settings``, then
+    ``./wandb/settings``). The host is ``WANDB_BASE_URL``, the settings' ``base_url``, or api.wandb.ai."""
+    import configparser
+    import netrc
+    import os
+    from urllib.parse import urlsplit
+
+    for var in ("WANDB_API_KEY", "WANDB_IDENTITY_TOKEN_FILE"):
+        if os.environ.get(var):
+            return var
+    config_dir = Path(os.environ.get("WANDB_CONFIG_DIR") or "~/.config/wandb").expanduser()
+    settings: dict[str, str] = {}
+    for path in (config_dir / "settings", Path("wandb") / "settings"):  # the workspace file wins
+        parser = configparser.ConfigParser()
+        try:
+            parser.read(path)
+        except configparser.Error:
+            continue
+        if parser.has_section("default"):
+            settings.update(parser["default"])
+    host = urlsplit(os.environ.get("WANDB_BASE_URL") or settings.get("base_url") or "https://api.wandb.ai").netloc
+    candidates = [Path(os.environ["NETRC"]).expanduser()] if os.environ.get("NETRC") else \
+        [Path("~/.netrc").expanduser(), Path("~/_netrc").expanduser()]
+    path = next((c for c in candidates if c.is_file()), None)
+    if path is not None and host:
+        try:
+            entry = netrc.netrc(str(path)).authenticators(host)
+        except (netrc.NetrcParseError, OSError):
+            entry = None
+        if entry and entry[2]:
+            return str(path)
+    if settings.get("api_key"):
+        return "wandb settings"
+    return None
 
 
 def _plain(value):

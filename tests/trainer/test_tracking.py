@@ -126,3 +126,71 @@ def test_wandb_resume_rewinds_the_saved_run(tmp_path, monkeypatch):
     offline.rewind(3)
     offline.close()
     assert "resume_from" not in calls[2]
+
+
+@pytest.fixture
+def fake_wandb(tmp_path, monkeypatch):
+    """A stub wandb module recording each init call (with the WANDB_MODE it saw), in a HOME of
+    its own: no real credentials or settings of the machine running the tests take part."""
+    import sys
+    import types
+
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.chdir(tmp_path)
+    for var in ("WANDB_API_KEY", "WANDB_IDENTITY_TOKEN_FILE", "WANDB_MODE", "WANDB_BASE_URL", "WANDB_CONFIG_DIR",
+                "NETRC"):
+        monkeypatch.delenv(var, raising=False)
+    calls = []
+
+    def init(**kwargs):
+        import os
+
+        calls.append({**kwargs, "env_mode": os.environ.get("WANDB_MODE")})
+        return types.SimpleNamespace(id="run1", log=lambda *a, **k: None, finish=lambda: None)
+
+    monkeypatch.setitem(sys.modules, "wandb", types.SimpleNamespace(init=init, Settings=lambda **kw: kw))
+    return home, calls
+
+
+def _wandb_mode(tmp_path, calls):
+    tracker = Tracking(["wandb"], tmp_path / "run")
+    tracker.log({"critic/score/mean": 0.5}, 1)
+    tracker.close()
+    return calls[-1].get("mode"), calls[-1]["env_mode"]
+
+
+def test_wandb_online_for_a_user_who_ran_wandb_login(tmp_path, fake_wandb, monkeypatch):
+    from rlvr.trainer.tracking import wandb_credentials
+
+    home, calls = fake_wandb
+    assert wandb_credentials() is None
+    assert _wandb_mode(tmp_path, calls) == ("offline", None)  # no key anywhere: an offline run, said on the console
+    # `wandb login` writes the key into ~/.netrc: wandb finds it, and so must rlvr (no forced offline)
+    (home / ".netrc").write_text("machine api.wandb.ai\n  login user\n  password " + "k" * 40 + "\n")
+    assert wandb_credentials() == str(home / ".netrc")
+    assert _wandb_mode(tmp_path, calls) == (None, None)
+    # a netrc entry for another host does not count when WANDB_BASE_URL names a server of one's own
+    monkeypatch.setenv("WANDB_BASE_URL", "https://wandb.example.com")
+    assert _wandb_mode(tmp_path, calls) == ("offline", None)
+    netrc = tmp_path / "other_netrc"
+    netrc.write_text("machine wandb.example.com login user password " + "j" * 40 + "\n")
+    monkeypatch.setenv("NETRC", str(netrc))
+    assert wandb_credentials() == str(netrc) and _wandb_mode(tmp_path, calls) == (None, None)
+
+
+def test_wandb_key_from_settings_or_environment_and_mode_left_to_the_user(tmp_path, fake_wandb, monkeypatch):
+    from rlvr.trainer.tracking import wandb_credentials
+
+    home, calls = fake_wandb
+    settings = home / ".config" / "wandb" / "settings"
+    settings.parent.mkdir(parents=True)
+    settings.write_text("[default]\napi_key = " + "s" * 40 + "\n")
+    assert wandb_credentials() == "wandb settings" and _wandb_mode(tmp_path, calls) == (None, None)
+    settings.unlink()
+    monkeypatch.setenv("WANDB_API_KEY", "e" * 40)
+    assert wandb_credentials() == "WANDB_API_KEY" and _wandb_mode(tmp_path, calls) == (None, None)
+    monkeypatch.delenv("WANDB_API_KEY")
+    monkeypatch.setenv("WANDB_MODE", "online")  # the user's own choice is wandb's to honour, never overridden
+    assert _wandb_mode(tmp_path, calls) == (None, "online")
