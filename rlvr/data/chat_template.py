@@ -115,6 +115,11 @@ class ChatFormat:
 
     def encode_text(self, text: str) -> list[int]:
         """Tokens of ``text`` read as plain text: special-token strings in it stay ordinary tokens."""
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as err:  # the tokenizer's own error for this is a bare TypeError
+            raise ValueError(f"tool output {text[:80]!r} is not valid Unicode text ({err.reason} at character "
+                             f"{err.start}), so it cannot be tokenised") from None
         ids = self.tokenizer.encode(text, add_special_tokens=False, split_special_tokens=True)
         special = sorted(set(ids) & self._special_ids)
         if special:

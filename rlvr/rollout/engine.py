@@ -197,10 +197,11 @@ class NativeRollout:
         live = torch.arange(B, device=device)  # original row of each decode-batch row
         done = torch.zeros(B, dtype=torch.bool, device=device)  # per decode-batch row
         uneven = bool((budgets < max_new).any())  # multi-turn requests with different budgets left
+        batch_rows = torch.tensor(params.row_ids) if params.row_ids else torch.arange(B) + params.row_offset  # (B,)
+        draws = max(B, params.total_rows, int(batch_rows.max()) + 1)
         for step in range(max_new):
             live_cpu = live.cpu()
-            uniforms = 1.0 - torch.rand(max(B, params.total_rows), generator=generator,  # (0, 1], for all rows
-                                        dtype=torch.float64)[params.row_offset:params.row_offset + B]
+            uniforms = 1.0 - torch.rand(draws, generator=generator, dtype=torch.float64)[batch_rows]  # (0, 1], (B,)
             next_tok, next_lp = sample_tokens(logits, params, uniforms[live_cpu].to(device))
             active = ~done
             idx = live[active].cpu()

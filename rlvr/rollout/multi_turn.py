@@ -41,7 +41,7 @@ from rlvr.data.chat_template import ChatFormat
 from rlvr.protocol import DataProto
 from rlvr.rollout.engine import Completion, NativeRollout, pack_responses
 from rlvr.rollout.sampling import SamplingParams
-from rlvr.tools.base import BaseTool, ToolError
+from rlvr.tools.base import BaseTool, ToolBusyError, ToolError
 from rlvr.tools.config import load_tools
 from rlvr.tools.parsers import ToolCall, ToolParser, get_tool_parser
 from rlvr.tools.schema import check_arguments
@@ -207,25 +207,43 @@ class MultiTurnRollout:
         loop = asyncio.new_event_loop()
         try:
             loop.run_until_complete(self._create(requests))
-            turn = 0
-            while True:
-                running = [i for i, r in enumerate(requests) if r.state is RequestState.RUNNING]
-                if not running:
-                    break
-                groups = [uids[i] for i in running] if turn == 0 and uids is not None else None
-                start = time.perf_counter()
-                self._generate_turn([requests[i] for i in running], params, turn, groups)
-                self.timings["generate_s"] += time.perf_counter() - start
-                calling = [r for r in requests if r.state is RequestState.TOOL_CALLING]
-                start = time.perf_counter()
-                if calling:
-                    loop.run_until_complete(self._call_tools(calling))
-                self.timings["tools_s"] += time.perf_counter() - start
-                turn += 1
+            self._run_turns(loop, requests, params, uids)
             loop.run_until_complete(self._finish(requests))
         finally:
-            loop.close()
+            self._close(loop, requests)
         return self.to_dataproto(prompts, requests)
+
+    def _run_turns(self, loop: asyncio.AbstractEventLoop, requests: list[Request], params: SamplingParams, uids) -> None:
+        turn = 0
+        while True:
+            running = [i for i, r in enumerate(requests) if r.state is RequestState.RUNNING]
+            if not running:
+                break
+            groups = [uids[i] for i in running] if turn == 0 and uids is not None else None
+            start = time.perf_counter()
+            self._generate_turn(requests, running, params, turn, groups)
+            self.timings["generate_s"] += time.perf_counter() - start
+            calling = [r for r in requests if r.state is RequestState.TOOL_CALLING]
+            start = time.perf_counter()
+            if calling:
+                loop.run_until_complete(self._call_tools(calling))
+            self.timings["tools_s"] += time.perf_counter() - start
+            turn += 1
+
+    def _close(self, loop: asyncio.AbstractEventLoop, requests: list[Request]) -> None:
+        """Cancel and await the tasks still pending (a Ctrl-C mid tool turn leaves the turn's calls
+        running: each must reach its own cleanup, such as the python tool's sandbox teardown),
+        release every tool instance still held, then close the loop."""
+        try:
+            pending = asyncio.all_tasks(loop)
+            for task in pending:
+                task.cancel()
+            if pending:
+                loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+            loop.run_until_complete(self._release_all(requests))
+            loop.run_until_complete(loop.shutdown_asyncgens())
+        finally:
+            loop.close()
 
     def requests(self, prompts: DataProto) -> list[Request]:
         if "raw_prompt" not in prompts.non_tensor_batch:
@@ -244,16 +262,26 @@ class MultiTurnRollout:
                                ids[i][mask[i].bool()].tolist(), self.max_response_length, dict(tk)))
         return out
 
-    def _generate_turn(self, running: list[Request], params: SamplingParams, turn: int, groups) -> None:
-        turn_params = dataclasses.replace(params, seed=int(params.seed) + turn * 7919)
-        completions = self.engine.generate([r.generation_ids() for r in running], turn_params, groups,
-                                           max_new_tokens=[r.budget_left for r in running])
-        for req, c in zip(running, completions):
-            ids = c.token_ids
-            closed_by = self.eos_texts.get(ids[-1], "") if ids else ""
-            text = self.tokenizer.decode(ids[:-1] if closed_by else ids, skip_special_tokens=False)
-            calls = self.parser.parse(text) if c.finish_reason == "stop" else []
-            req.add_assistant_turn(c, text, closed_by, calls, self.config.max_assistant_turns)
+    def _generate_turn(self, requests: list[Request], running: list[int], params: SamplingParams, turn: int,
+                       groups) -> None:
+        """One batched turn over ``requests[i] for i in running``. Each request draws the uniforms
+        of its own row of the batch (``row_ids``), so its tokens do not depend on which other
+        requests are still running."""
+        turn_params = dataclasses.replace(params, seed=int(params.seed) + turn * 7919,
+                                          row_ids=tuple(params.row_offset + i for i in running),
+                                          total_rows=max(params.total_rows, params.row_offset + len(requests)))
+        live = [requests[i] for i in running]
+        completions = self.engine.generate([r.generation_ids() for r in live], turn_params, groups,
+                                           max_new_tokens=[r.budget_left for r in live])
+        for req, c in zip(live, completions):
+            try:
+                ids = c.token_ids
+                closed_by = self.eos_texts.get(ids[-1], "") if ids else ""
+                text = self.tokenizer.decode(ids[:-1] if closed_by else ids, skip_special_tokens=False)
+                calls = self.parser.parse(text) if c.finish_reason == "stop" else []
+                req.add_assistant_turn(c, text, closed_by, calls, self.config.max_assistant_turns)
+            except Exception as err:  # one request's turn cannot be read: it fails, the batch goes on
+                self._fail(req, "reading the model's turn", err)
 
     # ------------------------------------------------------------------ tools
     async def _create(self, requests: list[Request]) -> None:
@@ -264,20 +292,21 @@ class MultiTurnRollout:
                     req.instance_ids[name] = await tool.create(req.request_id, **kw)
                 req.start()
             except Exception as err:  # the trajectory cannot run: it fails, the batch goes on
-                self._warn(f"create:{type(err).__name__}", f"creating tools for request {req.request_id} failed: "
-                           f"{type(err).__name__}: {err}; the request is marked failed (multi_turn/failed)")
-                req.fail(f"tool create failed: {err}")
+                self._fail(req, "creating its tools", err)
 
         await asyncio.gather(*(create(r) for r in requests))
 
     async def _call_tools(self, calling: list[Request]) -> None:
         async def run(req: Request) -> None:
-            calls = req.pending_calls[:self.config.max_parallel_calls]
-            req.metrics["dropped_calls"] += len(req.pending_calls) - len(calls)
-            texts = await asyncio.gather(*(self._call(req, c) for c in calls))
-            limit, side = self.config.max_tool_response_length, self.config.tool_response_truncate_side
-            messages = [{"role": "tool", "content": truncate_text(t, limit, side)} for t in texts]
-            req.add_tool_responses(messages, self.chat.tool_delta(messages, req.closed_by))
+            try:
+                calls = req.pending_calls[:self.config.max_parallel_calls]
+                req.metrics["dropped_calls"] += len(req.pending_calls) - len(calls)
+                texts = await asyncio.gather(*(self._call(req, c) for c in calls))
+                limit, side = self.config.max_tool_response_length, self.config.tool_response_truncate_side
+                messages = [{"role": "tool", "content": truncate_text(t, limit, side)} for t in texts]
+                req.add_tool_responses(messages, self.chat.tool_delta(messages, req.closed_by))
+            except Exception as err:  # e.g. a result the tokenizer cannot encode (a lone surrogate)
+                self._fail(req, "appending its tool results", err)
 
         await asyncio.gather(*(run(r) for r in calling))
 
@@ -313,6 +342,8 @@ class MultiTurnRollout:
             return f"Error: {call.name} did not answer within {self.config.tool_timeout_s:g} s"
         except ToolError as err:
             req.metrics["tool_errors"] += 1
+            if isinstance(err, ToolBusyError):
+                req.metrics["tool_busy"] += 1
             return f"Error: {err}"
         except Exception as err:  # a tool's bug: the model sees an error, the run goes on, the user is told
             req.metrics["tool_errors"] += 1
@@ -323,20 +354,38 @@ class MultiTurnRollout:
             req.metrics["tool_latency_s"] += time.perf_counter() - start
 
     async def _finish(self, requests: list[Request]) -> None:
+        """Each trajectory's tool rewards, then the release of its tools (whatever calc_reward did)."""
         async def finish(req: Request) -> None:
             for name, instance in req.instance_ids.items():
-                kw = req.tools_kwargs.get(name, {})
+                kw = req.tools_kwargs.get(name, {}).get("calc_reward_kwargs", {})
                 try:
-                    req.tool_rewards[name] = float(await self.tools[name].calc_reward(instance, **kw.get("calc_reward_kwargs", {})))
-                    await self.tools[name].release(instance, **kw.get("release_kwargs", {}))
+                    req.tool_rewards[name] = float(await self.tools[name].calc_reward(instance, **kw))
                 except Exception as err:
                     req.metrics["tool_errors"] += 1
-                    self._warn(f"finish:{name}", f"tool {name!r}: calc_reward/release raised {type(err).__name__}: "
+                    self._warn(f"calc_reward:{name}", f"tool {name!r}: calc_reward raised {type(err).__name__}: "
                                f"{err} (request {req.request_id}); its reward is left out")
+            await self._release(req)
             if self.config.enable_tokenization_sanity_check and req.state is RequestState.COMPLETED:
-                req.metrics["tokenization_mismatch"] = int(not self._tokens_match(req))
+                try:
+                    req.metrics["tokenization_mismatch"] = int(not self._tokens_match(req))
+                except Exception as err:
+                    self._fail(req, "the tokenization sanity check", err)
 
         await asyncio.gather(*(finish(r) for r in requests))
+
+    async def _release_all(self, requests: list[Request]) -> None:
+        await asyncio.gather(*(self._release(r) for r in requests))
+
+    async def _release(self, req: Request) -> None:
+        """Release the request's tool instances it still holds (each once, also after a failure)."""
+        while req.instance_ids:
+            name, instance = req.instance_ids.popitem()
+            try:
+                await self.tools[name].release(instance, **req.tools_kwargs.get(name, {}).get("release_kwargs", {}))
+            except Exception as err:
+                req.metrics["tool_errors"] += 1
+                self._warn(f"release:{name}", f"tool {name!r}: release raised {type(err).__name__}: {err} "
+                           f"(request {req.request_id})")
 
     def _tokens_match(self, req: Request) -> bool:
         """Whether the tokens equal the chat template applied to the final conversation (a
@@ -344,6 +393,13 @@ class MultiTurnRollout:
         rendered = self.chat.encode(self.chat.render(req.messages))
         ours = req.prompt_ids + req.response_ids
         return rendered[:len(ours)] == ours
+
+    def _fail(self, req: Request, what: str, err: Exception) -> None:
+        """``req`` FAILED with the reason (counted in multi_turn/failed); the other requests go on."""
+        reason = f"{what} failed: {type(err).__name__}: {err}"
+        self._warn(f"fail:{what}:{type(err).__name__}", f"request {req.request_id}: {reason}; the request is marked "
+                   "failed (multi_turn/failed, not trained on) and the step goes on")
+        req.fail(reason)
 
     def _warn(self, key: str, message: str) -> None:
         if key not in self._warned:  # once per kind per run, not once per sample
@@ -355,8 +411,9 @@ class MultiTurnRollout:
         """The single-turn layout: ``responses`` with tool tokens, ``response_mask`` 0 on them,
         ``attention_mask`` 1 on every real token; plus the conversation and counters per sample."""
         for r in requests:
-            if r.state is RequestState.FAILED:
+            if r.state is RequestState.FAILED:  # cut short by an error: its tokens are kept, not trained on
                 r.metrics["failed"] = 1
+                r.response_mask = [0] * len(r.response_mask)
         return pack_responses(
             prompts, [r.response_ids for r in requests], [r.response_log_probs for r in requests],
             [r.response_mask for r in requests], self.engine.pad_id,

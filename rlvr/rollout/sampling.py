@@ -39,6 +39,10 @@ class SamplingParams:
     each step draws the whole batch's uniforms and keeps this part, so a row samples the same
     tokens on any number of ranks."""
     total_rows: int = 0
+    row_ids: tuple[int, ...] = ()
+    """Each prompt's row in the whole batch, when the prompts are not consecutive rows from
+    ``row_offset`` (a multi-turn turn over the requests still running): a row's uniforms then do
+    not depend on which other rows take part."""
 
     @property
     def greedy(self) -> bool:

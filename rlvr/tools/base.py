@@ -24,6 +24,10 @@ class ToolError(Exception):
     ``tool/errors``); any other exception a tool raises is reported the same way with its type."""
 
 
+class ToolBusyError(ToolError):
+    """A call refused because the tool's earlier calls are still stuck (counted in ``tool_busy``)."""
+
+
 class ToolResponse(str):
     """The text a tool returns (a ``str``; verl's newer tools return an object with ``.text``)."""
 

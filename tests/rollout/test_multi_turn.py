@@ -3,6 +3,9 @@ training forward, tool errors as messages, budgets, the tool lifecycle and the m
 
 import asyncio
 import json
+import os
+import signal
+import threading
 
 import numpy as np
 import pytest
@@ -289,3 +292,113 @@ def test_engine_caps_each_row_at_its_own_budget(tiny):
     for c, f, budget in zip(capped, free, [2, 5, 16]):
         assert c.token_ids == f.token_ids[:budget]  # same draws, cut at the row's budget
         assert c.finish_reason == ("length" if len(f.token_ids) > budget else f.finish_reason)
+
+
+@function_tool
+def echo_text(text: str) -> str:
+    """Echo a text."""
+    return text
+
+
+def test_a_failure_while_handling_one_request_fails_that_request_only(tiny, tokenizer, teacher_forced_engine, capsys):
+    """A model that writes the JSON escape of a lone surrogate gets it echoed back; the tokenizer
+    cannot encode that text. Its request fails; the other request and the step go on."""
+    bad = '<tool_call>{"name": "echo_text", "arguments": {"text": "\\udc80"}}</tool_call>'  # the escape as text
+    good = '<tool_call>{"name": "echo_text", "arguments": {"text": "442"}}</tool_call>'
+
+    def script(ctx):
+        if "<|im_start|>tool" in ctx:
+            return "Done.<|im_end|>"
+        return bad if "12 * 34" in ctx else good
+
+    recorder = Recorder()
+    rollout, chat = make_rollout(tiny, teacher_forced_engine, script, tools={"echo_text": echo_text, "echo": recorder},
+                                 fmt="hermes", max_len=64, max_assistant_turns=2)
+    out = rollout.generate_sequences(prompts_for(rollout, chat, rows=[QUESTION, [{"role": "user", "content": "13 * 34?"}]]))
+    assert list(out.non_tensor_batch["finish_reason"]) == ["failed", "stop"]
+    counters = out.non_tensor_batch["multi_turn_metrics"]
+    assert counters[0]["failed"] == 1 and "failed" not in counters[1]
+    assert [m["role"] for m in out.non_tensor_batch["messages"][0]] == ["assistant"]  # the bad result never entered
+    assert out.non_tensor_batch["messages"][1][1]["content"] == "442"
+    assert int(out.batch["response_mask"][0].sum()) == 0  # a failed trajectory is not trained on
+    good_ids, done_ids = (tokenizer.encode(t, add_special_tokens=False) for t in (good, "Done.<|im_end|>"))
+    assert int(out.batch["response_mask"][1].sum()) == len(good_ids) + len(done_ids)
+    assert sorted(recorder.released) == sorted(i for i, _ in recorder.created)  # both trajectories released
+    assert "request u0-0: appending its tool results failed: ValueError: tool output '\\udc80' is not valid Unicode " \
+           "text (surrogates not allowed at character 0)" in capsys.readouterr().err
+
+
+class BadReward(Recorder):
+    async def calc_reward(self, instance_id, **kw):
+        raise RuntimeError("no reward")
+
+
+def test_release_runs_when_calc_reward_raises(tiny, teacher_forced_engine):
+    tool = BadReward()
+    script = lambda ctx: "<echo>1</echo>" if "<|im_start|>tool" not in ctx else None  # noqa: E731
+    rollout, chat = make_rollout(tiny, teacher_forced_engine, script, tools={"echo": tool}, max_len=24,
+                                 max_assistant_turns=2)
+    out = rollout.generate_sequences(prompts_for(rollout, chat, n=3))
+    assert len(tool.created) == 3 and sorted(tool.released) == sorted(i for i, _ in tool.created)
+    assert [c["tool_errors"] for c in out.non_tensor_batch["multi_turn_metrics"]] == [1, 1, 1]
+    assert [r["final"] for r in out.non_tensor_batch["tool_rewards"]] == [{}, {}, {}]  # left out, not 0
+
+
+class Stuck(Recorder):
+    """Calls that wait until cancelled; each records that its cleanup ran."""
+
+    def __init__(self):
+        super().__init__()
+        self.cleaned, self.started = 0, threading.Event()
+
+    async def execute(self, instance_id, parameters, **kw):
+        self.in_flight += 1
+        if self.in_flight == 2:
+            self.started.set()
+        try:
+            await asyncio.sleep(60)
+        finally:
+            self.in_flight -= 1
+            self.cleaned += 1
+
+
+def test_ctrl_c_mid_tool_turn_cancels_and_drains_the_calls_and_releases(tiny, teacher_forced_engine):
+    tool = Stuck()
+    rollout, chat = make_rollout(tiny, teacher_forced_engine, lambda ctx: "<echo>1</echo>", tools={"echo": tool},
+                                 max_len=24, max_assistant_turns=2)
+    batch = prompts_for(rollout, chat, n=2)
+
+    def interrupt():
+        if tool.started.wait(30):
+            os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C while both calls are in flight
+
+    threading.Thread(target=interrupt, daemon=True).start()
+    with pytest.raises(KeyboardInterrupt):
+        rollout.generate_sequences(batch)
+    assert tool.cleaned == 2 and tool.in_flight == 0  # both calls were cancelled and awaited
+    assert len(tool.created) == 2 and sorted(tool.released) == sorted(i for i, _ in tool.created)
+
+
+def test_a_requests_samples_do_not_depend_on_which_others_still_run(tiny, teacher_forced_engine):
+    """Rows 2-3 (12 * 34) call the calculator, then sample their second turn. Rows 0-1 (13 * 34)
+    either call it too (all four sample turn 2) or answer at once (rows 2-3 sample alone). The
+    contexts of rows 2-3 are the same token for token (442 and 408 have as many digits), so
+    their sampled turn must be too."""
+    q13 = [{"role": "user", "content": "What is 13 * 34?"}]
+
+    def script(all_call):
+        def turn(ctx):
+            if "<|im_start|>tool" in ctx:
+                return None  # sampled by the engine
+            if "13 * 34" in ctx and not all_call:
+                return ANSWER
+            return "<calculator>13 * 34</calculator>" if "13 * 34" in ctx else CALL
+        return turn
+
+    sampled = []
+    for all_call in (True, False):
+        rollout, chat = make_rollout(tiny, teacher_forced_engine, script(all_call), max_len=40, max_assistant_turns=2)
+        out = rollout.generate_sequences(prompts_for(rollout, chat, n=2, rows=[q13, QUESTION]))
+        assert list(out.non_tensor_batch["num_turns"]) == ([2, 2, 2, 2] if all_call else [1, 1, 2, 2])
+        sampled.append(out.batch["responses"][2:].tolist())
+    assert sampled[0] == sampled[1]
