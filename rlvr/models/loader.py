@@ -186,3 +186,34 @@ def load_model(
 
 def load_model_and_tokenizer(path: str | os.PathLike, dtype: str = "float32", device: str = "cpu", **kwargs):
     return load_model(path, dtype, device, **kwargs), load_tokenizer(path, kwargs.get("trust_remote_code", False))
+
+
+def read_weights(folder: str | os.PathLike) -> dict[str, torch.Tensor]:
+    """The tensors of a saved model folder by their stored names (every ``*.safetensors`` file),
+    as written, with no model in between that would initialise what the files lack."""
+    from safetensors.torch import load_file
+
+    files = sorted(Path(folder).glob("*.safetensors"))
+    if not files:
+        raise ModelLoadError(f"{folder} holds no *.safetensors weights")
+    weights: dict[str, torch.Tensor] = {}
+    for file in files:
+        weights.update(load_file(str(file)))
+    return weights
+
+
+def check_weight_names(model: torch.nn.Module, names, source: str | os.PathLike) -> None:
+    """Refuse weights from ``source`` whose names do not match ``model``'s. A tied duplicate (the
+    vocabulary projection sharing the embedding's tensor) may be absent: saving drops it."""
+    expected = set(model.state_dict())
+    tied = {n for n, _ in model.named_parameters(remove_duplicate=False)} - {n for n, _ in model.named_parameters()}
+    missing, unexpected = sorted(expected - set(names) - tied), sorted(set(names) - expected)
+    if missing or unexpected:
+        def some(keys):
+            return f"{len(keys)} ({', '.join(keys[:5])}{', ...' if len(keys) > 5 else ''})"
+
+        found = ", ".join(f"{what} {some(keys)}" for what, keys in (("missing", missing), ("unexpected", unexpected))
+                          if keys)
+        raise ModelLoadError(f"the weights in {source} do not fit the model: {found}; load a checkpoint of this "
+                             "model (the architecture of actor_rollout_ref.model.path), or set "
+                             "trainer.resume_mode=disable")

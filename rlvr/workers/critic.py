@@ -21,7 +21,7 @@ import torch
 from rlvr.algos.losses import agg_loss, count_seqs
 from rlvr.algos.utils import masked_mean
 from rlvr.config.schema import CriticConfig
-from rlvr.models.loader import DTYPES, ModelLoadError, model_folder
+from rlvr.models.loader import DTYPES, ModelLoadError, check_weight_names, model_folder, read_weights
 from rlvr.distributed.dispatch import Dispatch, register
 from rlvr.protocol import DataProto
 from rlvr.distributed.worker import Worker
@@ -171,7 +171,9 @@ class CriticWorker(Worker):
         if self.lora:
             load_adapter(self.model, folder / "critic")
         else:
-            self.model.load_state_dict(load_value_model(str(folder / "critic"), torch.device("cpu")).state_dict())
+            weights = read_weights(folder / "critic")
+            check_weight_names(self.model, weights, folder / "critic")
+            self.model.load_state_dict(weights, strict=False)  # names checked; a tied duplicate may be absent
         state = torch.load(folder / "critic_state.pt", weights_only=False)
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])

@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 
 from rlvr.config.schema import RLVRConfig
-from rlvr.models.loader import load_model, load_tokenizer
+from rlvr.models.loader import check_weight_names, load_model, load_tokenizer, read_weights
 from rlvr.models.lora import apply_lora, load_adapter, save_adapter, unwrap
 from rlvr.distributed import fsdp
 from rlvr.distributed.dispatch import Dispatch, register
@@ -241,9 +241,13 @@ class ActorRolloutRefWorker(Worker):
         state = torch.load(folder / "actor_state.pt", weights_only=False)
         if self.lora:
             load_adapter(self.model, folder / "actor")
-        weights = None if self.lora else load_model(folder / "actor", "float32", "cpu").state_dict()
+        weights = None
+        if not self.lora:  # the stored tensors by name: a model built from them would initialise what they lack
+            weights = read_weights(folder / "actor")
+            check_weight_names(self.model, weights, folder / "actor")
         if all(isinstance(k, int) for k in state["optimizer"]["state"]):  # written before name-keyed states
-            self.model.load_state_dict(weights)
+            if weights is not None:
+                self.model.load_state_dict(weights, strict=False)  # names checked; a tied duplicate may be absent
             self.actor.optimizer.load_state_dict(state["optimizer"])
         else:
             fsdp.load_full_state(self.actor.root, self.model, self.actor.optimizer, weights, state["optimizer"])

@@ -257,3 +257,21 @@ def test_every_file_is_fsynced_before_the_rename(tmp_path, monkeypatch):
     folder_event = [ok for src, ok in events if src.name == ".tmp-global_step_3"]
     assert folder_event == [True]  # all files and folders synced before the folder was published
     assert tmp_path in synced and (tmp_path / "latest_checkpointed_iteration.txt").read_text() == "3"
+
+
+def test_checkpoint_with_other_weight_names_is_refused(tiny_config, tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    from rlvr.models import ModelLoadError
+
+    config, _ = full_run(tiny_config, tmp_path / "run", "trainer.total_training_steps=1", "trainer.save_freq=1")
+    actor = tmp_path / "run" / "checkpoints" / "global_step_1" / "actor"
+    stored = load_file(str(actor / "model.safetensors"))
+    # the tied vocabulary projection is not stored (it is the embedding): that checkpoint loads
+    assert "lm_head.weight" not in stored and build_trainer(config, progress_bar=False).global_step == 1
+    stored["model.final_norm.weight"] = stored.pop("model.norm.weight")  # another model's name for the final norm
+    save_file(stored, str(actor / "model.safetensors"), metadata={"format": "pt"})
+    # before: from_pretrained initialised model.norm afresh, the unexpected name was dropped, and nothing was said
+    with pytest.raises(ModelLoadError, match=rf"the weights in {actor} do not fit the model: missing 1 "
+                                             r"\(model.norm.weight\), unexpected 1 \(model.final_norm.weight\)"):
+        build_trainer(config, progress_bar=False)
