@@ -307,6 +307,29 @@ def _not_implemented(cfg: RLVRConfig) -> list[str]:
     return [f"{key}: {why}" for key, asked, why in NOT_IMPLEMENTED if asked(cfg)]
 
 
+def uses_ray(cfg: RLVRConfig) -> bool:
+    """More than one device, a rollout on devices of its own, or an existing cluster: Ray."""
+    return cfg.trainer.n_gpus_per_node * cfg.trainer.nnodes > 1 or cfg.ray_kwargs.ray_init.address is not None \
+        or not cfg.actor_rollout_ref.hybrid_engine
+
+
+def _reward_model(cfg: RLVRConfig) -> list[str]:
+    rm = cfg.reward.reward_model
+    if not rm.enable:
+        return []
+    errors = []
+    if not rm.path:
+        errors.append("reward.reward_model.enable=true needs reward.reward_model.path (a local sequence-"
+                      "classification model folder)")
+    if uses_ray(cfg) and cfg.trainer.device != "cpu":
+        # the reward model scores in the single controller (TaskRunner), an actor Ray starts without a GPU
+        errors.append("reward.reward_model.enable=true on Ray (trainer.n_gpus_per_node x nnodes > 1, "
+                      "hybrid_engine=false or ray_kwargs.ray_init.address) is not implemented on GPUs: the reward "
+                      "model would run in the trainer's Ray actor, which holds no GPU; run on one device "
+                      "(n_gpus_per_node=1, nnodes=1), set trainer.device=cpu, or score with reward.functions")
+    return errors
+
+
 def _distributed(cfg: RLVRConfig) -> list[str]:
     errors = []
     arr, trainer = cfg.actor_rollout_ref, cfg.trainer
@@ -357,6 +380,6 @@ def _distributed(cfg: RLVRConfig) -> list[str]:
 def validate(cfg: RLVRConfig) -> None:
     """Raise ConfigError listing every broken invariant of ``cfg``."""
     errors = _not_implemented(cfg) + _batch_sizes(cfg) + _choices(cfg) + _registered_names(cfg) + _algorithm(cfg) \
-        + _multi_turn(cfg) + _distributed(cfg) + _run_management(cfg)
+        + _multi_turn(cfg) + _distributed(cfg) + _run_management(cfg) + _reward_model(cfg)
     if errors:
         raise ConfigError("invalid config:\n  - " + "\n  - ".join(errors))

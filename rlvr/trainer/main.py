@@ -17,6 +17,7 @@ import dataclasses
 from pathlib import Path
 
 from rlvr.config import ConfigError, to_yaml
+from rlvr.config.validate import uses_ray
 from rlvr.config.schema import CustomRewardFunctionConfig, DataConfig, OverlongBufferConfig, RewardConfig, RLVRConfig
 from rlvr.data import RLHFDataset
 from rlvr.data.io import DatasetError
@@ -95,12 +96,6 @@ def total_steps(config: RLVRConfig, batches_per_epoch: int) -> int:
     if config.trainer.total_training_steps is not None:
         return config.trainer.total_training_steps
     return batches_per_epoch * config.trainer.total_epochs
-
-
-def uses_ray(config: RLVRConfig) -> bool:
-    """More than one device, a rollout on devices of its own, or an existing cluster: Ray."""
-    return config.trainer.n_gpus_per_node * config.trainer.nnodes > 1 or config.ray_kwargs.ray_init.address is not None \
-        or not config.actor_rollout_ref.hybrid_engine
 
 
 def critic_args(config: RLVRConfig, steps: int, pad_id: int) -> tuple:

@@ -326,3 +326,21 @@ def test_run_management_is_checked_at_load_before_any_model(tmp_path, monkeypatc
     with pytest.raises(ConfigError, match=r"trainer.logger includes wandb but the wandb package is not installed: "
                                           r"pip install 'rlvr\[wandb\]'"):
         load_config(overrides=["trainer.logger=[console,wandb]"])
+
+
+def test_a_reward_model_on_ray_gpus_is_refused_at_load(tmp_path):
+    ray_gpus = ["trainer.n_gpus_per_node=2", "actor_rollout_ref.actor.strategy=fsdp2", "reward.reward_model.enable=true",
+                f"reward.reward_model.path={tmp_path}"]
+    for device in ("cuda", "auto"):  # auto finds the workers' GPUs; the trainer's Ray actor holds none
+        with pytest.raises(ConfigError, match=r"reward.reward_model.enable=true on Ray .* the reward model would run "
+                                              r"in the trainer's Ray actor, which holds no GPU"):
+            load_config(overrides=[*ray_gpus, f"trainer.device={device}"])
+    with pytest.raises(ConfigError, match="on Ray"):  # a rollout pool of its own is Ray too
+        load_config(overrides=["actor_rollout_ref.hybrid_engine=false", "trainer.device=cuda",
+                               "reward.reward_model.enable=true", f"reward.reward_model.path={tmp_path}"])
+    assert load_config(overrides=[*ray_gpus, "trainer.device=cpu"]).reward.reward_model.enable  # scored on the CPU
+    one_gpu = load_config(overrides=["trainer.device=cuda", "reward.reward_model.enable=true",
+                                     f"reward.reward_model.path={tmp_path}"])
+    assert one_gpu.reward.reward_model.enable  # one device: the reward model shares the trainer's process and GPU
+    with pytest.raises(ConfigError, match=r"reward.reward_model.enable=true needs reward.reward_model.path"):
+        load_config(overrides=["reward.reward_model.enable=true"])
