@@ -63,7 +63,12 @@ def _same_function(a: Callable, b: Callable) -> bool:
 def import_file(path: Path, prefix: str) -> ModuleType:
     """The Python file ``path`` as a module, imported once per resolved path (so the functions
     it registers are registered once). A file whose import fails is not kept half-imported."""
-    name = f"{prefix}_{abs(hash(str(path.resolve())))}"
+    return import_file_as(path, f"{prefix}_{abs(hash(str(path.resolve())))}")
+
+
+def import_file_as(path: Path, name: str) -> ModuleType:
+    """The Python file ``path`` as the module ``name`` (once): another process finds a function
+    of an imported file again by the module name it had in the first process and the file."""
     if name not in sys.modules:
         spec = importlib.util.spec_from_file_location(name, path)
         module = importlib.util.module_from_spec(spec)

@@ -37,7 +37,7 @@ import torch
 from rlvr.algos.dapo import overlong_penalty
 from rlvr.config.schema import RewardConfig
 from rlvr.protocol import DataProto
-from rlvr.registry import import_file
+from rlvr.registry import import_file, import_file_as
 from rlvr.errors import StopTraining
 from rlvr.rewards.registry import REWARD_FNS, reward_fn_name_for
 
@@ -58,23 +58,32 @@ class FnRef:
     qualname: str | None = None
     path: str | None = None
     kwargs: tuple = ()
+    module_file: str | None = None
+    """The file of ``module``, for a module that is not importable by name (a file of custom_modules)."""
 
     @classmethod
     def of(cls, name: str, fn) -> "FnRef":
-        return cls(name, module=fn.__module__, qualname=fn.__qualname__)
+        return cls(name, module=fn.__module__, qualname=fn.__qualname__,
+                   module_file=getattr(sys.modules.get(fn.__module__), "__file__", None))
 
     def resolve(self):
         key = (self.module, self.qualname, self.path, self.name)
         if key not in _RESOLVED:
-            _RESOLVED[key] = load_function(self.path, self.name) if self.path else _attr(self.module, self.qualname)
+            _RESOLVED[key] = load_function(self.path, self.name) if self.path else \
+                _attr(self.module, self.qualname, self.module_file)
         return _RESOLVED[key]
 
 
 _RESOLVED: dict[tuple, Any] = {}
 
 
-def _attr(module: str, qualname: str):
-    obj = importlib.import_module(module)
+def _attr(module: str, qualname: str, module_file: str | None = None):
+    try:
+        obj = importlib.import_module(module)
+    except ModuleNotFoundError as err:
+        if err.name != module or module_file is None:
+            raise
+        obj = import_file_as(Path(module_file), module)  # a custom_modules file, in a scoring process
     for part in qualname.split("."):
         obj = getattr(obj, part)
     return obj

@@ -202,3 +202,30 @@ def test_pool_timeout_and_stuck_worker_paths(tmp_path, tokenizer, monkeypatch):
         assert again.token_level_scores.sum().item() == 1.0 and manager._pool is not pool  # a new pool
     finally:
         manager.close()
+
+
+CUSTOM_REWARD_MODULE = '''
+from rlvr.rewards import register_reward_fn
+
+@register_reward_fn("test_even_length", needs_ground_truth=False)
+def even_length(data_source, solution_str, ground_truth, extra_info=None):
+    return float(len(solution_str) % 2 == 0)
+'''
+
+
+def test_a_reward_function_registered_by_custom_modules_scores_in_the_pool(tmp_path, tokenizer):
+    from rlvr.config.loader import import_custom_modules
+
+    module = tmp_path / "my_rewards.py"
+    module.write_text(CUSTOM_REWARD_MODULE)
+    import_custom_modules([str(module)])
+    cfg = RewardConfig(functions=[RewardFunctionEntry("test_even_length", 1.0)], num_workers=1)
+    data = batch(tokenizer, ["ab", "abc", "abcd"], ["x"] * 3, ["0"] * 3)
+    manager = RewardManager(tokenizer, cfg)
+    try:
+        # the pool's processes never imported the file: they find it by the module name and file it had here
+        result = manager.submit(data).result()
+    finally:
+        manager.close()
+    assert result.token_level_scores.sum(-1).tolist() == [1.0, 0.0, 1.0]
+    assert result.metrics["reward/num_errors"] == 0.0
