@@ -7,12 +7,12 @@
 - tool-call parsers (``parsers.py``): ``hermes`` and the plain ``tag`` format.
 """
 
-from rlvr.tools.base import BaseTool, ToolError, ToolResponse
+from rlvr.tools.base import BaseTool, ToolBusyError, ToolError, ToolResponse
 from rlvr.tools.calculator import CalculatorTool, calculate
 from rlvr.tools.config import ToolConfigError, load_tools
 from rlvr.tools.function_tool import FunctionTool, function_tool, schema_from_function
 from rlvr.tools.schema import OpenAIFunctionToolSchema, SchemaError, check_arguments
 
 __all__ = ["BaseTool", "CalculatorTool", "FunctionTool", "OpenAIFunctionToolSchema", "SchemaError", "ToolConfigError",
-           "ToolError", "ToolResponse", "calculate", "check_arguments", "function_tool", "load_tools",
+           "ToolBusyError", "ToolError", "ToolResponse", "calculate", "check_arguments", "function_tool", "load_tools",
            "schema_from_function"]

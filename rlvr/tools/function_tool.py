@@ -15,7 +15,12 @@ hints give the JSON types, and parameters without a default are required::
         return str(a + b)
 
 The function returns the text for the model, or ``(text, step_reward, metrics)``. A sync
-function runs in a worker thread so the other calls of a turn are not held up.
+function runs in a daemon thread of its own so the other calls of a turn are not held up. A
+thread cannot be stopped: a call that outlives the rollout's timeout keeps running, "stuck".
+Daemon threads are not joined at exit (an executor's are, so one stuck call kept the trainer
+from ever exiting), and once ``max_stuck_calls`` calls of a tool are stuck its new calls are
+refused (``ToolBusyError``, counted in ``multi_turn/tool_busy``) until one of them returns,
+so stuck threads do not pile up step after step. The tools YAML sets it under ``config:``.
 """
 
 from __future__ import annotations
@@ -23,11 +28,15 @@ from __future__ import annotations
 import asyncio
 import inspect
 import re
+import threading
 import typing
 from typing import Any, Callable
 
-from rlvr.tools.base import BaseTool
+from rlvr.tools.base import BaseTool, ToolBusyError
 from rlvr.tools.schema import OpenAIFunctionToolSchema
+
+DEFAULT_MAX_STUCK_CALLS = 4
+"""Calls of one sync function tool that may outlive their timeout before it refuses new calls."""
 
 _JSON_TYPE = {str: "string", int: "integer", float: "number", bool: "boolean", list: "array", dict: "object"}
 
@@ -85,16 +94,64 @@ class FunctionTool(BaseTool):
                  name: str | None = None):
         self.fn = fn
         super().__init__(config, tool_schema or schema_from_function(fn, name))
+        self.max_stuck_calls = self.config.get("max_stuck_calls", DEFAULT_MAX_STUCK_CALLS)
+        if isinstance(self.max_stuck_calls, bool) or not isinstance(self.max_stuck_calls, int) or self.max_stuck_calls < 1:
+            raise ValueError(f"config.max_stuck_calls must be an integer >= 1, got {self.max_stuck_calls!r}")
+        self.stuck = 0  # calls abandoned by their caller whose thread still runs
+        self._lock = threading.Lock()
 
     async def execute(self, instance_id: str, parameters: dict[str, Any], **execute_kwargs) -> tuple[str, float, dict]:
         if inspect.iscoroutinefunction(self.fn):
             result = await self.fn(**parameters)
         else:
-            result = await asyncio.to_thread(self.fn, **parameters)
+            result = await self._in_thread(parameters)
         if isinstance(result, tuple):
             text, reward, metrics = result
             return str(text), float(reward), dict(metrics)
         return str(result), 0.0, {}
+
+    async def _in_thread(self, parameters: dict[str, Any]) -> Any:
+        """``fn(**parameters)`` in a daemon thread; a cancelled wait (a timeout) leaves it stuck."""
+        if self.stuck >= self.max_stuck_calls:
+            raise ToolBusyError(f"{self.name} has {self.stuck} earlier calls still running past their timeout; "
+                                "this call is refused until one of them returns")
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+        call = {"finished": False, "abandoned": False}
+
+        def deliver(result: Any, error: BaseException | None) -> None:
+            if future.done():
+                return
+            if error is not None:
+                future.set_exception(error)
+            else:
+                future.set_result(result)
+
+        def work() -> None:
+            result, error = None, None
+            try:
+                result = self.fn(**parameters)
+            except BaseException as err:  # delivered to the caller, raised there
+                error = err
+            with self._lock:
+                call["finished"] = True
+                if call["abandoned"]:
+                    self.stuck -= 1
+                    return
+            try:
+                loop.call_soon_threadsafe(deliver, result, error)
+            except RuntimeError:  # the loop closed without waiting for this call
+                pass
+
+        threading.Thread(target=work, name=f"function_tool:{self.name}", daemon=True).start()
+        try:
+            return await future
+        except asyncio.CancelledError:
+            with self._lock:
+                if not call["finished"]:
+                    call["abandoned"] = True
+                    self.stuck += 1
+            raise
 
     def __call__(self, *args, **kwargs):
         """The decorated function stays callable as itself."""

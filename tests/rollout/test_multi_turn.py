@@ -402,3 +402,29 @@ def test_a_requests_samples_do_not_depend_on_which_others_still_run(tiny, teache
         assert list(out.non_tensor_batch["num_turns"]) == ([2, 2, 2, 2] if all_call else [1, 1, 2, 2])
         sampled.append(out.batch["responses"][2:].tolist())
     assert sampled[0] == sampled[1]
+
+
+def test_a_stuck_sync_tool_refuses_new_calls_and_counts_them(tiny, teacher_forced_engine):
+    release = threading.Event()
+
+    def wait(x: int) -> str:
+        """Wait for the test."""
+        release.wait()
+        return str(x)
+
+    from rlvr.tools import FunctionTool
+
+    tool = FunctionTool(wait, {"max_stuck_calls": 2}, name="echo")
+    script = lambda ctx: "<echo>1</echo>" if "<|im_start|>tool" not in ctx else None  # noqa: E731
+    rollout, chat = make_rollout(tiny, teacher_forced_engine, script, tools={"echo": tool}, max_len=24,
+                                 max_assistant_turns=2, tool_timeout_s=0.2)
+    try:
+        first = rollout.generate_sequences(prompts_for(rollout, chat, n=2))
+        second = rollout.generate_sequences(prompts_for(rollout, chat, n=2))
+    finally:
+        release.set()
+    # step 1: both calls start (none stuck yet) and time out: 2 stuck; step 2: both refused at once
+    assert [c["tool_timeouts"] for c in first.non_tensor_batch["multi_turn_metrics"]] == [1, 1]
+    assert [(c["tool_busy"], c["tool_errors"], c.get("tool_timeouts", 0))
+            for c in second.non_tensor_batch["multi_turn_metrics"]] == [(1, 1, 0), (1, 1, 0)]
+    assert second.non_tensor_batch["messages"][0][1]["content"].startswith("Error: echo has 2 earlier calls")

@@ -265,3 +265,76 @@ def test_the_example_tools_load_and_keep_state_per_trajectory():
         return hints, reward, instance in guess._instances
 
     assert run(play(3)) == (["higher", "correct"], 1.0, False)
+
+
+HANGING_TOOL = """
+import asyncio, threading
+from rlvr.tools import function_tool
+
+@function_tool
+def hang(x: int) -> str:
+    '''Block forever.'''
+    threading.Event().wait()
+
+loop = asyncio.new_event_loop()  # as the multi-turn rollout runs its tools
+try:
+    loop.run_until_complete(asyncio.wait_for(hang.execute("i", {"x": 1}), 0.2))
+except asyncio.TimeoutError:
+    print("timed out", flush=True)
+loop.close()
+"""
+
+
+def test_a_sync_function_tool_that_blocks_forever_does_not_keep_the_process_alive(tmp_path):
+    import subprocess
+    import sys
+
+    script = tmp_path / "hang.py"
+    script.write_text(HANGING_TOOL)
+    try:  # an executor's threads are joined at exit: the process never ended
+        done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
+    except subprocess.TimeoutExpired:
+        pytest.fail("the process did not exit: the stuck call's thread is joined at exit")
+    assert (done.returncode, done.stdout) == (0, "timed out\n"), done.stderr
+
+
+def test_stuck_calls_of_a_sync_tool_are_capped():
+    import threading
+
+    from rlvr.tools import ToolBusyError
+
+    release = threading.Event()
+
+    def wait(x: int) -> str:
+        """Wait for the test."""
+        release.wait()
+        return str(x)
+
+    tool = FunctionTool(wait, {"max_stuck_calls": 2})
+    threads = lambda: sum(t.name == "function_tool:wait" for t in threading.enumerate())  # noqa: E731
+
+    async def calls():
+        for x in (1, 2):  # both time out and stay stuck, each holding its thread
+            with pytest.raises(asyncio.TimeoutError):
+                await asyncio.wait_for(tool.execute("i", {"x": x}), 0.05)
+        assert (tool.stuck, threads()) == (2, 2)
+        with pytest.raises(ToolBusyError, match="wait has 2 earlier calls still running past their timeout"):
+            await tool.execute("i", {"x": 3})
+        assert threads() == 2  # the refused call started no thread
+        release.set()
+        for _ in range(500):  # the stuck calls return and free their places
+            if tool.stuck == 0:
+                break
+            await asyncio.sleep(0.01)
+        assert tool.stuck == 0
+        return await tool.execute("i", {"x": 4})
+
+    async def checked():
+        try:
+            return await calls()
+        finally:
+            release.set()  # a failing check must not leave threads blocked (asyncio.run would wait for them)
+
+    assert run(checked()) == ("4", 0.0, {})
+    with pytest.raises(ValueError, match="config.max_stuck_calls must be an integer >= 1, got 0"):
+        FunctionTool(wait, {"max_stuck_calls": 0})
