@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import importlib
+import os
 import sys
 import typing
 from pathlib import Path
@@ -221,7 +222,8 @@ def recipe_path(name: str | Path) -> Path:
 
 
 def import_custom_modules(entries: Iterable[str]) -> None:
-    """Import each file or module of ``custom_modules`` (once), so its registrations exist."""
+    """Import each file or module of ``custom_modules`` (once), so its registrations exist. Every
+    process that receives a config calls it (the driver at load, the Ray TaskRunner and workers)."""
     for entry in entries:
         path = Path(entry).expanduser()
         try:
@@ -279,6 +281,8 @@ def load_config(config_file: str | Path | None = None, overrides: Iterable[str] 
         cfg = OmegaConf.to_object(merged)
     except OmegaConfBaseException as err:
         raise ConfigError(_explain(err, "the config")) from None
+    # files by absolute path: Ray's TaskRunner and workers import them again, from their own folder
+    cfg.custom_modules = [os.path.abspath(Path(e).expanduser()) if e.endswith(".py") else e for e in cfg.custom_modules]
     import_custom_modules(cfg.custom_modules)
     validate(cfg)
     return cfg

@@ -17,6 +17,7 @@ import dataclasses
 from pathlib import Path
 
 from rlvr.config import ConfigError, to_yaml
+from rlvr.config.loader import import_custom_modules
 from rlvr.config.validate import uses_ray
 from rlvr.config.schema import CustomRewardFunctionConfig, DataConfig, OverlongBufferConfig, RewardConfig, RLVRConfig
 from rlvr.data import RLHFDataset
@@ -225,6 +226,7 @@ class TaskRunner:
     def run(self, config: RLVRConfig) -> dict[str, float]:
         import ray
 
+        import_custom_modules(config.custom_modules)  # the estimators and reward functions it registers
         return fit(config, progress_bar=False, stop_requested=ray.get_runtime_context().is_canceled)
 
     def finished(self) -> bool:

@@ -30,6 +30,7 @@ from pathlib import Path
 
 import torch
 
+from rlvr.config.loader import import_custom_modules
 from rlvr.config.schema import RLVRConfig
 from rlvr.models.loader import check_weight_names, load_model, load_tokenizer, read_weights
 from rlvr.models.lora import apply_lora, load_adapter, save_adapter, unwrap
@@ -56,6 +57,7 @@ class ActorRolloutRefWorker(Worker):
 
     def __init__(self, config: RLVRConfig, total_training_steps: int, tokenizer=None, tool_setup=None):
         super().__init__()
+        import_custom_modules(config.custom_modules)  # a Ray worker's process: the policy losses they register
         self.config = config
         self.tool_setup = tool_setup  # multi-turn: the tools and chat format (else read from the config)
         self.total_training_steps = total_training_steps

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import torch
 
+from rlvr.config.loader import import_custom_modules
 from rlvr.config.schema import RLVRConfig
 from rlvr.distributed.dispatch import Dispatch, register
 from rlvr.distributed.worker import Worker
@@ -23,6 +24,7 @@ from rlvr.workers.hybrid import resolve_device
 class RolloutWorker(Worker):
     def __init__(self, config: RLVRConfig, tokenizer=None, tool_setup=None):
         super().__init__()
+        import_custom_modules(config.custom_modules)  # a Ray worker's process: what they register
         self.config, self.tokenizer, self.tool_setup = config, tokenizer, tool_setup
         self.device = resolve_device(config.trainer.device)
         self.model = self.rollout = None

@@ -180,3 +180,45 @@ def test_ctrl_c_on_a_ray_run_saves_the_current_step_and_resumes(tiny_config, tmp
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     steps = [r["step"] for r in records(run_dir)]
     assert steps[-1] == 40 and sorted(set(steps) - {0}) == list(range(1, 41))
+
+
+CUSTOM_MODULE = '''
+import torch
+from rlvr.algos import agg_loss, register_adv_est, register_policy_loss
+from rlvr.rewards import register_reward_fn
+
+@register_reward_fn("test_ray_quarters", needs_ground_truth=False)
+def quarters(data_source, solution_str, ground_truth, extra_info=None):
+    return 0.75 if len(solution_str) % 2 == 0 else 0.25
+
+@register_adv_est("test_ray_sign")
+def sign_advantage(token_level_rewards, response_mask, index, epsilon=1e-6, config=None):
+    adv = torch.sign(token_level_rewards.sum(-1) - 0.5).unsqueeze(-1) * response_mask
+    return adv, adv
+
+@register_policy_loss("test_ray_marked")
+def marked_loss(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean", config=None,
+                rollout_is_weights=None):
+    zero = torch.zeros(())
+    return agg_loss(-advantages * log_prob, response_mask, loss_agg_mode), torch.tensor(0.625), zero, zero
+'''
+
+
+def test_custom_modules_reach_the_task_runner_and_the_workers(tiny_config, tmp_path):
+    """A reward function and an estimator registered in custom_modules are used in the TaskRunner,
+    a policy loss in the workers: each process imports the file (the driver alone did before)."""
+    module = tmp_path / "my_algos.py"
+    module.write_text(CUSTOM_MODULE)
+    run_dir = tmp_path / "run"
+    config = tiny_config(*RAY_2_CPU, f"custom_modules=[{module}]", "reward.functions=[{name: test_ray_quarters}]",
+                         "algorithm.adv_estimator=test_ray_sign",
+                         "actor_rollout_ref.actor.policy_loss.loss_mode=test_ray_marked", "trainer.total_training_steps=1",
+                         "trainer.val_before_train=false", "data.train_batch_size=4",
+                         "actor_rollout_ref.actor.ppo_mini_batch_size=2", f"trainer.default_local_dir={run_dir}",
+                         custom_reward=False)
+    done = subprocess.run(train_command(config, tmp_path), capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    (step,) = records(run_dir)
+    assert step["actor/pg_clipfrac"] == pytest.approx(0.625)  # only the custom loss reports this clip fraction
+    dumped = [json.loads(line) for line in open(run_dir / "rollouts" / "1.jsonl")]
+    assert {r["score"] for r in dumped} <= {0.25, 0.75} and {r["advantage"] for r in dumped} <= {-1.0, 1.0}
