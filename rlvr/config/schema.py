@@ -216,7 +216,8 @@ class MultiTurnConfig:
     max_assistant_turns: Optional[int] = None
     """Most assistant turns per trajectory; None: until the response budget is spent."""
     max_parallel_calls: int = 1
-    """Calls run per assistant turn (further calls in the same turn are dropped and counted)."""
+    """Calls run per assistant turn; only 1 is accepted: generation stops at the first call's
+    closing tag, so a sampled turn holds one call (verl's key, kept so its configs load)."""
     max_tool_response_length: int = 256
     """Characters of a tool's answer shown to the model."""
     tool_response_truncate_side: str = "middle"

@@ -125,6 +125,10 @@ def _multi_turn(cfg: RLVRConfig) -> list[str]:
     for name in ("max_parallel_calls", "max_tool_response_length"):
         if getattr(mt, name) < 1:
             errors.append(f"{key}.{name} = {getattr(mt, name)} must be >= 1")
+    if mt.max_parallel_calls > 1:  # a sampled turn holds one call: generation stops at its closing tag
+        errors.append(f"{key}.max_parallel_calls = {mt.max_parallel_calls} would have no effect: generation stops at "
+                      "the first call's closing tag, so a turn holds one call; set it to 1 (the model calls again in "
+                      "its next turn)")
     if mt.max_assistant_turns is not None and mt.max_assistant_turns < 1:
         errors.append(f"{key}.max_assistant_turns = {mt.max_assistant_turns} must be >= 1 (or null: no limit)")
     if mt.tool_timeout_s <= 0:

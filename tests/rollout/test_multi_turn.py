@@ -213,16 +213,16 @@ def test_calls_of_a_turn_run_concurrently_across_requests(tiny, teacher_forced_e
     assert recorder.peak == 6  # all six calls were in flight at once
 
 
-def test_max_parallel_calls_drops_the_rest(tiny, teacher_forced_engine):
+def test_calls_beyond_max_parallel_calls_are_dropped(tiny, teacher_forced_engine):
     recorder = Recorder()
     script = lambda ctx: "<echo>1</echo><echo>2</echo><echo>3</echo>" if "<|im_start|>tool" not in ctx else None  # noqa: E731
     rollout, chat = make_rollout(tiny, teacher_forced_engine, script, tools={"echo": recorder}, max_len=64,
-                                 max_assistant_turns=2, max_parallel_calls=2)
+                                 max_assistant_turns=2, max_parallel_calls=1)
     # (sampling stops at the first closing tag; a scripted turn holds three calls)
     out = rollout.generate_sequences(prompts_for(rollout, chat))
     counters = out.non_tensor_batch["multi_turn_metrics"][0]
-    assert counters["tool_calls"] == 2 and counters["dropped_calls"] == 1
-    assert [m["role"] for m in out.non_tensor_batch["messages"][0][:3]] == ["assistant", "tool", "tool"]
+    assert counters["tool_calls"] == 1 and counters["dropped_calls"] == 2
+    assert [m["role"] for m in out.non_tensor_batch["messages"][0][:3]] == ["assistant", "tool", "assistant"]
 
 
 def test_max_assistant_turns_ends_before_running_the_last_call(tiny, teacher_forced_engine):
