@@ -40,6 +40,8 @@ raw_prompt             (bs,)       non-tensor: the chat messages (when data.retu
 data_source            (bs,)       non-tensor: selects the reward function
 reward_model           (bs,)       non-tensor: dict with ``ground_truth`` (and ``style``)
 extra_info             (bs,)       non-tensor: dict with ``index`` and task-specific fields
+pad_token_id           -           meta_info: the pad id in a rollout's token ids (set by the engine;
+                                   batches of different widths are padded with it when joined)
 =====================  ==========  ============================================================
 """
 
@@ -416,13 +418,24 @@ class DataProto:
         return cls(payload["batch"], payload["non_tensor_batch"], payload["meta_info"])
 
 
-def concat_rollouts(parts: Sequence[DataProto], pad_id: int) -> DataProto:
+def concat_rollouts(parts: Sequence[DataProto], pad_id: int | None = None) -> DataProto:
     """``DataProto.concat`` of rollout batches whose prompt and response widths differ (each
-    batch is padded to its own longest): prompts are left-padded and responses right-padded to
-    the widest part first, following the standard layout above. Position ids continue across
-    response padding; masks and per-token values are 0 there."""
-    P = max(p.batch["input_ids"].shape[1] - p.batch["responses"].shape[1] for p in parts)
-    R = max(p.batch["responses"].shape[1] for p in parts)
+    batch is padded to its own longest: generation batches, or the ranks of a worker group):
+    prompts are left-padded and responses right-padded to the widest part first, following the
+    standard layout above, so the result is what one batch of all the rows would have been.
+    Position ids continue across response padding; masks and per-token values are 0 there.
+    ``pad_id`` defaults to the parts' ``meta_info["pad_token_id"]``; it is needed only when the
+    widths differ."""
+    widths = [(p.batch["input_ids"].shape[1] - p.batch["responses"].shape[1], p.batch["responses"].shape[1])
+              for p in parts]
+    P, R = max(w[0] for w in widths), max(w[1] for w in widths)
+    if pad_id is None and any(w != (P, R) for w in widths):
+        pad_id = next((p.meta_info["pad_token_id"] for p in parts if p.meta_info.get("pad_token_id") is not None),
+                      None)
+        if pad_id is None:
+            raise DataProtoError(f"rollouts of response widths {[w[1] for w in widths]} (prompt widths "
+                                 f"{[w[0] for w in widths]}) cannot be joined without the pad id: the rollout "
+                                 "must set meta_info['pad_token_id']")
     return DataProto.concat([_pad_rollout(part, P, R, pad_id) for part in parts])
 
 

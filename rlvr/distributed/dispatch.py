@@ -11,6 +11,8 @@ reads the mark and, for a call, (1) ``dispatch`` turns the arguments into one ca
 - ``DP_COMPUTE_PROTO``: a DataProto is split by data-parallel rank, keeping each prompt
   group (rows sharing a ``uid``) on one rank, since the prompt-once forward and group
   statistics need the whole group; the answers are concatenated back in rank order.
+  Rollouts are padded to the widest rank first (each rank pads its responses to its own
+  longest row), so the batch has the layout one process would have given it.
 - ``DP_MINI_BATCH_PROTO``: every rank gets the whole DataProto and works on its own share
   of each mini-batch (the update: shuffled mini-batches of whole groups are the same on
   every rank, so a step equals the one-process step); the ranks agree on the answer and
@@ -28,7 +30,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from rlvr.protocol import DataProto
+from rlvr.protocol import DataProto, DataProtoError, concat_rollouts
 
 ATTR = "__rlvr_dispatch__"
 
@@ -139,7 +141,26 @@ def collect(mode: Dispatch, outputs: list[Any], pad_rows: int = 0) -> Any:
         return outputs[0]
     if mode is Dispatch.DP_COMPUTE_PROTO:
         if all(isinstance(o, DataProto) for o in outputs):
-            out = outputs[0] if len(outputs) == 1 else DataProto.concat(outputs)
+            out = outputs[0] if len(outputs) == 1 else concat_ranks(outputs)
             return out.slice(0, len(out) - pad_rows) if pad_rows else out
         return outputs[0] if len(outputs) == 1 else outputs
     return outputs
+
+
+def concat_ranks(outputs: list[DataProto]) -> DataProto:
+    """The ranks' DataProtos as one, in rank order. Rollouts (``responses`` beside ``input_ids``)
+    may differ in width, since each rank pads to its own longest row: they are padded to the
+    widest rank (``concat_rollouts``) as one process would have padded the whole batch. Any other
+    difference is refused naming the rank that differs from rank 0."""
+    first = outputs[0]
+    for rank, out in enumerate(outputs[1:], start=1):
+        if sorted(out.keys()) != sorted(first.keys()):
+            raise DataProtoError(f"rank {rank} answered keys {sorted(out.keys())}, rank 0 {sorted(first.keys())}")
+    if "responses" in first.batch and "input_ids" in first.batch:
+        return concat_rollouts(outputs)
+    for key, value in first.batch.items():
+        for rank, out in enumerate(outputs[1:], start=1):
+            if out.batch[key].shape[1:] != value.shape[1:]:
+                raise DataProtoError(f"rank {rank} answered {key!r} of shape {tuple(out.batch[key].shape)}, rank 0 "
+                                     f"of {tuple(value.shape)}")
+    return DataProto.concat(outputs)

@@ -93,7 +93,9 @@ def pack_responses(prompts: DataProto, token_ids: Sequence[Sequence[int]], log_p
                    model_masks: Sequence[Sequence[int]], pad_id: int, non_tensors: dict) -> DataProto:
     """Responses right-padded next to the left-padded prompts: ``attention_mask`` is 1 on every
     response token, ``response_mask`` is ``model_masks`` (0 on tokens the model did not sample,
-    such as tool output) and ``rollout_log_probs`` the sampled log-probs (0 elsewhere)."""
+    such as tool output) and ``rollout_log_probs`` the sampled log-probs (0 elsewhere).
+    ``meta_info["pad_token_id"]`` says the pad, so batches padded to other widths (other ranks'
+    answers) can be joined to this one."""
     input_ids = prompts.batch["input_ids"]
     device = input_ids.device
     B = len(token_ids)
@@ -122,6 +124,7 @@ def pack_responses(prompts: DataProto, token_ids: Sequence[Sequence[int]], log_p
             "rollout_log_probs": rollout_log_probs.to(device),
         },
         non_tensors,
+        {"pad_token_id": pad_id},
     )
 
 

@@ -72,5 +72,5 @@ class GenerateRollout:
                 "position_ids": torch.cat([prompt_positions, prompt_positions[:, -1:] + steps], dim=1),
                 "rollout_log_probs": log_probs * response_mask,
             },
-            meta_info={"sampling": sampling},
+            meta_info={"sampling": sampling, "pad_token_id": self.tokenizer.pad_token_id},
         )

@@ -136,3 +136,79 @@ def test_data_parallel_share_is_contiguous_whole_groups():
     assert DataParallel(0, 1).share(groups) == list(range(8))
     with pytest.raises(ValueError, match="3 groups cannot be split evenly over 2 ranks"):
         DataParallel(0, 2).share(groups[:3])
+
+
+PAD = 99  # the tokenizer's pad id, told by the rollout in meta_info
+
+
+def rank_rollout(prompts, prompt_mask, prompt_positions, responses, lengths, log_probs):
+    """One rank's generate_sequences answer, written out by hand: responses right-padded with PAD
+    to this rank's longest row; position ids continue after the prompt over the padding too."""
+    prompts, responses = torch.tensor(prompts), torch.tensor(responses)
+    present = torch.tensor([[int(t < n) for t in range(responses.shape[1])] for n in lengths])
+    positions = torch.tensor(prompt_positions)
+    steps = torch.arange(1, responses.shape[1] + 1)
+    out = DataProto.from_dict({"prompts": prompts, "responses": responses, "response_mask": present,
+                               "input_ids": torch.cat([prompts, responses], 1),
+                               "attention_mask": torch.cat([torch.tensor(prompt_mask), present], 1),
+                               "position_ids": torch.cat([positions, positions[:, -1:] + steps], 1),
+                               "rollout_log_probs": torch.tensor(log_probs)},
+                              {"finish_reason": ["stop"] * len(lengths)})
+    out.meta_info["pad_token_id"] = PAD
+    return out
+
+
+def uneven_rollouts():
+    # rank 0: rows of 3 and 2 tokens (width 3); rank 1: rows of 1 token each (width 1)
+    rank0 = rank_rollout([[5, 6], [5, 6]], [[1, 1], [1, 1]], [[0, 1], [0, 1]], [[7, 8, 2], [7, 2, PAD]], [3, 2],
+                         [[-0.5, -0.25, -1.0], [-0.5, -2.0, 0.0]])
+    rank1 = rank_rollout([[PAD, 4], [PAD, 4]], [[0, 1], [0, 1]], [[0, 0], [0, 0]], [[9], [2]], [1, 1],
+                         [[-3.0], [-0.125]])
+    return rank0, rank1
+
+
+def test_rollouts_of_different_widths_are_padded_to_the_widest_rank():
+    """Each rank pads its responses to its own longest row; the group's answer has the layout one
+    process would give the whole batch: every rank's rows right-padded to the widest rank, with
+    the pad id in token ids, 0 in masks and log-probs, position ids counting on."""
+    out = collect(Dispatch.DP_COMPUTE_PROTO, list(uneven_rollouts()))
+    b = out.batch
+    assert b["responses"].tolist() == [[7, 8, 2], [7, 2, PAD], [9, PAD, PAD], [2, PAD, PAD]]
+    assert b["response_mask"].tolist() == [[1, 1, 1], [1, 1, 0], [1, 0, 0], [1, 0, 0]]
+    assert b["input_ids"].tolist() == [[5, 6, 7, 8, 2], [5, 6, 7, 2, PAD], [PAD, 4, 9, PAD, PAD], [PAD, 4, 2, PAD, PAD]]
+    assert b["attention_mask"].tolist() == [[1, 1, 1, 1, 1], [1, 1, 1, 1, 0], [0, 1, 1, 0, 0], [0, 1, 1, 0, 0]]
+    # rank 1's prompts end at position 0, so its response is at 1 and the padding counts 2, 3 (as
+    # rank 0's own padding of row 1 counts on to 4)
+    assert b["position_ids"].tolist() == [[0, 1, 2, 3, 4], [0, 1, 2, 3, 4], [0, 0, 1, 2, 3], [0, 0, 1, 2, 3]]
+    assert b["rollout_log_probs"].tolist() == [[-0.5, -0.25, -1.0], [-0.5, -2.0, 0.0], [-3.0, 0.0, 0.0],
+                                               [-0.125, 0.0, 0.0]]
+    assert b["prompts"].tolist() == [[5, 6], [5, 6], [PAD, 4], [PAD, 4]]
+    assert out.non_tensor_batch["finish_reason"].tolist() == ["stop"] * 4
+    assert out.meta_info["pad_token_id"] == PAD
+    # the same answers in the other order: rank 0 is the narrow one now
+    rank0, rank1 = uneven_rollouts()
+    swapped = collect(Dispatch.DP_COMPUTE_PROTO, [rank1, rank0])
+    assert swapped.batch["responses"].tolist() == [[9, PAD, PAD], [2, PAD, PAD], [7, 8, 2], [7, 2, PAD]]
+
+
+def test_uneven_rollouts_padded_then_trimmed_of_padding_rows():
+    out = collect(Dispatch.DP_COMPUTE_PROTO, list(uneven_rollouts()), pad_rows=1)
+    assert out.batch["responses"].tolist() == [[7, 8, 2], [7, 2, PAD], [9, PAD, PAD]]
+
+
+def test_uneven_rollouts_without_a_pad_id_are_refused_by_name():
+    rank0, rank1 = uneven_rollouts()
+    del rank0.meta_info["pad_token_id"], rank1.meta_info["pad_token_id"]
+    with pytest.raises(ValueError, match=r"response widths \[3, 1\].*meta_info\['pad_token_id'\]"):
+        collect(Dispatch.DP_COMPUTE_PROTO, [rank0, rank1])
+
+
+def test_answers_that_do_not_fit_together_name_the_rank():
+    rank0, rank1 = uneven_rollouts()
+    rank1.batch["entropys"] = torch.zeros(2, 1)
+    with pytest.raises(ValueError, match=r"rank 1 answered keys .*'entropys'.* rank 0"):
+        collect(Dispatch.DP_COMPUTE_PROTO, [rank0, rank1])
+    a = DataProto.from_dict({"old_log_probs": torch.zeros(2, 4)})
+    b = DataProto.from_dict({"old_log_probs": torch.zeros(2, 5)})
+    with pytest.raises(ValueError, match=r"rank 1 answered 'old_log_probs' of shape \(2, 5\), rank 0 of \(2, 4\)"):
+        collect(Dispatch.DP_COMPUTE_PROTO, [a, b])
