@@ -213,7 +213,8 @@ class MultiTurnRollout:
             self._close(loop, requests)
         return self.to_dataproto(prompts, requests)
 
-    def _run_turns(self, loop: asyncio.AbstractEventLoop, requests: list[Request], params: SamplingParams, uids) -> None:
+    def _run_turns(self, loop: asyncio.AbstractEventLoop, requests: list[Request], params: SamplingParams,
+                   uids) -> None:
         turn = 0
         while True:
             running = [i for i, r in enumerate(requests) if r.state is RequestState.RUNNING]

@@ -94,9 +94,10 @@ class FunctionTool(BaseTool):
                  name: str | None = None):
         self.fn = fn
         super().__init__(config, tool_schema or schema_from_function(fn, name))
-        self.max_stuck_calls = self.config.get("max_stuck_calls", DEFAULT_MAX_STUCK_CALLS)
-        if isinstance(self.max_stuck_calls, bool) or not isinstance(self.max_stuck_calls, int) or self.max_stuck_calls < 1:
-            raise ValueError(f"config.max_stuck_calls must be an integer >= 1, got {self.max_stuck_calls!r}")
+        limit = self.config.get("max_stuck_calls", DEFAULT_MAX_STUCK_CALLS)
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+            raise ValueError(f"config.max_stuck_calls must be an integer >= 1, got {limit!r}")
+        self.max_stuck_calls = limit
         self.stuck = 0  # calls abandoned by their caller whose thread still runs
         self._lock = threading.Lock()
 
