@@ -14,7 +14,10 @@
   method called on the group is dispatched by its ``@register`` mode, run on every rank
   (or rank 0), waited for, and collected, as ``LocalWorkerGroup`` does at world size 1.
   A rank that raises or dies stops the call at once with ``WorkerError`` naming the rank,
-  and the other ranks (possibly blocked in a collective with the dead one) are killed.
+  and the other ranks (possibly blocked in a collective with the dead one) are killed; the
+  driver's own part of a call (splitting the arguments, joining the answers) fails as a
+  ``WorkerError`` too, naming the method (and the rank whose answer does not fit), so every
+  failure of a call reaches the user as one message with the last checkpoint.
 
 Ray is an optional dependency (``pip install 'rlvr[ray]'``); this module is imported only
 when a run uses it.
@@ -256,21 +259,32 @@ class RayWorkerGroup:
         raise AttributeError(f"{name!r} is not a worker method; worker groups expose {list(WORKER_METHODS)}")
 
     def _call(self, method: str, reg, args: tuple, kwargs: dict) -> Any:
-        pad = 0
-        if reg.dispatch_mode is Dispatch.DP_COMPUTE_PROTO:  # validation remainders: padded, trimmed after
-            padded = []
-            for value in args:
-                if isinstance(value, DataProto):
-                    value, pad = pad_groups(value, self.world_size)
-                padded.append(value)
-            args = tuple(padded)
-        if reg.dispatch_mode in (Dispatch.ONE_TO_ALL, Dispatch.DP_MINI_BATCH_PROTO) and self.world_size > 1:
-            args = tuple(ray.put(a) for a in args)  # one copy in the object store for all ranks, not one each
-            kwargs = {k: ray.put(v) for k, v in kwargs.items()}
-        per_rank = dispatch(reg.dispatch_mode, self.world_size, args, kwargs)
+        """Dispatch, run, collect. A failure on the driver's side of the call (splitting the
+        arguments, joining the answers) is a ``WorkerError`` naming the method, as a rank's is."""
+        try:
+            pad = 0
+            if reg.dispatch_mode is Dispatch.DP_COMPUTE_PROTO:  # validation remainders: padded, trimmed after
+                padded = []
+                for value in args:
+                    if isinstance(value, DataProto):
+                        value, pad = pad_groups(value, self.world_size)
+                    padded.append(value)
+                args = tuple(padded)
+            if reg.dispatch_mode in (Dispatch.ONE_TO_ALL, Dispatch.DP_MINI_BATCH_PROTO) and self.world_size > 1:
+                args = tuple(ray.put(a) for a in args)  # one copy in the object store for all ranks, not one each
+                kwargs = {k: ray.put(v) for k, v in kwargs.items()}
+            per_rank = dispatch(reg.dispatch_mode, self.world_size, args, kwargs)
+        except Exception as err:
+            raise WorkerError(f"{method}: the arguments could not be split over the {self.world_size} ranks: "
+                              f"{type(err).__name__}: {err}") from None
         ranks = [0] if reg.execute_mode is Execute.RANK_ZERO else list(range(self.world_size))
         refs = [self.workers[r].call.remote(self.role, method, *per_rank[r][0], **per_rank[r][1]) for r in ranks]
-        return collect(reg.dispatch_mode, self._wait(refs, method, ranks), pad)
+        answers = self._wait(refs, method, ranks)
+        try:
+            return collect(reg.dispatch_mode, answers, pad)
+        except Exception as err:
+            raise WorkerError(f"{method}: the answers of ranks {ranks} could not be joined: {type(err).__name__}: "
+                              f"{err}") from None
 
     def execute_all(self, method: str, *args, **kwargs) -> list:
         """``method`` on every rank with the same arguments; the answers in rank order."""
@@ -294,7 +308,7 @@ class RayWorkerGroup:
                 self.kill()
                 cause = err.cause
                 if isinstance(cause, StopTraining):
-                    raise type(cause)(f"rank {rank}: {cause}") from None
+                    raise type(cause)(f"rank {rank} in {method}: {cause}") from None
                 raise WorkerError(f"rank {rank} failed in {method}: {type(cause).__name__}: {cause}\n"
                                   f"{err.traceback_str if hasattr(err, 'traceback_str') else ''}") from None
             except RayActorError as err:

@@ -29,6 +29,25 @@ class Doubler(Worker):
         out = DataProto.from_dict({"old_log_probs": data.batch["x"] * self.factor + self.rank})
         return out
 
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def generate_sequences(self, prompts):
+        """Rank 0's responses are 3 tokens wide, rank 1's 1 token (its rows stopped early)."""
+        width, rows = 3 - 2 * self.rank, len(prompts)
+        responses = torch.full((rows, width), 7)
+        ones = torch.ones(rows, width, dtype=torch.long)
+        out = DataProto.from_dict({"prompts": prompts.batch["ids"], "responses": responses, "response_mask": ones,
+                                   "input_ids": torch.cat([prompts.batch["ids"], responses], 1),
+                                   "attention_mask": torch.ones(rows, 1 + width, dtype=torch.long),
+                                   "position_ids": torch.arange(1 + width).repeat(rows, 1)})
+        out.meta_info["pad_token_id"] = 0
+        return out
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def compute_values(self, data):
+        """Rank 1 answers a key rank 0 does not: the driver cannot join the answers."""
+        keys = {"values": data.batch["x"]} | ({"extra": data.batch["x"]} if self.rank == 1 else {})
+        return DataProto.from_dict(keys)
+
     def fail(self):
         raise ValueError(f"broken on purpose on rank {self.rank}")
 
@@ -60,6 +79,27 @@ def main(run_dir):
     data = DataProto.from_dict({"x": torch.arange(3.0)}, {"uid": np.array(["a", "b", "c"], dtype=object)})
     out = actor.compute_log_prob(data)
     assert out.batch["old_log_probs"].tolist() == [0.0, 10.0, 21.0], out.batch["old_log_probs"]  # row 2 on rank 1
+    # responses of different widths per rank: padded to the widest rank with the pad id, in rank order
+    prompts = DataProto.from_dict({"ids": torch.tensor([[5], [6], [8], [9]])},
+                                  {"uid": np.array(["a", "b", "c", "d"], dtype=object)})
+    out = actor.generate_sequences(prompts)
+    assert out.batch["responses"].tolist() == [[7, 7, 7], [7, 7, 7], [7, 0, 0], [7, 0, 0]], out.batch["responses"]
+    assert out.batch["input_ids"].tolist()[2] == [8, 7, 0, 0] and out.batch["attention_mask"].tolist()[3] == [1, 1, 0, 0]
+    # the driver failing to join the ranks' answers is a WorkerError naming the method and the rank
+    try:
+        actor.compute_values(data)
+        raise AssertionError("no error")
+    except WorkerError as err:
+        assert str(err).startswith("compute_values: the answers of ranks [0, 1] could not be joined: DataProtoError: "
+                                   "rank 1 answered keys ['extra', 'values'], rank 0 ['values']"), err
+    # as is a batch that cannot be split over the ranks
+    try:
+        actor.compute_log_prob(DataProto.from_dict({"x": torch.arange(4.0)},
+                                                   {"uid": np.array(["a", "b", "a", "b"], dtype=object)}))
+        raise AssertionError("no error")
+    except WorkerError as err:
+        assert str(err).startswith("compute_log_prob: the arguments could not be split over the 2 ranks: "
+                                   "DispatchError: "), err
     # a failing rank stops the call with its rank and its error
     try:
         actor.execute_all("fail")

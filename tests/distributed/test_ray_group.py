@@ -1,12 +1,15 @@
 """The Ray worker group with fake workers (``ray_group_checks.py``, in a loopback-only network
 namespace): ranks and rendezvous address from the environment, colocated roles in one process,
-execute_all / execute_rank_zero, DP dispatch with padding, a failing rank named, and a
-resource check that refuses what the cluster lacks."""
+execute_all / execute_rank_zero, DP dispatch with padding, rollouts of different widths per
+rank joined, a failing rank named, a failure on the driver's side of a call named as a worker
+failure (with the last checkpoint, from ``fit``), and a resource check that refuses what the
+cluster lacks."""
 
 import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 pytestmark = pytest.mark.ray
@@ -21,3 +24,46 @@ def test_ray_worker_group_with_fake_workers(tmp_path):
     done = subprocess.run(loopback_only([sys.executable, str(script), str(tmp_path)]), capture_output=True, text=True,
                           timeout=300)
     assert done.returncode == 0 and "ALL CHECKS PASSED" in done.stdout, done.stdout[-3000:] + done.stderr[-3000:]
+
+
+def test_a_failure_joining_the_ranks_answers_reaches_the_user_with_rank_stage_and_checkpoint(tmp_path, monkeypatch):
+    """The driver's side of a worker-group call (here: joining answers whose keys differ) fails
+    as the worker failures do: one message naming the rank and the method, then, from ``fit``,
+    the last checkpoint and how to resume. The call is the real ``RayWorkerGroup._call``; only
+    the ranks' answers are given instead of computed."""
+    from types import SimpleNamespace
+
+    import torch
+
+    import rlvr.trainer.main as trainer_main
+    from rlvr.config import load_config
+    from rlvr.distributed.ray_workers import RayWorkerGroup, WorkerError
+    from rlvr.protocol import DataProto
+    from rlvr.workers.hybrid import ActorRolloutRefWorker
+
+    answers = [DataProto.from_dict({"responses": torch.ones(1, 2, dtype=torch.long), "input_ids": torch.ones(1, 3)}),
+               DataProto.from_dict({"responses": torch.ones(1, 2, dtype=torch.long)})]
+    group = object.__new__(RayWorkerGroup)
+    group.world_size, group.roles, group.role = 2, {None: ActorRolloutRefWorker}, None
+    group.workers = [SimpleNamespace(call=SimpleNamespace(remote=lambda *a, **k: None))] * 2
+    monkeypatch.setattr(group, "_wait", lambda refs, method, ranks: answers, raising=False)
+
+    class Trainer:  # what fit() needs of the trainer: a first generation through the group
+        global_step, total_training_steps, val_reward_fn = 0, 3, None
+        tracker = reward_fn = SimpleNamespace(close=lambda: None)
+
+        def fit(self):
+            ids = torch.ones(2, 1, dtype=torch.long)
+            group.generate_sequences(DataProto.from_dict({"input_ids": ids}, {"uid": np.array(["a", "b"], dtype=object)}))
+
+    run_dir = tmp_path / "run"
+    (run_dir / "checkpoints" / "global_step_2").mkdir(parents=True)
+    config = load_config(None, ["trainer.device=cpu", "trainer.n_gpus_per_node=2",
+                                "actor_rollout_ref.actor.strategy=fsdp2", f"trainer.default_local_dir={run_dir}"])
+    monkeypatch.setattr(trainer_main, "build_trainer", lambda config, progress_bar: Trainer())
+    with pytest.raises(WorkerError) as err:
+        trainer_main.fit(config)
+    assert str(err.value) == (
+        "generate_sequences: the answers of ranks [0, 1] could not be joined: DataProtoError: rank 1 answered keys "
+        "['responses'], rank 0 ['input_ids', 'responses']\n"
+        f"last checkpoint: {run_dir / 'checkpoints' / 'global_step_2'}; run the same command again to resume from it")
