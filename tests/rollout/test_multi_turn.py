@@ -5,7 +5,9 @@ import asyncio
 import json
 import os
 import signal
+import tempfile
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -428,3 +430,55 @@ def test_a_stuck_sync_tool_refuses_new_calls_and_counts_them(tiny, teacher_force
     assert [(c["tool_busy"], c["tool_errors"], c.get("tool_timeouts", 0))
             for c in second.non_tensor_batch["multi_turn_metrics"]] == [(1, 1, 0), (1, 1, 0)]
     assert second.non_tensor_batch["messages"][0][1]["content"].startswith("Error: echo has 2 earlier calls")
+
+
+def _children_alive(pid: int) -> list[int]:
+    """Live (not zombie) descendants of ``pid``."""
+    parents = {}
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            stat = open(f"/proc/{entry}/stat").read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if stat[0] != "Z":
+            parents.setdefault(int(stat[1]), []).append(int(entry))
+    found, todo = [], [pid]
+    while todo:
+        kids = parents.get(todo.pop(), [])
+        found += kids
+        todo += kids
+    return found
+
+
+def test_ctrl_c_mid_python_call_leaves_no_sandbox_behind(tiny, teacher_forced_engine, tmp_path):
+    """The issue's report: Ctrl-C inside a tool turn left the sandbox running with ppid 1 and
+    its folder behind, because the loop closed without cancelling the call."""
+    from pathlib import Path
+
+    from rlvr.tools.python import MOUNT_PREFIX, PythonTool, sandbox_error
+
+    why = sandbox_error()
+    if why is not None:
+        pytest.skip(why)
+    tool = PythonTool({"timeout_s": 60, "cpu_time_s": 60}, None)
+    rollout, chat = make_rollout(tiny, teacher_forced_engine, lambda ctx: "<python>import time; time.sleep(60)</python>",
+                                 tools={"python": tool}, max_len=32, max_assistant_turns=2, tool_timeout_s=60)
+    batch = prompts_for(rollout, chat)
+    seen: list[int] = []
+
+    def interrupt():
+        deadline = time.monotonic() + 30
+        while len(seen) < 2 and time.monotonic() < deadline:  # the launcher and the sandboxed interpreter
+            seen[:] = _children_alive(os.getpid())
+            time.sleep(0.05)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    threading.Thread(target=interrupt, daemon=True).start()
+    with pytest.raises(KeyboardInterrupt):
+        rollout.generate_sequences(batch)
+    assert len(seen) >= 2
+    deadline = time.monotonic() + 10
+    while set(seen) & set(_children_alive(os.getpid())) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert set(seen) & set(_children_alive(os.getpid())) == set()
+    assert list(Path(tempfile.gettempdir()).glob(f"{MOUNT_PREFIX}{os.getpid()}-*")) == []
