@@ -93,8 +93,13 @@ def load_full_state(root: nn.Module | None, model: nn.Module, optimizer, weights
     if root is not None:
         weights = {ROOT_PREFIX + k: v for k, v in weights.items()} if weights is not None else None
         optimizer_state = rename_optimizer_state(optimizer_state, lambda name: ROOT_PREFIX + name)
+    # strict=False lets a tied duplicate be absent, and then reports no missing names at all: callers check
+    # the names first (models.loader.check_weight_names); an unexpected name is refused here too
     if weights is not None:
-        set_model_state_dict(target, weights, options=StateDictOptions(full_state_dict=True, strict=False))
+        loaded = set_model_state_dict(target, weights, options=StateDictOptions(full_state_dict=True, strict=False))
+        if loaded.missing_keys or loaded.unexpected_keys:
+            raise ValueError(f"the full weights do not fit the model: missing {sorted(loaded.missing_keys)[:5]}, "
+                             f"unexpected {sorted(loaded.unexpected_keys)[:5]}")
     set_optimizer_state_dict(target, optimizer, optimizer_state, options=StateDictOptions(full_state_dict=True))
 
 

@@ -275,3 +275,18 @@ def test_checkpoint_with_other_weight_names_is_refused(tiny_config, tmp_path):
     with pytest.raises(ModelLoadError, match=rf"the weights in {actor} do not fit the model: missing 1 "
                                              r"\(model.norm.weight\), unexpected 1 \(model.final_norm.weight\)"):
         build_trainer(config, progress_bar=False)
+
+
+def test_full_weights_of_other_names_are_refused_by_the_loader_itself(tiny_model_dir):
+    from rlvr.distributed.fsdp import full_optimizer_state, load_full_state
+    from rlvr.models import load_model
+
+    model = load_model(tiny_model_dir)
+    optimizer = torch.optim.AdamW(model.parameters())
+    state = full_optimizer_state(None, model, optimizer)
+    weights = {k: v for k, v in model.state_dict().items() if k != "lm_head.weight"}  # tied to the embedding
+    load_full_state(None, model, optimizer, weights, state)
+    weights["model.final_norm.weight"] = weights.pop("model.norm.weight")
+    # (this API reports no missing names under strict=False: check_weight_names, called first, does)
+    with pytest.raises(ValueError, match=r"do not fit the model: .* unexpected \['model.final_norm.weight'\]"):
+        load_full_state(None, model, optimizer, weights, state)
