@@ -31,7 +31,6 @@ from rlvr.config.validate import ConfigError, validate
 
 RECIPES_DIR = Path(__file__).parent
 DEFAULT_RECIPE = RECIPES_DIR / "grpo.yaml"
-LOAD_TIME_KEYS = ("custom_modules",)  # read here, before validation, not by the training code
 
 _FSDP = "activation offload is not implemented; actor_rollout_ref.model.enable_gradient_checkpointing saves activations"
 _ENGINE = "the native engine has no such knob"
