@@ -90,6 +90,7 @@ VERL_RENAMED: dict[str, str] = {
     "reward_model": "reward.reward_model (enable, path, micro_batch_size_per_gpu, weight)",
     "data.tokenizer": "actor_rollout_ref.model.tokenizer_path",
     "actor_rollout_ref.rollout.multi_turn.max_turns": "actor_rollout_ref.rollout.multi_turn.max_assistant_turns",
+    "trainer.resume_from_path": "trainer.resume_mode (auto, disable, or the checkpoint folder itself)",
 }
 
 

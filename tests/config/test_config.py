@@ -319,6 +319,9 @@ def test_run_management_is_checked_at_load_before_any_model(tmp_path, monkeypatc
     with pytest.raises(ConfigError, match=r"trainer.resume_mode = '.*global_step_2': .* is not a checkpoint folder "
                                           r"\(no trainer_state.pt\); use auto"):
         load_config(overrides=[f"trainer.resume_mode={tmp_path / 'global_step_2'}"])
+    with pytest.raises(ConfigError, match=r"'trainer.resume_from_path' .* is verl's name; rlvr's is trainer.resume_mode "
+                                          r"\(auto, disable, or the checkpoint folder itself\)"):
+        load_config(overrides=["trainer.resume_mode=resume_path", f"trainer.resume_from_path={tmp_path}"])
     (tmp_path / "global_step_2" / "trainer_state.pt").write_bytes(b"")
     assert load_config(overrides=[f"trainer.resume_mode={tmp_path / 'global_step_2'}"]).trainer.resume_mode.endswith(
         "global_step_2")
