@@ -134,6 +134,9 @@ def drop_privileges(spec):
         os.setgroups([])
         os.setresgid(SANDBOX_ID, SANDBOX_ID, SANDBOX_ID)
         os.setresuid(SANDBOX_ID, SANDBOX_ID, SANDBOX_ID)
+        # A change of uid clears the parent-death signal: set it again, or the code would outlive
+        # a launcher killed before it could kill its group.
+        check(libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "parent-death signal")
     check(libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
     mb = 1024 * 1024
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # an over-long write fails instead of killing

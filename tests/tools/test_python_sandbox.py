@@ -305,6 +305,23 @@ def test_unknown_and_removed_limit_keys_are_refused():
         PythonTool({"require_network_isolation": False}, None)
 
 
+def _start_trainer_mid_call():
+    trainer = subprocess.Popen([sys.executable, "-c", INTERRUPTED], cwd=REPO)
+    deadline = time.monotonic() + 30
+    while len([p for p in _descendants(trainer.pid) if _alive(p)]) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    sandboxed = _descendants(trainer.pid)  # the launcher, then the code (PID 1 of its namespace)
+    assert len(sandboxed) == 2
+    return trainer, sandboxed
+
+
+def _wait_dead(pids, seconds=10):
+    deadline = time.monotonic() + seconds
+    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return not any(_alive(p) for p in pids)
+
+
 INTERRUPTED = '''
 import asyncio, sys
 from rlvr.tools.python import PythonTool
@@ -318,21 +335,28 @@ def test_nothing_outlives_an_interrupted_trainer(how):
     """Ctrl-C in the middle of a call cancels it (the process group is killed, the mount point
     removed); SIGKILL runs no cleanup, so the parent-death signal ends the sandbox and the next
     tool start removes the empty mount point."""
-    trainer = subprocess.Popen([sys.executable, "-c", INTERRUPTED], cwd=REPO)
-    deadline = time.monotonic() + 30
-    while len([p for p in _descendants(trainer.pid) if _alive(p)]) < 2 and time.monotonic() < deadline:
-        time.sleep(0.05)
-    sandboxed = _descendants(trainer.pid)
-    assert len(sandboxed) == 2
+    trainer, sandboxed = _start_trainer_mid_call()
     trainer.send_signal(how)
     trainer.wait(timeout=30)
-    deadline = time.monotonic() + 10
-    while any(_alive(p) for p in sandboxed) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not any(_alive(p) for p in sandboxed)
+    assert _wait_dead(sandboxed)
     left = list(Path(sandbox.tempfile.gettempdir()).glob(f"{sandbox.MOUNT_PREFIX}{trainer.pid}-*"))
     if how == signal.SIGKILL:
         assert len(left) == 1
         sandbox.remove_stale_mount_points()
         left = [p for p in left if p.exists()]
     assert left == []
+
+
+def test_the_code_dies_with_its_launcher():
+    """The launcher killed while the trainer cannot react (stopped): the code must not live on
+    with ppid 1. (Switching to uid 65534 clears the parent-death signal; it is set again.)"""
+    trainer, (launcher, code) = _start_trainer_mid_call()
+    trainer.send_signal(signal.SIGSTOP)
+    try:
+        os.kill(launcher, signal.SIGKILL)
+        assert _wait_dead([code], seconds=5)
+    finally:
+        trainer.kill()
+        trainer.wait(timeout=30)
+        if _alive(code):
+            os.kill(code, signal.SIGKILL)
