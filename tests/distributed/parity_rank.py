@@ -3,7 +3,7 @@ torchrun does, with RANK / WORLD_SIZE / MASTER_ADDR / MASTER_PORT in the environ
 
 ``python parity_rank.py SPEC.json OUT_DIR``: build the hybrid worker from the spec's config
 overrides, then for each step: generate this rank's prompt groups, compute log-probs (old and
-reference) on this rank's share, gather the shares (what a worker group's collect does), give
+reference) on this rank's share, gather the shares (with a worker group's collect), give
 every row a fixed advantage and update the actor on the whole batch. Rank 0 writes the
 generated tokens, log-probs, metrics and a checkpoint of the final weights to OUT_DIR. With
 ``resume_from`` the worker first loads that checkpoint (written by any number of ranks).
@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 
 from rlvr.config import load_config
-from rlvr.distributed.dispatch import Dispatch, dispatch
+from rlvr.distributed.dispatch import Dispatch, collect, dispatch
 from rlvr.protocol import DataProto
 from rlvr.workers.hybrid import ActorRolloutRefWorker
 
@@ -41,13 +41,16 @@ def prompt_batch(tokenizer, step: int, num_prompts: int, n: int) -> DataProto:
     return batch
 
 
-def gather(part: DataProto) -> DataProto:
-    """The ranks' answers concatenated in rank order (a worker group's collect)."""
-    if not dist.is_initialized() or dist.get_world_size() == 1:
-        return part
-    parts = [None] * dist.get_world_size()
-    dist.all_gather_object(parts, part)
-    return DataProto.concat(parts)
+def gather(part: DataProto, widths: list | None = None) -> DataProto:
+    """The ranks' answers joined in rank order by a worker group's collect; ``widths`` gets each
+    rank's response width (ranks whose rows stop early answer narrower batches)."""
+    parts = [part]
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        parts = [None] * dist.get_world_size()
+        dist.all_gather_object(parts, part)
+    if widths is not None:
+        widths.append([p.batch["responses"].shape[1] for p in parts])
+    return collect(Dispatch.DP_COMPUTE_PROTO, parts)
 
 
 def main(spec_path: str, out_dir: str) -> None:
@@ -59,11 +62,11 @@ def main(spec_path: str, out_dir: str) -> None:
         worker.load_checkpoint(spec["resume_from"])
     world, rank = worker.world_size, worker.rank
     n = config.actor_rollout_ref.rollout.n
-    record = {"responses": [], "old_log_probs": [], "ref_log_prob": [], "metrics": []}
+    record = {"responses": [], "old_log_probs": [], "ref_log_prob": [], "metrics": [], "rank_widths": []}
     for step in range(spec.get("first_step", 0), spec.get("first_step", 0) + spec["steps"]):
         prompts = prompt_batch(worker.tokenizer, step, config.data.train_batch_size, n)
         (mine,), _ = dispatch(Dispatch.DP_COMPUTE_PROTO, world, (prompts,), {})[rank]
-        batch = gather(worker.generate_sequences(mine))
+        batch = gather(worker.generate_sequences(mine), record["rank_widths"])
         batch.non_tensor_batch["uid"] = prompts.non_tensor_batch["uid"]  # as the trainer unions them back
         (mine,), _ = dispatch(Dispatch.DP_COMPUTE_PROTO, world, (batch,), {})[rank]
         batch = batch.union(gather(worker.compute_log_prob(mine)))

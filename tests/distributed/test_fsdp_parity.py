@@ -2,6 +2,8 @@
 metrics, gradient norms and final weights after several optimizer steps, with several mini-
 and micro-batches, two PPO epochs, the prompt-once forward on and off, and a sharded reference;
 and a checkpoint written by 2 ranks resumes in one process exactly where one process would be.
+Rows stop early (a stop string), so the ranks answer responses of different widths and the
+joined batch must have the one process's layout.
 
 Each rank is its own process (``parity_rank.py``, started as torchrun would), rendezvousing on
 127.0.0.1 only."""
@@ -19,6 +21,9 @@ from safetensors.torch import load_file
 from rlvr.distributed.worker import free_port
 
 RANK_SCRIPT = Path(__file__).with_name("parity_rank.py")
+# the tiny random model never samples its EOS; a stop string that about one token in four holds
+# ends rows after 1 to 6 tokens, so the ranks' longest rows (their response widths) differ
+STOP_EARLY = "actor_rollout_ref.rollout.stop=[r]"
 
 
 def base_overrides(model_dir, world, strategy, *extra):
@@ -28,7 +33,7 @@ def base_overrides(model_dir, world, strategy, *extra):
             "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1", "actor_rollout_ref.actor.ppo_epochs=2",
             "actor_rollout_ref.actor.use_kl_loss=true", "actor_rollout_ref.actor.optim.lr=1e-2",
             "actor_rollout_ref.actor.optim.weight_decay=0.0", "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=3",
-            *extra]
+            STOP_EARLY, *extra]
 
 
 def run_ranks(tmp, name, world, overrides, steps, first_step=0, resume_from=None):
@@ -62,6 +67,8 @@ def run_ranks(tmp, name, world, overrides, steps, first_step=0, resume_from=None
 def assert_same_run(got, expected, atol=2e-5):
     rec, weights = got
     ref_rec, ref_weights = expected
+    # the layout too: the joined batch is as wide as the one process's
+    assert [r.shape for r in rec["responses"]] == [r.shape for r in ref_rec["responses"]]
     for key in ("responses", "old_log_probs", "ref_log_prob"):
         for a, b in zip(rec[key], ref_rec[key]):
             assert torch.allclose(a.float(), b.float(), atol=atol), key
@@ -89,13 +96,18 @@ def assert_same_weights(weights, ref_weights, atol=2e-5):
     ["actor_rollout_ref.actor.share_prompt_forward=false"],
     # micro-batches by a token budget: the ranks get different numbers of them and the ones with
     # fewer repeat a zero-weight pass so that the sharded model's collectives stay in step
+    # (rows of the full 6 tokens: rows stopped early all fit the budget alike)
     ["actor_rollout_ref.actor.use_dynamic_bsz=true", "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=45",
-     "data.max_prompt_length=39"],  # prompts of 33-39 tokens: a group of 2 x 6 fits 45 only after a short prompt
+     "data.max_prompt_length=39",  # prompts of 33-39 tokens: a group of 2 x 6 fits 45 only after a short prompt
+     "actor_rollout_ref.rollout.stop=[]"],
 ], ids=["prompt-once", "plain", "dynamic-bsz"])
 def test_two_fsdp2_ranks_equal_one_process(tiny_model_dir, tmp_path, extra):
     one = run_ranks(tmp_path, "one", 1, base_overrides(tiny_model_dir, 1, "local", *extra), steps=2)
     two = run_ranks(tmp_path, "two", 2, base_overrides(tiny_model_dir, 2, "fsdp2", *extra), steps=2)
     assert_same_run(two, one)
+    if "actor_rollout_ref.rollout.stop=[]" not in extra:
+        # the case that matters: some step's ranks answered responses of different widths
+        assert any(len(set(widths)) > 1 for widths in two[0]["rank_widths"]), two[0]["rank_widths"]
     # the run moved: 2 steps x 2 epochs x 2 mini-batches at lr 1e-2 changed the weights
     initial = load_file(Path(tiny_model_dir) / "model.safetensors")
     moved = max(float((two[1][k] - initial[k]).abs().max()) for k in initial if k in two[1])
