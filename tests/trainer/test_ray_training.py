@@ -32,7 +32,10 @@ RAY_2_CPU = ["trainer.device=cpu", "trainer.n_gpus_per_node=2", "actor_rollout_r
 STEPS = ["trainer.total_training_steps=3", "trainer.save_freq=3", "data.train_batch_size=4",
          "actor_rollout_ref.actor.ppo_mini_batch_size=2", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=3",
          "actor_rollout_ref.actor.use_kl_loss=true", "trainer.test_freq=3", "trainer.val_before_train=true",
-         "data.val_batch_size=3"]  # 4 validation prompts: batches of 3 and 1, padded to whole ranks and trimmed
+         "data.val_batch_size=3",  # 4 validation prompts: batches of 3 and 1, padded to whole ranks and trimmed
+         # the tiny model never samples EOS: a stop string ends rows after 1-7 tokens, so the ranks'
+         # responses differ in width, as a real model's do (main crashed joining them)
+         "actor_rollout_ref.rollout.stop=[r]"]
 
 
 def records(run_dir):
