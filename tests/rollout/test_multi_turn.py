@@ -465,11 +465,12 @@ def test_ctrl_c_mid_python_call_leaves_no_sandbox_behind(tiny, teacher_forced_en
                                  tools={"python": tool}, max_len=32, max_assistant_turns=2, tool_timeout_s=60)
     batch = prompts_for(rollout, chat)
     seen: list[int] = []
+    earlier = set(_children_alive(os.getpid()))  # e.g. a reward pool an earlier test started
 
     def interrupt():
         deadline = time.monotonic() + 30
         while len(seen) < 2 and time.monotonic() < deadline:  # the launcher and the sandboxed interpreter
-            seen[:] = _children_alive(os.getpid())
+            seen[:] = [p for p in _children_alive(os.getpid()) if p not in earlier]
             time.sleep(0.05)
         os.kill(os.getpid(), signal.SIGINT)
 
