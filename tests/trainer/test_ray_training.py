@@ -123,11 +123,13 @@ def test_a_killed_worker_stops_the_run_naming_its_rank_and_the_run_resumes(tiny_
 
 
 def test_a_rollout_on_workers_of_its_own_equals_the_hybrid_engine(tiny_config, tmp_path, in_process_run):
-    """hybrid_engine=false: one actor worker and one rollout worker (2 CPUs); the rollout samples
-    with the weights the actor sends after every update, so the run equals the hybrid one."""
+    """hybrid_engine=false: one actor worker and two rollout workers (3 logical CPUs on Ray); the
+    rollout samples with the weights the actor sends after every update, its two ranks answering
+    responses of different widths, so the run equals the hybrid one."""
     run_dir = tmp_path / "separate"
     config = tiny_config(*STEPS, "trainer.device=cpu", "actor_rollout_ref.hybrid_engine=false",
-                         "actor_rollout_ref.rollout.n_gpus_per_node=1", f"trainer.default_local_dir={run_dir}")
+                         "actor_rollout_ref.rollout.n_gpus_per_node=2", "ray_kwargs.ray_init.num_cpus=3",
+                         f"trainer.default_local_dir={run_dir}")
     done = subprocess.run(train_command(config, tmp_path), capture_output=True, text=True, timeout=400)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     got = records(run_dir)
@@ -136,7 +138,7 @@ def test_a_rollout_on_workers_of_its_own_equals_the_hybrid_engine(tiny_config, t
     assert_same_weights(final_weights(run_dir, 3), final_weights(in_process_run, 3))
     actor = json.loads((run_dir / "workers.json").read_text())
     rollout = json.loads((run_dir / "rollout_pool" / "workers.json").read_text())
-    assert {w["pid"] for w in actor}.isdisjoint({w["pid"] for w in rollout})  # processes of their own
+    assert len(rollout) == 2 and {w["pid"] for w in actor}.isdisjoint({w["pid"] for w in rollout})  # their own
 
 
 def test_ppo_with_a_critic_colocated_on_two_ray_workers_equals_the_in_process_run(tiny_config, tmp_path):
