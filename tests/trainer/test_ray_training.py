@@ -4,7 +4,9 @@ weights. A worker killed mid-run stops the run with an error naming its rank and
 checkpoint; the same command then resumes and finishes. Ctrl-C saves the current step.
 
 The Ray runs are `rlvr train` processes inside a network namespace whose only interface is
-the loopback (``tests/loopback_only.py``): Ray's gRPC servers listen on every interface."""
+the loopback (``tests/loopback_only.py``): Ray's gRPC servers listen on every interface.
+The tiny model's rows stop early (a stop string) and the built-in model's at EOS, so the ranks
+answer responses of different widths, as a real run's do."""
 
 import json
 import os
@@ -227,3 +229,40 @@ def test_custom_modules_reach_the_task_runner_and_the_workers(tiny_config, tmp_p
     assert step["actor/pg_clipfrac"] == pytest.approx(0.625)  # only the custom loss reports this clip fraction
     dumped = [json.loads(line) for line in open(run_dir / "rollouts" / "1.jsonl")]
     assert {r["score"] for r in dumped} <= {0.25, 0.75} and {r["advantage"] for r in dumped} <= {-1.0, 1.0}
+
+
+@pytest.mark.slow
+def test_the_default_job_on_two_ray_workers_trains_on_rows_that_stop_at_eos(tmp_path, builtin_dir, tokenizer):
+    """What a new user runs to scale out: ``rlvr train trainer.device=cpu trainer.n_gpus_per_node=2
+    actor_rollout_ref.actor.strategy=fsdp2``, the built-in model on the arithmetic task, cut to 3
+    small steps. The model ends its rows at EOS after different numbers of tokens, so the two
+    workers answer responses of different widths; the run must train through them."""
+    from rlvr.data.prepare import prepare_arithmetic
+
+    data = prepare_arithmetic(tmp_path / "data", train_size=16, test_size=4)
+    run_dir = tmp_path / "run"
+    command = loopback_only([sys.executable, "-m", "rlvr.cli", "train", *RAY_2_CPU,
+                             f"data.train_files=[{data['train']}]", f"data.val_files=[{data['test']}]",
+                             "trainer.total_training_steps=3", "trainer.test_freq=3", "trainer.save_freq=3",
+                             "data.train_batch_size=2", "actor_rollout_ref.rollout.n=4",
+                             "data.max_response_length=48", "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+                             "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
+                             "data.val_batch_size=4", "trainer.logger=[jsonl]", f"trainer.default_local_dir={run_dir}"])
+    done = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    got = [r for r in records(run_dir) if r["step"] > 0]
+    assert [r["step"] for r in got] == [1, 2, 3]
+    # rows ended at EOS at different lengths within each batch, most before the limit
+    assert all(r["response_length/min"] < r["response_length/max"] for r in got)
+    assert all(r["response_length/clip_ratio"] < 0.5 for r in got)
+    # and the two ranks' longest rows (rows 0-3 on rank 0, 4-7 on rank 1) differed in some step:
+    # the widths that could not be joined before
+    def longest(rows):
+        return max(len(tokenizer.encode(r["response"], add_special_tokens=False)) for r in rows)
+    dumps = [[json.loads(line) for line in open(run_dir / "rollouts" / f"{step}.jsonl")] for step in (1, 2, 3)]
+    assert any(longest(rows[:4]) != longest(rows[4:]) for rows in dumps)
+    assert "val-core/arithmetic/reward/mean@1" in got[-1]
+    # it trained: a step had a gradient, and the saved weights moved away from the built-in model's
+    assert any(r["actor/grad_norm"] > 0 for r in got)
+    weights, initial = final_weights(run_dir, 3), load_file(Path(builtin_dir) / "model.safetensors")
+    assert max(float((weights[k] - initial[k]).abs().max()) for k in initial if k in weights) > 0
