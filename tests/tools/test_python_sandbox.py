@@ -238,13 +238,15 @@ def _uid(pid: int) -> int:
 def test_outside_the_namespace_the_code_is_unprivileged_too():
     """Seen from the host, the running code's uid is 65534 when rlvr runs as root (the trainer's
     own uid otherwise): not root, so file permissions and RLIMIT_NPROC apply to it."""
+    earlier = set(_descendants(os.getpid()))  # e.g. a pool an earlier test left running
+
     async def watch():
-        task = asyncio.ensure_future(run_sandboxed("import time\ntime.sleep(2)", SandboxLimits(timeout_s=10)))
-        for _ in range(100):
+        task = asyncio.ensure_future(run_sandboxed("import time\ntime.sleep(5)", SandboxLimits(timeout_s=30)))
+        for _ in range(400):
             await asyncio.sleep(0.05)
-            pids = [p for p in _descendants(os.getpid()) if _alive(p)]
-            if len(pids) >= 2:
-                break
+            pids = [p for p in _descendants(os.getpid()) if _alive(p) and p not in earlier]
+            if len(pids) >= 2 and b"\x00-c\x00" in Path(f"/proc/{pids[-1]}/cmdline").read_bytes():
+                break  # the code's interpreter (stage 2) runs: the launcher's setup is over
         uids = {_uid(p) for p in pids}
         task.cancel()
         try:
@@ -306,13 +308,15 @@ def test_unknown_and_removed_limit_keys_are_refused():
 
 
 def _start_trainer_mid_call():
-    trainer = subprocess.Popen([sys.executable, "-c", INTERRUPTED], cwd=REPO)
+    trainer = subprocess.Popen([sys.executable, "-c", INTERRUPTED], cwd=REPO, stdout=subprocess.PIPE, text=True)
+    assert trainer.stdout.readline() == "calling\n"  # the tool's start-up probe (a sandbox too) is over
     deadline = time.monotonic() + 30
-    while len([p for p in _descendants(trainer.pid) if _alive(p)]) < 2 and time.monotonic() < deadline:
+    while time.monotonic() < deadline:
+        sandboxed = [p for p in _descendants(trainer.pid) if _alive(p)]  # the launcher, then the code
+        if len(sandboxed) == 2 and b"\x00-c\x00" in Path(f"/proc/{sandboxed[1]}/cmdline").read_bytes():
+            return trainer, sandboxed
         time.sleep(0.05)
-    sandboxed = _descendants(trainer.pid)  # the launcher, then the code (PID 1 of its namespace)
-    assert len(sandboxed) == 2
-    return trainer, sandboxed
+    raise AssertionError(f"no sandbox started within 30 s: {sandboxed}")
 
 
 def _wait_dead(pids, seconds=10):
@@ -326,6 +330,7 @@ INTERRUPTED = '''
 import asyncio, sys
 from rlvr.tools.python import PythonTool
 tool = PythonTool({"timeout_s": 60, "cpu_time_s": 60}, None)
+print("calling", flush=True)
 asyncio.run(tool.execute("i", {"code": "import time\\ntime.sleep(60)"}))
 '''
 
