@@ -365,3 +365,4 @@ def test_the_code_dies_with_its_launcher():
         trainer.wait(timeout=30)
         if _alive(code):
             os.kill(code, signal.SIGKILL)
+        sandbox.remove_stale_mount_points()  # the stopped trainer was killed: nothing removed its mount point
