@@ -160,6 +160,24 @@ def test_ppo_with_a_critic_colocated_on_two_ray_workers_equals_the_in_process_ru
     assert_same_weights(final_weights(ray_dir, 3), final_weights(local_dir, 3))
 
 
+def test_remax_on_two_ray_workers_equals_the_in_process_run(tiny_config, tmp_path):
+    """ReMax on 2 workers: the sampled rows stop early at different widths per rank, and the
+    greedy pass (one row per prompt, 2 per rank) goes through the same collect; the baselines and
+    the run are the one process's. (The tiny model's greedy rows all repeat the prompt's last
+    token, so they have one width; the slow default-job test's greedy validation and the fake
+    group's checks give that call uneven widths.)"""
+    local_dir, ray_dir = tmp_path / "local", tmp_path / "ray"
+    remax = [*STEPS, "algorithm.adv_estimator=remax", "trainer.test_freq=-1", "trainer.val_before_train=false"]
+    run_training(tiny_config(*remax, f"trainer.default_local_dir={local_dir}"))
+    done = subprocess.run(train_command(tiny_config(*remax, *RAY_2_CPU, f"trainer.default_local_dir={ray_dir}"),
+                                        tmp_path), capture_output=True, text=True, timeout=400)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    got = records(ray_dir)
+    assert all("timing_s/gen_max" in r for r in got)
+    assert_same_metrics(got, records(local_dir))
+    assert_same_weights(final_weights(ray_dir, 3), final_weights(local_dir, 3))
+
+
 def test_asking_for_more_than_the_cluster_has_fails_at_once_with_the_numbers(tiny_config, tmp_path):
     """4 CPU workers on a Ray of 2 CPUs: a clear error before any placement group waits."""
     config = tiny_config("trainer.device=cpu", "trainer.n_gpus_per_node=4", "actor_rollout_ref.actor.strategy=fsdp2",
