@@ -84,7 +84,8 @@ def main(run_dir):
                                   {"uid": np.array(["a", "b", "c", "d"], dtype=object)})
     out = actor.generate_sequences(prompts)
     assert out.batch["responses"].tolist() == [[7, 7, 7], [7, 7, 7], [7, 0, 0], [7, 0, 0]], out.batch["responses"]
-    assert out.batch["input_ids"].tolist()[2] == [8, 7, 0, 0] and out.batch["attention_mask"].tolist()[3] == [1, 1, 0, 0]
+    assert out.batch["input_ids"].tolist()[2] == [8, 7, 0, 0]
+    assert out.batch["attention_mask"].tolist()[3] == [1, 1, 0, 0]
     # the driver failing to join the ranks' answers is a WorkerError naming the method and the rank
     try:
         actor.compute_values(data)

@@ -53,8 +53,8 @@ def test_a_failure_joining_the_ranks_answers_reaches_the_user_with_rank_stage_an
         tracker = reward_fn = SimpleNamespace(close=lambda: None)
 
         def fit(self):
-            ids = torch.ones(2, 1, dtype=torch.long)
-            group.generate_sequences(DataProto.from_dict({"input_ids": ids}, {"uid": np.array(["a", "b"], dtype=object)}))
+            uids = np.array(["a", "b"], dtype=object)
+            group.generate_sequences(DataProto.from_dict({"input_ids": torch.ones(2, 1, dtype=torch.long)}, {"uid": uids}))
 
     run_dir = tmp_path / "run"
     (run_dir / "checkpoints" / "global_step_2").mkdir(parents=True)
