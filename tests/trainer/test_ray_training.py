@@ -104,7 +104,12 @@ def start_long_run(tiny_config, tmp_path, save_freq: int, reached):
     return run_dir, command, proc
 
 
-def test_a_killed_worker_stops_the_run_naming_its_rank_and_the_run_resumes(tiny_config, tmp_path):
+def test_a_killed_worker_and_a_ctrl_c_each_stop_the_run_and_the_same_command_resumes(tiny_config, tmp_path):
+    """One background run interrupted twice (sharing it saves a Ray start and a run).
+    First a worker is killed: the run stops naming its rank and the last checkpoint. Then the
+    resumed run, now with save_freq=-1 so that only Ctrl-C saves, gets a Ctrl-C: the driver's
+    request reaches the controller, which finishes its step and saves it. The same command
+    then resumes from there and finishes all 40 steps."""
     run_dir, command, proc = start_long_run(tiny_config, tmp_path, 1,
                                             lambda run: (run / "checkpoints" / "global_step_2").exists())
     rank1 = json.loads((run_dir / "workers.json").read_text())[1]
@@ -114,12 +119,28 @@ def test_a_killed_worker_stops_the_run_naming_its_rank_and_the_run_resumes(tiny_
     assert "rank 1's worker process" in out and "died" in out, out[-3000:]
     assert "last checkpoint: " in out and "global_step_" in out and "run the same command again" in out
     assert "Traceback" not in out.split("rank 1's worker process")[-1]
+    killed_at = max(int(p.name.rsplit("_", 1)[1]) for p in (run_dir / "checkpoints").glob("global_step_*"))
+    assert 2 <= killed_at < 40
+
+    only_ctrl_c_saves = [*command, "trainer.save_freq=-1"]
+    lines_before = sum(1 for _ in open(run_dir / "metrics.jsonl"))
+    proc = subprocess.Popen(only_ctrl_c_saves, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.time() + 240
+    while sum(1 for _ in open(run_dir / "metrics.jsonl")) < lines_before + 2:
+        assert proc.poll() is None and time.time() < deadline, "the resumed run ended or stalled"
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)
+    out = proc.communicate(timeout=120)[0]
+    assert proc.returncode == 130, out[-3000:]
+    assert f"resumed from {run_dir / 'checkpoints' / f'global_step_{killed_at}'}" in out
     saved = sorted(int(p.name.rsplit("_", 1)[1]) for p in (run_dir / "checkpoints").glob("global_step_*"))
-    assert 2 <= saved[-1] < 40
-    # the same command resumes from the last checkpoint and finishes
+    interrupted_at = saved[-1]
+    assert killed_at < interrupted_at < 40, out[-3000:]
+    assert f"last checkpoint: {run_dir / 'checkpoints' / f'global_step_{interrupted_at}'}" in out
+
     done = subprocess.run(command, capture_output=True, text=True, timeout=400)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    assert f"resumed from {run_dir / 'checkpoints' / f'global_step_{saved[-1]}'}" in done.stdout
+    assert f"resumed from {run_dir / 'checkpoints' / f'global_step_{interrupted_at}'}" in done.stdout
     steps = [r["step"] for r in records(run_dir)]
     assert steps[-1] == 40 and sorted(set(steps) - {0}) == list(range(1, 41))  # 0: validation before training
 
@@ -188,23 +209,6 @@ def test_asking_for_more_than_the_cluster_has_fails_at_once_with_the_numbers(tin
     assert done.returncode == 2, done.stdout[-2000:] + done.stderr[-2000:]
     assert "resource pool 'global_pool' needs 4 CPUs (the cluster has 2) for 4 workers" in done.stderr
     assert "Traceback" not in done.stderr and time.time() - started < 120
-
-
-def test_ctrl_c_on_a_ray_run_saves_the_current_step_and_resumes(tiny_config, tmp_path):
-    """save_freq=-1: only Ctrl-C saves. The driver's Ctrl-C reaches the controller as a request;
-    it finishes its step, saves it, and the same command resumes from there."""
-    run_dir, command, proc = start_long_run(tiny_config, tmp_path, -1, lambda run: (run / "metrics.jsonl").exists()
-                                            and sum(1 for _ in open(run / "metrics.jsonl")) >= 3)
-    proc.send_signal(signal.SIGINT)
-    out = proc.communicate(timeout=120)[0]
-    assert proc.returncode == 130, out[-3000:]
-    saved = sorted(int(p.name.rsplit("_", 1)[1]) for p in (run_dir / "checkpoints").glob("global_step_*"))
-    assert len(saved) == 1 and 2 <= saved[0] < 40, out[-3000:]
-    assert f"last checkpoint: {run_dir / 'checkpoints' / f'global_step_{saved[0]}'}" in out
-    done = subprocess.run(command, capture_output=True, text=True, timeout=400)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    steps = [r["step"] for r in records(run_dir)]
-    assert steps[-1] == 40 and sorted(set(steps) - {0}) == list(range(1, 41))
 
 
 CUSTOM_MODULE = '''
