@@ -62,7 +62,6 @@ VERL_NO_EFFECT: dict[str, tuple[str, tuple | None]] = {
     "actor_rollout_ref.rollout.load_format": ("the engine uses the actor's weights in place", None),
     "actor_rollout_ref.rollout.enable_chunked_prefill": (_ENGINE, None),
     "actor_rollout_ref.rollout.max_num_batched_tokens": (_ENGINE, None),
-    "actor_rollout_ref.rollout.max_num_seqs": (_ENGINE, None),
     "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz": ("log-prob passes follow actor.use_dynamic_bsz", None),
     "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu": (
         "log-prob passes follow actor.ppo_max_token_len_per_gpu", None),

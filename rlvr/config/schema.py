@@ -254,6 +254,10 @@ class RolloutConfig:
     """Base seed of sampling (each step derives its own)."""
     val_kwargs: ValKwargs = field(default_factory=ValKwargs)
     multi_turn: MultiTurnConfig = field(default_factory=MultiTurnConfig)
+    max_num_seqs: int = 1024
+    """Rows that decode at once (verl's and vLLM's name). A rank with more rows generates them in
+    waves of whole prompt groups, which bounds the KV cache to this many rows; the completions
+    are the same as in one wave."""
     n_gpus_per_node: int = 1
     """Devices of the rollout's own pool when ``actor_rollout_ref.hybrid_engine=false`` (one
     rollout worker each, on one node, beside the actor's ``trainer.n_gpus_per_node``)."""

@@ -32,6 +32,7 @@ def _batch_sizes(cfg: RLVRConfig) -> list[str]:
         ("actor_rollout_ref.actor.ppo_epochs", actor.ppo_epochs),
         ("actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu",
          cfg.actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu),
+        ("actor_rollout_ref.rollout.max_num_seqs", cfg.actor_rollout_ref.rollout.max_num_seqs),
         ("actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu",
          cfg.actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu),
         ("trainer.n_gpus_per_node", cfg.trainer.n_gpus_per_node),

@@ -24,7 +24,7 @@ import copy
 import ctypes
 import ctypes.util
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Hashable, Sequence
 
 import torch
@@ -87,6 +87,24 @@ def fill_finished_slots(done: torch.Tensor) -> torch.Tensor:
     movers = (~done[m:]).nonzero().squeeze(-1) + m
     keep[holes] = movers
     return keep
+
+
+def group_waves(keys: Sequence[Hashable], max_rows: int) -> list[list[int]]:
+    """Rows in waves of at most ``max_rows``, each group's rows (same key) kept together where
+    the group fits, so that a group's prompt is prefilled once. A group larger than
+    ``max_rows`` is cut into waves of its own. keys = [a, a, b, b, c], max_rows = 4 ->
+    [[0, 1, 2, 3], [4]]"""
+    members: dict[Hashable, list[int]] = {}
+    for r, key in enumerate(keys):
+        members.setdefault(key, []).append(r)
+    waves: list[list[int]] = [[]]
+    for rows in members.values():
+        for start in range(0, len(rows), max_rows):
+            piece = rows[start:start + max_rows]
+            if len(waves[-1]) + len(piece) > max_rows:
+                waves.append([])
+            waves[-1].extend(piece)
+    return waves
 
 
 def pack_responses(prompts: DataProto, token_ids: Sequence[Sequence[int]], log_probs: Sequence[Sequence[float]],
@@ -157,21 +175,34 @@ class NativeRollout:
                  groups: Sequence[Hashable] | None = None, max_new_tokens: Sequence[int] | None = None) -> list[Completion]:
         """Sample one completion per prompt; prompts with the same ``groups`` key (default: the
         same tokens) share one prefill. ``max_new_tokens`` caps each row (at most
-        ``params.max_new_tokens``), for requests with different budgets left."""
-        keys = list(groups) if groups is not None else [tuple(p) for p in prompts]
-        first: dict[Hashable, int] = {}
-        unique, row_to_unique = [], []
-        for key, prompt in zip(keys, prompts):
-            if key not in first:
-                first[key] = len(unique)
-                unique.append(list(prompt))
-            row_to_unique.append(first[key])
+        ``params.max_new_tokens``), for requests with different budgets left.
+
+        At most ``rollout.max_num_seqs`` rows decode at once: more rows run in waves of whole
+        groups (one prefill per group, as in one wave), each row drawing the uniforms of its row
+        in the whole call, so the completions equal those of a single wave."""
         if not prompts:
             return []
+        keys = list(groups) if groups is not None else [tuple(p) for p in prompts]
         budgets = torch.tensor([min(int(b), params.max_new_tokens) for b in max_new_tokens]) if max_new_tokens \
             is not None else torch.full((len(prompts),), params.max_new_tokens)
-        completions = self._decode(unique, torch.tensor(row_to_unique), params, budgets)
-        trim_heap()  # the call's cache is gone now
+        waves = group_waves(keys, self.config.max_num_seqs)
+        if len(waves) > 1:  # name each row by its row in the whole call, which fixes its uniforms
+            rows = params.row_ids or tuple(range(params.row_offset, params.row_offset + len(prompts)))
+            params = replace(params, row_ids=rows, total_rows=max(len(prompts), params.total_rows, max(rows) + 1))
+        completions: list[Completion | None] = [None] * len(prompts)
+        for wave in waves:
+            first: dict[Hashable, int] = {}
+            unique, row_to_unique = [], []
+            for r in wave:
+                if keys[r] not in first:
+                    first[keys[r]] = len(unique)
+                    unique.append(list(prompts[r]))
+                row_to_unique.append(first[keys[r]])
+            wave_params = replace(params, row_ids=tuple(params.row_ids[r] for r in wave)) if params.row_ids else params
+            for r, completion in zip(wave, self._decode(unique, torch.tensor(row_to_unique), wave_params,
+                                                        budgets[wave])):
+                completions[r] = completion
+            trim_heap()  # the wave's cache is gone now
         return completions
 
     def _prefill(self, unique: list[list[int]], capacity: int):

@@ -138,6 +138,9 @@ def test_group_estimator_needs_n_at_least_2_and_errors_are_collected():
 def test_nonpositive_sizes():
     with pytest.raises(ConfigError, match="data.train_batch_size must be >= 1, got 0"):
         load_config(overrides=["data.train_batch_size=0"])
+    with pytest.raises(ConfigError, match="actor_rollout_ref.rollout.max_num_seqs must be >= 1, got 0"):
+        load_config(overrides=["actor_rollout_ref.rollout.max_num_seqs=0"])
+    assert load_config(overrides=["actor_rollout_ref.rollout.max_num_seqs=8"]).actor_rollout_ref.rollout.max_num_seqs == 8
 
 
 def test_dynamic_bsz_token_budget():

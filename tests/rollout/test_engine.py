@@ -12,6 +12,7 @@ from rlvr.data import left_pad
 from rlvr.models import load_model, load_tokenizer
 from rlvr.protocol import DataProto
 from rlvr.rollout import NativeRollout, SamplingParams, filter_probs, sample_tokens
+from rlvr.rollout.engine import group_waves
 from rlvr.rollout.sampling import inverse_cdf
 
 QUESTIONS = ["Hi", "What is 12 + 7? Answer with a number.", "Tell me a very long story about a dragon and a knight.",
@@ -290,3 +291,48 @@ def test_empirical_frequencies_match_on_a_real_vocabulary():
     tokens, lp = sample_tokens(REAL_LOGITS.expand(8, -1), SamplingParams(max_new_tokens=1), rows)
     assert torch.equal(tokens, inverse_cdf(probs, rows[None])[0])
     assert torch.allclose(lp, probs[0, tokens].log())
+
+
+def test_group_waves_keep_groups_whole():
+    # groups a (3 rows), b (2), c (1) in waves of at most 4: a fits, b does not fit beside it,
+    # c joins b; with 2 rows a wave, a is cut into [0, 1] and [2]
+    keys = ["a", "a", "a", "b", "b", "c"]
+    assert group_waves(keys, 4) == [[0, 1, 2], [3, 4, 5]]
+    assert group_waves(keys, 2) == [[0, 1], [2], [3, 4], [5]]
+    assert group_waves(keys, 6) == [[0, 1, 2, 3, 4, 5]]
+
+
+@pytest.mark.parametrize("max_num_seqs", [5, 3])
+def test_waves_of_max_num_seqs_equal_one_wave(tiny, max_num_seqs, monkeypatch):
+    """Four prompts x n = 4 sampled at T = 1 (rows stop at different lengths): in waves
+    of at most 5 rows (one group each, prefilled once) or 3 (groups cut in two), every row's
+    tokens and log-probs equal the single wave's, and no decode holds more rows than allowed."""
+    model, tokenizer = tiny
+    ids = [p for p in prompt_ids(tokenizer) for _ in range(4)]
+    groups = [i // 4 for i in range(16)]
+    params = SamplingParams(max_new_tokens=24, seed=7, stop=("r",))  # the tiny model never samples EOS
+    one = NativeRollout(model, tokenizer, RolloutConfig(), max_response_length=24).generate(ids, params, groups)
+    engine = NativeRollout(model, tokenizer, RolloutConfig(max_num_seqs=max_num_seqs), max_response_length=24)
+    prefills, decode_rows = [], []
+    prefill, decode = engine._prefill, engine._decode
+    monkeypatch.setattr(engine, "_prefill", lambda unique, cap: prefills.append(len(unique)) or prefill(unique, cap))
+    monkeypatch.setattr(engine, "_decode", lambda u, rows, p, b: decode_rows.append(len(rows)) or decode(u, rows, p, b))
+    waves = engine.generate(ids, params, groups)
+    assert [c.token_ids for c in waves] == [c.token_ids for c in one]
+    # log-probs to float32 rounding: a matmul's kernel (and its sums' order) follows the batch size
+    assert np.allclose(sum((c.log_probs for c in waves), []), sum((c.log_probs for c in one), []), atol=1e-5, rtol=0)
+    assert len({len(c.token_ids) for c in one}) > 1  # rows of different lengths, so the test means something
+    # 5: one group (4 rows) a wave, each prompt prefilled once; 3: each group cut 3 + 1
+    assert decode_rows == ([4, 4, 4, 4] if max_num_seqs == 5 else [3, 1] * 4)
+    assert prefills == [1] * len(decode_rows)
+
+
+def test_waves_keep_a_multi_turn_rows_own_uniforms(tiny):
+    """Rows named by row_ids (a multi-turn turn over the requests still running) sample the
+    same in waves as in one wave."""
+    model, tokenizer = tiny
+    ids = prompt_ids(tokenizer)
+    params = SamplingParams(max_new_tokens=16, seed=3, row_ids=(5, 1, 7, 2), total_rows=8)
+    one = NativeRollout(model, tokenizer, RolloutConfig(), max_response_length=16).generate(ids, params)
+    waves = NativeRollout(model, tokenizer, RolloutConfig(max_num_seqs=1), max_response_length=16).generate(ids, params)
+    assert [c.token_ids for c in waves] == [c.token_ids for c in one]

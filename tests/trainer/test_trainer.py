@@ -299,3 +299,25 @@ def test_gradient_checkpointing_trains_the_same_weights(tiny_config, tmp_path):
         weights[on] = [p.detach().clone() for p in trainer.wg.worker.model.parameters()]
     for a, b in zip(weights[False], weights[True]):
         assert torch.allclose(a, b, atol=1e-6)
+
+
+def test_rollout_in_waves_of_max_num_seqs_trains_like_one_wave(tiny_config, tmp_path):
+    """rollout.max_num_seqs reaches the engine of a real run: 2 rows at a time (the tiny config's
+    groups are cut in waves) sample the same responses as one wave, so the step trains the same
+    weights and logs the same response lengths."""
+    results = {}
+    for max_num_seqs in (1024, 2):
+        config = tiny_config(f"actor_rollout_ref.rollout.max_num_seqs={max_num_seqs}", "trainer.total_training_steps=1",
+                             "trainer.val_before_train=false", "data.val_files=[]",
+                             "actor_rollout_ref.rollout.stop=[r]",  # rows end at different lengths
+                             f"trainer.default_local_dir={tmp_path / str(max_num_seqs)}")
+        trainer, _, changed = run(config)
+        assert changed and trainer.wg.worker.rollout.config.max_num_seqs == max_num_seqs
+        results[max_num_seqs] = ([p.detach().clone() for p in trainer.wg.worker.model.parameters()],
+                                 read_metrics(config)[-1])
+    (weights, metrics), (wave_weights, wave_metrics) = results[1024], results[2]
+    assert metrics["response_length/min"] < metrics["response_length/max"]
+    for key in ("response_length/mean", "response_length/min", "response_length/max", "critic/score/mean"):
+        assert wave_metrics[key] == metrics[key], key
+    for a, b in zip(weights, wave_weights):
+        assert torch.allclose(a, b, atol=1e-6)
