@@ -7,6 +7,7 @@ twice); a different function under a taken name is refused. An Enum name registe
 from __future__ import annotations
 
 import enum
+import hashlib
 import importlib.util
 import sys
 from pathlib import Path
@@ -62,8 +63,11 @@ def _same_function(a: Callable, b: Callable) -> bool:
 
 def import_file(path: Path, prefix: str) -> ModuleType:
     """The Python file ``path`` as a module, imported once per resolved path (so the functions
-    it registers are registered once). A file whose import fails is not kept half-imported."""
-    return import_file_as(path, f"{prefix}_{abs(hash(str(path.resolve())))}")
+    it registers are registered once). A file whose import fails is not kept half-imported. The
+    module's name comes from the path's digest, the same in every process (``hash()`` of a
+    string is salted per process), so a function pickled in one process resolves in another
+    that imported the same file."""
+    return import_file_as(path, f"{prefix}_{hashlib.sha1(str(path.resolve()).encode()).hexdigest()[:16]}")
 
 
 def import_file_as(path: Path, name: str) -> ModuleType:

@@ -351,3 +351,21 @@ def test_a_reward_model_on_ray_gpus_is_refused_at_load(tmp_path):
     assert one_gpu.reward.reward_model.enable  # one device: the reward model shares the trainer's process and GPU
     with pytest.raises(ConfigError, match=r"reward.reward_model.enable=true needs reward.reward_model.path"):
         load_config(overrides=["reward.reward_model.enable=true"])
+
+
+def test_a_custom_file_has_the_same_module_name_in_every_process(tmp_path):
+    """hash() of a string is salted per process; the module name of a custom file must not be,
+    or a function pickled by one process names a module another process does not have."""
+    import subprocess
+    import sys
+
+    from rlvr.registry import import_file
+
+    custom = tmp_path / "custom_reward.py"
+    custom.write_text("def score(*args, **kwargs):\n    return 1.0\n")
+    here = import_file(custom, "rlvr_custom").__name__
+    code = f"from pathlib import Path\nfrom rlvr.registry import import_file\nprint(import_file(Path({str(custom)!r}), 'rlvr_custom').__name__)"
+    names = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                            env={**__import__("os").environ, "PYTHONHASHSEED": seed}).stdout.strip()
+             for seed in ("1", "2")}
+    assert names == {here}
