@@ -47,8 +47,22 @@ def _cmd_train(args: argparse.Namespace) -> None:
 
     from rlvr.trainer.main import run_training
 
+    if args.dry_run:
+        _cmd_plan(args)
+        return
     torch.set_num_threads(max(1, torch.get_num_threads()))
     run_training(load_config(args.config, args.overrides))
+
+
+def _cmd_plan(args: argparse.Namespace) -> None:
+    """Per-device memory of the run from the model's config.json alone; refuses a plan over the device."""
+    from rlvr.trainer.memory_plan import check_plan, device_capacity, format_plan, plan_memory, read_model_config
+
+    config = load_config(args.config, args.overrides)
+    plan = plan_memory(config, read_model_config(config.actor_rollout_ref.model.path))
+    capacity, source = device_capacity(config, args.device_memory_gb)
+    print(format_plan(plan, capacity, source))
+    check_plan(plan, capacity)
 
 
 def _cmd_eval(args: argparse.Namespace) -> None:
@@ -200,7 +214,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("train", help="train a policy (default: GRPO, built-in model, arithmetic task)")
     _add_config_args(p)
+    _add_plan_args(p)
+    p.add_argument("--dry-run", action="store_true", help="print the memory plan (as rlvr plan) and exit")
     p.set_defaults(func=_cmd_train)
+
+    p = sub.add_parser("plan", help="per-device memory of a training run, before anything loads")
+    _add_config_args(p)
+    _add_plan_args(p)
+    p.set_defaults(func=_cmd_plan)
 
     p = sub.add_parser("eval", help="greedy accuracy and pass@n of a local model on a prepared split")
     p.add_argument("--model", required=True, help="HF folder, .gguf file, builtin, or an exported checkpoint")
@@ -264,6 +285,11 @@ def _add_config_args(p: argparse.ArgumentParser) -> None:
                                     "grpo (the default), dapo, gsm8k_zh")
     p.add_argument("overrides", nargs="*", help="key=value overrides, e.g. data.train_batch_size=16; also "
                                                 "+key=value, ++key=value and ~key (back to the schema default)")
+
+
+def _add_plan_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--device-memory-gb", type=float, default=None,
+                   help="memory of one device for the plan (default: the GPU's, or on a CPU this machine's RAM)")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,234 @@
+"""The memory plan: per-device bytes of a run, from the model's config.json alone.
+
+``plan_memory(config, model_config)`` counts what rlvr's code holds today on each device
+(one data-parallel rank), phase by phase, and ``check_plan`` refuses a plan over the
+device's capacity before anything loads, naming the setting to change. It describes the
+code as it is, not as it should be (issue 22):
+
+- the model is loaded in float32 (``hybrid.init_model``); with ``strategy=fsdp2`` every rank
+  then deep-copies it for the reference and for the rollout (``full_model``) before sharding,
+  so init holds 2-3 full fp32 copies per rank;
+- ``full_model`` (fp32, unsharded) stays on every rank for the whole run, and
+  ``rollout.dtype=bfloat16`` adds a bf16 copy of it (``rollout/engine.py``);
+- the fp32 parameters are the master weights (no separate master copy), gradients are fp32,
+  AdamW keeps two fp32 moments (``optimizer_offload`` moves them to the CPU only between
+  updates, ``param_offload`` the actor's shards only during generation);
+- the KV cache holds ``min(rows per rank, rollout.max_num_seqs)`` rows of
+  (longest prompt + max_response_length) positions in the rollout dtype;
+- the update's activations are first order: per token and layer about 8 hidden + 4
+  intermediate values kept for the backward (one hidden value with gradient checkpointing,
+  plus one layer recomputed), and the fp32 (tokens, V) log-softmax of every response token of
+  the micro-batch, which ``forward.token_log_probs`` computes in chunks but autograd keeps.
+
+Terms marked "full copy" do not shrink with more ranks.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from rlvr.config import ConfigError
+from rlvr.config.schema import RLVRConfig
+from rlvr.workers.forward import LOGIT_CHUNK_TOKENS
+
+GB = 1e9
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+# SmolLM2-135M-Instruct, the built-in model (its GGUF file is not read for a plan)
+BUILTIN_CONFIG = {"model_type": "llama", "hidden_size": 576, "num_hidden_layers": 30, "num_attention_heads": 9,
+                  "num_key_value_heads": 3, "intermediate_size": 1536, "vocab_size": 49152,
+                  "tie_word_embeddings": True}
+
+
+@dataclass
+class ModelShape:
+    hidden: int
+    layers: int
+    heads: int
+    kv_heads: int
+    intermediate: int
+    vocab: int
+    tied: bool
+    attention_bias: bool
+    head_dim: int
+
+    @classmethod
+    def from_config(cls, cfg: dict) -> "ModelShape":
+        try:
+            h, heads = cfg["hidden_size"], cfg["num_attention_heads"]
+            return cls(hidden=h, layers=cfg["num_hidden_layers"], heads=heads,
+                       kv_heads=cfg.get("num_key_value_heads") or heads, intermediate=cfg["intermediate_size"],
+                       vocab=cfg["vocab_size"], tied=bool(cfg.get("tie_word_embeddings", False)),
+                       # Qwen2 has q/k/v biases without saying so in its config
+                       attention_bias=bool(cfg.get("attention_bias", cfg.get("model_type") == "qwen2")),
+                       head_dim=cfg.get("head_dim") or h // heads)
+        except KeyError as err:
+            raise ConfigError(f"the model's config.json has no {err.args[0]!r}; the memory plan needs hidden_size, "
+                              "num_hidden_layers, num_attention_heads, intermediate_size and vocab_size") from None
+
+    def layer_params(self) -> int:
+        q, kv = self.heads * self.head_dim, self.kv_heads * self.head_dim
+        attn = self.hidden * (q + 2 * kv) + q * self.hidden + ((q + 2 * kv) if self.attention_bias else 0)
+        return attn + 3 * self.hidden * self.intermediate + 2 * self.hidden  # + mlp + 2 norms
+
+    def root_params(self) -> int:
+        """Outside the decoder layers: embedding, final norm, head (when untied)."""
+        return self.vocab * self.hidden * (1 if self.tied else 2) + self.hidden
+
+    def params(self) -> int:
+        return self.layers * self.layer_params() + self.root_params()
+
+
+def read_model_config(path: str) -> dict:
+    """config.json of ``model.path``: ``builtin``, a folder (config.json alone is enough), or a .gguf
+    (its converted folder, when it exists)."""
+    if path == "builtin":
+        return dict(BUILTIN_CONFIG)
+    local = Path(path).expanduser()
+    if local.is_dir() and (local / "config.json").is_file():
+        return json.loads((local / "config.json").read_text())
+    raise ConfigError(f"the memory plan reads the model's config.json: {str(local)!r} is not a folder with one "
+                      "(a folder with only config.json is enough, e.g. examples/model_configs/qwen2.5-7b)")
+
+
+@dataclass
+class Term:
+    name: str
+    bytes: float
+    full_copy: bool  # does not shrink with more ranks
+    note: str = ""
+
+
+@dataclass
+class MemoryPlan:
+    world_size: int
+    params: int
+    rows_per_rank: int
+    terms: dict[str, Term] = field(default_factory=dict)
+    phases: dict[str, list[str]] = field(default_factory=dict)  # phase -> names of the terms it holds
+
+    def phase_bytes(self, phase: str) -> float:
+        return sum(self.terms[name].bytes for name in self.phases[phase])
+
+    @property
+    def peak_phase(self) -> str:
+        return max(self.phases, key=self.phase_bytes)
+
+    @property
+    def peak(self) -> float:
+        return self.phase_bytes(self.peak_phase)
+
+
+def plan_memory(config: RLVRConfig, model_cfg: dict) -> MemoryPlan:
+    """Bytes per device, by term and phase (init, generation, update), of the run ``config``."""
+    shape = ModelShape.from_config(model_cfg)
+    arr = config.actor_rollout_ref
+    actor, fsdp_cfg = arr.actor, arr.actor.fsdp_config
+    sharded = actor.strategy == "fsdp2"
+    world = config.trainer.n_gpus_per_node * config.trainer.nnodes if sharded else 1
+    use_ref = (actor.use_kl_loss or config.algorithm.use_kl_in_reward) and arr.model.lora_rank == 0
+    P = shape.params()
+    full32 = 4 * P
+    shard32 = full32 / world
+    act_dtype = "bfloat16" if "bfloat16" in (actor.dtype, fsdp_cfg.mixed_precision.param_dtype) else "float32"
+    act_b = DTYPE_BYTES[act_dtype]
+    roll_b = DTYPE_BYTES[arr.rollout.dtype]
+
+    t: dict[str, Term] = {}
+    t["weights"] = Term("actor weights (fp32, = master)", shard32, not sharded, "sharded" if sharded else "")
+    t["master"] = Term("fp32 master copy", 0.0, False, "none: the parameters are kept in fp32")
+    t["gradients"] = Term("gradients (fp32)", shard32, not sharded)
+    t["optimizer"] = Term("AdamW moments (2 x fp32)", 2 * shard32, not sharded)
+    t["reference"] = Term("reference model (fp32)", shard32 if use_ref else 0.0, use_ref and not sharded,
+                          "" if use_ref else "no KL term: none")
+    if sharded:
+        t["full_model"] = Term("rollout copy full_model (fp32)", full32, True, "unsharded, on every rank")
+    rollout_copy = 2 * P if arr.rollout.dtype == "bfloat16" else 0.0
+    t["rollout_copy"] = Term(f"rollout weights ({arr.rollout.dtype})", rollout_copy, True,
+                             "a bf16 copy" if rollout_copy else "shares the fp32 weights")
+    if sharded:  # root unit (embedding, head) gathered for the whole forward, plus one layer in flight
+        t["gathered"] = Term("gathered root + one layer", (shape.root_params() + shape.layer_params()) * act_b, True)
+    # init: fsdp2 holds the loaded model plus its reference and full_model deep copies before sharding
+    t["init_copies"] = Term("fp32 copies before sharding", full32 * ((2 + use_ref) if sharded else (1 + use_ref)), True,
+                            "load + deepcopies" if sharded else "load + reference deepcopy")
+
+    rows = config.data.train_batch_size * arr.rollout.n // world
+    rows_at_once = min(rows, arr.rollout.max_num_seqs)
+    positions = config.data.max_prompt_length + config.data.max_response_length
+    kv = 2 * shape.layers * shape.kv_heads * shape.head_dim * rows_at_once * positions * roll_b
+    t["kv_cache"] = Term("KV cache", kv, False, f"{rows_at_once} rows x {positions} positions")
+
+    micro = min(actor.ppo_micro_batch_size_per_gpu, rows)
+    tokens = micro * positions  # plain layout, an upper bound (prompt sharing lowers it)
+    layer_values = 8 * shape.hidden + 4 * shape.intermediate  # kept per token by one layer for its backward
+    checkpointed = arr.model.enable_gradient_checkpointing  # only the layer inputs, plus one layer recomputed
+    per_token_layer = shape.hidden if checkpointed else layer_values
+    recompute = layer_values * tokens if checkpointed else 0
+    logits = 4 * shape.vocab * (micro * config.data.max_response_length + 2 * LOGIT_CHUNK_TOKENS)
+    t["activations"] = Term("activations (micro-batch)", (per_token_layer * shape.layers * tokens + recompute) * act_b,
+                            False, f"{micro} rows x {positions} tokens, {act_dtype}")
+    t["logits"] = Term("log-softmax kept for backward (fp32)", logits, False,
+                       f"{micro * config.data.max_response_length} response tokens x {shape.vocab}")
+
+    resident = ["weights", "master", "reference", "rollout_copy"] + (["full_model"] if sharded else [])
+    generation = [n for n in resident if not (n == "weights" and fsdp_cfg.param_offload)]
+    if not fsdp_cfg.optimizer_offload:
+        generation.append("optimizer")  # AdamW state exists from the first update on
+    update = resident + ["gradients", "optimizer", "activations", "logits"] + (["gathered"] if sharded else [])
+    # init: local, the loaded model, its reference and the engine's bf16 copy; fsdp2, the copies before
+    # sharding (the bf16 copy comes after, beside the shards: less than generation holds)
+    phases = {"init": ["init_copies"] + ([] if sharded else ["rollout_copy"]),
+              "generation": generation + ["kv_cache"], "update": update}
+    return MemoryPlan(world, P, rows, t, phases)
+
+
+def device_capacity(config: RLVRConfig, override_gb: float | None) -> tuple[float, str]:
+    """Bytes one rank may use, and where the figure comes from."""
+    if override_gb:
+        return override_gb * GB, "--device-memory-gb"
+    import torch
+
+    device = config.trainer.device
+    if device == "cuda" or (device == "auto" and torch.cuda.is_available()):
+        return float(torch.cuda.get_device_properties(0).total_memory), torch.cuda.get_device_name(0)
+    ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    ranks = config.trainer.n_gpus_per_node  # CPU ranks of a node share its RAM
+    return ram / ranks, f"this machine's RAM / {ranks} rank(s)"
+
+
+def advice(plan: MemoryPlan, phase: str) -> str:
+    t = plan.terms
+    if phase == "generation" and t["kv_cache"].bytes > t["weights"].bytes:
+        return ("lower actor_rollout_ref.rollout.max_num_seqs (rows decoded at once), actor_rollout_ref.rollout.n or "
+                "data.max_response_length, or set actor_rollout_ref.rollout.dtype=bfloat16")
+    if phase == "update" and t["activations"].bytes + t["logits"].bytes > t["weights"].bytes:
+        return ("lower actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu or data.max_response_length, or set "
+                "actor_rollout_ref.model.enable_gradient_checkpointing=true")
+    return ("more GPUs (trainer.n_gpus_per_node / trainer.nnodes with actor_rollout_ref.actor.strategy=fsdp2), "
+            "actor_rollout_ref.actor.fsdp_config.param_offload / optimizer_offload=true, or a smaller model; "
+            "today full_model and the init copies are full fp32 copies on every rank (issue 22)")
+
+
+def format_plan(plan: MemoryPlan, capacity: float, source: str) -> str:
+    lines = [f"memory plan per device: {plan.params / 1e9:.3f}B parameters, world size {plan.world_size}, "
+             f"{plan.rows_per_rank} rows per rank", ""]
+    for term in plan.terms.values():
+        mark = " [full copy per rank]" if term.full_copy and term.bytes else ""
+        note = f"  ({term.note})" if term.note else ""
+        lines.append(f"  {term.name:<40} {term.bytes / GB:9.2f} GB{mark}{note}")
+    lines.append("")
+    for phase in plan.phases:
+        lines.append(f"  {phase:<12} {plan.phase_bytes(phase) / GB:9.2f} GB  = {' + '.join(plan.phases[phase])}")
+    lines.append(f"peak {plan.peak / GB:.2f} GB in {plan.peak_phase}; capacity {capacity / GB:.2f} GB ({source})")
+    return "\n".join(lines)
+
+
+def check_plan(plan: MemoryPlan, capacity: float) -> None:
+    """Refuse a plan whose peak exceeds ``capacity`` bytes, naming the setting to change."""
+    if plan.peak > capacity:
+        phase = plan.peak_phase
+        raise ConfigError(f"the memory plan needs {plan.peak / GB:.2f} GB per device in {phase}, over the "
+                          f"{capacity / GB:.2f} GB available; {advice(plan, phase)}")

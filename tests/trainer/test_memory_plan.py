@@ -1,0 +1,102 @@
+"""The memory plan against byte counts computed by hand, its refusal, and a dry run that loads nothing."""
+
+import json
+
+import pytest
+
+from rlvr import cli
+from rlvr.config import ConfigError, load_config
+from rlvr.trainer.memory_plan import ModelShape, check_plan, plan_memory, read_model_config
+
+# hidden 8, 2 layers, 2 heads of dim 4, 1 kv head, intermediate 16, vocab 32, tied, no biases
+TINY = {"model_type": "llama", "hidden_size": 8, "num_hidden_layers": 2, "num_attention_heads": 2,
+        "num_key_value_heads": 1, "intermediate_size": 16, "vocab_size": 32, "tie_word_embeddings": True}
+
+
+@pytest.fixture
+def tiny_folder(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps(TINY))  # config.json only, no weights
+    return tmp_path
+
+
+def tiny_overrides(folder):
+    return [f"actor_rollout_ref.model.path={folder}", "actor_rollout_ref.actor.strategy=fsdp2",
+            "trainer.n_gpus_per_node=2", "actor_rollout_ref.actor.use_kl_loss=true",
+            "actor_rollout_ref.rollout.dtype=bfloat16", "data.train_batch_size=4", "actor_rollout_ref.rollout.n=2",
+            "actor_rollout_ref.actor.ppo_mini_batch_size=4", "data.max_prompt_length=6",
+            "data.max_response_length=10", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2"]
+
+
+def test_tiny_plan_by_hand(tiny_folder):
+    plan = plan_memory(load_config(None, tiny_overrides(tiny_folder)), read_model_config(str(tiny_folder)))
+    # layer: q 8x8 + k,v 8x4 each = 128, o 8x8 = 64, mlp 3x8x16 = 384, 2 norms 16 -> 592
+    # root: tied embedding 32x8 = 256 + final norm 8 -> 264; P = 2x592 + 264 = 1448
+    assert plan.params == 1448
+    b = {name: term.bytes for name, term in plan.terms.items()}
+    assert b["weights"] == b["gradients"] == b["reference"] == 4 * 1448 / 2 == 2896  # fp32, sharded over 2
+    assert b["optimizer"] == 5792  # 2 fp32 moments
+    assert b["master"] == 0  # the parameters are fp32 themselves
+    assert b["full_model"] == 5792  # fp32, unsharded, on every rank
+    assert b["rollout_copy"] == 2896  # bf16 copy: 2 x 1448
+    assert b["gathered"] == (264 + 592) * 4  # 3424: root + one layer in fp32
+    assert b["init_copies"] == 3 * 5792  # load + reference + full_model deep copies: 17376
+    # rows per rank 4 x 2 / 2 = 4; K and V: 2 x 2 layers x 1 kv head x dim 4 x 4 rows x (6 + 10) x 2 bytes
+    assert plan.rows_per_rank == 4 and b["kv_cache"] == 2048
+    # micro-batch 2 rows x 16 tokens = 32; (8x8 + 4x16 = 128) per token and layer x 2 layers x 4 bytes
+    assert b["activations"] == 128 * 2 * 32 * 4 == 32768
+    # fp32 log-softmax of 2 x 10 response tokens kept, plus two 1024-token chunks in flight, x vocab 32
+    assert b["logits"] == 4 * 32 * (20 + 2048) == 264704
+    assert plan.phase_bytes("init") == 17376
+    # weights + reference + bf16 copy + full_model + AdamW state + KV = 2896x3 + 5792x2 + 2048
+    assert plan.phase_bytes("generation") == 22320
+    # 2896x4 (weights, reference, bf16 copy, gradients) + 5792x2 + 32768 + 264704 + 3424
+    assert plan.phase_bytes("update") == 324064
+    assert plan.peak_phase == "update"
+
+
+def test_offload_leaves_generation(tiny_folder):
+    overrides = tiny_overrides(tiny_folder) + ["actor_rollout_ref.actor.fsdp_config.param_offload=true",
+                                               "actor_rollout_ref.actor.fsdp_config.optimizer_offload=true"]
+    plan = plan_memory(load_config(None, overrides), TINY)
+    assert plan.phase_bytes("generation") == 22320 - 2896 - 5792  # no actor shards, no AdamW state
+
+
+def test_refuses_with_the_setting_to_change(tiny_folder):
+    plan = plan_memory(load_config(None, tiny_overrides(tiny_folder)), TINY)
+    check_plan(plan, 324064)  # exactly fits
+    with pytest.raises(ConfigError, match=r"0\.00 GB per device in update.*ppo_micro_batch_size_per_gpu"):
+        check_plan(plan, 324063)
+
+
+def test_qwen_7b_parameter_count():
+    shape = ModelShape.from_config(read_model_config("examples/model_configs/qwen2.5-7b"))
+    assert shape.params() == 7_615_616_512  # Qwen2.5-7B's published count (7.62B)
+    shape = ModelShape.from_config(read_model_config("examples/model_configs/qwen2.5-0.5b"))
+    assert shape.params() == 494_032_768  # Qwen2.5-0.5B's (0.49B, tied head)
+
+
+def test_dry_run_loads_no_model(tiny_folder, monkeypatch, capsys):
+    def refuse(*args, **kwargs):
+        raise AssertionError("a dry run loaded a model")
+
+    import rlvr.models.loader
+    import rlvr.trainer.main
+    monkeypatch.setattr(rlvr.models.loader, "load_model", refuse)
+    monkeypatch.setattr(rlvr.models.loader, "load_tokenizer", refuse)
+    monkeypatch.setattr(rlvr.trainer.main, "run_training", refuse)
+    assert cli.main(["train", "--dry-run", "--device-memory-gb", "1", *tiny_overrides(tiny_folder)]) == 0
+    assert "peak 0.00 GB in update" in capsys.readouterr().out
+    assert cli.main(["plan", "--device-memory-gb", "0.0001", *tiny_overrides(tiny_folder)]) == 2
+    assert "ppo_micro_batch_size_per_gpu" in capsys.readouterr().err
+
+
+def test_a_folder_without_config_is_refused(tmp_path):
+    with pytest.raises(ConfigError, match="config.json"):
+        read_model_config(str(tmp_path))
+
+
+def test_gradient_checkpointing_keeps_layer_inputs(tiny_folder):
+    overrides = tiny_overrides(tiny_folder) + ["actor_rollout_ref.model.enable_gradient_checkpointing=true"]
+    plan = plan_memory(load_config(None, overrides), TINY)
+    # layer inputs: hidden 8 x 2 layers x 32 tokens, plus one layer recomputed: 128 x 32 tokens; x 4 bytes
+    assert plan.terms["activations"].bytes == (8 * 2 * 32 + 128 * 32) * 4 == 18432
