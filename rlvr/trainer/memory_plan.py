@@ -12,7 +12,8 @@ code as it is, not as it should be (issue 22):
   ``rollout.dtype=bfloat16`` adds a bf16 copy of it (``rollout/engine.py``);
 - the fp32 parameters are the master weights (no separate master copy), gradients are fp32,
   AdamW keeps two fp32 moments (``optimizer_offload`` moves them to the CPU only between
-  updates, ``param_offload`` the actor's shards only during generation);
+  updates, ``param_offload`` the actor's (and ``ref.fsdp_config.param_offload`` the
+  reference's) shards only during generation, all under fsdp2 only);
 - the KV cache holds ``min(rows per rank, rollout.max_num_seqs)`` rows of
   (longest prompt + max_response_length) positions in the rollout dtype;
 - the update's activations are first order: per token and layer about 8 hidden + 4
@@ -174,8 +175,11 @@ def plan_memory(config: RLVRConfig, model_cfg: dict) -> MemoryPlan:
                        f"{micro * config.data.max_response_length} response tokens x {shape.vocab}")
 
     resident = ["weights", "master", "reference", "rollout_copy"] + (["full_model"] if sharded else [])
-    generation = [n for n in resident if not (n == "weights" and fsdp_cfg.param_offload)]
-    if not fsdp_cfg.optimizer_offload:
+    # the offloads act only under fsdp2, and only while generation runs (hybrid._offload)
+    offloaded = {"weights": sharded and fsdp_cfg.param_offload,
+                 "reference": sharded and arr.ref.fsdp_config.param_offload}
+    generation = [n for n in resident if not offloaded.get(n)]
+    if not (sharded and fsdp_cfg.optimizer_offload):
         generation.append("optimizer")  # AdamW state exists from the first update on
     update = resident + ["gradients", "optimizer", "activations", "logits"] + (["gathered"] if sharded else [])
     # init: local, the loaded model, its reference and the engine's bf16 copy; fsdp2, the copies before

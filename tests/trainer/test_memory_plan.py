@@ -56,9 +56,11 @@ def test_tiny_plan_by_hand(tiny_folder):
 
 def test_offload_leaves_generation(tiny_folder):
     overrides = tiny_overrides(tiny_folder) + ["actor_rollout_ref.actor.fsdp_config.param_offload=true",
-                                               "actor_rollout_ref.actor.fsdp_config.optimizer_offload=true"]
+                                               "actor_rollout_ref.actor.fsdp_config.optimizer_offload=true",
+                                               "actor_rollout_ref.ref.fsdp_config.param_offload=true"]
     plan = plan_memory(load_config(None, overrides), TINY)
-    assert plan.phase_bytes("generation") == 22320 - 2896 - 5792  # no actor shards, no AdamW state
+    assert plan.phase_bytes("generation") == 22320 - 2896 - 5792 - 2896  # no actor or reference shards, no AdamW
+    assert plan.phase_bytes("update") == 324064  # all back on the device
 
 
 def test_refuses_with_the_setting_to_change(tiny_folder):
