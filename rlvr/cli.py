@@ -62,7 +62,7 @@ def _cmd_plan(args: argparse.Namespace) -> None:
     plan = plan_memory(config, read_model_config(config.actor_rollout_ref.model.path))
     capacity, source = device_capacity(config, args.device_memory_gb)
     print(format_plan(plan, capacity, source))
-    check_plan(plan, capacity)
+    check_plan(plan, capacity, config)
 
 
 def _cmd_eval(args: argparse.Namespace) -> None:

@@ -203,17 +203,29 @@ def device_capacity(config: RLVRConfig, override_gb: float | None) -> tuple[floa
     return ram / ranks, f"this machine's RAM / {ranks} rank(s)"
 
 
-def advice(plan: MemoryPlan, phase: str) -> str:
-    t = plan.terms
-    if phase == "generation" and t["kv_cache"].bytes > t["weights"].bytes:
-        return ("lower actor_rollout_ref.rollout.max_num_seqs (rows decoded at once), actor_rollout_ref.rollout.n or "
-                "data.max_response_length, or set actor_rollout_ref.rollout.dtype=bfloat16")
-    if phase == "update" and t["activations"].bytes + t["logits"].bytes > t["weights"].bytes:
-        return ("lower actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu or data.max_response_length, or set "
-                "actor_rollout_ref.model.enable_gradient_checkpointing=true")
-    return ("more GPUs (trainer.n_gpus_per_node / trainer.nnodes with actor_rollout_ref.actor.strategy=fsdp2), "
-            "actor_rollout_ref.actor.fsdp_config.param_offload / optimizer_offload=true, or a smaller model; "
-            "today full_model and the init copies are full fp32 copies on every rank (issue 22)")
+def advice(plan: MemoryPlan, phase: str, config: RLVRConfig) -> str:
+    """The largest term of ``phase`` and the settings that shrink it."""
+    arr = config.actor_rollout_ref
+    name = max(plan.phases[phase], key=lambda n: plan.terms[n].bytes)
+    term = plan.terms[name]
+    if name == "kv_cache":
+        fix = ("lower actor_rollout_ref.rollout.max_num_seqs (rows decoded at once), actor_rollout_ref.rollout.n or "
+               "data.max_response_length" + (", or set actor_rollout_ref.rollout.dtype=bfloat16"
+                                             if arr.rollout.dtype == "float32" else ""))
+    elif name in ("activations", "logits"):
+        fix = ("lower actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu or data.max_response_length"
+               + ("" if arr.model.enable_gradient_checkpointing
+                  else ", or set actor_rollout_ref.model.enable_gradient_checkpointing=true"))
+    elif name in ("full_model", "init_copies", "rollout_copy", "gathered"):
+        fix = ("it is a full copy on every rank today (issue 22), so more GPUs do not shrink it: a device with more "
+               "memory or a smaller model" + (", or actor_rollout_ref.rollout.dtype=float32 (the engine then shares "
+                                               "the actor's weights)" if name == "rollout_copy"
+                                              and arr.actor.strategy == "local" else ""))
+    else:
+        fix = ("more GPUs (trainer.n_gpus_per_node / trainer.nnodes with actor_rollout_ref.actor.strategy=fsdp2), "
+               "actor_rollout_ref.actor.fsdp_config.param_offload / optimizer_offload=true, or LoRA "
+               "(actor_rollout_ref.model.lora_rank)")
+    return f"its largest term is {term.name} ({term.bytes / GB:.2f} GB): {fix}"
 
 
 def format_plan(plan: MemoryPlan, capacity: float, source: str) -> str:
@@ -230,9 +242,9 @@ def format_plan(plan: MemoryPlan, capacity: float, source: str) -> str:
     return "\n".join(lines)
 
 
-def check_plan(plan: MemoryPlan, capacity: float) -> None:
+def check_plan(plan: MemoryPlan, capacity: float, config: RLVRConfig) -> None:
     """Refuse a plan whose peak exceeds ``capacity`` bytes, naming the setting to change."""
     if plan.peak > capacity:
         phase = plan.peak_phase
         raise ConfigError(f"the memory plan needs {plan.peak / GB:.2f} GB per device in {phase}, over the "
-                          f"{capacity / GB:.2f} GB available; {advice(plan, phase)}")
+                          f"{capacity / GB:.2f} GB available; {advice(plan, phase, config)}")

@@ -64,10 +64,30 @@ def test_offload_leaves_generation(tiny_folder):
 
 
 def test_refuses_with_the_setting_to_change(tiny_folder):
-    plan = plan_memory(load_config(None, tiny_overrides(tiny_folder)), TINY)
-    check_plan(plan, 324064)  # exactly fits
-    with pytest.raises(ConfigError, match=r"0\.00 GB per device in update.*ppo_micro_batch_size_per_gpu"):
-        check_plan(plan, 324063)
+    config = load_config(None, tiny_overrides(tiny_folder))
+    plan = plan_memory(config, TINY)
+    check_plan(plan, 324064, config)  # exactly fits
+    # the update's largest term is the kept log-softmax (264704 of 324064 bytes)
+    with pytest.raises(ConfigError, match=r"0\.00 GB per device in update, .*log-softmax.*"
+                                          r"ppo_micro_batch_size_per_gpu.*enable_gradient_checkpointing=true"):
+        check_plan(plan, 324063, config)
+
+
+def test_refusal_in_generation_names_the_kv_settings(tiny_folder):
+    overrides = tiny_overrides(tiny_folder) + ["data.train_batch_size=100", "actor_rollout_ref.rollout.n=8",
+                                               "actor_rollout_ref.actor.ppo_mini_batch_size=100",
+                                               "data.max_response_length=2000"]
+    config = load_config(None, overrides)
+    plan = plan_memory(config, TINY)
+    # 100 prompts x 8 / 2 ranks = 400 rows x (6 + 2000) positions x 2 (K, V) x 2 layers x 1 kv head x 4 dims
+    # x 2 bytes = 25,676,800, while the update's activations are 2 rows x 2006 tokens x 128 x 2 layers x 4 bytes
+    # = 4,108,288 and its log-softmax 4 x 32 x (2 x 2000 + 2048) = 774,144
+    assert plan.terms["kv_cache"].bytes == 400 * 2006 * 32 == 25_676_800
+    assert plan.terms["activations"].bytes == 4_108_288 and plan.terms["logits"].bytes == 774_144
+    assert plan.peak_phase == "generation"
+    with pytest.raises(ConfigError, match=r"in generation, .*KV cache \(0\.03 GB\): lower "
+                                          r"actor_rollout_ref\.rollout\.max_num_seqs.*data\.max_response_length$"):
+        check_plan(plan, 1e6, config)
 
 
 def test_qwen_7b_parameter_count():
