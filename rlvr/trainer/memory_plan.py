@@ -14,7 +14,8 @@ code as it is, not as it should be (issue 22):
   AdamW keeps two fp32 moments (``optimizer_offload`` moves them to the CPU only between
   updates, ``param_offload`` the actor's (and ``ref.fsdp_config.param_offload`` the
   reference's) shards only during generation, all under fsdp2 only);
-- the KV cache holds ``min(rows per rank, rollout.max_num_seqs)`` rows of
+- the KV cache holds the rows of one wave (rows per rank, or the whole groups that fit in
+  ``rollout.max_num_seqs``) of
   (longest prompt + max_response_length) positions in the rollout dtype;
 - the update's activations are first order: per token and layer about 8 hidden + 4
   intermediate values kept for the backward (one hidden value with gradient checkpointing,
@@ -153,11 +154,13 @@ def plan_memory(config: RLVRConfig, model_cfg: dict) -> MemoryPlan:
     if sharded:  # root unit (embedding, head) gathered for the whole forward, plus one layer in flight
         t["gathered"] = Term("gathered root + one layer", (shape.root_params() + shape.layer_params()) * act_b, True)
     # init: fsdp2 holds the loaded model plus its reference and full_model deep copies before sharding
-    t["init_copies"] = Term("fp32 copies before sharding", full32 * ((2 + use_ref) if sharded else (1 + use_ref)), True,
+    t["init_copies"] = Term("fp32 copies at load", full32 * ((2 + use_ref) if sharded else (1 + use_ref)), True,
                             "load + deepcopies" if sharded else "load + reference deepcopy")
 
     rows = config.data.train_batch_size * arr.rollout.n // world
-    rows_at_once = min(rows, arr.rollout.max_num_seqs)
+    n, max_rows = arr.rollout.n, arr.rollout.max_num_seqs
+    # waves of whole groups (rollout.engine.group_waves): a wave holds max_rows // n groups
+    rows_at_once = rows if rows <= max_rows else (max_rows // n * n if n <= max_rows else max_rows)
     positions = config.data.max_prompt_length + config.data.max_response_length
     kv = 2 * shape.layers * shape.kv_heads * shape.head_dim * rows_at_once * positions * roll_b
     t["kv_cache"] = Term("KV cache", kv, False, f"{rows_at_once} rows x {positions} positions")
