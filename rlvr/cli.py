@@ -1,4 +1,4 @@
-"""The ``rlvr`` command: ``train``, ``prepare``, ``config show``, ``algos list``, ``rollout``.
+"""The ``rlvr`` command: ``train``, ``plan``, ``prepare``, ``config show``, ``algos list``, ``rollout``.
 
 Config-reading commands take ``--config FILE.yaml`` and ``key=value`` overrides, exactly
 as ``rlvr train`` does. Errors that come from the user's input (config, data, model path)

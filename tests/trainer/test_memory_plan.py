@@ -98,6 +98,9 @@ def test_qwen_7b_parameter_count():
     assert shape.params() == 7_615_616_512  # Qwen2.5-7B's published count (7.62B)
     shape = ModelShape.from_config(read_model_config("examples/model_configs/qwen2.5-0.5b"))
     assert shape.params() == 494_032_768  # Qwen2.5-0.5B's (0.49B, tied head)
+    # the built-in SmolLM2-135M, without its GGUF file: 49152 x 576 tied embedding + 576 final norm
+    # + 30 layers x (576 x (576 + 2 x 192) + 576 x 576 + 3 x 576 x 1536 + 2 x 576 = 3,540,096)
+    assert ModelShape.from_config(read_model_config("builtin")).params() == 134_515_008
 
 
 def test_dry_run_loads_no_model(tiny_folder, monkeypatch, capsys):
