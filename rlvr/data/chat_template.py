@@ -132,7 +132,7 @@ class ChatFormat:
 
     def _after_base(self, tool_messages: Sequence[dict[str, Any]]) -> str:
         """What the template renders after the base for ``tool_messages`` and the next assistant header."""
-        full = self.render([*self._BASE, *tool_messages], add_generation_prompt=True)
+        full = self._probe([*self._BASE, *tool_messages], add_generation_prompt=True)
         if not full.startswith(self._base):
             raise TemplateError(f"the chat template is not prefix-stable: adding a tool message changes the text "
                                 f"rendered before it ({self._base!r} becomes {full[:len(self._base)]!r}), so tool "
@@ -140,7 +140,7 @@ class ChatFormat:
         return full[len(self._base):]
 
     def _probe(self, messages: Sequence[dict[str, Any]], add_generation_prompt: bool = False) -> str:
-        """``render`` at construction, where a template that raises means it cannot serve the tool loop."""
+        """``render``, where a template that raises means it cannot serve the tool loop."""
         try:
             return self.render(messages, add_generation_prompt)
         except Exception as err:  # jinja raises: e.g. a template that allows no tool role
@@ -150,7 +150,6 @@ class ChatFormat:
     def _assistant_end(self) -> str:
         """The text between an assistant's last character and the tool messages that follow it."""
         probe = [{"role": "tool", "content": "T"}]
-        self._probe([*self._BASE, *probe], add_generation_prompt=True)
         after_user = self._after_base(probe)
         text = self._probe([*self._BASE, {"role": "assistant", "content": self._MARK}, *probe], True)
         after_mark = text[text.index(self._MARK) + len(self._MARK):] if self._MARK in text else ""

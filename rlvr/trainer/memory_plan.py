@@ -34,6 +34,7 @@ from pathlib import Path
 
 from rlvr.config import ConfigError
 from rlvr.config.schema import RLVRConfig
+from rlvr.rollout.engine import group_waves
 from rlvr.workers.forward import LOGIT_CHUNK_TOKENS
 
 GB = 1e9
@@ -85,8 +86,7 @@ class ModelShape:
 
 
 def read_model_config(path: str) -> dict:
-    """config.json of ``model.path``: ``builtin``, a folder (config.json alone is enough), or a .gguf
-    (its converted folder, when it exists)."""
+    """config.json of ``model.path``: ``builtin``, or a folder (config.json alone is enough)."""
     if path == "builtin":
         return dict(BUILTIN_CONFIG)
     local = Path(path).expanduser()
@@ -158,9 +158,9 @@ def plan_memory(config: RLVRConfig, model_cfg: dict) -> MemoryPlan:
                             "load + deepcopies" if sharded else "load + reference deepcopy")
 
     rows = config.data.train_batch_size * arr.rollout.n // world
-    n, max_rows = arr.rollout.n, arr.rollout.max_num_seqs
-    # waves of whole groups (rollout.engine.group_waves): a wave holds max_rows // n groups
-    rows_at_once = rows if rows <= max_rows else (max_rows // n * n if n <= max_rows else max_rows)
+    # the largest wave the engine decodes at once: whole groups of n rows, at most max_num_seqs
+    waves = group_waves([r // arr.rollout.n for r in range(rows)], arr.rollout.max_num_seqs)
+    rows_at_once = max(len(wave) for wave in waves)
     positions = config.data.max_prompt_length + config.data.max_response_length
     kv = 2 * shape.layers * shape.kv_heads * shape.head_dim * rows_at_once * positions * roll_b
     t["kv_cache"] = Term("KV cache", kv, False, f"{rows_at_once} rows x {positions} positions")

@@ -21,7 +21,7 @@ import torch
 from rlvr.algos.losses import agg_loss, count_seqs
 from rlvr.algos.utils import masked_mean
 from rlvr.config.schema import CriticConfig
-from rlvr.models.loader import DTYPES, ModelLoadError, check_weight_names, model_folder, read_weights
+from rlvr.models.loader import DTYPES, ModelLoadError, model_folder, read_checked_weights
 from rlvr.distributed.dispatch import Dispatch, register
 from rlvr.protocol import DataProto
 from rlvr.distributed.worker import Worker
@@ -171,9 +171,7 @@ class CriticWorker(Worker):
         if self.lora:
             load_adapter(self.model, folder / "critic")
         else:
-            weights = read_weights(folder / "critic")
-            check_weight_names(self.model, weights, folder / "critic")
-            self.model.load_state_dict(weights, strict=False)  # names checked; a tied duplicate may be absent
+            self.model.load_state_dict(read_checked_weights(self.model, folder / "critic"), strict=False)
         state = torch.load(folder / "critic_state.pt", weights_only=False)
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])

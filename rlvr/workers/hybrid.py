@@ -32,7 +32,7 @@ import torch
 
 from rlvr.config.loader import import_custom_modules
 from rlvr.config.schema import RLVRConfig
-from rlvr.models.loader import check_weight_names, load_model, load_tokenizer, read_weights
+from rlvr.models.loader import load_model, load_tokenizer, read_checked_weights
 from rlvr.models.lora import apply_lora, load_adapter, save_adapter, unwrap
 from rlvr.distributed import fsdp
 from rlvr.distributed.dispatch import Dispatch, register
@@ -243,10 +243,8 @@ class ActorRolloutRefWorker(Worker):
         state = torch.load(folder / "actor_state.pt", weights_only=False)
         if self.lora:
             load_adapter(self.model, folder / "actor")
-        weights = None
-        if not self.lora:  # the stored tensors by name: a model built from them would initialise what they lack
-            weights = read_weights(folder / "actor")
-            check_weight_names(self.model, weights, folder / "actor")
+        # the stored tensors by name: a model built from them would initialise what they lack
+        weights = None if self.lora else read_checked_weights(self.model, folder / "actor")
         if all(isinstance(k, int) for k in state["optimizer"]["state"]):  # written before name-keyed states
             if weights is not None:
                 self.model.load_state_dict(weights, strict=False)  # names checked; a tied duplicate may be absent

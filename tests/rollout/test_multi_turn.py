@@ -24,6 +24,7 @@ from rlvr.rollout.multi_turn import Request, truncate_text
 from rlvr.tools import BaseTool, CalculatorTool, ToolError, function_tool
 from rlvr.trainer.metrics import multi_turn_metrics
 from rlvr.workers.forward import forward_log_probs
+from tests.processes import alive_descendants
 
 QUESTION = [{"role": "user", "content": "What is 12 * 34?"}]
 CALL = "<calculator>12 * 34</calculator>"
@@ -432,24 +433,6 @@ def test_a_stuck_sync_tool_refuses_new_calls_and_counts_them(tiny, teacher_force
     assert second.non_tensor_batch["messages"][0][1]["content"].startswith("Error: echo has 2 earlier calls")
 
 
-def _children_alive(pid: int) -> list[int]:
-    """Live (not zombie) descendants of ``pid``."""
-    parents = {}
-    for entry in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            stat = open(f"/proc/{entry}/stat").read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if stat[0] != "Z":
-            parents.setdefault(int(stat[1]), []).append(int(entry))
-    found, todo = [], [pid]
-    while todo:
-        kids = parents.get(todo.pop(), [])
-        found += kids
-        todo += kids
-    return found
-
-
 def test_ctrl_c_mid_python_call_leaves_no_sandbox_behind(tiny, teacher_forced_engine, tmp_path):
     """The issue's report: Ctrl-C inside a tool turn left the sandbox running with ppid 1 and
     its folder behind, because the loop closed without cancelling the call."""
@@ -465,12 +448,12 @@ def test_ctrl_c_mid_python_call_leaves_no_sandbox_behind(tiny, teacher_forced_en
                                  tools={"python": tool}, max_len=32, max_assistant_turns=2, tool_timeout_s=60)
     batch = prompts_for(rollout, chat)
     seen: list[int] = []
-    earlier = set(_children_alive(os.getpid()))  # e.g. a reward pool an earlier test started
+    earlier = set(alive_descendants(os.getpid()))  # e.g. a reward pool an earlier test started
 
     def interrupt():
         deadline = time.monotonic() + 30
         while len(seen) < 2 and time.monotonic() < deadline:  # the launcher and the sandboxed interpreter
-            seen[:] = [p for p in _children_alive(os.getpid()) if p not in earlier]
+            seen[:] = [p for p in alive_descendants(os.getpid()) if p not in earlier]
             time.sleep(0.05)
         os.kill(os.getpid(), signal.SIGINT)
 
@@ -479,7 +462,7 @@ def test_ctrl_c_mid_python_call_leaves_no_sandbox_behind(tiny, teacher_forced_en
         rollout.generate_sequences(batch)
     assert len(seen) >= 2
     deadline = time.monotonic() + 10
-    while set(seen) & set(_children_alive(os.getpid())) and time.monotonic() < deadline:
+    while set(seen) & set(alive_descendants(os.getpid())) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert set(seen) & set(_children_alive(os.getpid())) == set()
+    assert set(seen) & set(alive_descendants(os.getpid())) == set()
     assert list(Path(tempfile.gettempdir()).glob(f"{MOUNT_PREFIX}{os.getpid()}-*")) == []

@@ -17,6 +17,7 @@ import pytest
 from rlvr.tools import ToolError
 from rlvr.tools import python as sandbox
 from rlvr.tools.python import PythonTool, SandboxLimits, run_sandboxed
+from tests.processes import alive, alive_descendants, descendants
 
 pytestmark = pytest.mark.skipif(sandbox.sandbox_error() is not None,
                                 reason="this machine cannot create the sandbox's namespaces")
@@ -207,29 +208,6 @@ attempt("home", lambda: open("{REPO}/pyproject.toml"))
                                   "mount: EPERM", "fork: EPERM", "home: ENOENT"]
 
 
-def _descendants(pid: int) -> list[int]:
-    children = {}
-    for entry in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            ppid = int(Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, ValueError, IndexError):
-            continue
-        children.setdefault(ppid, []).append(int(entry))
-    found, todo = [], [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            found.append(child)
-            todo.append(child)
-    return found
-
-
-def _alive(pid: int) -> bool:
-    try:
-        return "State:\tZ" not in Path(f"/proc/{pid}/status").read_text()
-    except OSError:
-        return False
-
-
 def _uid(pid: int) -> int:
     status = Path(f"/proc/{pid}/status").read_text()
     return int(next(line for line in status.splitlines() if line.startswith("Uid:")).split()[1])
@@ -238,13 +216,13 @@ def _uid(pid: int) -> int:
 def test_outside_the_namespace_the_code_is_unprivileged_too():
     """Seen from the host, the running code's uid is 65534 when rlvr runs as root (the trainer's
     own uid otherwise): not root, so file permissions and RLIMIT_NPROC apply to it."""
-    earlier = set(_descendants(os.getpid()))  # e.g. a pool an earlier test left running
+    earlier = set(descendants(os.getpid()))  # e.g. a pool an earlier test left running
 
     async def watch():
         task = asyncio.ensure_future(run_sandboxed("import time\ntime.sleep(5)", SandboxLimits(timeout_s=30)))
         for _ in range(400):
             await asyncio.sleep(0.05)
-            pids = [p for p in _descendants(os.getpid()) if _alive(p) and p not in earlier]
+            pids = [p for p in alive_descendants(os.getpid()) if p not in earlier]
             if len(pids) >= 2 and b"\x00-c\x00" in Path(f"/proc/{pids[-1]}/cmdline").read_bytes():
                 break  # the code's interpreter (stage 2) runs: the launcher's setup is over
         uids = {_uid(p) for p in pids}
@@ -258,7 +236,7 @@ def test_outside_the_namespace_the_code_is_unprivileged_too():
     pids, uids = asyncio.run(watch())
     expected = 65534 if os.geteuid() == 0 else os.getuid()
     assert len(pids) == 2 and expected in uids and (os.geteuid() != 0 or 0 in uids)  # the launcher, then the code
-    assert not any(_alive(p) for p in pids)  # cancelled: the group was killed
+    assert not any(alive(p) for p in pids)  # cancelled: the group was killed
 
 
 def test_working_folder_is_size_limited(tool):
@@ -312,7 +290,7 @@ def _start_trainer_mid_call():
     assert trainer.stdout.readline() == "calling\n"  # the tool's start-up probe (a sandbox too) is over
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
-        sandboxed = [p for p in _descendants(trainer.pid) if _alive(p)]  # the launcher, then the code
+        sandboxed = alive_descendants(trainer.pid)  # the launcher, then the code
         if len(sandboxed) == 2 and b"\x00-c\x00" in Path(f"/proc/{sandboxed[1]}/cmdline").read_bytes():
             return trainer, sandboxed
         time.sleep(0.05)
@@ -321,9 +299,9 @@ def _start_trainer_mid_call():
 
 def _wait_dead(pids, seconds=10):
     deadline = time.monotonic() + seconds
-    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+    while any(alive(p) for p in pids) and time.monotonic() < deadline:
         time.sleep(0.05)
-    return not any(_alive(p) for p in pids)
+    return not any(alive(p) for p in pids)
 
 
 INTERRUPTED = '''
@@ -363,6 +341,6 @@ def test_the_code_dies_with_its_launcher():
     finally:
         trainer.kill()
         trainer.wait(timeout=30)
-        if _alive(code):
+        if alive(code):
             os.kill(code, signal.SIGKILL)
         sandbox.remove_stale_mount_points()  # the stopped trainer was killed: nothing removed its mount point
