@@ -12,11 +12,17 @@ sequence totals), so the ranks' gradients must be summed; FSDP2 averages them (g
 pre-multiplied sum to change that), so the actor scales its loss by the world size before
 the backward: a step's gradient does not depend on the number of ranks.
 
-The rollout engine decodes on a full, unsharded copy of the weights (ranks decode
-different numbers of steps, which collectives inside the sharded model would not
-survive); ``copy_full_weights`` refreshes it one tensor at a time, so the gathering costs
-at most one full tensor beyond the copy. Checkpoints hold full, name-keyed states
-(``full_optimizer_state``), so a run saved on some number of ranks loads on any other.
+The model is loaded once: every rank builds it with its parameters on the meta device
+(``models.loader.empty_model``), shards it, and ``load_sharded`` gives each rank its shards
+from one full state that only rank 0 holds (read from disk once), broadcast one tensor at
+a time; the reference is sharded from the same state. No rank ever holds a second full copy.
+
+The rollout engine decodes on unsharded weights (ranks decode different numbers of steps,
+which collectives inside the sharded model would not survive), but only while a rollout
+runs: ``EngineWeights`` gathers them from the shards one tensor at a time, in the engine's
+dtype, when a rollout starts and frees their storage when it ends, so training holds the
+shards alone. Checkpoints hold full, name-keyed states (``full_optimizer_state``), so a run
+saved on some number of ranks loads on any other.
 """
 
 from __future__ import annotations
@@ -25,8 +31,9 @@ import itertools
 
 import torch
 from torch import nn
-from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_optimizer_state_dict,
-                                                     set_model_state_dict, set_optimizer_state_dict)
+from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
+                                                     get_optimizer_state_dict, set_model_state_dict,
+                                                     set_optimizer_state_dict)
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
@@ -78,6 +85,74 @@ def copy_full_weights(sharded: nn.Module, target: nn.Module) -> None:
     into = dict(itertools.chain(target.named_parameters(), target.named_buffers()))
     for name, tensor in itertools.chain(sharded.named_parameters(), sharded.named_buffers()):
         into[name].copy_(full_tensor(tensor))
+
+
+def load_sharded(root: nn.Module, model: nn.Module, device: torch.device, full_state: dict | None) -> None:
+    """Give the sharded, still empty (meta) ``model`` its weights: rank 0 passes the full state
+    (bare parameter names), the other ranks None; each tensor is broadcast in turn and each rank
+    keeps its shard. Buffers (rotary frequencies, computed at construction) are kept. A collective."""
+    buffers = {name: b.detach().clone() for name, b in model.named_buffers()}
+    root.to_empty(device=device)
+    with torch.no_grad():
+        for name, b in model.named_buffers():
+            b.copy_(buffers[name])
+    state = {ROOT_PREFIX + k: v for k, v in full_state.items()} if full_state is not None else {}
+    set_model_state_dict(root, state, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True,
+                                                               strict=False))
+
+
+def full_model_state(root: nn.Module | None, model: nn.Module) -> dict[str, torch.Tensor] | None:
+    """The whole model's weights on the CPU by bare name: unsharded, every rank gathers and rank 0
+    gets them (the others None)."""
+    if root is None:
+        return {k: v.detach().cpu() for k, v in model.state_dict().items()}
+    state = get_model_state_dict(root, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    # gathered, a tied weight (the head sharing the embedding) is a second tensor: name it once, as saving does
+    tied = {n for n, _ in model.named_parameters(remove_duplicate=False)} - {n for n, _ in model.named_parameters()}
+    return {name: v for k, v in state.items() if (name := k.removeprefix(ROOT_PREFIX)) not in tied} or None
+
+
+def unique_parameters(model: nn.Module) -> list[nn.Parameter]:
+    return [p for _, p in model.named_parameters()]  # a tied parameter once
+
+
+class EngineWeights:
+    """The rollout engine's unsharded weights, held only while a rollout runs.
+
+    ``model`` is an empty (meta) model of the engine's dtype. ``load(sharded)`` gives it storage
+    (the first time: ``to_empty``; later: its freed storage regrown) and gathers the sharded
+    model's current weights into it one tensor at a time, cast to the engine's dtype;
+    ``release()`` frees the storage again, keeping shapes, so the update runs beside the shards
+    alone. A tied weight is one storage. ``load`` is a collective: every rank must call it."""
+
+    def __init__(self, model: nn.Module, device: torch.device):
+        self.model, self.device = model, device
+        self.allocated = False
+        self.loads = 0  # weight version: how many times the engine got the actor's weights
+
+    @property
+    def held_bytes(self) -> int:
+        return sum(p.untyped_storage().nbytes() for p in unique_parameters(self.model) if p.device.type != "meta")
+
+    def load(self, sharded: nn.Module) -> None:
+        if not self.allocated:
+            buffers = {name: b.detach().clone() for name, b in self.model.named_buffers()}
+            self.model.to_empty(device=self.device)
+            self.model.tie_weights()
+            with torch.no_grad():
+                for name, b in self.model.named_buffers():
+                    b.copy_(buffers[name])
+            self.allocated = True
+        else:
+            for p in unique_parameters(self.model):
+                p.untyped_storage().resize_(p.numel() * p.element_size())
+        copy_full_weights(sharded, self.model)
+        self.loads += 1
+
+    def release(self) -> None:
+        if self.allocated:
+            for p in unique_parameters(self.model):
+                p.untyped_storage().resize_(0)
 
 
 def full_optimizer_state(root: nn.Module | None, model: nn.Module, optimizer) -> dict:

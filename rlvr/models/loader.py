@@ -184,6 +184,27 @@ def load_model(
     return model.to(device).eval()
 
 
+def empty_model(path: str | os.PathLike, dtype: str = "float32", trust_remote_code: bool = False,
+                override_config: dict | None = None, model_class=None):
+    """The architecture of ``path`` with no weights: parameters on the meta device (no memory),
+    buffers real (rotary frequencies are computed, not stored), tied weights tied, and the
+    folder's generation config. ``fsdp.load_sharded`` fills it; nothing is read here but the
+    config."""
+    from accelerate import init_empty_weights
+    from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
+
+    _quiet_transformers()
+    folder = model_folder(path)
+    config = AutoConfig.from_pretrained(folder, trust_remote_code=trust_remote_code, **(override_config or {}))
+    with init_empty_weights(include_buffers=False):
+        model = (model_class or AutoModelForCausalLM).from_config(
+            config, dtype=DTYPES[dtype], trust_remote_code=trust_remote_code, attn_implementation="sdpa")
+    model.tie_weights()
+    if (folder / "generation_config.json").is_file():
+        model.generation_config = GenerationConfig.from_pretrained(folder)
+    return model.eval()
+
+
 def load_model_and_tokenizer(path: str | os.PathLike, dtype: str = "float32", device: str = "cpu", **kwargs):
     return load_model(path, dtype, device, **kwargs), load_tokenizer(path, kwargs.get("trust_remote_code", False))
 

@@ -31,6 +31,7 @@ import torch
 
 from rlvr.config.schema import RolloutConfig
 from rlvr.data.dataset import left_pad
+from rlvr.models.loader import DTYPES
 from rlvr.protocol import DataProto
 from rlvr.rollout.kv_cache import make_cache
 from rlvr.rollout.lean import LeanDecoder, supports_lean_decode
@@ -147,7 +148,8 @@ def pack_responses(prompts: DataProto, token_ids: Sequence[Sequence[int]], log_p
 
 
 class NativeRollout:
-    """Generates responses with a model it shares with the actor (float32) or a synced copy (bfloat16)."""
+    """Generates responses with a model it shares with the actor (or with the worker that gathers its
+    weights, in ``rollout.dtype``), or a synced copy when the model's dtype is not ``rollout.dtype``."""
 
     def __init__(self, model, tokenizer, config: RolloutConfig, max_response_length: int):
         self.tokenizer, self.config = tokenizer, config
@@ -155,10 +157,12 @@ class NativeRollout:
         self.eos_ids = end_token_ids(model, tokenizer)
         self.pad_id = tokenizer.pad_token_id
         self.actor_model = model
-        if config.dtype == "bfloat16":
-            self.model = copy.deepcopy(model).to(torch.bfloat16).eval()  # synced by sync_weights()
+        if model.dtype != DTYPES[config.dtype]:  # a copy in the rollout dtype, synced by sync_weights()
+            self.model = copy.deepcopy(model).eval()
+            for p in self.model.parameters():  # buffers (rotary frequencies) keep their dtype, as
+                p.data = p.data.to(DTYPES[config.dtype])  # transformers keeps them when it loads in bf16
         else:
-            self.model = model  # shared: no copy, always the actor's current weights
+            self.model = model  # shared: no copy, always the actor's (or the worker's gathered) weights
         self.lean = LeanDecoder(self.model) if config.lean_decode and supports_lean_decode(self.model) else None
 
     def sync_weights(self) -> None:

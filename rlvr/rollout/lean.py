@@ -69,18 +69,28 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> tor
 
 
 class PackedLinear:
-    """``x @ weight.T`` through a oneDNN-prepacked copy of ``weight``, re-packed when it changes.
+    """``x @ linear.weight.T`` through a oneDNN-prepacked copy of the weight, re-packed when it
+    changes (the weight is read from ``linear`` at each call: an engine's weights may be
+    replaced or get their storage after construction).
 
     Falls back to ``F.linear`` where oneDNN is absent (non-x86 builds) or the weight is not
     a CPU float32/bfloat16 matrix.
     """
 
-    def __init__(self, weight: torch.Tensor):
-        self.weight = weight
+    def __init__(self, linear: torch.nn.Module):
+        self.linear = linear
         self._packed = None
         self._key = None
-        self.enabled = (weight.device.type == "cpu" and weight.dtype in (torch.float32, torch.bfloat16)
-                        and torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise"))
+
+    @property
+    def weight(self) -> torch.Tensor:
+        return self.linear.weight
+
+    @property
+    def enabled(self) -> bool:
+        weight = self.weight
+        return (weight.device.type == "cpu" and weight.dtype in (torch.float32, torch.bfloat16)
+                and torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise"))
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if not self.enabled:
@@ -107,10 +117,12 @@ class LeanDecoder:
     def __init__(self, model):
         self.model = model
         self.inner = model.model
-        weight = model.lm_head.weight
-        self.head = PackedLinear(weight)
-        self.weight_first_ok = (weight.device.type == "cpu" and weight.dtype == torch.float32
-                                and torch.backends.mkl.is_available())
+        self.head = PackedLinear(model.lm_head)
+        self.weight_first_ok = None  # decided at the first step, when the weights have their device
+
+    def _weight_first_possible(self) -> bool:
+        weight = self.model.lm_head.weight
+        return weight.device.type == "cpu" and weight.dtype == torch.float32 and torch.backends.mkl.is_available()
 
     @torch.inference_mode()
     def step(self, tokens: torch.Tensor, key_mask: torch.Tensor, positions: torch.Tensor, cache) -> torch.Tensor:
@@ -125,6 +137,8 @@ class LeanDecoder:
         # additive mask, built once instead of converted from booleans in every layer
         mask = torch.zeros(key_mask.shape, dtype=h.dtype, device=h.device).masked_fill_(key_mask == 0, float("-inf"))
         mask = mask[:, None, None, :]  # (B, 1, 1, L)
+        if self.weight_first_ok is None:
+            self.weight_first_ok = self._weight_first_possible()
         wf = self.weight_first_ok and self.WEIGHT_FIRST_ROWS[0] <= B <= self.WEIGHT_FIRST_ROWS[1]
         for i, layer in enumerate(inner.layers):
             attn, mlp = layer.self_attn, layer.mlp

@@ -13,9 +13,10 @@ uses it (``actor.use_kl_loss`` or ``algorithm.use_kl_in_reward``). With LoRA
 
 With ``actor.strategy=fsdp2`` the worker is one data-parallel rank (``Worker``: rank and
 world size from the environment a worker group sets; one process is world size 1): actor
-and reference are sharded with FSDP2 (``rlvr.distributed.fsdp``), the rollout engine
-decodes this rank's prompt groups on a full copy of the weights that ``rollout_mode()``
-refreshes from the shards, and ``fsdp_config.param_offload`` / ``optimizer_offload`` move
+and reference are built empty and sharded with FSDP2, their weights read once on rank 0
+(``rlvr.distributed.fsdp``); the rollout engine decodes this rank's prompt groups on
+unsharded weights (in ``rollout.dtype``) that ``rollout_mode()`` gathers from the shards
+and ``trainer_mode()`` frees; and ``fsdp_config.param_offload`` / ``optimizer_offload`` move
 the shards and the optimizer state to the CPU while generation runs. A checkpoint is the
 same Hugging Face folder and name-keyed optimizer state as one process writes, so runs
 resume on any number of ranks.
@@ -32,7 +33,7 @@ import torch
 
 from rlvr.config.loader import import_custom_modules
 from rlvr.config.schema import RLVRConfig
-from rlvr.models.loader import load_model, load_tokenizer, read_checked_weights
+from rlvr.models.loader import empty_model, load_model, load_tokenizer, read_checked_weights
 from rlvr.models.lora import apply_lora, load_adapter, save_adapter, unwrap
 from rlvr.distributed import fsdp
 from rlvr.distributed.dispatch import Dispatch, register
@@ -65,7 +66,7 @@ class ActorRolloutRefWorker(Worker):
         self.tokenizer = tokenizer
         self.actor = self.ref = self.rollout = None
         self.sharded = config.actor_rollout_ref.actor.strategy == "fsdp2"
-        self.full_model = None  # fsdp2: the unsharded copy the rollout engine decodes with
+        self.engine_weights = None  # fsdp2: the engine's unsharded weights, held only while a rollout runs
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self) -> None:
@@ -74,21 +75,18 @@ class ActorRolloutRefWorker(Worker):
         torch.manual_seed(self.config.trainer.seed)
         if self.tokenizer is None:
             self.tokenizer = load_tokenizer(model_cfg.tokenizer_path or model_cfg.path, model_cfg.trust_remote_code)
-        model = load_model(model_cfg.path, "float32", self.device, model_cfg.trust_remote_code, model_cfg.override_config)
-        if model_cfg.enable_gradient_checkpointing:
-            model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
-        if self.lora:
-            model = apply_lora(model, model_cfg.lora_rank, model_cfg.lora_alpha, model_cfg.target_modules)
-        ref_model = None
-        if needs_reference(self.config) and not self.lora:  # with LoRA: the actor with its adapter disabled
-            ref_model = copy.deepcopy(model).eval().requires_grad_(False)
-        root = ref_root = None
+        root = ref_root = ref_model = None
         if self.sharded:
-            self.init_process_group(self.device)
-            self.full_model = copy.deepcopy(model).requires_grad_(False)
-            root = self._shard(model, arr.actor.fsdp_config.reshard_after_forward)
-            if ref_model is not None:
-                ref_root = self._shard(ref_model, arr.ref.fsdp_config.reshard_after_forward)
+            model, ref_model, root, ref_root = self._load_sharded()
+        else:
+            model = load_model(model_cfg.path, "float32", self.device, model_cfg.trust_remote_code,
+                               model_cfg.override_config)
+            if model_cfg.enable_gradient_checkpointing:
+                model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+            if self.lora:
+                model = apply_lora(model, model_cfg.lora_rank, model_cfg.lora_alpha, model_cfg.target_modules)
+            if needs_reference(self.config) and not self.lora:  # with LoRA: the actor with its adapter disabled
+                ref_model = copy.deepcopy(model).eval().requires_grad_(False)  # one device holds both anyway
         optimizer, scheduler = build_optimizer(model, arr.actor.optim, self.total_training_steps)
         pad_id = self.tokenizer.pad_token_id
         max_len = self.config.data.max_response_length
@@ -99,8 +97,36 @@ class ActorRolloutRefWorker(Worker):
             self.ref = Actor(ref_model, arr.actor, self.config.algorithm, pad_id=pad_id, max_response_length=max_len,
                              root=ref_root, dp=dp)
         if arr.hybrid_engine:  # else the rollout lives in RolloutWorkers of its own (workers/rollout.py)
-            engine_model = self.full_model if self.sharded else unwrap(model)
+            if self.sharded:  # unsharded weights only while a rollout runs, in the engine's dtype
+                self.engine_weights = fsdp.EngineWeights(
+                    empty_model(model_cfg.path, arr.rollout.dtype, model_cfg.trust_remote_code,
+                                model_cfg.override_config).requires_grad_(False), self.device)
+                engine_model = self.engine_weights.model
+            else:
+                engine_model = unwrap(model)
             self.rollout = build_rollout(engine_model, self.tokenizer, arr.rollout, max_len, self.tool_setup)
+
+    def _load_sharded(self):
+        """Actor and reference built empty on every rank, sharded, then given their weights from
+        one read on rank 0 (``fsdp.load_sharded``): no rank holds a second full copy."""
+        arr = self.config.actor_rollout_ref
+        model_cfg = arr.model
+        self.init_process_group(self.device)
+        path, remote, override = model_cfg.path, model_cfg.trust_remote_code, model_cfg.override_config
+        model = empty_model(path, "float32", remote, override)
+        if model_cfg.enable_gradient_checkpointing:
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        root = self._shard(model, arr.actor.fsdp_config.reshard_after_forward)
+        ref_model = ref_root = None
+        if needs_reference(self.config):
+            ref_model = empty_model(path, "float32", remote, override).requires_grad_(False)
+            ref_root = self._shard(ref_model, arr.ref.fsdp_config.reshard_after_forward)
+        # one read, on rank 0 (a new head, as the critic's, is initialised there once)
+        full_state = load_model(path, "float32", "cpu", remote, override).state_dict() if self.rank == 0 else None
+        fsdp.load_sharded(root, model, self.device, full_state)
+        if ref_model is not None:
+            fsdp.load_sharded(ref_root, ref_model, self.device, full_state)
+        return model, ref_model, root, ref_root
 
     def _shard(self, model, reshard_after_forward: bool):
         """FSDP2 over this group's ranks; the reference computes in the actor's precision."""
@@ -118,18 +144,20 @@ class ActorRolloutRefWorker(Worker):
     # ------------------------------------------------------------------ modes
     def rollout_mode(self) -> None:
         """Before generation: the engine gets the actor's current weights; no dropout. Sharded:
-        the full copy is refreshed from the shards, then the shards (and the optimizer state)
+        the engine's weights are gathered from the shards, then the shards (and the optimizer state)
         go to the CPU when offload is on."""
         self.model.eval()
         if self.sharded:
-            fsdp.copy_full_weights(self.model, self.full_model)
+            self.engine_weights.load(self.model)
             self._offload(True)
         self.rollout.sync_weights()
 
     def trainer_mode(self) -> None:
-        """After generation: free the engine's caches; back to training (shards back on the device)."""
+        """After generation: free the engine's caches (and, sharded, its weights); back to training
+        (shards back on the device)."""
         self.rollout.free_cache()
         if self.sharded:
+            self.engine_weights.release()
             self._offload(False)
         self.model.train()
 
@@ -158,12 +186,8 @@ class ActorRolloutRefWorker(Worker):
     def full_weights(self) -> dict[str, torch.Tensor] | None:
         """The policy's full weights on the CPU, for rollout workers of their own (rank 0 answers;
         sharded, every rank takes part in gathering them)."""
-        if self.sharded:
-            fsdp.copy_full_weights(self.model, self.full_model)
-            model = self.full_model
-        else:
-            model = self.model
-        return {k: v.detach().cpu() for k, v in model.state_dict().items()} if self.rank == 0 else None
+        state = fsdp.full_model_state(self.actor.root, self.model)
+        return state if self.rank == 0 else None
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def generate_sequences(self, prompts: DataProto) -> DataProto:
@@ -220,15 +244,15 @@ class ActorRolloutRefWorker(Worker):
         optimizer's keyed by parameter name. Sharded: every rank gathers, rank 0 writes."""
         folder = Path(folder)
         optimizer_state = fsdp.full_optimizer_state(self.actor.root, self.model, self.actor.optimizer)
+        weights = None
         if self.sharded:
             optimizer_state = fsdp.strip_root_prefix(optimizer_state) if self.rank == 0 else None  # rank 0 holds it
-            fsdp.copy_full_weights(self.model, self.full_model)
+            weights = fsdp.full_model_state(self.actor.root, self.model)  # gathered; rank 0 holds it
         if self.rank == 0:
             if self.lora:
                 save_adapter(self.model, folder / "actor")
             else:
-                (self.full_model if self.sharded else self.model).save_pretrained(folder / "actor",
-                                                                                  safe_serialization=True)
+                self.model.save_pretrained(folder / "actor", state_dict=weights, safe_serialization=True)
             self.tokenizer.save_pretrained(folder / "actor")
             torch.save({"optimizer": optimizer_state, "scheduler": self.actor.scheduler.state_dict(),
                         "updates": self.actor.updates, "skipped_in_a_row": self.actor.skipped_in_a_row},

@@ -53,16 +53,37 @@ def gather(part: DataProto, widths: list | None = None) -> DataProto:
     return collect(Dispatch.DP_COMPUTE_PROTO, parts)
 
 
+def engine_facts(worker) -> dict:
+    """The sharded engine's weights in a rollout after the updates: their dtype, bytes, version,
+    and their largest difference from the actor's current weights (cast to the engine's dtype)."""
+    from rlvr.distributed import fsdp
+
+    actor = fsdp.full_model_state(worker.actor.root, worker.model)
+    worker.rollout_mode()
+    engine = worker.engine_weights
+    params = dict(engine.model.named_parameters())
+    facts = {"dtype": str(next(iter(params.values())).dtype), "bytes_in_rollout": engine.held_bytes,
+             "loads": engine.loads, "engine_is_rollout_model": worker.rollout.model is engine.model}
+    if worker.rank == 0:
+        facts["max_diff"] = max(float((params[k].float() - v.to(params[k].dtype).float()).abs().max())
+                                for k, v in actor.items())
+    worker.trainer_mode()
+    facts["bytes_after"] = engine.held_bytes
+    return facts
+
+
 def main(spec_path: str, out_dir: str) -> None:
     spec = json.loads(Path(spec_path).read_text())
     config = load_config(None, spec["overrides"])
     worker = ActorRolloutRefWorker(config, total_training_steps=spec["steps"] + spec.get("first_step", 0))
     worker.init_model()
+    engine_bytes_at_init = worker.engine_weights.held_bytes if worker.engine_weights is not None else None
     if spec.get("resume_from"):
         worker.load_checkpoint(spec["resume_from"])
     world, rank = worker.world_size, worker.rank
     n = config.actor_rollout_ref.rollout.n
-    record = {"responses": [], "old_log_probs": [], "ref_log_prob": [], "metrics": [], "rank_widths": []}
+    record = {"responses": [], "old_log_probs": [], "ref_log_prob": [], "metrics": [], "rank_widths": [],
+              "engine_bytes_at_init": engine_bytes_at_init}
     for step in range(spec.get("first_step", 0), spec.get("first_step", 0) + spec["steps"]):
         prompts = prompt_batch(worker.tokenizer, step, config.data.train_batch_size, n)
         (mine,), _ = dispatch(Dispatch.DP_COMPUTE_PROTO, world, (prompts,), {})[rank]
@@ -80,6 +101,10 @@ def main(spec_path: str, out_dir: str) -> None:
             if key in batch.batch:
                 record[key].append(batch.batch[key])
         record["metrics"].append(out.meta_info["metrics"])
+        if worker.engine_weights is not None:  # released for the update
+            record.setdefault("engine_bytes_in_update", []).append(worker.engine_weights.held_bytes)
+    if worker.engine_weights is not None:
+        record["engine"] = engine_facts(worker)
     worker.save_checkpoint(Path(out_dir) / "checkpoint")
     if rank == 0:
         torch.save(record, Path(out_dir) / "record.pt")

@@ -93,8 +93,9 @@ def test_lean_decode_can_be_switched_off(tiny_model_dir, tokenizer):
 
 def test_packed_projection_follows_weight_updates():
     torch.manual_seed(0)
-    weight = torch.nn.Parameter(torch.randn(50, 8))
-    packed, x = PackedLinear(weight), torch.randn(3, 8)
+    head = torch.nn.Linear(8, 50, bias=False)
+    weight = head.weight
+    packed, x = PackedLinear(head), torch.randn(3, 8)
     assert (packed(x) - x @ weight.T).abs().max() < 1e-5
     with torch.no_grad():
         weight.mul_(2.0)  # an optimizer step: in place, bumps the version counter
