@@ -283,8 +283,30 @@ def load_config(config_file: str | Path | None = None, overrides: Iterable[str] 
     # files by absolute path: Ray's TaskRunner and workers import them again, from their own folder
     cfg.custom_modules = [os.path.abspath(Path(e).expanduser()) if e.endswith(".py") else e for e in cfg.custom_modules]
     import_custom_modules(cfg.custom_modules)
+    resolve_precision(cfg)
     validate(cfg)
     return cfg
+
+
+PRECISION_KEYS = ("actor_rollout_ref.actor.dtype", "actor_rollout_ref.rollout.dtype",
+                  "actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype")
+
+
+def resolve_precision(cfg: RLVRConfig) -> None:
+    """``auto`` precisions follow the device: bfloat16 compute on GPUs (verl's defaults; fp32
+    master weights, optimizer state and gradient reduction stay), float32 on CPUs, where bf16
+    matmuls are slower. The resolved config (printed and saved with every run) says which."""
+    import torch
+
+    device = cfg.trainer.device
+    gpu = device == "cuda" or (device == "auto" and torch.cuda.is_available())
+    for key in PRECISION_KEYS:
+        *path, name = key.split(".")
+        node = cfg
+        for part in path:
+            node = getattr(node, part)
+        if getattr(node, name) == "auto":
+            setattr(node, name, "bfloat16" if gpu else "float32")
 
 
 RUN_LENGTH_KEYS = ("trainer.total_epochs", "trainer.total_training_steps")

@@ -101,9 +101,10 @@ class PolicyLossConfig:
 
 @dataclass
 class MixedPrecisionConfig:
-    param_dtype: str = "float32"
-    """dtype the sharded parameters are gathered in for forward and backward (bfloat16 on GPUs saves
-    memory and time; the fp32 master weights and optimizer state stay fp32)."""
+    param_dtype: str = "auto"
+    """dtype the sharded parameters are gathered in for forward and backward; the fp32 master
+    weights and optimizer state stay fp32. auto: bfloat16 on GPUs (verl's default), float32 on
+    CPUs (where bf16 matmuls are slower)."""
     reduce_dtype: str = "float32"
     """dtype gradients are reduced across ranks in."""
 
@@ -165,8 +166,10 @@ class ActorConfig:
     """KL estimator: kl/k1, abs, mse/k2, low_var_kl/k3, and the straight-through k1+, k3+."""
     policy_loss: PolicyLossConfig = field(default_factory=PolicyLossConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
-    dtype: str = "float32"
-    """Training precision: float32, or bfloat16 autocast."""
+    dtype: str = "auto"
+    """Training precision: float32, or bfloat16 autocast (fp32 master weights either way). auto:
+    bfloat16 on GPUs, as verl computes; float32 on CPUs, where bf16 matmuls are slower (this
+    project's CPU: ~60 vs ~310 GFLOP/s)."""
     share_prompt_forward: bool = True
     """Compute each group's shared prompt once in the forward pass (exact; saves compute)."""
     recompute_old_log_prob: bool = False
@@ -241,8 +244,9 @@ class RolloutConfig:
     """-1 disables top-k."""
     min_p: float = 0.0
     do_sample: bool = True
-    dtype: str = "float32"
-    """Precision of generation: float32 | bfloat16."""
+    dtype: str = "auto"
+    """Precision of generation: float32 | bfloat16. auto: bfloat16 on GPUs (verl's), float32 on
+    CPUs, where the engine then shares the actor's fp32 weights (no copy)."""
     lean_decode: bool = True
     """Decode steps of Llama-family models run rlvr's lean step (same arithmetic, fewer ops, a
     prepacked vocabulary projection); false keeps the transformers forward for every step."""

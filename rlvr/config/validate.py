@@ -346,6 +346,9 @@ def _distributed(cfg: RLVRConfig) -> list[str]:
     if arr.actor.strategy == "fsdp2" and arr.model.lora_rank > 0:
         errors.append("actor_rollout_ref.model.lora_rank > 0 with strategy=fsdp2 is not implemented yet; use "
                       "strategy=local (one device) for LoRA, or lora_rank=0")
+    if arr.actor.strategy == "fsdp2" and cfg.algorithm.adv_estimator == "gae" and cfg.critic.model.lora_rank > 0:
+        errors.append("critic.model.lora_rank > 0 with strategy=fsdp2 (the critic is sharded like the actor) is not "
+                      "implemented yet; use strategy=local (one device) for a LoRA critic, or critic.model.lora_rank=0")
     for key, value in (("actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype",
                         fsdp.mixed_precision.param_dtype),
                        ("actor_rollout_ref.actor.fsdp_config.mixed_precision.reduce_dtype",

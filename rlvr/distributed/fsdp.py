@@ -162,20 +162,24 @@ def full_optimizer_state(root: nn.Module | None, model: nn.Module, optimizer) ->
 
 
 def load_full_state(root: nn.Module | None, model: nn.Module, optimizer, weights: dict | None,
-                    optimizer_state: dict) -> None:
-    """Load name-keyed full weights (None: leave them) and optimizer state, each rank keeping its shard."""
+                    optimizer_state: dict | None) -> None:
+    """Load name-keyed full weights (None: leave them) and optimizer state, each rank keeping its shard.
+    Sharded, only rank 0 passes them (the others pass empty dicts) and each tensor is broadcast in
+    turn: no other rank reads the checkpoint or holds it whole."""
     target = root if root is not None else model
+    options = StateDictOptions(full_state_dict=True, strict=False, broadcast_from_rank0=root is not None)
     if root is not None:
         weights = {ROOT_PREFIX + k: v for k, v in weights.items()} if weights is not None else None
-        optimizer_state = rename_optimizer_state(optimizer_state, lambda name: ROOT_PREFIX + name)
+        if optimizer_state:
+            optimizer_state = rename_optimizer_state(optimizer_state, lambda name: ROOT_PREFIX + name)
     # strict=False lets a tied duplicate be absent, and then reports no missing names at all: callers check
     # the names first (models.loader.check_weight_names); an unexpected name is refused here too
     if weights is not None:
-        loaded = set_model_state_dict(target, weights, options=StateDictOptions(full_state_dict=True, strict=False))
+        loaded = set_model_state_dict(target, weights, options=options)
         if loaded.missing_keys or loaded.unexpected_keys:
             raise ValueError(f"the full weights do not fit the model: missing {sorted(loaded.missing_keys)[:5]}, "
                              f"unexpected {sorted(loaded.unexpected_keys)[:5]}")
-    set_optimizer_state_dict(target, optimizer, optimizer_state, options=StateDictOptions(full_state_dict=True))
+    set_optimizer_state_dict(target, optimizer, optimizer_state or {}, options=options)
 
 
 ROOT_PREFIX = "module."  # FSDPRoot's attribute: the root unit's parameter names start with it

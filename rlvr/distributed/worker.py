@@ -89,6 +89,14 @@ class DataParallel:
         dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
         return int(tensor)
 
+    def broadcast_object(self, obj):
+        """Rank 0's ``obj`` (picklable) on every rank."""
+        if self.world_size == 1:
+            return obj
+        box = [obj]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
+
     def barrier(self) -> None:
         if self.world_size > 1:
             dist.barrier()

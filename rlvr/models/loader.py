@@ -223,6 +223,20 @@ def read_weights(folder: str | os.PathLike) -> dict[str, torch.Tensor]:
     return weights
 
 
+def stored_weight_names(folder: str | os.PathLike) -> list[str]:
+    """The tensor names of a saved model folder, read from the files' headers (no tensor is read)."""
+    from safetensors import safe_open
+
+    files = sorted(Path(folder).glob("*.safetensors"))
+    if not files:
+        raise ModelLoadError(f"{folder} holds no *.safetensors weights")
+    names: list[str] = []
+    for file in files:
+        with safe_open(str(file), framework="pt") as f:
+            names.extend(f.keys())
+    return names
+
+
 def read_checked_weights(model: torch.nn.Module, folder: str | os.PathLike) -> dict[str, torch.Tensor]:
     """``read_weights(folder)``, refused unless the names fit ``model`` (``check_weight_names``);
     load them with ``strict=False``, since a tied duplicate may be absent."""

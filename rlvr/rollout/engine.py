@@ -157,10 +157,12 @@ class NativeRollout:
         self.eos_ids = end_token_ids(model, tokenizer)
         self.pad_id = tokenizer.pad_token_id
         self.actor_model = model
-        if model.dtype != DTYPES[config.dtype]:  # a copy in the rollout dtype, synced by sync_weights()
+        # "auto" is resolved by load_config; a config built directly leaves it: the model's own dtype
+        dtype = model.dtype if config.dtype == "auto" else DTYPES[config.dtype]
+        if model.dtype != dtype:  # a copy in the rollout dtype, synced by sync_weights()
             self.model = copy.deepcopy(model).eval()
             for p in self.model.parameters():  # buffers (rotary frequencies) keep their dtype, as
-                p.data = p.data.to(DTYPES[config.dtype])  # transformers keeps them when it loads in bf16
+                p.data = p.data.to(dtype)  # transformers keeps them when it loads in bf16
         else:
             self.model = model  # shared: no copy, always the actor's (or the worker's gathered) weights
         self.lean = LeanDecoder(self.model) if config.lean_decode and supports_lean_decode(self.model) else None

@@ -1,23 +1,28 @@
 """The memory plan: per-device bytes of a run, from the model's config.json alone.
 
-``plan_memory(config, model_config)`` counts what rlvr's code holds today on each device
-(one data-parallel rank), phase by phase, and ``check_plan`` refuses a plan over the
-device's capacity before anything loads, naming the setting to change. It describes the
-code as it is, not as it should be (issue 22):
+``plan_memory(config, model_config)`` counts what rlvr's code holds on each device (one
+data-parallel rank), phase by phase, and ``check_plan`` refuses a plan over the device's
+capacity before anything loads, naming the setting to change. ``bench/memory.py`` measures
+the same phases (per-rank peak resident memory on a 0.31B synthetic model at 1, 2 and 4
+ranks) next to this plan's figures.
 
-- the model is loaded in float32 (``hybrid.init_model``); with ``strategy=fsdp2`` every rank
-  then deep-copies it for the reference and for the rollout (``full_model``) before sharding,
-  so init holds 2-3 full fp32 copies per rank;
-- ``full_model`` (fp32, unsharded) stays on every rank for the whole run, and
-  ``rollout.dtype=bfloat16`` adds a bf16 copy of it (``rollout/engine.py``);
-- the fp32 parameters are the master weights (no separate master copy), gradients are fp32,
-  AdamW keeps two fp32 moments (``optimizer_offload`` moves them to the CPU only between
-  updates, ``param_offload`` the actor's (and ``ref.fsdp_config.param_offload`` the
-  reference's) shards only during generation, all under fsdp2 only);
-- the KV cache holds the rows of one wave (rows per rank, or the whole groups that fit in
-  ``rollout.max_num_seqs``) of
-  (longest prompt + max_response_length) positions in the rollout dtype;
-- the update's activations are first order: per token and layer about 8 hidden + 4
+- ``strategy=fsdp2``: init holds, on rank 0, the fp32 state read once from disk beside the
+  actor's and the reference's shards (the other ranks: their shards and one tensor in
+  flight); a rollout gathers the unsharded engine weights in ``rollout.dtype`` and frees them
+  when it ends; the update gathers the root unit (embedding, head) for its forward and one
+  layer at a time, and their unsharded gradients in the backward.
+- ``strategy=local``: the loaded model, its reference copy, and (``rollout.dtype=bfloat16``)
+  the engine's own bf16 copy are all kept for the run; with a float32 rollout the engine
+  shares the actor's weights.
+- The fp32 parameters are the master weights (no separate master copy); gradients are fp32
+  and freed after each optimizer step; AdamW keeps two fp32 moments (``optimizer_offload``
+  moves them to the CPU while generation runs, ``param_offload`` the actor's, and
+  ``ref.fsdp_config.param_offload`` the reference's shards, all under fsdp2 only).
+- Decoding on a CPU, the lean step keeps a prepacked copy of the vocabulary projection.
+- The KV cache holds the rows of one wave (rows per rank, or the whole groups that fit in
+  ``rollout.max_num_seqs``) of (longest prompt + max_response_length) positions in the
+  rollout dtype.
+- The update's activations are first order: per token and layer about 8 hidden + 4
   intermediate values kept for the backward (one hidden value with gradient checkpointing,
   plus one layer recomputed), and the fp32 (tokens, V) log-softmax of every response token of
   the micro-batch, which ``forward.token_log_probs`` computes in chunks but autograd keeps.
@@ -124,6 +129,13 @@ class MemoryPlan:
         return self.phase_bytes(self.peak_phase)
 
 
+def on_gpu(config: RLVRConfig) -> bool:
+    import torch
+
+    device = config.trainer.device
+    return device == "cuda" or (device == "auto" and torch.cuda.is_available())
+
+
 def plan_memory(config: RLVRConfig, model_cfg: dict) -> MemoryPlan:
     """Bytes per device, by term and phase (init, generation, update), of the run ``config``."""
     shape = ModelShape.from_config(model_cfg)
@@ -142,20 +154,31 @@ def plan_memory(config: RLVRConfig, model_cfg: dict) -> MemoryPlan:
     t: dict[str, Term] = {}
     t["weights"] = Term("actor weights (fp32, = master)", shard32, not sharded, "sharded" if sharded else "")
     t["master"] = Term("fp32 master copy", 0.0, False, "none: the parameters are kept in fp32")
-    t["gradients"] = Term("gradients (fp32)", shard32, not sharded)
+    t["gradients"] = Term("gradients (fp32)", shard32, not sharded, "freed after each optimizer step")
     t["optimizer"] = Term("AdamW moments (2 x fp32)", 2 * shard32, not sharded)
     t["reference"] = Term("reference model (fp32)", shard32 if use_ref else 0.0, use_ref and not sharded,
                           "" if use_ref else "no KL term: none")
-    if sharded:
-        t["full_model"] = Term("rollout copy full_model (fp32)", full32, True, "unsharded, on every rank")
-    rollout_copy = 2 * P if arr.rollout.dtype == "bfloat16" else 0.0
-    t["rollout_copy"] = Term(f"rollout weights ({arr.rollout.dtype})", rollout_copy, True,
-                             "a bf16 copy" if rollout_copy else "shares the fp32 weights")
-    if sharded:  # root unit (embedding, head) gathered for the whole forward, plus one layer in flight
-        t["gathered"] = Term("gathered root + one layer", (shape.root_params() + shape.layer_params()) * act_b, True)
-    # init: fsdp2 holds the loaded model plus its reference and full_model deep copies before sharding
-    t["init_copies"] = Term("fp32 copies at load", full32 * ((2 + use_ref) if sharded else (1 + use_ref)), True,
-                            "load + deepcopies" if sharded else "load + reference deepcopy")
+    if sharded:  # gathered from the shards when a rollout starts, freed when it ends
+        t["engine_weights"] = Term(f"rollout weights ({arr.rollout.dtype}, unsharded)", roll_b * P, True,
+                                   "only while generating")
+        # rank 0 reads the model once, into host memory, and broadcasts it; the others hold one tensor at a time
+        t["init_read"] = Term("full fp32 state read at load (rank 0)", full32, True,
+                              "rank 0's host RAM, not the GPU's" if on_gpu(config) else "freed once sharded")
+        # the update gathers the root unit (embedding, head) for the whole forward and one layer at a time.
+        # In the backward each gets an unsharded fp32 gradient and FSDP2 copies it into its reduce-scatter
+        # buffer; a tied embedding's gradient comes in two parts (the head's, the lookup's) and their sum
+        root, layer = shape.root_params(), shape.layer_params()
+        t["gathered"] = Term("gathered root + one layer, and their gradients", (root + layer) * act_b
+                             + (root * (4 if shape.tied else 2) + layer * 2) * 4, True)
+    else:
+        copy = roll_b * P if arr.rollout.dtype != "float32" else 0.0
+        t["engine_weights"] = Term(f"rollout weights ({arr.rollout.dtype})", copy, True,
+                                   "a copy, kept" if copy else "shares the fp32 weights")
+    lean_packed = (arr.rollout.lean_decode and not on_gpu(config)
+                   and model_cfg.get("model_type") in ("llama", "mistral", "qwen2", "qwen3"))
+    t["packed_head"] = Term("prepacked vocabulary projection (CPU decode)",
+                            shape.vocab * shape.hidden * roll_b if lean_packed else 0.0, True,
+                            "" if lean_packed else "none on this device")
 
     rows = config.data.train_batch_size * arr.rollout.n // world
     # the largest wave the engine decodes at once: whole groups of n rows, at most max_num_seqs
@@ -171,25 +194,25 @@ def plan_memory(config: RLVRConfig, model_cfg: dict) -> MemoryPlan:
     checkpointed = arr.model.enable_gradient_checkpointing  # only the layer inputs, plus one layer recomputed
     per_token_layer = shape.hidden if checkpointed else layer_values
     recompute = layer_values * tokens if checkpointed else 0
-    logits = 4 * shape.vocab * (micro * config.data.max_response_length + 2 * LOGIT_CHUNK_TOKENS)
+    response_tokens = micro * config.data.max_response_length
+    logits = 4 * shape.vocab * (response_tokens + 2 * min(LOGIT_CHUNK_TOKENS, response_tokens))
     t["activations"] = Term("activations (micro-batch)", (per_token_layer * shape.layers * tokens + recompute) * act_b,
                             False, f"{micro} rows x {positions} tokens, {act_dtype}")
     t["logits"] = Term("log-softmax kept for backward (fp32)", logits, False,
-                       f"{micro * config.data.max_response_length} response tokens x {shape.vocab}")
+                       f"{response_tokens} response tokens x {shape.vocab}")
 
-    resident = ["weights", "master", "reference", "rollout_copy"] + (["full_model"] if sharded else [])
     # the offloads act only under fsdp2, and only while generation runs (hybrid._offload)
     offloaded = {"weights": sharded and fsdp_cfg.param_offload,
-                 "reference": sharded and arr.ref.fsdp_config.param_offload}
-    generation = [n for n in resident if not offloaded.get(n)]
-    if not (sharded and fsdp_cfg.optimizer_offload):
-        generation.append("optimizer")  # AdamW state exists from the first update on
-    update = resident + ["gradients", "optimizer", "activations", "logits"] + (["gathered"] if sharded else [])
-    # init: local, the loaded model, its reference and the engine's bf16 copy; fsdp2, the copies before
-    # sharding (the bf16 copy comes after, beside the shards: less than generation holds)
-    phases = {"init": ["init_copies"] + ([] if sharded else ["rollout_copy"]),
-              "generation": generation + ["kv_cache"], "update": update}
-    return MemoryPlan(world, P, rows, t, phases)
+                 "reference": sharded and arr.ref.fsdp_config.param_offload,
+                 "optimizer": sharded and fsdp_cfg.optimizer_offload}  # AdamW state exists from the first update on
+    generation = [n for n in ("weights", "master", "reference", "optimizer") if not offloaded.get(n)]
+    generation += ["engine_weights", "packed_head", "kv_cache"]
+    update = ["weights", "master", "reference", "gradients", "optimizer", "activations", "logits"]
+    if sharded:  # on a GPU the read is in host memory: the device holds only the shards
+        init, update = ["weights", "reference"] + ([] if on_gpu(config) else ["init_read"]), update + ["gathered"]
+    else:  # the loaded model, its reference copy and the engine's own copy, all kept
+        init, update = ["weights", "reference", "engine_weights"], update + ["engine_weights"]
+    return MemoryPlan(world, P, rows, t, {"init": init, "generation": generation, "update": update})
 
 
 def device_capacity(config: RLVRConfig, override_gb: float | None) -> tuple[float, str]:
@@ -198,8 +221,7 @@ def device_capacity(config: RLVRConfig, override_gb: float | None) -> tuple[floa
         return override_gb * GB, "--device-memory-gb"
     import torch
 
-    device = config.trainer.device
-    if device == "cuda" or (device == "auto" and torch.cuda.is_available()):
+    if on_gpu(config):
         return float(torch.cuda.get_device_properties(0).total_memory), torch.cuda.get_device_name(0)
     ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     ranks = config.trainer.n_gpus_per_node  # CPU ranks of a node share its RAM
@@ -219,11 +241,13 @@ def advice(plan: MemoryPlan, phase: str, config: RLVRConfig) -> str:
         fix = ("lower actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu or data.max_response_length"
                + ("" if arr.model.enable_gradient_checkpointing
                   else ", or set actor_rollout_ref.model.enable_gradient_checkpointing=true"))
-    elif name in ("full_model", "init_copies", "rollout_copy", "gathered"):
-        fix = ("it is a full copy on every rank today (issue 22), so more GPUs do not shrink it: a device with more "
-               "memory or a smaller model" + (", or actor_rollout_ref.rollout.dtype=float32 (the engine then shares "
-                                               "the actor's weights)" if name == "rollout_copy"
-                                              and arr.actor.strategy == "local" else ""))
+    elif name in ("init_read", "engine_weights", "packed_head", "gathered"):
+        fix = ("it is unsharded, so more GPUs do not shrink it: "
+               + ("actor_rollout_ref.rollout.dtype=bfloat16 halves it, " if name == "engine_weights"
+                  and arr.rollout.dtype == "float32" else "")
+               + ("actor_rollout_ref.rollout.dtype=float32 (the engine then shares the actor's weights), "
+                  if name == "engine_weights" and arr.actor.strategy == "local" else "")
+               + "a device with more memory, or a smaller model")
     else:
         fix = ("more GPUs (trainer.n_gpus_per_node / trainer.nnodes with actor_rollout_ref.actor.strategy=fsdp2), "
                "actor_rollout_ref.actor.fsdp_config.param_offload / optimizer_offload=true, or LoRA "

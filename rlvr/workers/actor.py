@@ -128,13 +128,13 @@ def shuffled_mini_batches(uids, num_rows: int, groups_per_mini: int, seed: list[
 
 def clip_and_step(model, optimizer, grad_clip: float) -> tuple[float, bool]:
     """Clip the global gradient norm and step, unless the norm is not finite (then the
-    gradients are dropped). Returns (grad_norm, stepped)."""
+    gradients are dropped). Either way the gradients are freed: generation and the next
+    forwards do not hold them. Returns (grad_norm, stepped)."""
     grad_norm = full_tensor(torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip))  # over all shards
     stepped = bool(torch.isfinite(grad_norm))
     if stepped:
         optimizer.step()
-    else:
-        optimizer.zero_grad(set_to_none=True)
+    optimizer.zero_grad(set_to_none=True)
     return float(grad_norm), stepped
 
 

@@ -5,9 +5,13 @@ The value model is the policy architecture with a one-output token-classificatio
 untrained). The value of response token t is read at the position that predicts it (the
 state before the token), through the same prompt-once/plain forward as the actor.
 
-On several data-parallel ranks the critic is replicated (it is not sharded): each rank takes
-its share of every mini-batch, as the actor does, and the ranks' gradients (shares of the
-global loss) are summed before the optimizer step, so each replica takes the same step.
+On several data-parallel ranks the critic is sharded like the actor (``strategy=fsdp2``, the
+actor's strategy): built empty on every rank, its weights read once on rank 0 and broadcast
+shard by shard, each decoder layer and a root unit sharded with FSDP2. Each rank takes its
+share of every mini-batch, as the actor does; its loss is scaled by the world size, so the
+averaged gradient FSDP2 reduce-scatters is the sum of the ranks' shares and the step is the
+one-process step. Ranks run equal numbers of forward passes (zero-weight ones where a rank
+has fewer micro-batches), since each pass gathers the shards.
 """
 
 from __future__ import annotations
@@ -21,7 +25,10 @@ import torch
 from rlvr.algos.losses import agg_loss, count_seqs
 from rlvr.algos.utils import masked_mean
 from rlvr.config.schema import CriticConfig
-from rlvr.models.loader import DTYPES, ModelLoadError, model_folder, read_checked_weights
+from rlvr.config.schema import MixedPrecisionConfig
+from rlvr.distributed import fsdp
+from rlvr.models.loader import (DTYPES, ModelLoadError, check_weight_names, empty_model, model_folder, read_weights,
+                                stored_weight_names)
 from rlvr.distributed.dispatch import Dispatch, register
 from rlvr.protocol import DataProto
 from rlvr.distributed.worker import Worker
@@ -62,23 +69,40 @@ class CriticWorker(Worker):
     """compute_values / update_critic over one value model on one device."""
 
     def __init__(self, config: CriticConfig, total_training_steps: int, pad_id: int, device: str = "auto",
-                 seed: int = 1, loss_agg_mode: str = "token-mean"):
+                 seed: int = 1, loss_agg_mode: str = "token-mean", strategy: str = "local",
+                 mixed_precision: MixedPrecisionConfig | None = None):
         super().__init__()
         self.config, self.total_training_steps = config, total_training_steps
         self.pad_id, self.device, self.seed = pad_id, resolve_device(device), seed
         self.loss_agg_mode = loss_agg_mode
-        self.model = self.optimizer = self.scheduler = None
+        self.sharded = strategy == "fsdp2"
+        self.mixed_precision = mixed_precision or MixedPrecisionConfig(param_dtype="float32")
+        self.model = self.root = self.optimizer = self.scheduler = None
         self.updates = 0
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self) -> None:
         model_cfg = self.config.model
-        self.model = load_value_model(model_cfg.path, self.device, model_cfg.trust_remote_code, model_cfg.override_config)
+        args = (model_cfg.path, self.device, model_cfg.trust_remote_code, model_cfg.override_config)
+        if self.sharded:
+            self.init_process_group(self.device)
+            self.model = empty_model(model_cfg.path, "float32", model_cfg.trust_remote_code,
+                                     {**(model_cfg.override_config or {}), "num_labels": 1},
+                                     model_class=token_classification())
+        else:
+            self.model = load_value_model(*args)
         if model_cfg.enable_gradient_checkpointing:
             self.model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
         if self.lora:  # the backbone gets an adapter; the value head starts untrained, so it trains whole
             self.model = apply_lora(self.model, model_cfg.lora_rank, model_cfg.lora_alpha, model_cfg.target_modules,
                                     task_type="TOKEN_CLS", modules_to_save=["score"])
+        if self.sharded:
+            mp = self.mixed_precision
+            self.root = fsdp.shard(self.model, self.device, self.world_size, True, mp.param_dtype, mp.reduce_dtype)
+            # one read, on rank 0, which also initialises the new value head once
+            full_state = load_value_model(model_cfg.path, torch.device("cpu"), *args[2:]).state_dict() \
+                if self.rank == 0 else None
+            fsdp.load_sharded(self.root, self.model, self.device, full_state)
         self.optimizer, self.scheduler = build_optimizer(self.model, self.config.optim, self.total_training_steps)
         if self.world_size > 1:
             self.init_process_group(self.device)
@@ -92,9 +116,10 @@ class CriticWorker(Worker):
         idx = torch.tensor(rows)
         batch = {k: data.batch[k][idx].to(self.device) for k in FORWARD_KEYS}
         uids = data.non_tensor_batch.get("uid")
-        states = response_states(self.model, batch, None if uids is None else uids[rows], True, self.pad_id)
-        values = self.model.score(states.hidden).squeeze(-1).float()  # (N,)
-        return scatter_responses(values, states, batch["responses"].shape)
+        uids = None if uids is None else uids[rows]
+        if self.root is not None:  # through the sharded root, which gathers the embeddings and the value head
+            return self.root(_response_values, batch, uids, self.pad_id)
+        return _response_values(self.model, batch, uids, self.pad_id)
 
     def _micro_batches(self, data: DataProto, rows: list[int]) -> list[list[int]]:
         micro = self.config.ppo_micro_batch_size_per_gpu
@@ -107,8 +132,12 @@ class CriticWorker(Worker):
         data.require(*FORWARD_KEYS, "response_mask", stage="compute_values")
         self.model.eval()
         values = torch.zeros(data.batch["responses"].shape)
-        for rows in self._micro_batches(data, list(range(len(data)))):
-            values[torch.tensor(rows)] = self._values(data, rows).cpu()
+        micros = self._micro_batches(data, list(range(len(data))))
+        padding = self.dp.max(len(micros)) - len(micros)  # forwards that only keep the ranks in step
+        for i, rows in enumerate(micros + micros[:1] * padding):
+            out = self._values(data, rows)
+            if i < len(micros):
+                values[torch.tensor(rows)] = out.cpu()
         return DataProto.from_dict({"values": values * data.batch["response_mask"]})
 
     @register(dispatch_mode=Dispatch.DP_MINI_BATCH_PROTO)
@@ -131,24 +160,24 @@ class CriticWorker(Worker):
         self.optimizer.zero_grad(set_to_none=True)
         vf_loss_total, clipfrac, vpred_sum = 0.0, 0.0, 0.0
         mine = self.dp.share(group_units(data.non_tensor_batch.get("uid"), mini_rows))  # this rank's groups
-        for rows in self._micro_batches(data, mine):
+        micros = self._micro_batches(data, mine)
+        padding = self.dp.max(len(micros)) - len(micros)  # agreed before any pass: the collectives pair up
+        scale = self.dp.world_size if self.root is not None else 1  # FSDP2 averages; the shares must add up
+        for i, rows in enumerate(micros + micros[:1] * padding):
             idx = torch.tensor(rows)
             vpreds = self._values(data, rows)
             loss, frac = value_loss(vpreds, data.batch["values"][idx].to(self.device),
                                     data.batch["returns"][idx].to(self.device), mask[idx].to(self.device),
                                     self.config.cliprange_value, self.loss_agg_mode, **totals)
-            loss.backward()
+            if i >= len(micros):  # a zero-weight pass: keeps step with ranks that have more micro-batches
+                (loss * 0.0).backward()
+                continue
+            (loss * scale).backward()
             share = float(mask[idx].sum() / totals["num_tokens"])
             vf_loss_total += float(loss.detach())
             clipfrac += float(frac) * share
             vpred_sum += float((vpreds.detach().cpu() * mask[idx]).sum())
-        if self.dp.world_size > 1:  # replicas: sum the ranks' shares of the gradient
-            for param in self.model.parameters():
-                if param.requires_grad:
-                    if param.grad is None:
-                        param.grad = torch.zeros_like(param)
-                    self.dp.sum_(param.grad)
-            vf_loss_total, clipfrac, vpred_sum = self.dp.sum([vf_loss_total, clipfrac, vpred_sum])
+        vf_loss_total, clipfrac, vpred_sum = self.dp.sum([vf_loss_total, clipfrac, vpred_sum])
         grad_norm, _ = clip_and_step(self.model, self.optimizer, self.config.grad_clip)
         metrics["critic/vf_loss"].append(vf_loss_total)
         metrics["critic/vf_clipfrac"].append(clipfrac)
@@ -157,22 +186,57 @@ class CriticWorker(Worker):
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def save_checkpoint(self, folder) -> None:
+        """``critic/`` (a Hugging Face folder, or the adapter) and ``critic_state.pt``, the optimizer
+        state whole and keyed by parameter name. Sharded: every rank gathers, rank 0 writes."""
         folder = Path(folder)
-        if self.rank == 0:  # the replicas are equal
-            (save_adapter if self.lora else lambda m, f: m.save_pretrained(f, safe_serialization=True))(
-                self.model, folder / "critic")
-            torch.save({"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
+        optimizer_state = fsdp.full_optimizer_state(self.root, self.model, self.optimizer)
+        weights = None
+        if self.root is not None:
+            optimizer_state = fsdp.strip_root_prefix(optimizer_state) if self.rank == 0 else None
+            weights = fsdp.full_model_state(self.root, self.model)
+        if self.rank == 0:
+            if self.lora:
+                save_adapter(self.model, folder / "critic")
+            else:
+                self.model.save_pretrained(folder / "critic", state_dict=weights, safe_serialization=True)
+            torch.save({"optimizer": optimizer_state, "scheduler": self.scheduler.state_dict(),
                         "updates": self.updates}, folder / "critic_state.pt")
         self.dp.barrier()
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def load_checkpoint(self, folder) -> None:
+        """From ``save_checkpoint``, written by any number of ranks. Sharded, rank 0 alone reads the
+        tensors and broadcasts them; every rank checks the stored names."""
         folder = Path(folder)
+        reads = self.root is None or self.rank == 0
+        state = torch.load(folder / "critic_state.pt", weights_only=False) if reads else None
+        if self.root is not None:
+            small = self.dp.broadcast_object({k: v for k, v in state.items() if k != "optimizer"} if reads else None)
+            state = {**small, "optimizer": state["optimizer"] if reads else {}}
+        weights = None
         if self.lora:
             load_adapter(self.model, folder / "critic")
         else:
-            self.model.load_state_dict(read_checked_weights(self.model, folder / "critic"), strict=False)
-        state = torch.load(folder / "critic_state.pt", weights_only=False)
-        self.optimizer.load_state_dict(state["optimizer"])
+            check_weight_names(self.model, stored_weight_names(folder / "critic"), folder / "critic")
+            weights = read_weights(folder / "critic") if reads else {}
+        if reads and all(isinstance(k, int) for k in state["optimizer"]["state"]):  # before name-keyed states
+            if weights is not None:
+                self.model.load_state_dict(weights, strict=False)  # names checked; a tied duplicate may be absent
+            self.optimizer.load_state_dict(state["optimizer"])
+        else:
+            fsdp.load_full_state(self.root, self.model, self.optimizer, weights, state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.updates = state["updates"]
+
+
+def _response_values(model, batch: dict, uids, pad_id: int) -> torch.Tensor:
+    """(B, R) values of the response tokens, each read at the position that predicts it."""
+    states = response_states(model, batch, uids, True, pad_id)
+    values = model.score(states.hidden).squeeze(-1).float()  # (N,)
+    return scatter_responses(values, states, batch["responses"].shape)
+
+
+def token_classification():
+    from transformers import AutoModelForTokenClassification
+
+    return AutoModelForTokenClassification

@@ -33,13 +33,15 @@ import torch
 
 from rlvr.config.loader import import_custom_modules
 from rlvr.config.schema import RLVRConfig
-from rlvr.models.loader import empty_model, load_model, load_tokenizer, read_checked_weights
+from rlvr.models.loader import (check_weight_names, empty_model, load_model, load_tokenizer, read_weights,
+                                stored_weight_names)
 from rlvr.models.lora import apply_lora, load_adapter, save_adapter, unwrap
 from rlvr.distributed import fsdp
 from rlvr.distributed.dispatch import Dispatch, register
 from rlvr.distributed.worker import Worker
 from rlvr.protocol import DataProto
 from rlvr.rollout import build_rollout
+from rlvr.rollout.engine import trim_heap
 from rlvr.workers.actor import Actor, build_optimizer
 
 
@@ -159,6 +161,7 @@ class ActorRolloutRefWorker(Worker):
         if self.sharded:
             self.engine_weights.release()
             self._offload(False)
+        trim_heap()  # the freed weights and caches back to the OS, not kept in the heap for later
         self.model.train()
 
     def _offload(self, to_cpu: bool) -> None:
@@ -229,6 +232,7 @@ class ActorRolloutRefWorker(Worker):
         data.meta_info.setdefault("temperature", self.config.actor_rollout_ref.rollout.temperature)
         computed_old = "old_log_probs" not in data.batch
         metrics = self.actor.update_policy(data)
+        trim_heap()  # the activations' memory back to the OS before generation needs it
         metrics["perf/cpu_max_rss_gb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # this process
         if self.device.type == "cuda":
             metrics["perf/max_memory_allocated_gb"] = torch.cuda.max_memory_allocated(self.device) / 2**30
@@ -264,12 +268,20 @@ class ActorRolloutRefWorker(Worker):
         """Policy weights, optimizer and scheduler from ``save_checkpoint`` (written by any number of
         ranks); the reference stays the initial model."""
         folder = Path(folder)
-        state = torch.load(folder / "actor_state.pt", weights_only=False)
+        reads = not self.sharded or self.rank == 0  # sharded: rank 0 reads, then broadcasts tensor by tensor
+        state = torch.load(folder / "actor_state.pt", weights_only=False) if reads else None
+        if self.sharded:  # the small parts to every rank; the optimizer state goes through load_full_state
+            small = self.data_parallel().broadcast_object({k: v for k, v in state.items() if k != "optimizer"}
+                                                          if reads else None)
+            state = {**small, "optimizer": state["optimizer"] if reads else {}}
         if self.lora:
             load_adapter(self.model, folder / "actor")
-        # the stored tensors by name: a model built from them would initialise what they lack
-        weights = None if self.lora else read_checked_weights(self.model, folder / "actor")
-        if all(isinstance(k, int) for k in state["optimizer"]["state"]):  # written before name-keyed states
+        weights = None
+        if not self.lora:  # every rank checks the stored names (the files' headers); one reads the tensors
+            check_weight_names(self.model, stored_weight_names(folder / "actor"), folder / "actor")
+            # the stored tensors by name: a model built from them would initialise what they lack
+            weights = read_weights(folder / "actor") if reads else {}
+        if reads and all(isinstance(k, int) for k in state["optimizer"]["state"]):  # before name-keyed states
             if weights is not None:
                 self.model.load_state_dict(weights, strict=False)  # names checked; a tied duplicate may be absent
             self.actor.optimizer.load_state_dict(state["optimizer"])

@@ -148,7 +148,7 @@ def test_sharded_engine_gathers_fresh_weights_per_rollout_and_frees_them_for_tra
     assert torch.equal(rec["responses"][0], local["responses"][0])
 
 
-def test_two_rank_checkpoint_resumes_in_one_process(tiny_model_dir, tmp_path):
+def test_checkpoints_resume_on_another_number_of_ranks(tiny_model_dir, tmp_path):
     one_rank = base_overrides(tiny_model_dir, 1, "local")
     straight = run_ranks(tmp_path, "straight", 1, one_rank, steps=3)
     run_ranks(tmp_path, "two", 2, base_overrides(tiny_model_dir, 2, "fsdp2"), steps=2)
@@ -158,3 +158,41 @@ def test_two_rank_checkpoint_resumes_in_one_process(tiny_model_dir, tmp_path):
     assert resumed[0]["metrics"][0]["actor/grad_norm"] == pytest.approx(straight[0]["metrics"][2]["actor/grad_norm"],
                                                                        rel=1e-4)
     assert_same_weights(resumed[1], straight[1])
+    # and the other way: a one-process checkpoint resumed on 2 ranks, where rank 0 alone reads it
+    run_ranks(tmp_path, "one", 1, one_rank, steps=2)
+    resumed = run_ranks(tmp_path, "resumed_on_two", 2, base_overrides(tiny_model_dir, 2, "fsdp2"), steps=1,
+                        first_step=2, resume_from=tmp_path / "one" / "checkpoint")
+    assert resumed[0]["metrics"][0]["actor/grad_norm"] == pytest.approx(straight[0]["metrics"][2]["actor/grad_norm"],
+                                                                       rel=1e-4)
+    assert_same_weights(resumed[1], straight[1])
+
+
+def test_the_critic_is_sharded_like_the_actor(tiny_model_dir):
+    """strategy=fsdp2 shards the critic too (its equality with one process is checked on 2 Ray
+    workers in tests/trainer/test_ray_training.py): every parameter is a DTensor shard, and its
+    checkpoint is the one-process layout (a Hugging Face folder with the value head)."""
+    code = f"""
+import tempfile
+from pathlib import Path
+from torch.distributed.tensor import DTensor
+from rlvr.config import load_config
+from rlvr.trainer.main import critic_args
+from rlvr.workers.critic import CriticWorker
+cfg = load_config(None, ["actor_rollout_ref.model.path={tiny_model_dir}", "critic.model.path={tiny_model_dir}",
+                         "trainer.device=cpu", "actor_rollout_ref.actor.strategy=fsdp2", "algorithm.adv_estimator=gae"])
+critic = CriticWorker(*critic_args(cfg, 2, 0))
+critic.init_model()
+folder = Path(tempfile.mkdtemp())
+critic.save_checkpoint(folder)
+from safetensors import safe_open
+with safe_open(str(folder / "critic" / "model.safetensors"), "pt") as f:
+    names = set(f.keys())
+print(all(isinstance(p, DTensor) for p in critic.model.parameters()), "score.weight" in names, len(names))
+"""
+    env = {**os.environ, "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    from rlvr.workers.critic import load_value_model
+
+    expected = len(load_value_model(str(tiny_model_dir), torch.device("cpu")).state_dict())
+    assert out.stdout.split()[-3:] == ["True", "True", str(expected)]

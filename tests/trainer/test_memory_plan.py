@@ -20,7 +20,7 @@ def tiny_folder(tmp_path):
 
 
 def tiny_overrides(folder):
-    return [f"actor_rollout_ref.model.path={folder}", "actor_rollout_ref.actor.strategy=fsdp2",
+    return [f"actor_rollout_ref.model.path={folder}", "actor_rollout_ref.actor.strategy=fsdp2", "trainer.device=cpu",
             "trainer.n_gpus_per_node=2", "actor_rollout_ref.actor.use_kl_loss=true",
             "actor_rollout_ref.rollout.dtype=bfloat16", "data.train_batch_size=4", "actor_rollout_ref.rollout.n=2",
             "actor_rollout_ref.actor.ppo_mini_batch_size=4", "data.max_prompt_length=6",
@@ -36,41 +36,59 @@ def test_tiny_plan_by_hand(tiny_folder):
     assert b["weights"] == b["gradients"] == b["reference"] == 4 * 1448 / 2 == 2896  # fp32, sharded over 2
     assert b["optimizer"] == 5792  # 2 fp32 moments
     assert b["master"] == 0  # the parameters are fp32 themselves
-    assert b["full_model"] == 5792  # fp32, unsharded, on every rank
-    assert b["rollout_copy"] == 2896  # bf16 copy: 2 x 1448
-    assert b["gathered"] == (264 + 592) * 4  # 3424: root + one layer in fp32
-    assert b["init_copies"] == 3 * 5792  # load + reference + full_model deep copies: 17376
+    assert b["engine_weights"] == 2896  # bf16, unsharded: 2 x 1448, only while generating
+    assert b["init_read"] == 5792  # the fp32 state rank 0 reads once
+    # root + one layer gathered in fp32, (264 + 592) x 4 = 3424; their fp32 gradients: the tied root's head
+    # part, lookup part, sum and reduce-scatter copy (4 x 264), the layer's gradient and copy (2 x 592):
+    # (1056 + 1184) x 4 = 8960
+    assert b["gathered"] == 3424 + 8960 == 12384
+    assert b["packed_head"] == 32 * 8 * 2  # 512: the CPU decode's prepacked bf16 vocabulary projection
     # rows per rank 4 x 2 / 2 = 4; K and V: 2 x 2 layers x 1 kv head x dim 4 x 4 rows x (6 + 10) x 2 bytes
     assert plan.rows_per_rank == 4 and b["kv_cache"] == 2048
     # micro-batch 2 rows x 16 tokens = 32; (8x8 + 4x16 = 128) per token and layer x 2 layers x 4 bytes
     assert b["activations"] == 128 * 2 * 32 * 4 == 32768
-    # fp32 log-softmax of 2 x 10 response tokens kept, plus two 1024-token chunks in flight, x vocab 32
-    assert b["logits"] == 4 * 32 * (20 + 2048) == 264704
-    assert plan.phase_bytes("init") == 17376
-    # weights + reference + bf16 copy + full_model + AdamW state + KV = 2896x3 + 5792x2 + 2048
-    assert plan.phase_bytes("generation") == 22320
-    # 2896x4 (weights, reference, bf16 copy, gradients) + 5792x2 + 32768 + 264704 + 3424
-    assert plan.phase_bytes("update") == 324064
+    # fp32 log-softmax of 2 x 10 response tokens kept, plus two chunks in flight (20 tokens each), x vocab 32
+    assert b["logits"] == 4 * 32 * (20 + 2 * 20) == 7680
+    assert plan.phase_bytes("init") == 5792 + 2896 + 2896 == 11584  # the read, actor and reference shards
+    # weights + reference + AdamW state + engine weights + packed head + KV = 2896 x 3 + 5792 + 512 + 2048
+    assert plan.phase_bytes("generation") == 17040
+    # 2896 x 3 (weights, reference, gradients) + 5792 + 32768 + 7680 + 12384: no engine weights
+    assert plan.phase_bytes("update") == 67312
     assert plan.peak_phase == "update"
 
 
-def test_offload_leaves_generation(tiny_folder):
-    overrides = tiny_overrides(tiny_folder) + ["actor_rollout_ref.actor.fsdp_config.param_offload=true",
+def test_local_strategy_keeps_its_copies(tiny_folder):
+    overrides = tiny_overrides(tiny_folder) + ["actor_rollout_ref.actor.strategy=local", "trainer.n_gpus_per_node=1"]
+    plan = plan_memory(load_config(None, overrides), TINY)
+    b = {name: term.bytes for name, term in plan.terms.items()}
+    assert b["weights"] == b["reference"] == b["gradients"] == 5792 and b["engine_weights"] == 2896  # bf16 copy
+    assert "init_read" not in b and "gathered" not in b
+    assert plan.phase_bytes("init") == 5792 * 2 + 2896  # the loaded model, its reference, the bf16 copy
+    fp32 = plan_memory(load_config(None, overrides + ["actor_rollout_ref.rollout.dtype=float32"]), TINY)
+    assert fp32.terms["engine_weights"].bytes == 0  # the engine shares the actor's weights
+
+
+def test_offload_leaves_generation(tiny_folder, monkeypatch):
+    import rlvr.trainer.memory_plan
+
+    monkeypatch.setattr(rlvr.trainer.memory_plan, "on_gpu", lambda config: False)  # the packed head counts
+    # offload moves GPU memory: a CPU device refuses it, so the device is left to find
+    overrides = tiny_overrides(tiny_folder) + ["trainer.device=auto","actor_rollout_ref.actor.fsdp_config.param_offload=true",
                                                "actor_rollout_ref.actor.fsdp_config.optimizer_offload=true",
                                                "actor_rollout_ref.ref.fsdp_config.param_offload=true"]
     plan = plan_memory(load_config(None, overrides), TINY)
-    assert plan.phase_bytes("generation") == 22320 - 2896 - 5792 - 2896  # no actor or reference shards, no AdamW
-    assert plan.phase_bytes("update") == 324064  # all back on the device
+    assert plan.phase_bytes("generation") == 17040 - 2896 - 5792 - 2896  # no actor or reference shards, no AdamW
+    assert plan.phase_bytes("update") == 67312  # all back on the device
 
 
 def test_refuses_with_the_setting_to_change(tiny_folder):
     config = load_config(None, tiny_overrides(tiny_folder))
     plan = plan_memory(config, TINY)
-    check_plan(plan, 324064, config)  # exactly fits
-    # the update's largest term is the kept log-softmax (264704 of 324064 bytes)
-    with pytest.raises(ConfigError, match=r"0\.00 GB per device in update, .*log-softmax.*"
+    check_plan(plan, 67312, config)  # exactly fits
+    # the update's largest term is the activations (32768 of 67312 bytes)
+    with pytest.raises(ConfigError, match=r"0\.00 GB per device in update, .*activations.*"
                                           r"ppo_micro_batch_size_per_gpu.*enable_gradient_checkpointing=true"):
-        check_plan(plan, 324063, config)
+        check_plan(plan, 67311, config)
 
 
 def test_refusal_in_generation_names_the_kv_settings(tiny_folder):
@@ -114,7 +132,7 @@ def test_dry_run_loads_no_model(tiny_folder, monkeypatch, capsys):
     monkeypatch.setattr(rlvr.trainer.main, "run_training", refuse)
     assert cli.main(["train", "--dry-run", "--device-memory-gb", "1", *tiny_overrides(tiny_folder)]) == 0
     assert "peak 0.00 GB in update" in capsys.readouterr().out
-    assert cli.main(["plan", "--device-memory-gb", "0.0001", *tiny_overrides(tiny_folder)]) == 2
+    assert cli.main(["plan", "--device-memory-gb", "0.00005", *tiny_overrides(tiny_folder)]) == 2
     assert "ppo_micro_batch_size_per_gpu" in capsys.readouterr().err
 
 
@@ -128,3 +146,10 @@ def test_gradient_checkpointing_keeps_layer_inputs(tiny_folder):
     plan = plan_memory(load_config(None, overrides), TINY)
     # layer inputs: hidden 8 x 2 layers x 32 tokens, plus one layer recomputed: 128 x 32 tokens; x 4 bytes
     assert plan.terms["activations"].bytes == (8 * 2 * 32 + 128 * 32) * 4 == 18432
+
+
+def test_on_a_gpu_the_load_is_in_host_memory(tiny_folder):
+    """Rank 0 reads the full state into host RAM, then broadcasts it to the devices' shards."""
+    plan = plan_memory(load_config(None, tiny_overrides(tiny_folder) + ["trainer.device=cuda"]), TINY)
+    assert plan.phase_bytes("init") == 2896 + 2896  # the shards only
+    assert plan.terms["packed_head"].bytes == 0  # the CPU decode's packed projection: not on a GPU

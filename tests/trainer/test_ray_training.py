@@ -165,7 +165,7 @@ def test_a_rollout_on_workers_of_its_own_equals_the_hybrid_engine(tiny_config, t
 
 
 def test_ppo_with_a_critic_colocated_on_two_ray_workers_equals_the_in_process_run(tiny_config, tmp_path):
-    """GAE: actor-rollout-ref and the (replicated) critic share each worker's process."""
+    """GAE: actor-rollout-ref and the critic, both sharded with FSDP2, share each worker's process."""
     gae = ["algorithm.adv_estimator=gae", "critic.ppo_mini_batch_size=2", "critic.ppo_micro_batch_size_per_gpu=3",
            "critic.optim.lr=1e-3"]
     local_dir, ray_dir = tmp_path / "local", tmp_path / "ray"
