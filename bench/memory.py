@@ -137,6 +137,8 @@ def main() -> None:
     parser.add_argument("--worlds", default="1,2,4")
     parser.add_argument("--layers", type=int, default=28)
     parser.add_argument("--hidden", type=int, default=1024)
+    parser.add_argument("--json", help="also write the figures here (per world: params, and per phase the ranks' "
+                                       "measured bytes and the plan's)")
     args = parser.parse_args()
 
     from rlvr.config import load_config
@@ -146,10 +148,13 @@ def main() -> None:
         tmp = Path(tmp)
         model_dir = tmp / "model"
         make_model(model_dir, args.layers, args.hidden)
-        rows = []
+        rows, figures = [], {}
         for world in [int(w) for w in args.worlds.split(",")]:
             plan = plan_memory(load_config(None, overrides(str(model_dir), world)), read_model_config(str(model_dir)))
             ranks = run_world(model_dir, world, tmp)
+            figures[world] = {"params": plan.params, "full_fp32_bytes": 4 * plan.params,
+                              **{phase: {"ranks": [r[phase] for r in ranks], "plan": plan.phase_bytes(phase)}
+                                 for phase in ("init", "generation", "update")}}
             for phase in ("init", "generation", "update"):
                 measured = max(r[phase] for r in ranks)
                 predicted = plan.phase_bytes(phase)
@@ -157,6 +162,8 @@ def main() -> None:
                 print(f"world {world} {phase:<10} measured {measured / GB:6.2f} GB (ranks: "
                       f"{', '.join(f'{r[phase] / GB:.2f}' for r in ranks)})  plan {predicted / GB:6.2f} GB  "
                       f"plan/measured {predicted / measured:.2f}", flush=True)
+        if args.json:
+            Path(args.json).write_text(json.dumps(figures))
         print(f"\n{plan.params / 1e9:.2f}B parameters; per-rank peak above the process's start, largest rank")
         print("| world | phase | measured GB | plan GB | plan / measured |\n|---|---|---|---|---|")
         for world, phase, measured, predicted in rows:

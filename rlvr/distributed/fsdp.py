@@ -28,6 +28,7 @@ saved on some number of ranks loads on any other.
 from __future__ import annotations
 
 import itertools
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -180,6 +181,33 @@ def load_full_state(root: nn.Module | None, model: nn.Module, optimizer, weights
             raise ValueError(f"the full weights do not fit the model: missing {sorted(loaded.missing_keys)[:5]}, "
                              f"unexpected {sorted(loaded.unexpected_keys)[:5]}")
     set_optimizer_state_dict(target, optimizer, optimizer_state or {}, options=options)
+
+
+def load_checkpoint_state(root: nn.Module | None, model: nn.Module, optimizer, weights_folder: Path | None,
+                          state_file: Path, rank: int, dp) -> dict:
+    """A worker's resume: weights from ``weights_folder`` (None: leave them, as a LoRA adapter
+    loads on its own) and the optimizer state from ``state_file``, whose other entries
+    (scheduler, counters) are returned. Sharded, rank 0 alone reads the files and broadcasts
+    them; every rank checks the stored names, from the files' headers."""
+    from rlvr.models.loader import check_weight_names, read_weights, stored_weight_names
+
+    reads = root is None or rank == 0
+    state = torch.load(state_file, weights_only=False) if reads else None
+    if root is not None:  # the small entries to every rank; the optimizer state goes tensor by tensor
+        small = dp.broadcast_object({k: v for k, v in state.items() if k != "optimizer"} if reads else None)
+        state = {**small, "optimizer": state["optimizer"] if reads else {}}
+    weights = None
+    if weights_folder is not None:
+        check_weight_names(model, stored_weight_names(weights_folder), weights_folder)
+        # the stored tensors by name: a model built from them would initialise what they lack
+        weights = read_weights(weights_folder) if reads else {}
+    if reads and all(isinstance(k, int) for k in state["optimizer"]["state"]):  # before name-keyed states
+        if weights is not None:
+            model.load_state_dict(weights, strict=False)  # names checked; a tied duplicate may be absent
+        optimizer.load_state_dict(state["optimizer"])
+    else:
+        load_full_state(root, model, optimizer, weights, state["optimizer"])
+    return {k: v for k, v in state.items() if k != "optimizer"}
 
 
 ROOT_PREFIX = "module."  # FSDPRoot's attribute: the root unit's parameter names start with it

@@ -237,14 +237,6 @@ def stored_weight_names(folder: str | os.PathLike) -> list[str]:
     return names
 
 
-def read_checked_weights(model: torch.nn.Module, folder: str | os.PathLike) -> dict[str, torch.Tensor]:
-    """``read_weights(folder)``, refused unless the names fit ``model`` (``check_weight_names``);
-    load them with ``strict=False``, since a tied duplicate may be absent."""
-    weights = read_weights(folder)
-    check_weight_names(model, weights, folder)
-    return weights
-
-
 def check_weight_names(model: torch.nn.Module, names, source: str | os.PathLike) -> None:
     """Refuse weights from ``source`` whose names do not match ``model``'s. A tied duplicate (the
     vocabulary projection sharing the embedding's tensor) may be absent: saving drops it."""

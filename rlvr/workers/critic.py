@@ -27,8 +27,7 @@ from rlvr.algos.utils import masked_mean
 from rlvr.config.schema import CriticConfig
 from rlvr.config.schema import MixedPrecisionConfig
 from rlvr.distributed import fsdp
-from rlvr.models.loader import (DTYPES, ModelLoadError, check_weight_names, empty_model, model_folder, read_weights,
-                                stored_weight_names)
+from rlvr.models.loader import DTYPES, ModelLoadError, empty_model, model_folder
 from rlvr.distributed.dispatch import Dispatch, register
 from rlvr.protocol import DataProto
 from rlvr.distributed.worker import Worker
@@ -208,23 +207,11 @@ class CriticWorker(Worker):
         """From ``save_checkpoint``, written by any number of ranks. Sharded, rank 0 alone reads the
         tensors and broadcasts them; every rank checks the stored names."""
         folder = Path(folder)
-        reads = self.root is None or self.rank == 0
-        state = torch.load(folder / "critic_state.pt", weights_only=False) if reads else None
-        if self.root is not None:
-            small = self.dp.broadcast_object({k: v for k, v in state.items() if k != "optimizer"} if reads else None)
-            state = {**small, "optimizer": state["optimizer"] if reads else {}}
-        weights = None
         if self.lora:
             load_adapter(self.model, folder / "critic")
-        else:
-            check_weight_names(self.model, stored_weight_names(folder / "critic"), folder / "critic")
-            weights = read_weights(folder / "critic") if reads else {}
-        if reads and all(isinstance(k, int) for k in state["optimizer"]["state"]):  # before name-keyed states
-            if weights is not None:
-                self.model.load_state_dict(weights, strict=False)  # names checked; a tied duplicate may be absent
-            self.optimizer.load_state_dict(state["optimizer"])
-        else:
-            fsdp.load_full_state(self.root, self.model, self.optimizer, weights, state["optimizer"])
+        state = fsdp.load_checkpoint_state(self.root, self.model, self.optimizer,
+                                           None if self.lora else folder / "critic", folder / "critic_state.pt",
+                                           self.rank, self.dp)
         self.scheduler.load_state_dict(state["scheduler"])
         self.updates = state["updates"]
 

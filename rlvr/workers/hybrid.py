@@ -33,8 +33,7 @@ import torch
 
 from rlvr.config.loader import import_custom_modules
 from rlvr.config.schema import RLVRConfig
-from rlvr.models.loader import (check_weight_names, empty_model, load_model, load_tokenizer, read_weights,
-                                stored_weight_names)
+from rlvr.models.loader import empty_model, load_model, load_tokenizer
 from rlvr.models.lora import apply_lora, load_adapter, save_adapter, unwrap
 from rlvr.distributed import fsdp
 from rlvr.distributed.dispatch import Dispatch, register
@@ -268,25 +267,11 @@ class ActorRolloutRefWorker(Worker):
         """Policy weights, optimizer and scheduler from ``save_checkpoint`` (written by any number of
         ranks); the reference stays the initial model."""
         folder = Path(folder)
-        reads = not self.sharded or self.rank == 0  # sharded: rank 0 reads, then broadcasts tensor by tensor
-        state = torch.load(folder / "actor_state.pt", weights_only=False) if reads else None
-        if self.sharded:  # the small parts to every rank; the optimizer state goes through load_full_state
-            small = self.data_parallel().broadcast_object({k: v for k, v in state.items() if k != "optimizer"}
-                                                          if reads else None)
-            state = {**small, "optimizer": state["optimizer"] if reads else {}}
         if self.lora:
             load_adapter(self.model, folder / "actor")
-        weights = None
-        if not self.lora:  # every rank checks the stored names (the files' headers); one reads the tensors
-            check_weight_names(self.model, stored_weight_names(folder / "actor"), folder / "actor")
-            # the stored tensors by name: a model built from them would initialise what they lack
-            weights = read_weights(folder / "actor") if reads else {}
-        if reads and all(isinstance(k, int) for k in state["optimizer"]["state"]):  # before name-keyed states
-            if weights is not None:
-                self.model.load_state_dict(weights, strict=False)  # names checked; a tied duplicate may be absent
-            self.actor.optimizer.load_state_dict(state["optimizer"])
-        else:
-            fsdp.load_full_state(self.actor.root, self.model, self.actor.optimizer, weights, state["optimizer"])
+        state = fsdp.load_checkpoint_state(self.actor.root, self.model, self.actor.optimizer,
+                                           None if self.lora else folder / "actor", folder / "actor_state.pt",
+                                           self.rank, self.data_parallel())
         self.actor.scheduler.load_state_dict(state["scheduler"])
         self.actor.updates = state["updates"]
         self.actor.skipped_in_a_row = state.get("skipped_in_a_row", 0)
