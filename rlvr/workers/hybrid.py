@@ -160,7 +160,7 @@ class ActorRolloutRefWorker(Worker):
         if self.sharded:
             self.engine_weights.release()
             self._offload(False)
-        trim_heap()  # the freed weights and caches back to the OS, not kept in the heap for later
+            trim_heap()  # the freed weights back to the OS, not kept in the heap beside the update
         self.model.train()
 
     def _offload(self, to_cpu: bool) -> None:
@@ -231,7 +231,8 @@ class ActorRolloutRefWorker(Worker):
         data.meta_info.setdefault("temperature", self.config.actor_rollout_ref.rollout.temperature)
         computed_old = "old_log_probs" not in data.batch
         metrics = self.actor.update_policy(data)
-        trim_heap()  # the activations' memory back to the OS before generation needs it
+        if self.sharded:  # the activations' memory back to the OS before the engine's weights are gathered.
+            trim_heap()  # One device keeps it mapped: faulting it in again would cost each step time
         metrics["perf/cpu_max_rss_gb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # this process
         if self.device.type == "cuda":
             metrics["perf/max_memory_allocated_gb"] = torch.cuda.max_memory_allocated(self.device) / 2**30
