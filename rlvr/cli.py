@@ -168,7 +168,9 @@ def _cmd_rollout(args: argparse.Namespace) -> None:
     items = [dataset[i] for i in range(min(args.limit, len(dataset)))]
     batch = dataset.collate(items)
     batch.meta_info.update(do_sample=cfg.actor_rollout_ref.rollout.val_kwargs.do_sample)
-    rollout = build_rollout(model, tokenizer, cfg.actor_rollout_ref.rollout, cfg.data.max_response_length, tools)
+    rollout = build_rollout(model, tokenizer, cfg.actor_rollout_ref.rollout, cfg.data.max_response_length, tools,
+                            cfg.data.max_prompt_length)
+    rollout.sync_weights()  # an engine of its own (vllm) gets the model's weights
     start = time.perf_counter()
     out = rollout.generate_sequences(batch)
     extra = with_trajectory_info(out) or [it["extra_info"] for it in items]

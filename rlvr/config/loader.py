@@ -33,7 +33,6 @@ RECIPES_DIR = Path(__file__).parent
 DEFAULT_RECIPE = RECIPES_DIR / "grpo.yaml"
 
 _FSDP = "activation offload is not implemented; actor_rollout_ref.model.enable_gradient_checkpointing saves activations"
-_ENGINE = "the native engine has no such knob"
 # verl key (or section) -> (why it has no effect in rlvr, the values that are harmless or None for any)
 VERL_NO_EFFECT: dict[str, tuple[str, tuple | None]] = {
     "actor_rollout_ref.model.use_remove_padding": (
@@ -53,15 +52,14 @@ VERL_NO_EFFECT: dict[str, tuple[str, tuple | None]] = {
                                  "not sharded", None),
     "actor_rollout_ref.actor.ulysses_sequence_parallel_size": ("sequence parallelism is not implemented", (1,)),
     "actor_rollout_ref.actor.checkpoint": ("a checkpoint always holds the model, optimizer, scheduler and RNG", None),
-    "actor_rollout_ref.rollout.gpu_memory_utilization": (
-        "the native engine allocates exactly the KV cache each batch needs; there is no fraction to reserve", None),
-    "actor_rollout_ref.rollout.tensor_model_parallel_size": ("tensor parallelism is not implemented", (1,)),
     "actor_rollout_ref.rollout.mode": ("the native engine runs in the trainer's process", ("sync",)),
-    "actor_rollout_ref.rollout.enforce_eager": (_ENGINE, None),
-    "actor_rollout_ref.rollout.free_cache_engine": ("the engine's cache is always freed after generation", None),
-    "actor_rollout_ref.rollout.load_format": ("the engine uses the actor's weights in place", None),
-    "actor_rollout_ref.rollout.enable_chunked_prefill": (_ENGINE, None),
-    "actor_rollout_ref.rollout.max_num_batched_tokens": (_ENGINE, None),
+    "actor_rollout_ref.rollout.load_format": ("the native engine uses the actor's weights in place; vLLM starts "
+                                              "empty (dummy) and gets them streamed before each rollout", None),
+    "actor_rollout_ref.rollout.enable_chunked_prefill": (
+        "vLLM's V1 engine always chunks prefills (by max_num_batched_tokens); the native engine prefills a wave "
+        "at once", None),
+    "actor_rollout_ref.rollout.calculate_log_probs": (
+        "both engines always return the sampled tokens' log-probs (rollout_log_probs)", None),
     "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz": ("log-prob passes follow actor.use_dynamic_bsz", None),
     "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu": (
         "log-prob passes follow actor.ppo_max_token_len_per_gpu", None),

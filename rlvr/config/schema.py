@@ -235,7 +235,9 @@ class MultiTurnConfig:
 @dataclass
 class RolloutConfig:
     name: str = "native"
-    """Rollout engine: native (rlvr's engine over any transformers causal LM); vllm is planned."""
+    """Rollout engine: native (rlvr's engine over any transformers causal LM; the fastest on a
+    CPU) or vllm (vLLM in each training process, its weights streamed from the actor before each
+    rollout; the engine of GPU users). sglang is refused: no CPU build installs here."""
     n: int = 4
     """Responses sampled per prompt (the GRPO group size)."""
     temperature: float = 1.0
@@ -262,6 +264,29 @@ class RolloutConfig:
     """Rows that decode at once (verl's and vLLM's name). A rank with more rows generates them in
     waves of whole prompt groups, which bounds the KV cache to this many rows; the completions
     are the same as in one wave."""
+    max_num_batched_tokens: Optional[int] = None
+    """vllm: tokens one engine step may process (prefill chunks included); None: vLLM's default.
+    The native engine bounds a wave by rows (max_num_seqs) and refuses this key."""
+    max_model_len: Optional[int] = None
+    """vllm: the longest prompt + response the engine serves (sizes its KV cache); None:
+    data.max_prompt_length + data.max_response_length."""
+    gpu_memory_utilization: Optional[float] = None
+    """vllm: the fraction of the device's memory the engine may take (weights + KV cache). None:
+    0.5 on a GPU (verl's default); on a CPU the KV cache is sized to one wave instead
+    (max_num_seqs x max_model_len tokens). The native engine allocates each wave's cache
+    exactly and refuses this key."""
+    enforce_eager: bool = True
+    """vllm: run the model eagerly (no torch.compile / CUDA graphs). On this CPU eager starts in
+    seconds instead of a minute and decodes faster; on a GPU, false captures CUDA graphs."""
+    enable_prefix_caching: bool = True
+    """vllm: rows that share a prompt (a GRPO group) reuse its prefill from vLLM's prefix cache."""
+    tensor_model_parallel_size: int = 1
+    """vllm: devices one engine spans. Only 1: each training rank runs its own in-process engine
+    on its own device (verl's hybrid engine with TP > 1 needs vLLM's external launcher, not built)."""
+    free_cache_engine: bool = True
+    """vllm on a GPU: the engine sleeps between rollouts (vLLM's sleep mode: weights and KV cache
+    released for training, weights streamed back before the next rollout). vLLM's CPU build has
+    no sleep mode: there its KV cache stays allocated. The native engine always frees its cache."""
     n_gpus_per_node: int = 1
     """Devices of the rollout's own pool when ``actor_rollout_ref.hybrid_engine=false`` (one
     rollout worker each, on one node, beside the actor's ``trainer.n_gpus_per_node``)."""

@@ -105,12 +105,61 @@ def _choices(cfg: RLVRConfig) -> list[str]:
         ("algorithm.kl_ctrl.type", cfg.algorithm.kl_ctrl.type, ("fixed", "adaptive")),
         ("reward.on_error", cfg.reward.on_error, ("score", "raise")),
         ("trainer.device", cfg.trainer.device, DEVICES),
-        ("actor_rollout_ref.rollout.name", arr.rollout.name, ("native",)),
         ("actor_rollout_ref.rollout.multi_turn.tool_response_truncate_side", arr.rollout.multi_turn.tool_response_truncate_side,
          ("left", "right", "middle")),
     ):
         if value not in allowed:
             errors.append(f"{key} = {value!r} is not one of {list(allowed)}")
+    return errors
+
+
+ROLLOUT_ENGINES = ("native", "vllm")
+# vLLM's settings the native engine has no use for: key -> (its default, what the native engine does instead)
+VLLM_ONLY = {
+    "max_num_batched_tokens": (None, "it bounds a wave by rows: use max_num_seqs"),
+    "max_model_len": (None, "its KV cache is sized per wave from the prompts and data.max_response_length"),
+    "gpu_memory_utilization": (None, "it allocates exactly each wave's KV cache (bound it with max_num_seqs)"),
+    "enforce_eager": (True, "it always runs eagerly"),
+    "enable_prefix_caching": (True, "it always prefills a group's shared prompt once"),
+    "free_cache_engine": (True, "it always frees its KV cache after a rollout"),
+    "tensor_model_parallel_size": (1, "it runs on one device per rank"),
+}
+
+
+def _rollout_engine(cfg: RLVRConfig) -> list[str]:
+    """The engine exists here, and each engine's settings are ones it reads."""
+    import importlib.util
+
+    arr = cfg.actor_rollout_ref
+    rollout, key = arr.rollout, "actor_rollout_ref.rollout"
+    if rollout.name == "sglang":
+        return [f"{key}.name=sglang is not available: SGLang has no CPU build that installs here, so rlvr cannot "
+                f"build or test it; use {key}.name=vllm (vLLM, the same role) or native (the fastest on a CPU)"]
+    if rollout.name not in ROLLOUT_ENGINES:
+        return [f"{key}.name = {rollout.name!r} is not one of {list(ROLLOUT_ENGINES)}"]
+    errors = []
+    if rollout.name == "native":
+        for name, (default, instead) in VLLM_ONLY.items():
+            if getattr(rollout, name) != default:
+                errors.append(f"{key}.{name} = {getattr(rollout, name)!r} is a vLLM setting the native engine does "
+                              f"not read ({instead}); remove it or set {key}.name=vllm")
+        return errors
+    if importlib.util.find_spec("vllm") is None:
+        errors.append(f"{key}.name=vllm needs vLLM: `make setup` installs its CPU build (requirements/lock-cpu.txt); "
+                      "on a GPU install the vllm release built for your torch")
+    if rollout.tensor_model_parallel_size != 1:
+        errors.append(f"{key}.tensor_model_parallel_size = {rollout.tensor_model_parallel_size}: each training rank "
+                      "runs its own in-process vLLM engine on its own device; spanning devices needs vLLM's external "
+                      "launcher, which rlvr does not build. Set it to 1 (more ranks: trainer.n_gpus_per_node)")
+    if not arr.hybrid_engine:
+        errors.append(f"{key}.name=vllm runs colocated with the actor (actor_rollout_ref.hybrid_engine=true); rollout "
+                      "workers of their own use the native engine")
+    if rollout.gpu_memory_utilization is not None and not 0 < rollout.gpu_memory_utilization <= 1:
+        errors.append(f"{key}.gpu_memory_utilization = {rollout.gpu_memory_utilization} must be in (0, 1]")
+    needed = cfg.data.max_prompt_length + cfg.data.max_response_length
+    if rollout.max_model_len is not None and rollout.max_model_len < needed:
+        errors.append(f"{key}.max_model_len = {rollout.max_model_len} is shorter than data.max_prompt_length + "
+                      f"data.max_response_length = {needed}: responses would be cut; raise it or leave it null")
     return errors
 
 
@@ -387,7 +436,8 @@ def _distributed(cfg: RLVRConfig) -> list[str]:
 
 def validate(cfg: RLVRConfig) -> None:
     """Raise ConfigError listing every broken invariant of ``cfg``."""
-    errors = _not_implemented(cfg) + _batch_sizes(cfg) + _choices(cfg) + _registered_names(cfg) + _algorithm(cfg) \
-        + _multi_turn(cfg) + _distributed(cfg) + _run_management(cfg) + _reward_model(cfg)
+    errors = _not_implemented(cfg) + _batch_sizes(cfg) + _choices(cfg) + _rollout_engine(cfg) \
+        + _registered_names(cfg) + _algorithm(cfg) + _multi_turn(cfg) + _distributed(cfg) + _run_management(cfg) \
+        + _reward_model(cfg)
     if errors:
         raise ConfigError("invalid config:\n  - " + "\n  - ".join(errors))

@@ -14,8 +14,10 @@ import torch
 from rlvr.models.loader import load_tokenizer
 
 
-def make_tiny_model(tokenizer, seed: int = 0, hidden_size: int = 64, num_hidden_layers: int = 2):
-    """A LlamaForCausalLM with random weights (seeded) sized for ``tokenizer``."""
+def make_tiny_model(tokenizer, seed: int = 0, hidden_size: int = 64, num_hidden_layers: int = 2,
+                    head_dim: int | None = None):
+    """A LlamaForCausalLM with random weights (seeded) sized for ``tokenizer``. ``head_dim``
+    defaults to hidden_size / 4 heads (16); vLLM's CPU attention needs 32 or more (64 as SmolLM2)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     config = LlamaConfig(
@@ -25,6 +27,7 @@ def make_tiny_model(tokenizer, seed: int = 0, hidden_size: int = 64, num_hidden_
         num_hidden_layers=num_hidden_layers,
         num_attention_heads=4,
         num_key_value_heads=2,
+        head_dim=head_dim or hidden_size // 4,
         max_position_embeddings=2048,
         tie_word_embeddings=True,
         bos_token_id=tokenizer.bos_token_id,
@@ -40,10 +43,11 @@ def make_tiny_model(tokenizer, seed: int = 0, hidden_size: int = 64, num_hidden_
     return model.eval()
 
 
-def save_tiny_model(out_dir: str | Path, tokenizer_path: str = "builtin", seed: int = 0) -> Path:
+def save_tiny_model(out_dir: str | Path, tokenizer_path: str = "builtin", seed: int = 0,
+                    head_dim: int | None = None) -> Path:
     """Write a tiny model + the tokenizer of ``tokenizer_path`` as a Hugging Face folder."""
     out = Path(out_dir)
     tokenizer = load_tokenizer(tokenizer_path)
-    make_tiny_model(tokenizer, seed=seed).save_pretrained(out)
+    make_tiny_model(tokenizer, seed=seed, head_dim=head_dim).save_pretrained(out)
     tokenizer.save_pretrained(out)
     return out

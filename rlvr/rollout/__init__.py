@@ -1,32 +1,32 @@
-"""Rollout engines: ``generate_sequences(prompts: DataProto) -> DataProto``.
+"""Rollout engines behind one registry (``actor_rollout_ref.rollout.name``): each has
+``generate`` (requests) and ``generate_sequences(prompts: DataProto) -> DataProto`` (the batch).
 
-``NativeRollout`` is rlvr's engine; ``MultiTurnRollout`` drives it through tool-calling
-turns (``multi_turn.enable``); ``GenerateRollout`` wraps transformers' ``generate`` and is
-the reference the engine is tested and benchmarked against.
+``NativeRollout`` (``native``) is rlvr's engine; ``VLLMRollout`` (``vllm``) runs vLLM in the
+training process; ``MultiTurnRollout`` drives either through tool-calling turns
+(``multi_turn.enable``); ``GenerateRollout`` wraps transformers' ``generate`` and is the
+reference the engines are tested and benchmarked against.
 """
 
-from rlvr.rollout.engine import Completion, NativeRollout, end_token_ids
+from rlvr.rollout.base import BaseRollout, Completion, end_token_ids, get_rollout_class, register_rollout
+from rlvr.rollout.engine import NativeRollout
 from rlvr.rollout.hf_generate import GenerateRollout, response_mask_from_eos
 from rlvr.rollout.multi_turn import MultiTurnRollout, Request, RequestState, ToolSetup
 from rlvr.rollout.sampling import SamplingParams, filter_probs, sample_tokens
+from rlvr.rollout.vllm_rollout import VLLMRollout
 
 
-
-def build_rollout(model, tokenizer, config, max_response_length: int, tool_setup: "ToolSetup | None" = None):
-    """The engine named by ``actor_rollout_ref.rollout.name``, driven by the multi-turn tool loop
-    when ``multi_turn.enable`` (its tools from ``tool_setup``, else read from the config)."""
-    if config.name == "native":
-        engine = NativeRollout(model, tokenizer, config, max_response_length)
-        if not config.multi_turn.enable:
-            return engine
-        setup = tool_setup or ToolSetup.from_config(tokenizer, config)
-        return MultiTurnRollout(engine, setup.tools, config.multi_turn, setup.chat, max_response_length)
-    raise ValueError(
-        f"actor_rollout_ref.rollout.name={config.name!r} is not available; rlvr ships the 'native' engine "
-        "(a vLLM engine can implement the same generate_sequences interface)"
-    )
+def build_rollout(model, tokenizer, config, max_response_length: int, tool_setup: "ToolSetup | None" = None,
+                  max_prompt_length: int | None = None):
+    """The engine named by ``actor_rollout_ref.rollout.name`` over ``model``, driven by the
+    multi-turn tool loop when ``multi_turn.enable`` (its tools from ``tool_setup``, else read
+    from the config)."""
+    engine = get_rollout_class(config.name)(model, tokenizer, config, max_response_length, max_prompt_length)
+    if not config.multi_turn.enable:
+        return engine
+    setup = tool_setup or ToolSetup.from_config(tokenizer, config)
+    return MultiTurnRollout(engine, setup.tools, config.multi_turn, setup.chat, max_response_length)
 
 
-__all__ = ["build_rollout", "Completion", "GenerateRollout", "MultiTurnRollout", "NativeRollout", "Request",
-           "RequestState", "ToolSetup", "SamplingParams", "end_token_ids", "filter_probs",
-           "response_mask_from_eos", "sample_tokens"]
+__all__ = ["build_rollout", "BaseRollout", "Completion", "GenerateRollout", "MultiTurnRollout", "NativeRollout",
+           "Request", "RequestState", "ToolSetup", "SamplingParams", "VLLMRollout", "end_token_ids", "filter_probs",
+           "get_rollout_class", "register_rollout", "response_mask_from_eos", "sample_tokens"]

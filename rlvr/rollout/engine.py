@@ -24,7 +24,7 @@ import copy
 import ctypes
 import ctypes.util
 import sys
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Hashable, Sequence
 
 import torch
@@ -32,25 +32,11 @@ import torch
 from rlvr.config.schema import RolloutConfig
 from rlvr.data.dataset import left_pad
 from rlvr.models.loader import DTYPES
-from rlvr.protocol import DataProto
+from rlvr.rollout.base import BaseRollout, Completion, register_rollout
 from rlvr.rollout.kv_cache import make_cache
 from rlvr.rollout.lean import LeanDecoder, supports_lean_decode
 from rlvr.rollout.sampling import SamplingParams, sample_tokens
 
-
-
-@dataclass
-class Completion:
-    token_ids: list[int]
-    log_probs: list[float]
-    finish_reason: str  # "stop" (EOS or stop string) or "length"
-
-
-def end_token_ids(model, tokenizer) -> list[int]:
-    """EOS ids from the generation config and the tokenizer (the chat template's end token)."""
-    eos = model.generation_config.eos_token_id
-    eos = eos if isinstance(eos, list) else [eos]
-    return sorted({i for i in [*eos, tokenizer.eos_token_id] if i is not None})
 
 
 def _load_libc():
@@ -108,54 +94,14 @@ def group_waves(keys: Sequence[Hashable], max_rows: int) -> list[list[int]]:
     return waves
 
 
-def pack_responses(prompts: DataProto, token_ids: Sequence[Sequence[int]], log_probs: Sequence[Sequence[float]],
-                   model_masks: Sequence[Sequence[int]], pad_id: int, non_tensors: dict) -> DataProto:
-    """Responses right-padded next to the left-padded prompts: ``attention_mask`` is 1 on every
-    response token, ``response_mask`` is ``model_masks`` (0 on tokens the model did not sample,
-    such as tool output) and ``rollout_log_probs`` the sampled log-probs (0 elsewhere).
-    ``meta_info["pad_token_id"]`` says the pad, so batches padded to other widths (other ranks'
-    answers) can be joined to this one."""
-    input_ids = prompts.batch["input_ids"]
-    device = input_ids.device
-    B = len(token_ids)
-    width = max(1, max(len(t) for t in token_ids))
-    responses = torch.full((B, width), pad_id, dtype=torch.long)
-    rollout_log_probs = torch.zeros(B, width)
-    response_mask = torch.zeros(B, width, dtype=torch.long)
-    present = torch.zeros(B, width, dtype=torch.long)
-    for r, (ids, lps, mask) in enumerate(zip(token_ids, log_probs, model_masks)):
-        n = len(ids)
-        responses[r, :n] = torch.tensor(ids, dtype=torch.long)
-        rollout_log_probs[r, :n] = torch.tensor(lps)
-        response_mask[r, :n] = torch.tensor(mask, dtype=torch.long)
-        present[r, :n] = 1
-    responses = responses.to(device)
-    prompt_positions = prompts.batch["position_ids"]
-    steps = torch.arange(1, width + 1, device=device)
-    return DataProto.from_dict(
-        {
-            "prompts": input_ids,
-            "responses": responses,
-            "response_mask": response_mask.to(device),
-            "input_ids": torch.cat([input_ids, responses], dim=1),
-            "attention_mask": torch.cat([prompts.batch["attention_mask"], present.to(device)], dim=1),
-            "position_ids": torch.cat([prompt_positions, prompt_positions[:, -1:] + steps], dim=1),
-            "rollout_log_probs": rollout_log_probs.to(device),
-        },
-        non_tensors,
-        {"pad_token_id": pad_id},
-    )
-
-
-class NativeRollout:
+@register_rollout("native")
+class NativeRollout(BaseRollout):
     """Generates responses with a model it shares with the actor (or with the worker that gathers its
     weights, in ``rollout.dtype``), or a synced copy when the model's dtype is not ``rollout.dtype``."""
 
-    def __init__(self, model, tokenizer, config: RolloutConfig, max_response_length: int):
-        self.tokenizer, self.config = tokenizer, config
-        self.max_response_length = max_response_length
-        self.eos_ids = end_token_ids(model, tokenizer)
-        self.pad_id = tokenizer.pad_token_id
+    def __init__(self, model, tokenizer, config: RolloutConfig, max_response_length: int,
+                 max_prompt_length: int | None = None):
+        super().__init__(model, tokenizer, config, max_response_length, max_prompt_length)
         self.actor_model = model
         # "auto" is resolved by load_config; a config built directly leaves it: the model's own dtype
         dtype = model.dtype if config.dtype == "auto" else DTYPES[config.dtype]
@@ -167,7 +113,7 @@ class NativeRollout:
             self.model = model  # shared: no copy, always the actor's (or the worker's gathered) weights
         self.lean = LeanDecoder(self.model) if config.lean_decode and supports_lean_decode(self.model) else None
 
-    def sync_weights(self) -> None:
+    def sync_weights(self, version: int | None = None) -> None:
         """Copy the actor's weights into the rollout copy (only when the rollout has its own dtype)."""
         if self.model is self.actor_model:
             return
@@ -285,23 +231,6 @@ class NativeRollout:
             text = self.tokenizer.decode(tokens[r, max(0, n - tail):n])
             hits.append(any(s in text for s in stop))
         return torch.tensor(hits, device=live.device)
-
-    # ------------------------------------------------------------------ batch level
-    def generate_sequences(self, prompts: DataProto) -> DataProto:
-        """Left-padded prompts (repeated n times, with ``uid``) -> responses and their masks."""
-        prompts.require("input_ids", "attention_mask", "position_ids", stage="rollout")
-        input_ids, attention_mask = prompts.batch["input_ids"], prompts.batch["attention_mask"]
-        params = SamplingParams.from_config(self.config, self.max_response_length, prompts.meta_info)
-        prompt_ids = [row[m.bool()].tolist() for row, m in zip(input_ids.cpu(), attention_mask.cpu())]
-        groups = prompts.non_tensor_batch.get("uid")
-        completions = self.generate(prompt_ids, params, None if groups is None else list(groups))
-        return self.to_dataproto(prompts, completions)
-
-    def to_dataproto(self, prompts: DataProto, completions: list[Completion]) -> DataProto:
-        """Pack completions as right-padded response tensors next to the left-padded prompts."""
-        return pack_responses(prompts, [c.token_ids for c in completions], [c.log_probs for c in completions],
-                              [[1] * len(c.token_ids) for c in completions], self.pad_id,
-                              {"finish_reason": [c.finish_reason for c in completions]})
 
     def free_cache(self) -> None:
         """Each call's KV cache is freed when it returns; the packed vocabulary projection goes here."""

@@ -27,7 +27,7 @@ class GenerateRollout:
     def __init__(self, model, tokenizer, config: RolloutConfig, max_response_length: int):
         self.model, self.tokenizer, self.config = model, tokenizer, config
         self.max_response_length = max_response_length
-        from rlvr.rollout.engine import end_token_ids
+        from rlvr.rollout.base import end_token_ids
 
         self.eos_ids = end_token_ids(model, tokenizer)
 

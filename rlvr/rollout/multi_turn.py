@@ -1,4 +1,4 @@
-"""Multi-turn rollouts with tool calling, on rlvr's native engine.
+"""Multi-turn rollouts with tool calling, on any engine of the registry (native, vllm).
 
 Each sample is a ``Request`` that moves PENDING -> RUNNING -> (TOOL_CALLING -> RUNNING)* ->
 COMPLETED, or FAILED with a reason (verl's AsyncRolloutRequest states). ``MultiTurnRollout``
@@ -39,7 +39,7 @@ import numpy as np
 from rlvr.config.schema import MultiTurnConfig, RolloutConfig
 from rlvr.data.chat_template import ChatFormat
 from rlvr.protocol import DataProto
-from rlvr.rollout.engine import Completion, NativeRollout, pack_responses
+from rlvr.rollout.base import BaseRollout, Completion, pack_responses
 from rlvr.rollout.sampling import SamplingParams
 from rlvr.tools.base import BaseTool, ToolBusyError, ToolError
 from rlvr.tools.config import load_tools
@@ -179,7 +179,7 @@ def truncate_text(text: str, limit: int, side: str) -> str:
 class MultiTurnRollout:
     """Drives ``Request``s through an engine and tools; ``generate_sequences`` as the single-turn engine."""
 
-    def __init__(self, engine: NativeRollout, tools: dict[str, BaseTool], config: MultiTurnConfig,
+    def __init__(self, engine: BaseRollout, tools: dict[str, BaseTool], config: MultiTurnConfig,
                  chat: ChatFormat, max_response_length: int):
         self.engine, self.tools, self.config, self.chat = engine, tools, config, chat
         self.tokenizer = engine.tokenizer
@@ -190,8 +190,8 @@ class MultiTurnRollout:
         self._warned: set[str] = set()
 
     # the hybrid worker's hooks go to the engine
-    def sync_weights(self) -> None:
-        self.engine.sync_weights()
+    def sync_weights(self, version: int | None = None) -> None:
+        self.engine.sync_weights(version)
 
     def free_cache(self) -> None:
         self.engine.free_cache()

@@ -5,7 +5,9 @@ group): ``generate_sequences``, ``compute_log_prob``, ``compute_ref_log_prob``,
 ``update_actor``, ``save_checkpoint``, ``load_checkpoint``. Each takes and returns a
 ``DataProto``. Generation runs between ``rollout_mode()`` (weights synced into the engine,
 eval mode) and ``trainer_mode()`` (generation caches freed, train mode), as verl's hybrid
-engine does around vLLM.
+engine does around vLLM. The engine is whichever ``rollout.name`` registers: the native one
+shares the actor's tensors; vLLM (in this process) gets them streamed, tagged with the
+worker's weight version, which every update and checkpoint load bumps.
 
 The reference policy is a frozen copy of the initial weights, built only when a KL term
 uses it (``actor.use_kl_loss`` or ``algorithm.use_kl_in_reward``). With LoRA
@@ -68,6 +70,7 @@ class ActorRolloutRefWorker(Worker):
         self.actor = self.ref = self.rollout = None
         self.sharded = config.actor_rollout_ref.actor.strategy == "fsdp2"
         self.engine_weights = None  # fsdp2: the engine's unsharded weights, held only while a rollout runs
+        self.weights_version = 0  # bumped whenever the policy's weights change: an engine never runs on older ones
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self) -> None:
@@ -98,14 +101,15 @@ class ActorRolloutRefWorker(Worker):
             self.ref = Actor(ref_model, arr.actor, self.config.algorithm, pad_id=pad_id, max_response_length=max_len,
                              root=ref_root, dp=dp)
         if arr.hybrid_engine:  # else the rollout lives in RolloutWorkers of its own (workers/rollout.py)
-            if self.sharded:  # unsharded weights only while a rollout runs, in the engine's dtype
+            if self.sharded and arr.rollout.name == "native":  # unsharded weights only while a rollout runs
                 self.engine_weights = fsdp.EngineWeights(
                     empty_model(model_cfg.path, arr.rollout.dtype, model_cfg.trust_remote_code,
                                 model_cfg.override_config).requires_grad_(False), self.device)
                 engine_model = self.engine_weights.model
-            else:
+            else:  # vllm streams the weights from the actor itself (gathering shards one at a time)
                 engine_model = unwrap(model)
-            self.rollout = build_rollout(engine_model, self.tokenizer, arr.rollout, max_len, self.tool_setup)
+            self.rollout = build_rollout(engine_model, self.tokenizer, arr.rollout, max_len, self.tool_setup,
+                                         self.config.data.max_prompt_length)
 
     def _load_sharded(self):
         """Actor and reference built empty on every rank, sharded, then given their weights from
@@ -148,17 +152,19 @@ class ActorRolloutRefWorker(Worker):
         the engine's weights are gathered from the shards, then the shards (and the optimizer state)
         go to the CPU when offload is on."""
         self.model.eval()
-        if self.sharded:
+        if self.engine_weights is not None:
             self.engine_weights.load(self.model)
+        self.rollout.sync_weights(self.weights_version)  # vllm: streamed from the (sharded) actor
+        if self.sharded:
             self._offload(True)
-        self.rollout.sync_weights()
 
     def trainer_mode(self) -> None:
         """After generation: free the engine's caches (and, sharded, its weights); back to training
         (shards back on the device)."""
         self.rollout.free_cache()
         if self.sharded:
-            self.engine_weights.release()
+            if self.engine_weights is not None:
+                self.engine_weights.release()
             self._offload(False)
             trim_heap()  # the freed weights back to the OS, not kept in the heap beside the update
         self.model.train()
@@ -231,6 +237,7 @@ class ActorRolloutRefWorker(Worker):
         data.meta_info.setdefault("temperature", self.config.actor_rollout_ref.rollout.temperature)
         computed_old = "old_log_probs" not in data.batch
         metrics = self.actor.update_policy(data)
+        self.weights_version += 1
         if self.sharded:  # the activations' memory back to the OS before the engine's weights are gathered.
             trim_heap()  # One device keeps it mapped: faulting it in again would cost each step time
         metrics["perf/cpu_max_rss_gb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # this process
@@ -273,6 +280,7 @@ class ActorRolloutRefWorker(Worker):
         state = fsdp.load_checkpoint_state(self.actor.root, self.model, self.actor.optimizer,
                                            None if self.lora else folder / "actor", folder / "actor_state.pt",
                                            self.rank, self.data_parallel())
+        self.weights_version += 1
         self.actor.scheduler.load_state_dict(state["scheduler"])
         self.actor.updates = state["updates"]
         self.actor.skipped_in_a_row = state.get("skipped_in_a_row", 0)

@@ -1,0 +1,211 @@
+"""``rollout.name=vllm``: vLLM as the rollout engine, colocated with the actor in its process.
+
+As verl's hybrid engine and TRL's colocate mode: each training process (each rank) runs its own
+in-process vLLM engine (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), built with ``load_format=dummy``
+from the policy's own config and tokenizer (written to a folder), so nothing is read twice.
+
+- **Weights**: ``sync_weights`` streams the policy's weights into vLLM's in-place reload
+  (``reload_weights(is_checkpoint_format=True)``: vLLM repacks each layer as it arrives), one
+  tensor at a time: a sharded (FSDP2) parameter is gathered alone, a LoRA layer's weight is sent
+  merged (W + scale B A), and no second full copy is ever built. The engine records which
+  policy and which weight version it holds; a version it does not hold is always reloaded, so a
+  rollout never runs on stale weights.
+- **Memory**: on a GPU the engine sleeps between rollouts (``free_cache_engine``: vLLM's sleep
+  mode, level 2: weights and KV cache released; the next sync reloads the weights). vLLM's CPU
+  build has no sleep mode: there the KV cache is sized to what one wave of rows needs
+  (``max_num_seqs`` rows x ``max_model_len`` tokens) unless ``gpu_memory_utilization`` is set,
+  and it stays allocated between rollouts.
+- **Sampling**: every row is a request with its own seed, derived from the step's seed, the
+  row's place in the whole batch and its prompt length (so a rank, a wave or a multi-turn turn
+  draws the same tokens however the rows are split). Log-probs are vLLM's ``processed_logprobs``:
+  the sampled token's log-prob under softmax(logits / T), what the actor computes.
+
+Departures from the native engine: top-k / top-p / min-p renormalise the reported log-probs
+over the kept tokens (vLLM reports the distribution it sampled from; the native engine reports
+softmax(logits / T) over the whole vocabulary), and sampled tokens differ (another random
+stream) while greedy tokens agree up to ties.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import tempfile
+from typing import Hashable, Iterator, Sequence
+
+import torch
+
+from rlvr.config.schema import RolloutConfig
+from rlvr.distributed.fsdp import full_tensor
+from rlvr.models.loader import DTYPES
+from rlvr.rollout.base import BaseRollout, Completion, register_rollout
+from rlvr.rollout.sampling import SamplingParams
+
+log = logging.getLogger(__name__)
+
+_ENGINES: dict[tuple, "object"] = {}  # engine arguments -> LLM: engines are shared (each takes seconds to start)
+_HOLDS: dict[int, tuple[int, int]] = {}  # id(LLM) -> (id of the rollout whose weights it holds, their version)
+_KV_BYTES_PER_TOKEN_LAYER = 2  # a key and a value per layer
+
+
+def policy_weights(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    """The policy's weights by Hugging Face name, one tensor at a time: an FSDP2 shard gathered (a
+    collective: every rank must drain the iterator), a tied weight gathered once and sent under
+    each of its names (vLLM's layer-wise reload expects the head too), a peft LoRA layer's weight
+    merged with its active adapters (``base_layer`` dropped from the name, adapter matrices not
+    sent)."""
+    names: dict[int, list[str]] = {}
+    for name, param in model.named_parameters(remove_duplicate=False):
+        names.setdefault(id(param), []).append(name)
+    lora = {name: m for name, m in model.named_modules() if hasattr(m, "lora_A") and hasattr(m, "base_layer")}
+    with torch.no_grad():
+        for first, param in model.named_parameters():
+            if ".lora_" in first:
+                continue
+            tensor = full_tensor(param.detach())
+            for name in names[id(param)]:
+                owner, _, leaf = name.rpartition(".")
+                layer = lora.get(owner.removesuffix(".base_layer")) if owner.endswith(".base_layer") else None
+                if layer is None:
+                    yield name, tensor
+                    continue
+                merged = tensor
+                if leaf == "weight" and not getattr(layer, "disable_adapters", False) and not layer.merged:
+                    for adapter in layer.active_adapters:
+                        if adapter in layer.lora_A:
+                            merged = merged + full_tensor(layer.get_delta_weight(adapter).detach())
+                yield f"{owner.removesuffix('.base_layer')}.{leaf}", merged
+
+
+def request_seed(seed: int, row: int, prompt_length: int) -> int:
+    """A row's sampling seed: fixed by the step's seed, the row's place in the whole batch and how
+    many tokens its prompt has (a multi-turn row's later turns draw from new streams)."""
+    digest = hashlib.blake2b(f"{seed}:{row}:{prompt_length}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 2
+
+
+def _on_gpu() -> bool:
+    return torch.cuda.is_available()
+
+
+def kv_cache_bytes(model_config, rows: int, max_model_len: int, dtype: torch.dtype) -> int:
+    """KV-cache bytes for ``rows`` sequences of ``max_model_len`` tokens (keys and values, every layer)."""
+    heads = getattr(model_config, "num_key_value_heads", None) or model_config.num_attention_heads
+    head_dim = getattr(model_config, "head_dim", None) or model_config.hidden_size // model_config.num_attention_heads
+    per_token = _KV_BYTES_PER_TOKEN_LAYER * model_config.num_hidden_layers * heads * head_dim * dtype.itemsize
+    return rows * max_model_len * per_token
+
+
+@register_rollout("vllm")
+class VLLMRollout(BaseRollout):
+    """vLLM over the policy ``model`` (whose weights ``sync_weights`` streams into it)."""
+
+    def __init__(self, model, tokenizer, config: RolloutConfig, max_response_length: int,
+                 max_prompt_length: int | None = None):
+        super().__init__(model, tokenizer, config, max_response_length, max_prompt_length)
+        self.policy = model
+        self.max_model_len = config.max_model_len or (
+            max_prompt_length + max_response_length if max_prompt_length else model.config.max_position_embeddings)
+        self.llm = self._engine(model, tokenizer)
+        self.runner = self.llm.llm_engine.engine_core.engine_core.model_executor.driver_worker.worker.model_runner
+        self.asleep = False
+        self.syncs = 0  # how many times weights were streamed into the engine
+
+    # ------------------------------------------------------------------ the engine
+    def _engine_args(self, model) -> dict:
+        cfg = self.config
+        dtype = model.dtype if cfg.dtype == "auto" else DTYPES[cfg.dtype]
+        args = dict(dtype=str(dtype).removeprefix("torch."), load_format="dummy", seed=cfg.seed,
+                    max_model_len=self.max_model_len, max_num_seqs=cfg.max_num_seqs,
+                    max_num_batched_tokens=cfg.max_num_batched_tokens, enforce_eager=cfg.enforce_eager,
+                    enable_prefix_caching=cfg.enable_prefix_caching,
+                    tensor_parallel_size=cfg.tensor_model_parallel_size,
+                    generation_config="vllm",  # sampling comes from rlvr's config, not the folder's defaults
+                    logprobs_mode="processed_logprobs")
+        if _on_gpu():
+            args.update(gpu_memory_utilization=cfg.gpu_memory_utilization or 0.5,
+                        enable_sleep_mode=cfg.free_cache_engine)
+        elif cfg.gpu_memory_utilization is not None:
+            args.update(gpu_memory_utilization=cfg.gpu_memory_utilization)  # a fraction of the host's memory
+        else:
+            args.update(kv_cache_memory_bytes=kv_cache_bytes(model.config, cfg.max_num_seqs, self.max_model_len, dtype))
+        return args
+
+    def _engine(self, model, tokenizer):
+        """A shared engine for these arguments, started once per process from a folder holding the
+        policy's config and tokenizer (the weights come by ``sync_weights``)."""
+        args = self._engine_args(model)
+        key = (model.config.to_json_string(use_diff=False), tokenizer.name_or_path, len(tokenizer),
+               tuple(sorted((k, str(v)) for k, v in args.items())))
+        if key not in _ENGINES:
+            os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # in this process: its weights are reachable
+            from vllm import LLM
+
+            with tempfile.TemporaryDirectory(prefix="rlvr-vllm-") as folder:
+                model.config.save_pretrained(folder)
+                tokenizer.save_pretrained(folder)
+                _ENGINES[key] = LLM(model=folder, tokenizer=folder, **args)
+        return _ENGINES[key]
+
+    def sync_weights(self, version: int | None = None) -> None:
+        """Stream the policy's weights into the engine unless it holds this very version of this
+        rollout's policy (``version`` None: always)."""
+        if self.asleep:
+            self.llm.wake_up()
+            self.asleep = False
+            _HOLDS.pop(id(self.llm), None)  # level-2 sleep discarded the weights
+        if version is not None and _HOLDS.get(id(self.llm)) == (id(self), version):
+            return
+        self.runner.reload_weights(weights_iterator=policy_weights(self.policy), is_checkpoint_format=True)
+        self.llm.reset_prefix_cache()  # cached prefixes were computed with the old weights
+        _HOLDS[id(self.llm)] = (id(self), version if version is not None else -1)
+        self.syncs += 1
+
+    def free_cache(self) -> None:
+        """On a GPU with ``free_cache_engine``: sleep (weights and KV cache released until the next sync)."""
+        if _on_gpu() and self.config.free_cache_engine and not self.asleep:
+            self.llm.sleep(level=2)
+            self.asleep = True
+
+    # ------------------------------------------------------------------ generation
+    def _sampling(self, params: SamplingParams, seed: int, max_tokens: int):
+        from vllm import SamplingParams as VLLMSamplingParams
+
+        greedy = params.greedy
+        return VLLMSamplingParams(
+            n=1, max_tokens=max_tokens, temperature=0.0 if greedy else params.temperature,
+            top_p=1.0 if greedy else params.top_p, top_k=0 if greedy or params.top_k <= 0 else params.top_k,
+            min_p=0.0 if greedy else params.min_p, seed=None if greedy else seed, logprobs=0,
+            stop=list(params.stop) or None, stop_token_ids=list(self.eos_ids), include_stop_str_in_output=True,
+            skip_special_tokens=False, detokenize=bool(params.stop))
+
+    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams,
+                 groups: Sequence[Hashable] | None = None,
+                 max_new_tokens: Sequence[int] | None = None) -> list[Completion]:
+        """One request per prompt (rows of a group share their prompt's prefill through vLLM's
+        prefix cache, so ``groups`` is not needed)."""
+        if not prompts:
+            return []
+        from vllm.inputs import TokensPrompt
+
+        rows = params.row_ids or tuple(range(params.row_offset, params.row_offset + len(prompts)))
+        budgets = [min(int(b), params.max_new_tokens) for b in max_new_tokens] if max_new_tokens is not None \
+            else [params.max_new_tokens] * len(prompts)
+        for r, p in enumerate(prompts):
+            if len(p) + budgets[r] > self.max_model_len:
+                budgets[r] = self.max_model_len - len(p)
+                if budgets[r] < 1:
+                    raise ValueError(f"prompt of row {rows[r]} has {len(p)} tokens, no room left under "
+                                     f"actor_rollout_ref.rollout.max_model_len={self.max_model_len}: raise it")
+        requests = [TokensPrompt(prompt_token_ids=list(map(int, p))) for p in prompts]
+        sampling = [self._sampling(params, request_seed(params.seed, row, len(p)), budget)
+                    for p, row, budget in zip(prompts, rows, budgets)]
+        outputs = self.llm.generate(requests, sampling, use_tqdm=False)
+        completions = []
+        for out in outputs:
+            o = out.outputs[0]
+            ids = list(o.token_ids)
+            log_probs = [float(step[t].logprob) for t, step in zip(ids, o.logprobs)]
+            completions.append(Completion(ids, log_probs, "stop" if o.finish_reason == "stop" else "length"))
+        return completions

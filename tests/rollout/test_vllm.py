@@ -1,0 +1,160 @@
+"""rollout.name=vllm: vLLM (its CPU build) in this process, on the built-in model.
+
+One engine serves the module (a start takes seconds; rollouts over other policies share it and
+must each reload their own weights). The expected values come from transformers' forward and
+``generate`` on the same weights, and from rlvr's native engine, never from vLLM itself.
+"""
+
+import copy
+
+import pytest
+import torch
+
+from rlvr.config.schema import RolloutConfig
+from rlvr.data import left_pad
+from rlvr.protocol import DataProto
+from rlvr.rollout import NativeRollout, SamplingParams, VLLMRollout, get_rollout_class
+from rlvr.rollout.vllm_rollout import policy_weights, request_seed
+
+QUESTIONS = ["What is 2+3?", "Name a colour.", "Count to five.", "Say hi in French.", "What is 7 times 6?",
+             "Is the sky blue?"]
+LOGPROB_TOL = 2e-3  # fp32 on both sides; vLLM's CPU kernels sum in another order than transformers' SDPA
+
+
+def prompt_ids(tokenizer, questions=QUESTIONS):
+    return [tokenizer.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True,
+                                          tokenize=True, return_dict=False) for q in questions]
+
+
+@pytest.fixture(scope="module")
+def policy(builtin_dir):
+    from rlvr.models import load_model, load_tokenizer
+
+    return load_model(builtin_dir), load_tokenizer(builtin_dir)
+
+
+def vllm_engine(model, tokenizer, **config):
+    engine = VLLMRollout(model, tokenizer, RolloutConfig(name="vllm", max_num_seqs=32, **config),
+                         max_response_length=32, max_prompt_length=96)
+    engine.sync_weights()
+    return engine
+
+
+@pytest.fixture(scope="module")
+def engine(policy):
+    return vllm_engine(*policy)
+
+
+def transformers_greedy(model, tokenizer, ids, max_new_tokens, eos_ids):
+    input_ids, mask, _ = left_pad(ids, tokenizer.pad_token_id)
+    out = model.generate(input_ids=input_ids, attention_mask=mask, do_sample=False, max_new_tokens=max_new_tokens,
+                         eos_token_id=eos_ids, pad_token_id=tokenizer.pad_token_id)[:, input_ids.shape[1]:]
+    return [row[:next((i + 1 for i, t in enumerate(row) if t in eos_ids), len(row))] for row in out.tolist()]
+
+
+def forward_log_probs(model, prompt, response, temperature=1.0):
+    with torch.no_grad():
+        logits = model(torch.tensor([list(prompt) + list(response)])).logits[0, len(prompt) - 1:-1].float()
+    return torch.log_softmax(logits / temperature, -1).gather(-1, torch.tensor(response)[:, None]).squeeze(-1)
+
+
+def test_registry_names_the_engines():
+    assert get_rollout_class("vllm") is VLLMRollout and get_rollout_class("native") is NativeRollout
+    with pytest.raises(ValueError, match="registered: \\['native', 'vllm'\\]"):
+        get_rollout_class("sglang")
+
+
+def test_greedy_tokens_equal_transformers_greedy(engine, policy):
+    model, tokenizer = policy
+    ids = prompt_ids(tokenizer)
+    got = engine.generate(ids, SamplingParams(max_new_tokens=32, do_sample=False))
+    assert [c.token_ids for c in got] == transformers_greedy(model, tokenizer, ids, 32, engine.eos_ids)
+    assert any(c.finish_reason == "stop" and c.token_ids[-1] in engine.eos_ids for c in got)  # EOS kept, as native
+    assert any(c.finish_reason == "length" and len(c.token_ids) == 32 for c in got)
+
+
+def test_a_stale_engine_is_impossible(engine, policy):
+    """After an update the engine samples the new weights: its greedy tokens equal transformers'
+    greedy tokens under the new weights, which differ from those under the old ones."""
+    model, tokenizer = policy
+    ids = prompt_ids(tokenizer)[:3]
+    params = SamplingParams(max_new_tokens=12, do_sample=False)
+    updated = copy.deepcopy(model)
+    with torch.no_grad():  # an "update": the last layer's MLP output scaled, enough to change greedy tokens
+        updated.model.layers[-1].mlp.down_proj.weight.mul_(-3.0)
+    old = transformers_greedy(model, tokenizer, ids, 12, engine.eos_ids)
+    new = transformers_greedy(updated, tokenizer, ids, 12, engine.eos_ids)
+    assert old != new  # else the test could not tell stale weights from fresh ones
+
+    other = VLLMRollout(updated, tokenizer, engine.config, 32, 96)
+    assert other.llm is engine.llm  # the same engine, now owned by another policy
+    other.sync_weights(version=7)
+    assert [c.token_ids for c in other.generate(ids, params)] == new
+    before = other.syncs
+    other.sync_weights(version=7)  # the engine holds version 7 of this policy: nothing to send
+    assert other.syncs == before
+    engine.sync_weights(version=7)  # same version number, but another policy's weights: reloaded
+    assert [c.token_ids for c in engine.generate(ids, params)] == old
+
+
+def test_rollout_log_probs_equal_the_actors_forward(engine, policy):
+    """The sampled tokens' log-probs under softmax(logits / T) agree with the actor's forward pass
+    within LOGPROB_TOL (the trainer's rollout_probs_diff metrics and rollout correction use them)."""
+    model, tokenizer = policy
+    ids = prompt_ids(tokenizer)[:4]
+    for temperature in (1.0, 0.7):
+        got = engine.generate(ids, SamplingParams(max_new_tokens=16, temperature=temperature, seed=3))
+        for prompt, c in zip(ids, got):
+            expected = forward_log_probs(model, prompt, c.token_ids, temperature)
+            assert torch.allclose(torch.tensor(c.log_probs), expected, atol=LOGPROB_TOL), temperature
+
+
+def test_seeded_rows_are_reproducible_and_independent_of_the_split(engine, policy):
+    """A row's tokens depend on the seed and its row in the whole batch: the batch at once equals
+    two ranks' halves (row_offset), and another seed draws other tokens."""
+    _, tokenizer = policy
+    ids = [p for p in prompt_ids(tokenizer)[:2] for _ in range(4)]  # 2 groups of n = 4
+    params = SamplingParams(max_new_tokens=12, temperature=1.0, seed=11, total_rows=8)
+    whole = [c.token_ids for c in engine.generate(ids, params)]
+    assert whole == [c.token_ids for c in engine.generate(ids, params)]
+    halves = [c.token_ids for c in engine.generate(ids[:4], params)] + \
+        [c.token_ids for c in engine.generate(ids[4:], SamplingParams(max_new_tokens=12, temperature=1.0, seed=11,
+                                                                      row_offset=4, total_rows=8))]
+    assert halves == whole
+    assert len({tuple(t) for t in whole[:4]}) > 1  # a group's rows draw different samples
+    other = [c.token_ids for c in engine.generate(ids, SamplingParams(max_new_tokens=12, temperature=1.0, seed=12))]
+    assert other != whole
+    assert request_seed(11, 0, 30) != request_seed(11, 1, 30) != request_seed(11, 1, 31)
+
+
+def test_generate_sequences_layout_equals_the_native_engines(engine, policy):
+    """Greedy, with a stop string: the same DataProto as the native engine (tokens, masks,
+    positions exactly; rollout log-probs within LOGPROB_TOL), so everything downstream is unchanged."""
+    model, tokenizer = policy
+    ids = prompt_ids(tokenizer)
+    input_ids, mask, positions = left_pad(ids, tokenizer.pad_token_id)
+    batch = DataProto.from_dict({"input_ids": input_ids, "attention_mask": mask, "position_ids": positions})
+    batch.meta_info.update(do_sample=False, stop=["five", "."])
+    native = NativeRollout(model, tokenizer, engine.config, max_response_length=32).generate_sequences(batch)
+    out = engine.generate_sequences(batch)
+    assert sorted(out.batch.keys()) == sorted(native.batch.keys())
+    for key in ("responses", "response_mask", "input_ids", "attention_mask", "position_ids", "prompts"):
+        assert torch.equal(out.batch[key], native.batch[key]), key
+    assert list(out.non_tensor_batch["finish_reason"]) == list(native.non_tensor_batch["finish_reason"])
+    assert "stop" in set(out.non_tensor_batch["finish_reason"])  # a stop string ended some row
+    assert torch.allclose(out.batch["rollout_log_probs"], native.batch["rollout_log_probs"], atol=LOGPROB_TOL)
+
+
+def test_lora_weights_are_sent_merged(policy):
+    """A peft LoRA actor sends W + scale * B A under the plain names, and no adapter matrices."""
+    from rlvr.models.lora import apply_lora, unwrap
+
+    model, _ = policy
+    lora = apply_lora(copy.deepcopy(model), 4, 8, ["q_proj"])
+    layer = unwrap(lora).model.layers[0].self_attn.q_proj
+    with torch.no_grad():
+        layer.lora_B["default"].weight.fill_(0.5)  # peft starts B at 0: make the delta non-zero
+    sent = dict(policy_weights(unwrap(lora)))
+    expected = layer.base_layer.weight + 2.0 * layer.lora_B["default"].weight @ layer.lora_A["default"].weight
+    assert torch.allclose(sent["model.layers.0.self_attn.q_proj.weight"], expected)
+    assert set(sent) == set(model.state_dict())  # the plain model's names (the tied head too)
