@@ -56,12 +56,12 @@ class _TeacherForcedEngine:
     script = staticmethod(lambda context: None)
 
     @classmethod
-    def make(cls, script):
+    def make(cls, script, base=None):
         import torch
 
-        from rlvr.rollout.engine import Completion, NativeRollout
+        from rlvr.rollout import Completion, NativeRollout
 
-        class Engine(NativeRollout):
+        class Engine(base or NativeRollout):
             def generate(self, prompts, params, groups=None, max_new_tokens=None):
                 budgets = list(max_new_tokens) if max_new_tokens is not None else [params.max_new_tokens] * len(prompts)
                 out = super().generate(prompts, params, groups, max_new_tokens)
@@ -70,14 +70,35 @@ class _TeacherForcedEngine:
                     if text is None:
                         continue
                     ids = self.tokenizer.encode(text, add_special_tokens=False)[:budgets[i]]
+                    model = getattr(self, "policy", None) or self.model  # vllm's policy, the native engine's model
                     with torch.no_grad():
-                        logits = self.model(torch.tensor([list(prompt) + ids])).logits[0, len(prompt) - 1:-1].float()
+                        logits = model(torch.tensor([list(prompt) + ids])).logits[0, len(prompt) - 1:-1].float()
                     logp = torch.log_softmax(logits / params.temperature, -1).gather(-1, torch.tensor(ids)[:, None])
                     full = len(self.tokenizer.encode(text, add_special_tokens=False))
                     out[i] = Completion(ids, logp.squeeze(-1).tolist(), "stop" if len(ids) == full else "length")
                 return out
 
         return Engine
+
+
+@pytest.fixture
+def scripted_engine(monkeypatch):
+    """``(script, name="native")``: the engine registered as ``name`` replaced, for this test, by
+    its teacher-forced subclass (``build_rollout`` then builds it wherever the config names it)."""
+    from rlvr.rollout.base import ROLLOUTS
+
+    def install(script, name="native"):
+        engine = _TeacherForcedEngine.make(script, ROLLOUTS.get(name))
+        monkeypatch.setitem(ROLLOUTS._entries, name, engine)
+        return engine
+
+    return install
+
+
+@pytest.fixture(scope="session")
+def tiny_vllm_model_dir(tmp_path_factory, builtin_dir):
+    """The tiny model with 64-wide attention heads (vLLM's CPU attention has no kernel for 16)."""
+    return save_tiny_model(tmp_path_factory.mktemp("tiny-vllm"), tokenizer_path=str(builtin_dir), head_dim=64)
 
 
 @pytest.fixture(scope="session")

@@ -227,17 +227,21 @@ def test_verl_keys_without_effect_get_a_notice_and_renamed_ones_the_rlvr_name(tm
     f = tmp_path / "verl.yaml"
     f.write_text("actor_rollout_ref:\n  model:\n    use_remove_padding: true\n  actor:\n    fsdp_config:\n"
                  "      param_offload: false\n      wrap_policy: {min_num_params: 0}\n"
-                 "  rollout:\n    gpu_memory_utilization: 0.6\n"
+                 "  rollout:\n    name: vllm\n    gpu_memory_utilization: 0.6\n    calculate_log_probs: true\n"
                  "    tensor_model_parallel_size: 1\ntrainer:\n  critic_warmup: 0\n")
     cfg = load_config(f)
     err = capsys.readouterr().err
     assert "param_offload" not in err  # read: FSDP2 offload
-    for key in ("use_remove_padding", "fsdp_config.wrap_policy", "gpu_memory_utilization", "tensor_model_parallel_size",
-                "critic_warmup"):
+    for key in ("use_remove_padding", "fsdp_config.wrap_policy", "calculate_log_probs", "critic_warmup"):
         assert f"{key} (from file" in err and "has no effect in rlvr" in err, key
+    for key in ("gpu_memory_utilization", "tensor_model_parallel_size"):  # read by the vllm engine
+        assert key not in err, key
+    assert cfg.actor_rollout_ref.rollout.gpu_memory_utilization == 0.6
     assert "did you mean" not in err and cfg.algorithm.adv_estimator == "grpo"
-    with pytest.raises(ConfigError, match=r"tensor_model_parallel_size=2 .* cannot be honoured: tensor parallelism"):
-        load_config(overrides=["actor_rollout_ref.rollout.tensor_model_parallel_size=2"])
+    with pytest.raises(ConfigError, match=r"tensor_model_parallel_size = 2: each training rank runs its own "
+                                          r"in-process vLLM engine"):
+        load_config(overrides=["actor_rollout_ref.rollout.name=vllm",
+                               "actor_rollout_ref.rollout.tensor_model_parallel_size=2"])
     with pytest.raises(ConfigError, match=r"'actor_rollout_ref.actor.ppo_micro_batch_size' \(from the command line\) "
                                           r"is verl's name; rlvr's is actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu"):
         load_config(overrides=["actor_rollout_ref.actor.ppo_micro_batch_size=4"])
@@ -391,3 +395,28 @@ def test_auto_precision_follows_the_device():
     # the reduction stays fp32 (verl's), auto or not
     assert load_config(overrides=["trainer.device=cuda"]).actor_rollout_ref.actor.fsdp_config.mixed_precision \
         .reduce_dtype == "float32"
+
+
+@pytest.mark.parametrize("setting", ["gpu_memory_utilization=0.6", "max_num_batched_tokens=4096", "max_model_len=512",
+                                     "enforce_eager=false", "enable_prefix_caching=false", "free_cache_engine=false",
+                                     "tensor_model_parallel_size=2"])
+def test_the_native_engine_refuses_vllm_settings(setting):
+    """A vLLM key on the native engine would do nothing: refused with what to do instead."""
+    key = setting.split("=")[0]
+    with pytest.raises(ConfigError, match=rf"rollout.{key} = .* is a vLLM setting the native engine does not read "
+                                          r"\(.*\); remove it or set actor_rollout_ref.rollout.name=vllm"):
+        load_config(overrides=[f"actor_rollout_ref.rollout.{setting}"])
+
+
+def test_rollout_engine_names():
+    with pytest.raises(ConfigError, match="sglang is not available: SGLang has no CPU build that installs here.*"
+                                          "use actor_rollout_ref.rollout.name=vllm"):
+        load_config(overrides=["actor_rollout_ref.rollout.name=sglang"])
+    with pytest.raises(ConfigError, match=r"rollout.name = 'hf' is not one of \['native', 'vllm'\]"):
+        load_config(overrides=["actor_rollout_ref.rollout.name=hf"])
+    # the recipe's prompts of up to 128 tokens and responses of up to 64 need 192 positions
+    with pytest.raises(ConfigError, match=r"max_model_len = 191 is shorter than data.max_prompt_length \+ "
+                                          r"data.max_response_length = 192"):
+        load_config(overrides=["actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.max_model_len=191"])
+    cfg = load_config(overrides=["actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.max_num_batched_tokens=2048"])
+    assert cfg.actor_rollout_ref.rollout.max_num_batched_tokens == 2048
