@@ -1,10 +1,11 @@
-"""Rollout throughput: rlvr's native engine vs transformers' ``model.generate`` on GRPO's
-workload (8 distinct prompts x n=8, up to 128 new tokens, temperature 1.0), in one process.
+"""Rollout throughput: rlvr's native engine vs vLLM (``rollout.name=vllm``, its CPU build, in
+this process, eager, prefix caching on) vs transformers' ``model.generate`` on GRPO's workload
+(8 distinct prompts x n=8, up to 128 new tokens, temperature 1.0), in one process.
 
     .venv/bin/python bench/rollout.py [--prompts 8] [--n 8] [--max-new-tokens 128] [--dtypes float32,bfloat16] [--repeats 3]
 
-Prints generated tokens/s for each engine and the ratio, per dtype, and the peak resident
-memory of the process. ``generate`` is timed with the same prompts, the same sampling
+Prints generated tokens/s for each engine and the ratios to ``generate``, per dtype, and the
+peak resident memory of the process. ``generate`` is timed with the same prompts, the same sampling
 settings and its padded rows not counted as generated tokens. Shared machines are noisy and
 tokens/s depends on the lengths drawn (a batch decodes until its longest row ends), so the two
 alternate ``--repeats`` times, repeat r sampling with seed r in both, and the median of the
@@ -25,7 +26,7 @@ from rlvr.data import left_pad
 from rlvr.data.tasks import arithmetic
 from rlvr.models import load_model_and_tokenizer
 from rlvr.protocol import DataProto
-from rlvr.rollout import NativeRollout, response_mask_from_eos
+from rlvr.rollout import NativeRollout, VLLMRollout, response_mask_from_eos
 
 QUESTIONS = ["What is 17 + 25? Explain step by step.", "Write a short poem about the sea.",
              "What is the capital of France, and why is it famous?", "Compute 12 * 13 and show your work.",
@@ -80,7 +81,8 @@ def main() -> None:
     parser.add_argument("--dtypes", default="float32,bfloat16")
     parser.add_argument("--prompt-set", default="arithmetic,open", help="arithmetic and/or open")
     parser.add_argument("--repeats", type=int, default=3, help="alternating engine/generate runs per setting")
-    parser.add_argument("--skip-generate", action="store_true", help="time only rlvr's engine")
+    parser.add_argument("--skip-generate", action="store_true", help="do not time model.generate")
+    parser.add_argument("--skip-vllm", action="store_true", help="do not time vLLM")
     parser.add_argument("--no-lean", action="store_true", help="rollout.lean_decode=false (transformers decode step)")
     args = parser.parse_args()
 
@@ -92,11 +94,21 @@ def main() -> None:
         config = RolloutConfig(temperature=1.0, dtype=dtype, lean_decode=not args.no_lean)
         native = NativeRollout(model, tokenizer, config, args.max_new_tokens)
         timed(native, batch[: args.n])  # warm-up: first-call allocations and lazy imports
-        rates, gen_rates = [], []
-        for repeat in range(args.repeats):  # each repeat samples with its own seed, in both engines
+        vllm = None
+        if not args.skip_vllm:
+            vllm = VLLMRollout(model, tokenizer, RolloutConfig(name="vllm", temperature=1.0, dtype=dtype),
+                               args.max_new_tokens, max_prompt_length=int(batch.batch["input_ids"].shape[1]))
+            vllm.sync_weights()
+            timed(vllm, batch[: args.n])
+        rates, gen_rates, vllm_rates = [], [], []
+        for repeat in range(args.repeats):  # each repeat samples with its own seed, in every engine
             t_native, tok_native = timed(native, batch, seed=repeat)
             rates.append(tok_native / t_native)
             line = f"    rlvr engine: {tok_native} tokens in {t_native:.1f} s = {rates[-1]:.1f} tokens/s"
+            if vllm is not None:
+                t_vllm, tok_vllm = timed(vllm, batch, seed=repeat)
+                vllm_rates.append(tok_vllm / t_vllm)
+                line += f" | vLLM: {tok_vllm} tokens in {t_vllm:.1f} s = {vllm_rates[-1]:.1f} tokens/s"
             if not args.skip_generate:
                 t_gen, tok_gen = timed_generate(native.model, tokenizer, native.eos_ids, batch, args.max_new_tokens,
                                                 seed=repeat)
@@ -105,10 +117,17 @@ def main() -> None:
                          f" | ratio {rates[-1] / gen_rates[-1]:.2f}x")
             print(line, flush=True)
         summary = f"[{kind} prompts, {dtype}] median rlvr engine {statistics.median(rates):.1f} tokens/s"
+        if vllm_rates:
+            ratios = [a / b for a, b in zip(rates, vllm_rates)]
+            summary += (f" | vLLM {statistics.median(vllm_rates):.1f} tokens/s | rlvr / vLLM median "
+                        f"{statistics.median(ratios):.2f}x (range {min(ratios):.2f}-{max(ratios):.2f})")
         if gen_rates:
             ratios = [a / b for a, b in zip(rates, gen_rates)]
             summary += (f" | model.generate {statistics.median(gen_rates):.1f} tokens/s"
-                        f" | median ratio {statistics.median(ratios):.2f}x (range {min(ratios):.2f}-{max(ratios):.2f})")
+                        f" | rlvr / generate median {statistics.median(ratios):.2f}x (range {min(ratios):.2f}-"
+                        f"{max(ratios):.2f})")
+            if vllm_rates:
+                summary += f" | vLLM / generate median {statistics.median(v / g for v, g in zip(vllm_rates, gen_rates)):.2f}x"
         print(summary, flush=True)
         peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
         print(f"    peak resident memory of the process so far: {peak_mb:.0f} MB", flush=True)

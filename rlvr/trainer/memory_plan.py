@@ -188,6 +188,18 @@ def plan_memory(config: RLVRConfig, model_cfg: dict) -> MemoryPlan:
     kv = 2 * shape.layers * shape.kv_heads * shape.head_dim * rows_at_once * positions * roll_b
     t["kv_cache"] = Term("KV cache", kv, False, f"{rows_at_once} rows x {positions} positions")
 
+    vllm = arr.rollout.name == "vllm"
+    if vllm:  # vLLM's own copy and a KV cache of max_num_seqs x max_model_len, kept unless it sleeps (GPU)
+        kept = not (on_gpu(config) and arr.rollout.free_cache_engine)
+        when = "kept between rollouts" if kept else "released while the engine sleeps"
+        t["engine_weights"] = Term(f"vLLM's weights ({arr.rollout.dtype})", roll_b * P, True, when)
+        t["packed_head"] = Term("prepacked vocabulary projection (CPU decode)", 0.0, True, "native engine only")
+        max_len = arr.rollout.max_model_len or positions
+        t["kv_cache"] = Term("vLLM's KV cache", 2 * shape.layers * shape.kv_heads * shape.head_dim
+                             * arr.rollout.max_num_seqs * max_len * roll_b, False,
+                             f"{arr.rollout.max_num_seqs} rows x {max_len} positions, {when}"
+                             + ("; on a GPU vLLM takes gpu_memory_utilization of it instead" if on_gpu(config) else ""))
+
     micro = min(actor.ppo_micro_batch_size_per_gpu, rows)
     tokens = micro * positions  # plain layout, an upper bound (prompt sharing lowers it)
     layer_values = 8 * shape.hidden + 4 * shape.intermediate  # kept per token by one layer for its backward
@@ -212,6 +224,9 @@ def plan_memory(config: RLVRConfig, model_cfg: dict) -> MemoryPlan:
         init, update = ["weights", "reference"] + ([] if on_gpu(config) else ["init_read"]), update + ["gathered"]
     else:  # the loaded model, its reference copy and the engine's own copy, all kept
         init, update = ["weights", "reference", "engine_weights"], update + ["engine_weights"]
+    if vllm:  # the engine exists from the start; kept terms stay through the update
+        init = [n for n in init if n != "engine_weights"] + ["engine_weights", "kv_cache"]
+        update = [n for n in update if n != "engine_weights"] + (["engine_weights", "kv_cache"] if kept else [])
     return MemoryPlan(world, P, rows, t, {"init": init, "generation": generation, "update": update})
 
 

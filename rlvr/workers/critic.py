@@ -91,7 +91,7 @@ class CriticWorker(Worker):
         else:
             self.model = load_value_model(*args)
         if model_cfg.enable_gradient_checkpointing:
-            self.model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+            self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         if self.lora:  # the backbone gets an adapter; the value head starts untrained, so it trains whole
             self.model = apply_lora(self.model, model_cfg.lora_rank, model_cfg.lora_alpha, model_cfg.target_modules,
                                     task_type="TOKEN_CLS", modules_to_save=["score"])

@@ -86,7 +86,7 @@ class ActorRolloutRefWorker(Worker):
             model = load_model(model_cfg.path, "float32", self.device, model_cfg.trust_remote_code,
                                model_cfg.override_config)
             if model_cfg.enable_gradient_checkpointing:
-                model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+                model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
             if self.lora:
                 model = apply_lora(model, model_cfg.lora_rank, model_cfg.lora_alpha, model_cfg.target_modules)
             if needs_reference(self.config) and not self.lora:  # with LoRA: the actor with its adapter disabled
@@ -120,7 +120,7 @@ class ActorRolloutRefWorker(Worker):
         path, remote, override = model_cfg.path, model_cfg.trust_remote_code, model_cfg.override_config
         model = empty_model(path, "float32", remote, override)
         if model_cfg.enable_gradient_checkpointing:
-            model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         root = self._shard(model, arr.actor.fsdp_config.reshard_after_forward)
         ref_model = ref_root = None
         if needs_reference(self.config):

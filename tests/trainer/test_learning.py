@@ -74,6 +74,22 @@ def test_reward_rises_with_the_vllm_engine(tiny_config, tmp_path, tiny_vllm_mode
     assert min(scores[-2:]) >= 0.9, scores
 
 
+def test_vllm_on_a_sharded_actor_equals_the_local_actor(tiny_config, tmp_path, tiny_vllm_model_dir):
+    """actor.strategy=fsdp2 (one rank): vLLM's weights come gathered from the shards, parameter by
+    parameter; the run equals the unsharded one step for step (wrongly gathered or stale weights
+    would sample other tokens)."""
+    runs = {}
+    for strategy in ("local", "fsdp2"):
+        _, records = train(tiny_config, tmp_path / strategy, SPACE_SHARE, *LEARN, "actor_rollout_ref.actor.optim.lr=3e-2", "trainer.total_training_steps=3",
+                           f"actor_rollout_ref.model.path={tiny_vllm_model_dir}", "actor_rollout_ref.rollout.name=vllm",
+                           f"actor_rollout_ref.actor.strategy={strategy}",
+                           f"trainer.default_local_dir={tmp_path / strategy / 'run'}")
+        runs[strategy] = [(r["critic/score/mean"], r["response_length/mean"], r["actor/pg_loss"]) for r in records]
+    assert len(runs["local"]) == 3 and len({s for s, _, _ in runs["local"]}) > 1  # the policy moved
+    for a, b in zip(runs["local"], runs["fsdp2"]):
+        assert a[:2] == b[:2] and abs(a[2] - b[2]) < 1e-4, runs
+
+
 def test_entropy_bonus_raises_entropy(tiny_config, tmp_path):
     """Learning the share of spaces concentrates the policy and lowers its entropy; the same run
     with an entropy bonus ends with a higher entropy (a bonus with the wrong sign would end lower)."""

@@ -153,3 +153,20 @@ def test_on_a_gpu_the_load_is_in_host_memory(tiny_folder):
     plan = plan_memory(load_config(None, tiny_overrides(tiny_folder) + ["trainer.device=cuda"]), TINY)
     assert plan.phase_bytes("init") == 2896 + 2896  # the shards only
     assert plan.terms["packed_head"].bytes == 0  # the CPU decode's packed projection: not on a GPU
+
+
+def test_vllm_keeps_its_weights_and_kv_cache_on_a_cpu(tiny_folder):
+    """rollout.name=vllm: its own copy of the weights and a KV cache of max_num_seqs rows x
+    max_model_len positions, allocated at start and kept through the update (no sleep on a CPU)."""
+    from rlvr.config import load_config
+    from rlvr.trainer.memory_plan import plan_memory, read_model_config
+
+    config = load_config(overrides=[f"actor_rollout_ref.model.path={tiny_folder}", "trainer.device=cpu",
+                                    "actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.max_num_seqs=4",
+                                    "actor_rollout_ref.rollout.max_model_len=200"])
+    plan = plan_memory(config, read_model_config(str(tiny_folder)))
+    # K and V x 2 layers x 1 kv head x dim 4 x 4 rows x 200 positions x 4 bytes = 51,200
+    assert plan.terms["kv_cache"].bytes == 51_200
+    assert plan.terms["engine_weights"].bytes == 4 * plan.params  # an fp32 copy of every parameter
+    for phase in ("init", "generation", "update"):
+        assert {"engine_weights", "kv_cache"} <= set(plan.phases[phase]), phase

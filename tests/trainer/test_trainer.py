@@ -295,7 +295,7 @@ def test_gradient_checkpointing_trains_the_same_weights(tiny_config, tmp_path):
                              "trainer.val_before_train=false", "data.val_files=[]",
                              f"trainer.default_local_dir={tmp_path / str(on)}")
         trainer, _, changed = run(config)
-        assert changed and trainer.wg.worker.model.is_activation_checkpointing is on
+        assert changed and trainer.wg.worker.model.is_gradient_checkpointing is on
         weights[on] = [p.detach().clone() for p in trainer.wg.worker.model.parameters()]
     for a, b in zip(weights[False], weights[True]):
         assert torch.allclose(a, b, atol=1e-6)

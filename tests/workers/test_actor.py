@@ -185,7 +185,7 @@ def test_critic_reads_its_model_settings(tiny_model_dir):
     critic = CriticWorker(config, total_training_steps=2, pad_id=0, device="cpu")
     critic.init_model()
     assert critic.model.config.attention_dropout == 0.25
-    assert critic.model.is_activation_checkpointing
+    assert critic.model.is_gradient_checkpointing
 
 
 def with_tool_tokens(batch):
