@@ -272,9 +272,9 @@ class RolloutConfig:
     data.max_prompt_length + data.max_response_length."""
     gpu_memory_utilization: Optional[float] = None
     """vllm: the fraction of the device's memory the engine may take (weights + KV cache). None:
-    0.5 on a GPU (verl's default); on a CPU the KV cache is sized to one wave instead
-    (max_num_seqs x max_model_len tokens). The native engine allocates each wave's cache
-    exactly and refuses this key."""
+    0.5 on a GPU (verl's default); on a CPU the KV cache is sized instead: max_num_seqs rows x
+    max_model_len tokens, at most 1 GiB (more rows wait in vLLM's queue). The native engine
+    allocates each wave's cache exactly and refuses this key."""
     enforce_eager: bool = True
     """vllm: run the model eagerly (no torch.compile / CUDA graphs). On this CPU eager starts in
     seconds instead of a minute and decodes faster; on a GPU, false captures CUDA graphs."""

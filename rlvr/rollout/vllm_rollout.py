@@ -46,7 +46,6 @@ log = logging.getLogger(__name__)
 
 _ENGINES: dict[tuple, "object"] = {}  # engine arguments -> LLM: engines are shared (each takes seconds to start)
 _HOLDS: dict[int, tuple[int, int]] = {}  # id(LLM) -> (id of the rollout whose weights it holds, their version)
-_KV_BYTES_PER_TOKEN_LAYER = 2  # a key and a value per layer
 
 
 def policy_weights(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
@@ -89,12 +88,20 @@ def _on_gpu() -> bool:
     return torch.cuda.is_available()
 
 
-def kv_cache_bytes(model_config, rows: int, max_model_len: int, dtype: torch.dtype) -> int:
-    """KV-cache bytes for ``rows`` sequences of ``max_model_len`` tokens (keys and values, every layer)."""
+CPU_KV_CACHE_CAP = 2**30  # bytes: on a CPU the KV cache stays allocated beside training (no sleep mode)
+
+
+def cpu_kv_cache_bytes(bytes_per_token: int, max_num_seqs: int, max_model_len: int) -> int:
+    """The CPU engine's KV cache: ``max_num_seqs`` rows of ``max_model_len`` tokens, capped at
+    ``CPU_KV_CACHE_CAP`` (rows beyond it wait in vLLM's queue) but never below one full row."""
+    return max(bytes_per_token * max_model_len, min(bytes_per_token * max_model_len * max_num_seqs, CPU_KV_CACHE_CAP))
+
+
+def kv_bytes_per_token(model_config, dtype: torch.dtype) -> int:
+    """Keys and values of one token over every layer."""
     heads = getattr(model_config, "num_key_value_heads", None) or model_config.num_attention_heads
     head_dim = getattr(model_config, "head_dim", None) or model_config.hidden_size // model_config.num_attention_heads
-    per_token = _KV_BYTES_PER_TOKEN_LAYER * model_config.num_hidden_layers * heads * head_dim * dtype.itemsize
-    return rows * max_model_len * per_token
+    return 2 * model_config.num_hidden_layers * heads * head_dim * dtype.itemsize
 
 
 @register_rollout("vllm")
@@ -129,7 +136,8 @@ class VLLMRollout(BaseRollout):
         elif cfg.gpu_memory_utilization is not None:
             args.update(gpu_memory_utilization=cfg.gpu_memory_utilization)  # a fraction of the host's memory
         else:
-            args.update(kv_cache_memory_bytes=kv_cache_bytes(model.config, cfg.max_num_seqs, self.max_model_len, dtype))
+            args.update(kv_cache_memory_bytes=cpu_kv_cache_bytes(kv_bytes_per_token(model.config, dtype),
+                                                                 cfg.max_num_seqs, self.max_model_len))
         return args
 
     def _engine(self, model, tokenizer):

@@ -40,6 +40,7 @@ from pathlib import Path
 from rlvr.config import ConfigError
 from rlvr.config.schema import RLVRConfig
 from rlvr.rollout.engine import group_waves
+from rlvr.rollout.vllm_rollout import cpu_kv_cache_bytes
 from rlvr.workers.forward import LOGIT_CHUNK_TOKENS
 
 GB = 1e9
@@ -195,9 +196,10 @@ def plan_memory(config: RLVRConfig, model_cfg: dict) -> MemoryPlan:
         t["engine_weights"] = Term(f"vLLM's weights ({arr.rollout.dtype})", roll_b * P, True, when)
         t["packed_head"] = Term("prepacked vocabulary projection (CPU decode)", 0.0, True, "native engine only")
         max_len = arr.rollout.max_model_len or positions
-        t["kv_cache"] = Term("vLLM's KV cache", 2 * shape.layers * shape.kv_heads * shape.head_dim
-                             * arr.rollout.max_num_seqs * max_len * roll_b, False,
-                             f"{arr.rollout.max_num_seqs} rows x {max_len} positions, {when}"
+        per_token = 2 * shape.layers * shape.kv_heads * shape.head_dim * roll_b
+        kv = cpu_kv_cache_bytes(per_token, arr.rollout.max_num_seqs, max_len)
+        t["kv_cache"] = Term("vLLM's KV cache", kv, False,
+                             f"{arr.rollout.max_num_seqs} rows x {max_len} positions, at most 1 GiB, {when}"
                              + ("; on a GPU vLLM takes gpu_memory_utilization of it instead" if on_gpu(config) else ""))
 
     micro = min(actor.ppo_micro_batch_size_per_gpu, rows)
