@@ -9,7 +9,8 @@ the hybrid worker through two GRPO steps: generate their rows, old and reference
 one update on the whole batch. Each rank resets its peak resident set (``VmHWM``, through
 ``/proc/self/clear_refs``) before each phase and reads it after: init (``init_model``),
 generation and update of the second step (the optimizer state exists by then). A figure is
-the peak minus the rank's resident set before ``init_model`` (Python, torch, transformers),
+the peak minus the rank's resident set before ``init_model`` (Python, torch, transformers, the
+tokenizer and the model classes' imports),
 the largest over the ranks; the plan (``rlvr plan``) predicts the same quantity for the
 same config. Rows per rank stay fixed (2 prompts x 2 samples, 32-token responses), so the
 model state dominates and should fall as 1/N, plus the rollout's unsharded weights.
@@ -61,8 +62,13 @@ def rank_main(model_dir: str, world: int, out: str) -> None:
     from rlvr.protocol import DataProto
     from rlvr.workers.hybrid import ActorRolloutRefWorker
 
+    from rlvr.models.loader import empty_model, load_tokenizer
+
     config = load_config(None, overrides(model_dir, world))
-    worker = ActorRolloutRefWorker(config, total_training_steps=2)
+    # the tokenizer and the model classes are loaded before the baseline: their lazy imports (tokenizer
+    # back-ends, image and audio utilities when installed, as vLLM's dependencies are) are not model state
+    worker = ActorRolloutRefWorker(config, total_training_steps=2, tokenizer=load_tokenizer(model_dir))
+    empty_model(model_dir)
     base = rss_bytes("VmRSS")
     reset_peak()
     worker.init_model()

@@ -235,9 +235,9 @@ class MultiTurnConfig:
 @dataclass
 class RolloutConfig:
     name: str = "native"
-    """Rollout engine: native (rlvr's engine over any transformers causal LM; the fastest on a
-    CPU) or vllm (vLLM in each training process, its weights streamed from the actor before each
-    rollout; the engine of GPU users). sglang is refused: no CPU build installs here."""
+    """Rollout engine: native (rlvr's engine over any transformers causal LM, sharing the actor's
+    weights) or vllm (vLLM in each training process, its weights streamed from the actor before
+    each rollout; the engine of GPU users). sglang is refused: no CPU build installs here."""
     n: int = 4
     """Responses sampled per prompt (the GRPO group size)."""
     temperature: float = 1.0

@@ -28,6 +28,7 @@ stream) while greedy tokens agree up to ties.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import os
@@ -82,6 +83,23 @@ def request_seed(seed: int, row: int, prompt_length: int) -> int:
     many tokens its prompt has (a multi-turn row's later turns draw from new streams)."""
     digest = hashlib.blake2b(f"{seed}:{row}:{prompt_length}".encode(), digest_size=8).digest()
     return int.from_bytes(digest, "little") >> 2
+
+
+@contextlib.contextmanager
+def _environment_kept():
+    """Undo what starting vLLM writes into ``os.environ`` (its own ``VLLM_*`` keys excepted): it
+    sets LD_PRELOAD (its OpenMP library), LOCAL_WORLD_SIZE=1, LD_LIBRARY_PATH, HF_HUB_OFFLINE and
+    more, which every process rlvr starts later would inherit: Ray workers, distributed ranks,
+    reward pools and the python tool's sandbox (where the preloaded library does not exist)."""
+    before = dict(os.environ)
+    try:
+        yield
+    finally:
+        for name in [k for k in os.environ if k not in before and not k.startswith("VLLM_")]:
+            del os.environ[name]
+        for name, value in before.items():
+            if os.environ.get(name) != value:
+                os.environ[name] = value
 
 
 def _on_gpu() -> bool:
@@ -147,13 +165,14 @@ class VLLMRollout(BaseRollout):
         key = (model.config.to_json_string(use_diff=False), tokenizer.name_or_path, len(tokenizer),
                tuple(sorted((k, str(v)) for k, v in args.items())))
         if key not in _ENGINES:
-            os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # in this process: its weights are reachable
-            from vllm import LLM
+            with _environment_kept():
+                os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # in this process: its weights are reachable
+                from vllm import LLM
 
-            with tempfile.TemporaryDirectory(prefix="rlvr-vllm-") as folder:
-                model.config.save_pretrained(folder)
-                tokenizer.save_pretrained(folder)
-                _ENGINES[key] = LLM(model=folder, tokenizer=folder, **args)
+                with tempfile.TemporaryDirectory(prefix="rlvr-vllm-") as folder:
+                    model.config.save_pretrained(folder)
+                    tokenizer.save_pretrained(folder)
+                    _ENGINES[key] = LLM(model=folder, tokenizer=folder, **args)
         return _ENGINES[key]
 
     def sync_weights(self, version: int | None = None) -> None:

@@ -42,7 +42,15 @@ def vllm_engine(model, tokenizer, **config):
 
 @pytest.fixture(scope="module")
 def engine(policy):
-    return vllm_engine(*policy)
+    import os
+
+    before = dict(os.environ)
+    engine = vllm_engine(*policy)
+    # starting vLLM sets LD_PRELOAD, LOCAL_WORLD_SIZE, ... in os.environ: processes started later
+    # (Ray workers, ranks, the sandbox) must not inherit them. Only vLLM's own keys may stay.
+    changed = {k for k in set(before) | set(os.environ) if before.get(k) != os.environ.get(k)}
+    assert all(k.startswith("VLLM_") for k in changed), sorted(changed)
+    return engine
 
 
 def transformers_greedy(model, tokenizer, ids, max_new_tokens, eos_ids):
