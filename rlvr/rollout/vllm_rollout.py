@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import itertools
 import logging
 import os
 import tempfile
@@ -46,7 +47,8 @@ from rlvr.rollout.sampling import SamplingParams
 log = logging.getLogger(__name__)
 
 _ENGINES: dict[tuple, "object"] = {}  # engine arguments -> LLM: engines are shared (each takes seconds to start)
-_HOLDS: dict[int, tuple[int, int]] = {}  # id(LLM) -> (id of the rollout whose weights it holds, their version)
+_HOLDS: dict[int, tuple[int, int]] = {}  # id(LLM) -> (serial of the rollout whose weights it holds, their version)
+_SERIALS = itertools.count()  # rollouts are told apart by serial, never by id() (reused after garbage collection)
 
 
 def policy_weights(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
@@ -129,7 +131,7 @@ class VLLMRollout(BaseRollout):
     def __init__(self, model, tokenizer, config: RolloutConfig, max_response_length: int,
                  max_prompt_length: int | None = None):
         super().__init__(model, tokenizer, config, max_response_length, max_prompt_length)
-        self.policy = model
+        self.policy, self.serial = model, next(_SERIALS)
         self.max_model_len = config.max_model_len or (
             max_prompt_length + max_response_length if max_prompt_length else model.config.max_position_embeddings)
         self.llm = self._engine(model, tokenizer)
@@ -182,11 +184,11 @@ class VLLMRollout(BaseRollout):
             self.llm.wake_up()
             self.asleep = False
             _HOLDS.pop(id(self.llm), None)  # level-2 sleep discarded the weights
-        if version is not None and _HOLDS.get(id(self.llm)) == (id(self), version):
+        if version is not None and _HOLDS.get(id(self.llm)) == (self.serial, version):
             return
         self.runner.reload_weights(weights_iterator=policy_weights(self.policy), is_checkpoint_format=True)
         self.llm.reset_prefix_cache()  # cached prefixes were computed with the old weights
-        _HOLDS[id(self.llm)] = (id(self), version if version is not None else -1)
+        _HOLDS[id(self.llm)] = (self.serial, version if version is not None else -1)
         self.syncs += 1
 
     def free_cache(self) -> None:
