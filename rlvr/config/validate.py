@@ -154,11 +154,6 @@ def _rollout_engine(cfg: RLVRConfig) -> list[str]:
     if not arr.hybrid_engine:
         errors.append(f"{key}.name=vllm runs colocated with the actor (actor_rollout_ref.hybrid_engine=true); rollout "
                       "workers of their own use the native engine")
-    world = cfg.trainer.n_gpus_per_node * cfg.trainer.nnodes
-    if world > 1:
-        errors.append(f"{key}.name=vllm on {world} devices is not built yet: each rank's in-process engine would meet "
-                      "the ranks' torch.distributed group, which needs vLLM's external launcher; use one device "
-                      "(actor.strategy=fsdp2 works there) or the native engine on several")
     if rollout.gpu_memory_utilization is not None and not 0 < rollout.gpu_memory_utilization <= 1:
         errors.append(f"{key}.gpu_memory_utilization = {rollout.gpu_memory_utilization} must be in (0, 1]")
     needed = cfg.data.max_prompt_length + cfg.data.max_response_length

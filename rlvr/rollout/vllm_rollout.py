@@ -3,6 +3,8 @@
 As verl's hybrid engine and TRL's colocate mode: each training process (each rank) runs its own
 in-process vLLM engine (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), built with ``load_format=dummy``
 from the policy's own config and tokenizer (written to a folder), so nothing is read twice.
+Beside the ranks' process group, vLLM's world takes every rank and its tensor-parallel groups
+one rank each (verl's "external data parallel"): each rank samples its own rows.
 
 - **Weights**: ``sync_weights`` streams the policy's weights into vLLM's in-place reload
   (``reload_weights(is_checkpoint_format=True)``: vLLM repacks each layer as it arrives), one

@@ -199,6 +199,23 @@ def test_remax_on_two_ray_workers_equals_the_in_process_run(tiny_config, tmp_pat
     assert_same_weights(final_weights(ray_dir, 3), final_weights(local_dir, 3))
 
 
+def test_vllm_on_two_ray_workers_equals_the_in_process_run(tiny_config, tmp_path, tiny_vllm_model_dir):
+    """rollout.name=vllm under Ray: each worker runs its own in-process vLLM engine on the weights
+    gathered from its FSDP2 shards; rows are seeded by their place in the whole batch, so the 2
+    workers sample the one process's tokens and the run (metrics, weights) is the one process's.
+    Stale or wrongly gathered weights, or seeds that followed the rank split, would sample others."""
+    local_dir, ray_dir = tmp_path / "local", tmp_path / "ray"
+    vllm = [*STEPS, f"actor_rollout_ref.model.path={tiny_vllm_model_dir}", "actor_rollout_ref.rollout.name=vllm"]
+    run_training(tiny_config(*vllm, f"trainer.default_local_dir={local_dir}"))
+    done = subprocess.run(train_command(tiny_config(*vllm, *RAY_2_CPU, f"trainer.default_local_dir={ray_dir}"),
+                                        tmp_path), capture_output=True, text=True, timeout=400)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    got = records(ray_dir)
+    assert any(r.get("actor/grad_norm", 0) > 0 for r in got)  # it trained
+    assert_same_metrics(got, records(local_dir))
+    assert_same_weights(final_weights(ray_dir, 3), final_weights(local_dir, 3))
+
+
 def test_asking_for_more_than_the_cluster_has_fails_at_once_with_the_numbers(tiny_config, tmp_path):
     """4 CPU workers on a Ray of 2 CPUs: a clear error before any placement group waits."""
     config = tiny_config("trainer.device=cpu", "trainer.n_gpus_per_node=4", "actor_rollout_ref.actor.strategy=fsdp2",
