@@ -220,6 +220,9 @@ class VLLMRollout(BaseRollout):
             return []
         from vllm.inputs import TokensPrompt
 
+        if _HOLDS.get(id(self.llm), (None,))[0] != self.serial:  # a shared engine holding another policy
+            self.sync_weights()
+
         rows = params.row_ids or tuple(range(params.row_offset, params.row_offset + len(prompts)))
         budgets = [min(int(b), params.max_new_tokens) for b in max_new_tokens] if max_new_tokens is not None \
             else [params.max_new_tokens] * len(prompts)

@@ -166,3 +166,26 @@ def test_lora_weights_are_sent_merged(policy):
     expected = layer.base_layer.weight + 2.0 * layer.lora_B["default"].weight @ layer.lora_A["default"].weight
     assert torch.allclose(sent["model.layers.0.self_attn.q_proj.weight"], expected)
     assert set(sent) == set(model.state_dict())  # the plain model's names (the tied head too)
+
+
+def test_a_lora_actor_samples_its_merged_weights(engine, policy):
+    """A LoRA actor's rollout samples base + adapter: vLLM's greedy tokens equal the peft model's
+    greedy tokens, which differ from the base model's."""
+    from rlvr.models.lora import apply_lora, unwrap
+
+    model, tokenizer = policy
+    ids = prompt_ids(tokenizer)[:3]
+    lora = apply_lora(copy.deepcopy(model), 8, 16, ["q_proj", "v_proj", "down_proj"])
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for name, p in lora.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.05)  # peft starts B at 0; a trained adapter does not
+    expected = transformers_greedy(lora, tokenizer, ids, 12, engine.eos_ids)
+    assert expected != transformers_greedy(model, tokenizer, ids, 12, engine.eos_ids)
+    rollout = VLLMRollout(unwrap(lora), tokenizer, engine.config, 32, 96)
+    rollout.sync_weights(version=0)
+    assert [c.token_ids for c in rollout.generate(ids, SamplingParams(max_new_tokens=12, do_sample=False))] == expected
+    # the module's engine gets its own weights back before it generates again
+    assert [c.token_ids for c in engine.generate(ids, SamplingParams(max_new_tokens=12, do_sample=False))] == \
+        transformers_greedy(model, tokenizer, ids, 12, engine.eos_ids)
