@@ -276,8 +276,8 @@ class RolloutConfig:
     max_model_len tokens, at most 1 GiB (more rows wait in vLLM's queue). The native engine
     allocates each wave's cache exactly and refuses this key."""
     enforce_eager: bool = True
-    """vllm: run the model eagerly (no torch.compile / CUDA graphs). On this CPU eager starts in
-    seconds instead of a minute and decodes faster; on a GPU, false captures CUDA graphs."""
+    """vllm: run the model eagerly (no torch.compile / CUDA graphs). On this CPU an eager engine
+    starts in seconds instead of a minute; on a GPU, false captures CUDA graphs."""
     enable_prefix_caching: bool = True
     """vllm: rows that share a prompt (a GRPO group) reuse its prefill from vLLM's prefix cache."""
     tensor_model_parallel_size: int = 1

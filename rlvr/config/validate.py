@@ -134,7 +134,7 @@ def _rollout_engine(cfg: RLVRConfig) -> list[str]:
     rollout, key = arr.rollout, "actor_rollout_ref.rollout"
     if rollout.name == "sglang":
         return [f"{key}.name=sglang is not available: SGLang has no CPU build that installs here, so rlvr cannot "
-                f"build or test it; use {key}.name=vllm (vLLM, the same role) or native (the fastest on a CPU)"]
+                f"build or test it; use {key}.name=vllm (vLLM, the same role) or native"]
     if rollout.name not in ROLLOUT_ENGINES:
         return [f"{key}.name = {rollout.name!r} is not one of {list(ROLLOUT_ENGINES)}"]
     errors = []

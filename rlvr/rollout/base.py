@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Hashable, Sequence
+from typing import ClassVar, Hashable, Sequence
 
 import torch
 
@@ -84,6 +84,10 @@ def pack_responses(prompts: DataProto, token_ids: Sequence[Sequence[int]], log_p
 class BaseRollout(ABC):
     """An engine over the policy ``model`` (a transformers causal LM whose weights it follows).
     ``max_prompt_length`` (``data.max_prompt_length``, when known) bounds the prompts it will see."""
+
+    streams_weights: ClassVar[bool] = False
+    """True: ``sync_weights`` reads the policy itself, sharded or not (the worker then builds no
+    unsharded copy for it); False: the engine decodes on the module it is given."""
 
     def __init__(self, model, tokenizer, config: RolloutConfig, max_response_length: int,
                  max_prompt_length: int | None = None):

@@ -14,9 +14,9 @@ one rank each (verl's "external data parallel"): each rank samples its own rows.
   rollout never runs on stale weights.
 - **Memory**: on a GPU the engine sleeps between rollouts (``free_cache_engine``: vLLM's sleep
   mode, level 2: weights and KV cache released; the next sync reloads the weights). vLLM's CPU
-  build has no sleep mode: there the KV cache is sized to what one wave of rows needs
-  (``max_num_seqs`` rows x ``max_model_len`` tokens) unless ``gpu_memory_utilization`` is set,
-  and it stays allocated between rollouts.
+  build has no sleep mode: there the KV cache holds ``max_num_seqs`` rows of ``max_model_len``
+  tokens, capped at ``CPU_KV_CACHE_CAP``, unless ``gpu_memory_utilization`` is set, and it stays
+  allocated between rollouts.
 - **Sampling**: every row is a request with its own seed, derived from the step's seed, the
   row's place in the whole batch and its prompt length (so a rank, a wave or a multi-turn turn
   draws the same tokens however the rows are split). Log-probs are vLLM's ``processed_logprobs``:
@@ -33,7 +33,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import itertools
-import logging
 import os
 import tempfile
 from typing import Hashable, Iterator, Sequence
@@ -45,8 +44,6 @@ from rlvr.distributed.fsdp import full_tensor
 from rlvr.models.loader import DTYPES
 from rlvr.rollout.base import BaseRollout, Completion, register_rollout
 from rlvr.rollout.sampling import SamplingParams
-
-log = logging.getLogger(__name__)
 
 _ENGINES: dict[tuple, "object"] = {}  # engine arguments -> LLM: engines are shared (each takes seconds to start)
 _HOLDS: dict[int, tuple[int, int]] = {}  # id(LLM) -> (serial of the rollout whose weights it holds, their version)
@@ -129,6 +126,8 @@ def kv_bytes_per_token(model_config, dtype: torch.dtype) -> int:
 @register_rollout("vllm")
 class VLLMRollout(BaseRollout):
     """vLLM over the policy ``model`` (whose weights ``sync_weights`` streams into it)."""
+
+    streams_weights = True
 
     def __init__(self, model, tokenizer, config: RolloutConfig, max_response_length: int,
                  max_prompt_length: int | None = None):

@@ -40,7 +40,7 @@ from pathlib import Path
 from rlvr.config import ConfigError
 from rlvr.config.schema import RLVRConfig
 from rlvr.rollout.engine import group_waves
-from rlvr.rollout.vllm_rollout import cpu_kv_cache_bytes
+from rlvr.rollout.vllm_rollout import CPU_KV_CACHE_CAP, cpu_kv_cache_bytes
 from rlvr.workers.forward import LOGIT_CHUNK_TOKENS
 
 GB = 1e9
@@ -186,8 +186,9 @@ def plan_memory(config: RLVRConfig, model_cfg: dict) -> MemoryPlan:
     waves = group_waves([r // arr.rollout.n for r in range(rows)], arr.rollout.max_num_seqs)
     rows_at_once = max(len(wave) for wave in waves)
     positions = config.data.max_prompt_length + config.data.max_response_length
-    kv = 2 * shape.layers * shape.kv_heads * shape.head_dim * rows_at_once * positions * roll_b
-    t["kv_cache"] = Term("KV cache", kv, False, f"{rows_at_once} rows x {positions} positions")
+    kv_per_token = 2 * shape.layers * shape.kv_heads * shape.head_dim * roll_b  # keys and values, every layer
+    t["kv_cache"] = Term("KV cache", kv_per_token * rows_at_once * positions, False,
+                         f"{rows_at_once} rows x {positions} positions")
 
     vllm = arr.rollout.name == "vllm"
     if vllm:  # vLLM's own copy and a KV cache of max_num_seqs x max_model_len, kept unless it sleeps (GPU)
@@ -196,10 +197,10 @@ def plan_memory(config: RLVRConfig, model_cfg: dict) -> MemoryPlan:
         t["engine_weights"] = Term(f"vLLM's weights ({arr.rollout.dtype})", roll_b * P, True, when)
         t["packed_head"] = Term("prepacked vocabulary projection (CPU decode)", 0.0, True, "native engine only")
         max_len = arr.rollout.max_model_len or positions
-        per_token = 2 * shape.layers * shape.kv_heads * shape.head_dim * roll_b
-        kv = cpu_kv_cache_bytes(per_token, arr.rollout.max_num_seqs, max_len)
+        kv = cpu_kv_cache_bytes(kv_per_token, arr.rollout.max_num_seqs, max_len)
         t["kv_cache"] = Term("vLLM's KV cache", kv, False,
-                             f"{arr.rollout.max_num_seqs} rows x {max_len} positions, at most 1 GiB, {when}"
+                             f"{arr.rollout.max_num_seqs} rows x {max_len} positions, at most "
+                             f"{CPU_KV_CACHE_CAP / 2**30:g} GiB, {when}"
                              + ("; on a GPU vLLM takes gpu_memory_utilization of it instead" if on_gpu(config) else ""))
 
     micro = min(actor.ppo_micro_batch_size_per_gpu, rows)

@@ -41,7 +41,7 @@ from rlvr.distributed import fsdp
 from rlvr.distributed.dispatch import Dispatch, register
 from rlvr.distributed.worker import Worker
 from rlvr.protocol import DataProto
-from rlvr.rollout import build_rollout
+from rlvr.rollout import build_rollout, get_rollout_class
 from rlvr.rollout.engine import trim_heap
 from rlvr.workers.actor import Actor, build_optimizer
 
@@ -101,12 +101,13 @@ class ActorRolloutRefWorker(Worker):
             self.ref = Actor(ref_model, arr.actor, self.config.algorithm, pad_id=pad_id, max_response_length=max_len,
                              root=ref_root, dp=dp)
         if arr.hybrid_engine:  # else the rollout lives in RolloutWorkers of its own (workers/rollout.py)
-            if self.sharded and arr.rollout.name == "native":  # unsharded weights only while a rollout runs
+            # sharded: an engine that decodes on a module gets unsharded weights only while a rollout runs
+            if self.sharded and not get_rollout_class(arr.rollout.name).streams_weights:
                 self.engine_weights = fsdp.EngineWeights(
                     empty_model(model_cfg.path, arr.rollout.dtype, model_cfg.trust_remote_code,
                                 model_cfg.override_config).requires_grad_(False), self.device)
                 engine_model = self.engine_weights.model
-            else:  # vllm streams the weights from the actor itself (gathering shards one at a time)
+            else:  # an engine that streams the weights reads the actor itself (gathering shards one at a time)
                 engine_model = unwrap(model)
             self.rollout = build_rollout(engine_model, self.tokenizer, arr.rollout, max_len, self.tool_setup,
                                          self.config.data.max_prompt_length)
