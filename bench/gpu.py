@@ -1,0 +1,228 @@
+"""rlvr on one CUDA device: the default job with FSDP2, the measured peak of each phase next to
+the memory plan, and the native engine's tokens/s.
+
+    python bench/gpu.py [--model builtin] [--parts phases,rollout,train] [--steps 24] [--out DIR]
+
+- ``phases``: the hybrid worker of the default job (8 prompts x n = 8 from the arithmetic
+  task, 64-token responses, GRPO with the k3 KL loss) built in this process with
+  ``strategy=fsdp2`` at world size 1, on ``cuda``, through two steps: init, generation, old
+  and reference log-probs, one update. Before each phase the CUDA allocator's peak is reset;
+  after it ``max_memory_allocated`` (and ``max_memory_reserved``) is read. The second step's
+  figures are reported (the AdamW state exists by then), next to ``plan_memory``'s figure for
+  the same config. The plan counts tensors, as ``max_memory_allocated`` does; reserved adds
+  the caching allocator's slack.
+- ``rollout``: the native engine (``NativeRollout``, lean decode off: it is a CPU path) on
+  ``cuda``, 8 arithmetic prompts x n = 8, up to 128 new tokens, temperature 1.0, bf16 and
+  fp32, against transformers' ``model.generate`` with the same prompts (bench/rollout.py's
+  workload and counting), three seeds each, alternating; the median of the ratios.
+- ``train``: ``rlvr train`` of the default job on ``trainer.device=cuda`` with
+  ``actor_rollout_ref.actor.strategy=fsdp2`` (and ``local`` with ``--strategies``), validation
+  included: greedy accuracy at each validation, wall time, the median step split.
+
+Exits non-zero when no CUDA device is present: CI never runs this; the README says which
+figures came from it and on what device.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+GB = 1e9
+DEVICE = "cuda"  # --device cpu runs the same code without the memory figures (a smoke test of this script)
+
+
+def job_overrides(model: str, strategy: str = "fsdp2") -> list[str]:
+    return [f"actor_rollout_ref.model.path={model}", f"trainer.device={DEVICE}",
+            f"actor_rollout_ref.actor.strategy={strategy}"]
+
+
+def phases(model: str) -> list[dict]:
+    """Per-phase CUDA peaks of the default job's worker (world size 1, FSDP2), against the plan."""
+    import numpy as np
+
+    from rlvr.config import load_config
+    from rlvr.distributed.worker import free_port
+    from rlvr.models.loader import load_tokenizer
+    from rlvr.trainer.memory_plan import plan_memory, read_model_config
+    from rlvr.workers.hybrid import ActorRolloutRefWorker
+    from rollout import make_batch
+
+    os.environ.update({"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
+                       "MASTER_PORT": str(free_port())})
+    config = load_config(None, job_overrides(model) + ["trainer.total_training_steps=2"])
+    plan = plan_memory(config, read_model_config(model))
+    arr = config.actor_rollout_ref
+    tokenizer = load_tokenizer(model)
+    worker = ActorRolloutRefWorker(config, total_training_steps=2, tokenizer=tokenizer)
+    device = torch.device(DEVICE)
+    cuda = device.type == "cuda"
+    base = torch.cuda.memory_allocated(device) if cuda else 0
+    peaks: dict[str, tuple[int, int]] = {}
+
+    def measure(phase: str, fn):
+        if not cuda:
+            peaks[phase] = (0, 0)
+            return fn()
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        out = fn()
+        torch.cuda.synchronize(device)
+        peaks[phase] = (torch.cuda.max_memory_allocated(device) - base, torch.cuda.max_memory_reserved(device))
+        return out
+
+    measure("init", worker.init_model)
+    prompts = make_batch(tokenizer, config.data.train_batch_size, arr.rollout.n)
+    for step in range(2):
+        prompts.meta_info["seed"] = step
+        prompts.non_tensor_batch["uid"] = np.array([f"s{step}p{i // arr.rollout.n}" for i in range(len(prompts))],
+                                                   dtype=object)
+        batch = measure("generation", lambda: worker.generate_sequences(prompts))
+        batch.non_tensor_batch["uid"] = prompts.non_tensor_batch["uid"]
+
+        def update():
+            full = batch.union(worker.compute_log_prob(batch)).union(worker.compute_ref_log_prob(batch))
+            generator = torch.Generator().manual_seed(step)
+            full.batch["advantages"] = (torch.randn(len(full), 1, generator=generator)
+                                        * full.batch["response_mask"])
+            return worker.update_actor(full)
+
+        measure("update", update)
+    rows = []
+    for phase in ("init", "generation", "update"):
+        allocated, reserved = peaks[phase]
+        rows.append({"phase": phase, "allocated": allocated, "reserved": reserved, "plan": plan.phase_bytes(phase)})
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):  # not for `rlvr train` later
+        os.environ.pop(key, None)
+    return rows
+
+
+def sync() -> None:
+    if DEVICE == "cuda":
+        torch.cuda.synchronize()
+
+
+def rollout_speed(model_path: str, repeats: int) -> list[dict]:
+    from rlvr.config.schema import RolloutConfig
+    from rlvr.models import load_model_and_tokenizer
+    from rlvr.rollout import NativeRollout
+    from rollout import make_batch, timed, timed_generate
+
+    rows = []
+    for dtype in ("bfloat16", "float32"):
+        model, tokenizer = load_model_and_tokenizer(model_path, device=DEVICE)
+        batch = make_batch(tokenizer, 8, 8)
+        on_device = batch.to(DEVICE)  # model.generate reads the prompt tensors on the model's device
+        engine = NativeRollout(model, tokenizer, RolloutConfig(temperature=1.0, dtype=dtype, lean_decode=False), 128)
+        timed(engine, batch[:8])
+        generate_model = engine.model  # the engine's weights in its dtype, as bench/rollout.py compares
+        timed_generate(generate_model, tokenizer, engine.eos_ids, on_device[:8], 8)
+        rates, gen_rates = [], []
+        for seed in range(repeats):
+            sync()
+            t, n = timed(engine, batch, seed)
+            rates.append(n / t)
+            sync()
+            t, n = timed_generate(generate_model, tokenizer, engine.eos_ids, on_device, 128, seed)
+            sync()
+            gen_rates.append(n / t)
+            print(f"  {dtype} seed {seed}: engine {rates[-1]:.0f} tokens/s, generate {gen_rates[-1]:.0f} tokens/s",
+                  flush=True)
+        ratios = [a / b for a, b in zip(rates, gen_rates)]
+        rows.append({"dtype": dtype, "engine": statistics.median(rates), "generate": statistics.median(gen_rates),
+                     "ratio": statistics.median(ratios), "range": (min(ratios), max(ratios))})
+        del engine, model
+        if DEVICE == "cuda":
+            torch.cuda.empty_cache()
+    return rows
+
+
+def train(model: str, strategy: str, steps: int | None, out: Path) -> dict:
+    run_dir = out / f"train-{strategy}"
+    extra = [f"trainer.total_training_steps={steps}"] if steps else []
+    command = [sys.executable, "-m", "rlvr.cli", "train", *job_overrides(model, strategy),
+               f"trainer.default_local_dir={run_dir}", "trainer.resume_mode=disable", "trainer.save_freq=-1",
+               "trainer.logger=[jsonl]", *extra]
+    start = time.perf_counter()
+    done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT)
+    wall = time.perf_counter() - start
+    (out / f"train-{strategy}.log").write_text(done.stdout + "\n" + done.stderr)
+    if done.returncode:
+        raise SystemExit(f"rlvr train ({strategy}) failed:\n{done.stdout[-3000:]}\n{done.stderr[-5000:]}")
+    records = [json.loads(line) for line in open(run_dir / "metrics.jsonl")]
+    val_key = next(k for r in records for k in r if k.startswith("val-core/") and k.endswith("mean@1"))
+    accuracy = {r["step"]: r[val_key] for r in records if val_key in r}
+    steps_done = [r for r in records if "timing_s/step" in r and r.get("step", 0) >= 2]
+    median = {k: statistics.median(r[k] for r in steps_done if k in r)
+              for k in ("timing_s/step", "timing_s/gen", "timing_s/ref", "timing_s/update_actor")
+              if any(k in r for r in steps_done)}
+    peak = max((r.get("perf/max_memory_allocated_gb", 0) for r in records), default=0)
+    return {"strategy": strategy, "wall_s": wall, "accuracy": accuracy, "median": median, "peak_gib": peak}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="builtin")
+    parser.add_argument("--parts", default="phases,rollout,train")
+    parser.add_argument("--strategies", default="fsdp2")
+    parser.add_argument("--steps", type=int, default=None, help="training steps (default: the recipe's 24)")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--out", default="outputs/gpu-bench")
+    parser.add_argument("--device", default="cuda", help=argparse.SUPPRESS)  # cpu: a smoke test of this script
+    args = parser.parse_args()
+    global DEVICE
+    DEVICE = args.device
+    if DEVICE == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("bench/gpu.py needs a CUDA device; none is visible to torch")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    parts = args.parts.split(",")
+    device = f"{torch.cuda.get_device_name(0) if DEVICE == 'cuda' else 'cpu'}, torch {torch.__version__}"
+    report: dict = {"device": device}
+    print(f"device: {device}", flush=True)
+    if "phases" in parts:
+        report["phases"] = phases(args.model)
+        (out / "gpu.json").write_text(json.dumps(report, indent=1))
+    if "rollout" in parts:
+        report["rollout"] = rollout_speed(args.model, args.repeats)
+        (out / "gpu.json").write_text(json.dumps(report, indent=1))
+    if "train" in parts:
+        report["train"] = [train(args.model, s, args.steps, out) for s in args.strategies.split(",")]
+        (out / "gpu.json").write_text(json.dumps(report, indent=1))
+
+    print(f"\n{device}")
+    if "phases" in report:
+        print("\nper-phase peak of the default job's worker (FSDP2, world size 1), second step\n"
+              "| phase | max allocated GB | max reserved GB | plan GB | plan / allocated |\n|---|---|---|---|---|")
+        for r in report["phases"]:
+            print(f"| {r['phase']} | {r['allocated'] / GB:.2f} | {r['reserved'] / GB:.2f} | {r['plan'] / GB:.2f} | "
+                  f"{r['plan'] / max(r['allocated'], 1):.2f} |")
+    if "rollout" in report:
+        print("\nnative engine on cuda, 8 arithmetic prompts x n = 8, <= 128 tokens, T = 1.0\n"
+              "| dtype | engine tokens/s | model.generate tokens/s | ratio (median, range) |\n|---|---|---|---|")
+        for r in report["rollout"]:
+            print(f"| {r['dtype']} | {r['engine']:.0f} | {r['generate']:.0f} | {r['ratio']:.2f}x "
+                  f"({r['range'][0]:.2f}-{r['range'][1]:.2f}) |")
+    for r in report.get("train", []):
+        acc = ", ".join(f"step {s}: {a:.3f}" for s, a in sorted(r["accuracy"].items()))
+        split = ", ".join(f"{k.split('/')[1]} {v:.2f} s" for k, v in r["median"].items())
+        print(f"\nrlvr train, strategy={r['strategy']}: {r['wall_s']:.0f} s wall; greedy accuracy {acc}; "
+              f"median step (from step 2): {split}; peak allocated {r['peak_gib']:.2f} GiB")
+
+
+if __name__ == "__main__":
+    main()
