@@ -1,6 +1,7 @@
 """The memory plan against byte counts computed by hand, its refusal, and a dry run that loads nothing."""
 
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -84,11 +85,11 @@ def test_offload_leaves_generation(tiny_folder, monkeypatch):
 def test_refuses_with_the_setting_to_change(tiny_folder):
     config = load_config(None, tiny_overrides(tiny_folder))
     plan = plan_memory(config, TINY)
-    check_plan(plan, 67312, config)  # exactly fits
+    check_plan(replace(plan, capacity=67312), config)  # exactly fits
     # the update's largest term is the activations (32768 of 67312 bytes)
     with pytest.raises(ConfigError, match=r"0\.00 GB per device in update, .*activations.*"
                                           r"ppo_micro_batch_size_per_gpu.*enable_gradient_checkpointing=true"):
-        check_plan(plan, 67311, config)
+        check_plan(replace(plan, capacity=67311), config)
 
 
 def test_refusal_in_generation_names_the_kv_settings(tiny_folder):
@@ -108,7 +109,7 @@ def test_refusal_in_generation_names_the_kv_settings(tiny_folder):
     assert capped.terms["kv_cache"].bytes == 248 * 2006 * 32
     with pytest.raises(ConfigError, match=r"in generation, .*KV cache \(0\.03 GB\): lower "
                                           r"actor_rollout_ref\.rollout\.max_num_seqs.*data\.max_response_length$"):
-        check_plan(plan, 1e6, config)
+        check_plan(replace(plan, capacity=1e6), config)
 
 
 def test_qwen_7b_parameter_count():
@@ -150,7 +151,7 @@ def test_gradient_checkpointing_keeps_layer_inputs(tiny_folder):
 
 def test_on_a_gpu_the_load_is_in_host_memory(tiny_folder):
     """Rank 0 reads the full state into host RAM, then broadcasts it to the devices' shards."""
-    plan = plan_memory(load_config(None, tiny_overrides(tiny_folder) + ["trainer.device=cuda"]), TINY)
+    plan = plan_memory(load_config(None, tiny_overrides(tiny_folder) + ["trainer.device=cuda"]), TINY, 80)
     assert plan.phase_bytes("init") == 2896 + 2896  # the shards only
     assert plan.terms["packed_head"].bytes == 0  # the CPU decode's packed projection: not on a GPU
 
@@ -170,3 +171,60 @@ def test_vllm_keeps_its_weights_and_kv_cache_on_a_cpu(tiny_folder):
     assert plan.terms["engine_weights"].bytes == 4 * plan.params  # an fp32 copy of every parameter
     for phase in ("init", "generation", "update"):
         assert {"engine_weights", "kv_cache"} <= set(plan.phases[phase]), phase
+
+
+def shape_of(name):
+    return ModelShape.from_config(read_model_config(f"examples/model_configs/{name}"))
+
+
+def test_mixture_of_experts_counts_every_expert():
+    """Published totals, counted by hand from each config.json (each also equals the count of
+    transformers' model built on the meta device from the same config)."""
+    # Mixtral-8x7B: attention 4096 x 4096 (q) + 2 x 4096 x 1024 (k, v) + 4096 x 4096 (o) = 41,943,040;
+    # 8 experts x 3 x 4096 x 14336 = 1,409,286,144; router 4096 x 8 = 32,768; 2 norms 8,192
+    # -> 1,451,270,144 a layer x 32 = 46,440,644,608; + embedding and head 2 x 32000 x 4096 + norm 4096
+    # = 262,148,096 -> 46,702,792,704 (46.7B; read as one dense MLP: 7.24B)
+    assert shape_of("mixtral-8x7b").params() == 46_702_792_704
+    # Qwen3-30B-A3B: attention 2048 x 4096 + 2 x 2048 x 512 + 4096 x 2048 = 18,874,368, q/k norms 2 x 128;
+    # 128 experts x 3 x 2048 x 768 = 603,979,776; router 2048 x 128 = 262,144; 2 norms 4,096
+    # -> 623,120,640 x 48 = 29,909,790,720; + 2 x 151936 x 2048 + 2048 = 622,331,904 -> 30,532,122,624 (30.5B)
+    assert shape_of("qwen3-30b-a3b").params() == 30_532_122_624
+    # Qwen1.5-MoE-A2.7B (qwen2_moe): attention 4 x 2048^2 + q/k/v biases 3 x 2048 = 16,783,360;
+    # 60 experts x 3 x 2048 x 1408 = 519,045,120; shared expert 3 x 2048 x 5632 = 34,603,008 and its gate 2048;
+    # router 2048 x 60 = 122,880; norms 4,096 -> 570,560,512 x 24 = 13,693,452,288; + 622,331,904 (as above)
+    # -> 14,315,784,192 (14.3B)
+    assert shape_of("qwen1.5-moe-a2.7b").params() == 14_315_784_192
+    # OLMoE-1B-7B: attention 4 x 2048^2 = 16,777,216 + q/k norms over all heads 2 x 2048; 64 experts of
+    # intermediate_size 1024: 64 x 3 x 2048 x 1024 = 402,653,184; router 131,072; norms 4,096
+    # -> 419,569,664 x 16 = 6,713,114,624; + 2 x 50304 x 2048 + 2048 = 206,047,232 -> 6,919,161,856 (6.9B)
+    assert shape_of("olmoe-1b-7b").params() == 6_919_161_856
+
+
+def test_deepseek_latent_attention_and_dense_first_layers():
+    # DeepSeek-V3, multi-head latent attention: q_a 7168 x 1536 = 11,010,048 + its norm 1536
+    # + q_b 1536 x 128 x (128 + 64) = 37,748,736; kv_a 7168 x (512 + 64) = 4,128,768 + its norm 512
+    # + kv_b 512 x 128 x (128 + 128) = 16,777,216; o 128 x 128 x 7168 = 117,440,512 -> 187,107,328; 2 norms 14,336.
+    # 3 dense layers (first_k_dense_replace): + 3 x 7168 x 18432 = 396,361,728 -> 583,483,392 each;
+    # 58 sparse: 256 experts x 3 x 7168 x 2048 = 11,274,289,152 + 1 shared 44,040,192 + router 256 x 7168
+    # = 1,835,008 -> 11,507,286,016 each (the router's score-correction bias is a buffer, not trained).
+    # 3 x 583,483,392 + 58 x 11,507,286,016 = 669,173,039,104; + 2 x 129280 x 7168 + 7168 = 1,853,365,248
+    # -> 671,026,404,352 (671B)
+    assert shape_of("deepseek-v3").params() == 671_026_404_352
+    # DeepSeek-V2-Lite: no q_lora_rank: q 2048 x 16 x 192 = 6,291,456; kv_a 2048 x 576 = 1,179,648 + 512;
+    # kv_b 512 x 16 x 256 = 2,097,152; o 2048 x 2048 = 4,194,304 -> 13,763,072; norms 4,096. 1 dense layer
+    # 3 x 2048 x 10944 = 67,239,936; 26 sparse: 64 x 3 x 2048 x 1408 = 553,648,128 + 2 shared 17,301,504
+    # + router 131,072. 81,007,104 + 26 x 584,847,872 + 2 x 102400 x 2048 + 2048 = 15,706,484,224 (15.7B)
+    assert shape_of("deepseek-v2-lite").params() == 15_706_484_224
+
+
+def test_qwen3_counts_its_query_and_key_norms():
+    # Qwen3-1.7B: attention 2048 x 2048 + 2 x 2048 x 1024 + 2048 x 2048 = 12,582,912 + q/k norms 2 x 128;
+    # MLP 3 x 2048 x 6144 = 37,748,736; 2 norms 4,096 -> 50,336,000 x 28 = 1,409,408,000;
+    # tied embedding 151936 x 2048 + norm 2048 = 311,166,976 -> 1,720,574,976
+    assert shape_of("qwen3-1.7b").params() == 1_720_574_976
+
+
+def test_an_unknown_mixture_of_experts_is_refused():
+    jamba = {**TINY, "model_type": "jamba", "num_experts": 16, "num_experts_per_tok": 2}
+    with pytest.raises(ConfigError, match=r"cannot count model_type 'jamba'.*mixtral, qwen2_moe"):
+        ModelShape.from_config(jamba)
