@@ -228,3 +228,164 @@ def test_an_unknown_mixture_of_experts_is_refused():
     jamba = {**TINY, "model_type": "jamba", "num_experts": 16, "num_experts_per_tok": 2}
     with pytest.raises(ConfigError, match=r"cannot count model_type 'jamba'.*mixtral, qwen2_moe"):
         ModelShape.from_config(jamba)
+
+
+# verl's examples/grpo_trainer/run_qwen3-1.7b.sh on 8 x 80 GB, its paths changed and its keys as rlvr reads them
+QWEN3_1_7B_VERL = ["actor_rollout_ref.model.path=examples/model_configs/qwen3-1.7b", "trainer.device=cuda",
+                   "trainer.n_gpus_per_node=8", "actor_rollout_ref.actor.strategy=fsdp2",
+                   "actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.gpu_memory_utilization=0.6",
+                   "data.train_batch_size=1024", "actor_rollout_ref.rollout.n=5", "data.max_prompt_length=512",
+                   "data.max_response_length=1024", "actor_rollout_ref.actor.ppo_mini_batch_size=256",
+                   "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=32",
+                   "actor_rollout_ref.actor.use_kl_loss=true",
+                   "actor_rollout_ref.model.enable_gradient_checkpointing=true"]
+
+
+def plan_of(overrides, device_memory_gb=None):
+    config = load_config(None, overrides)
+    return plan_memory(config, read_model_config(config.actor_rollout_ref.model.path), device_memory_gb)
+
+
+def test_vllm_on_a_gpu_reserves_its_fraction_of_the_device():
+    plan = plan_of(QWEN3_1_7B_VERL, 80)
+    b = {name: term.bytes for name, term in plan.terms.items()}
+    # vLLM reserves 0.6 x 80 GB = 48 GB while awake: its bf16 weights 2 x 1,720,574,976 = 3,441,149,952
+    # and the KV cache and workspace in the other 44,558,850,048
+    assert b["engine_weights"] == 3_441_149_952
+    assert b["engine_weights"] + b["kv_cache"] == pytest.approx(48e9)
+    # generation: the actor's fp32 shard 4 x 1,720,574,976 / 8 = 860,287,488, the reference's and the AdamW
+    # moments (2 x) = 4 x 860,287,488 = 3,441,149,952, beside the whole reservation
+    assert plan.phase_bytes("generation") == pytest.approx(3_441_149_952 + 48e9)
+    assert plan.phase_bytes("init") == pytest.approx(2 * 860_287_488 + 48e9)  # the engine starts awake
+    # free_cache_engine (default): vLLM sleeps at level 2 for the update, which holds none of it
+    assert not {"engine_weights", "kv_cache"} & set(plan.phases["update"])
+    awake = plan_of(QWEN3_1_7B_VERL + ["actor_rollout_ref.rollout.free_cache_engine=false"], 80)
+    assert awake.phase_bytes("update") == pytest.approx(plan.phase_bytes("update") + 48e9)
+    # gpu_memory_utilization unset: vLLM's 0.5 as rlvr passes it, 40 GB of 80
+    default = plan_of([o for o in QWEN3_1_7B_VERL if "gpu_memory_utilization" not in o], 80)
+    assert default.terms["engine_weights"].bytes + default.terms["kv_cache"].bytes == pytest.approx(40e9)
+    check_plan(plan, load_config(None, QWEN3_1_7B_VERL))  # fits 80 GB
+
+
+def test_a_vllm_reservation_without_room_for_its_kv_cache_is_refused():
+    # 0.04 x 80 GB = 3.2 GB, less than vLLM's 3.44 GB of bf16 weights: vLLM would not start
+    overrides = QWEN3_1_7B_VERL + ["actor_rollout_ref.rollout.gpu_memory_utilization=0.04"]
+    plan = plan_of(overrides, 80)
+    assert plan.terms["kv_cache"].bytes == pytest.approx(3.2e9 - 3_441_149_952)
+    with pytest.raises(ConfigError, match=r"vLLM would refuse to start.*raise actor_rollout_ref\.rollout\."
+                                          r"gpu_memory_utilization"):
+        check_plan(plan, load_config(None, overrides))
+
+
+def vllm_on_a_cpu(folder):
+    return [f"actor_rollout_ref.model.path={folder}", "trainer.device=cpu", "actor_rollout_ref.rollout.name=vllm",
+            "actor_rollout_ref.rollout.dtype=float32", "actor_rollout_ref.rollout.max_num_seqs=4",
+            "actor_rollout_ref.rollout.max_model_len=200"]
+
+
+def test_vllm_on_a_cpu_with_gpu_memory_utilization_takes_that_fraction_of_the_host(tiny_folder, monkeypatch):
+    """vLLM's CPU worker: KV cache = utilization x the host's memory - the process's memory when it
+    starts (cpu_worker.determine_available_memory); rlvr's 1 GiB cap applies only without the key."""
+    monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
+    overrides = vllm_on_a_cpu(tiny_folder) + ["actor_rollout_ref.rollout.gpu_memory_utilization=0.5"]
+    plan = plan_of(overrides, 10)
+    # 0.5 x 10 GB, less the actor's fp32 weights 4 x 1448 = 5792, the reference's and vLLM's fp32 copy
+    assert plan.terms["kv_cache"].bytes == 5e9 - 3 * 5792
+    # VLLM_CPU_KVCACHE_SPACE (GiB), when set, sizes it instead (vllm/platforms/cpu.py)
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "3")
+    assert plan_of(overrides, 10).terms["kv_cache"].bytes == 3 * 2**30
+    # 0.5 x 10 kB cannot even hold the weights: vLLM raises, and so does the plan
+    monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE")
+    with pytest.raises(ConfigError, match="vLLM would refuse to start"):
+        check_plan(plan_of(overrides, 1e-5), load_config(None, overrides))
+
+
+def test_deepseek_under_vllm_caches_the_latent(tmp_path):
+    """vLLM caches DeepSeek's kv_lora_rank latent and the rope key per layer, not full keys and values."""
+    plan = plan_of(["actor_rollout_ref.model.path=examples/model_configs/deepseek-v3", "trainer.device=cpu",
+                    "actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.dtype=bfloat16",
+                    "actor_rollout_ref.rollout.max_num_seqs=1", "actor_rollout_ref.rollout.max_model_len=200"], 1e6)
+    # 61 layers x (512 + 64) values x 2 bytes = 70,272 bytes a token x 200 positions x 1 row
+    assert plan.terms["kv_cache"].bytes == 14_054_400
+
+
+def test_a_critic_holds_its_weights_gradients_moments_and_update(tiny_folder):
+    plan = plan_memory(load_config(None, tiny_overrides(tiny_folder) + ["algorithm.adv_estimator=gae",
+                                                                        "critic.ppo_mini_batch_size=4"]), TINY)
+    b = {name: term.bytes for name, term in plan.terms.items()}
+    # the value model: the tied backbone (1448) and a value head 8 + bias 1 -> 1457, fp32 over 2 ranks
+    assert b["critic_weights"] == b["critic_gradients"] == 4 * 1457 / 2 == 2914
+    assert b["critic_optimizer"] == 5828
+    # critic micro-batch 8 rows, at most the 4 a rank has, x 16 tokens = 64 x 128 values x 2 layers x 4 bytes
+    assert b["critic_activations"] == 64 * 128 * 2 * 4 == 65536
+    # root: embedding 32 x 8, final norm 8, value head 9 = 273; with one layer (592) gathered in fp32:
+    # (273 + 592) x 4 = 3460, their gradients and reduce-scatter copies 2 x (273 + 592) x 4 = 6920
+    assert b["critic_gathered"] == 10380
+    # its update: the actor's shards, reference and moments (2896 + 2896 + 5792) beside all of the above
+    assert plan.phase_bytes("critic update") == 11584 + 2914 + 2914 + 5828 + 65536 + 10380 == 99156
+    # the actor's update keeps the critic's weights and moments: 67312 + 2914 + 5828
+    assert plan.phase_bytes("update") == 76054
+    assert plan.peak_phase == "critic update"
+
+
+def test_dapo_generates_gen_batch_size_prompts(tiny_folder):
+    overrides = tiny_overrides(tiny_folder) + ["algorithm.filter_groups.enable=true", "data.gen_batch_size=12"]
+    plan = plan_memory(load_config(None, overrides), TINY)
+    # 12 prompts x 2 / 2 ranks = 12 rows, each 2 (K, V) x 2 layers x 4 dims x 16 positions x 2 bytes = 512
+    assert plan.rows_per_rank == 12 and plan.terms["kv_cache"].bytes == 12 * 512
+
+
+def test_dynamic_batch_size_counts_the_token_budget(tiny_folder):
+    overrides = tiny_overrides(tiny_folder) + ["actor_rollout_ref.actor.use_dynamic_bsz=true",
+                                               "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=100"]
+    config = load_config(None, overrides)
+    plan = plan_memory(config, TINY)
+    # up to 100 tokens (not 2 rows x 16): 128 values x 2 layers x 100 x 4 bytes
+    assert plan.terms["activations"].bytes == 102_400
+    # up to 100 response tokens, fp32 x vocab 32, plus two chunks in flight
+    assert plan.terms["logits"].bytes == 4 * 32 * (100 + 2 * 100)
+    with pytest.raises(ConfigError, match="lower actor_rollout_ref.actor.ppo_max_token_len_per_gpu"):
+        check_plan(replace(plan, capacity=1000), config)
+
+
+def test_without_reshard_after_forward_every_layer_stays_gathered(tiny_folder):
+    overrides = tiny_overrides(tiny_folder) + ["actor_rollout_ref.actor.fsdp_config.reshard_after_forward=false"]
+    plan = plan_memory(load_config(None, overrides), TINY)
+    # the whole model, 1448 x 4 bytes (fp32 on a CPU), and the gradients in flight as before (8960)
+    assert plan.terms["gathered"].bytes == 1448 * 4 + 8960
+
+
+def test_resume_reads_weights_and_optimizer_into_rank_0s_host_ram(tiny_folder):
+    plan = plan_memory(load_config(None, tiny_overrides(tiny_folder) + ["trainer.device=cuda"]), TINY, 80)
+    # rank 0 reads the fp32 weights and both fp32 moments: 12 x 1448 bytes, in host RAM on a GPU
+    assert plan.terms["resume_read"].host and plan.host_bytes("resume") == 12 * 1448
+    assert plan.phase_bytes("resume") == 2896 + 2896 + 5792  # the shards and the moments loaded into them
+    on_cpu = plan_memory(load_config(None, tiny_overrides(tiny_folder)), TINY)
+    assert on_cpu.phase_bytes("resume") == 11584 + 12 * 1448  # a CPU's host RAM is its device
+    no_resume = plan_memory(load_config(None, tiny_overrides(tiny_folder) + ["trainer.resume_mode=disable"]), TINY)
+    assert "resume" not in no_resume.phases
+
+
+def test_on_gpu_follows_trainer_device(tiny_folder, monkeypatch):
+    import torch
+
+    from rlvr.trainer.memory_plan import on_gpu
+
+    base = [f"actor_rollout_ref.model.path={tiny_folder}"]
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert not on_gpu(load_config(None, base + ["trainer.device=cpu"]))
+    assert on_gpu(load_config(None, base + ["trainer.device=auto"]))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert on_gpu(load_config(None, base + ["trainer.device=cuda"]))
+    assert not on_gpu(load_config(None, base + ["trainer.device=auto"]))
+
+
+def test_a_gpu_plan_on_a_machine_without_one_asks_for_the_capacity(monkeypatch, capsys):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert cli.main(["plan", *QWEN3_1_7B_VERL]) == 2
+    assert "--device-memory-gb" in capsys.readouterr().err
+    assert cli.main(["plan", "--device-memory-gb", "80", *QWEN3_1_7B_VERL]) == 0
+    out = capsys.readouterr().out
+    assert "0.6 x 80.00 GB = 48.00 GB" in out and "rank 0's host RAM 20.65 GB" in out  # 12 x 1.72B bytes
