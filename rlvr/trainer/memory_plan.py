@@ -1,16 +1,21 @@
 """The memory plan: per-device bytes of a run, from the model's config.json alone.
 
-``plan_memory(config, model_config)`` counts what rlvr's code holds on each device (one
-data-parallel rank), phase by phase, and ``check_plan`` refuses a plan over the device's
-capacity before anything loads, naming the setting to change. ``bench/memory.py`` measures
-the same phases (per-rank peak resident memory on a 0.31B synthetic model at 1, 2 and 4
-ranks) next to this plan's figures.
+``plan_memory(config, model_config, device_memory_gb)`` counts what rlvr's code holds on each
+device (one data-parallel rank), phase by phase (init, resume, generation, update, and the
+critic's update), on a device of the given capacity (else this machine's GPU, or its RAM shared
+by its CPU ranks); ``check_plan`` refuses a plan over that capacity before anything loads,
+naming the setting to change. ``bench/memory.py`` measures init, generation and update (per-rank
+peak resident memory on a 0.31B synthetic model at 1, 2 and 4 ranks) next to this plan's figures.
 
+- The model: dense layers as config.json says, and mixtures of experts counted expert by expert
+  (Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE, DeepSeek-V2/V3: routed and shared experts, the router,
+  dense first layers, DeepSeek's latent attention); another family with experts is refused.
 - ``strategy=fsdp2``: init holds, on rank 0, the fp32 state read once from disk beside the
   actor's and the reference's shards (the other ranks: their shards and one tensor in
   flight); a rollout gathers the unsharded engine weights in ``rollout.dtype`` and frees them
   when it ends; the update gathers the root unit (embedding, head) for its forward and one
-  layer at a time, and their unsharded gradients in the backward.
+  layer at a time (every layer, kept until the backward, with ``reshard_after_forward=false``),
+  and their unsharded gradients in the backward.
 - ``strategy=local``: the loaded model, its reference copy, and (``rollout.dtype=bfloat16``)
   the engine's own bf16 copy are all kept for the run; with a float32 rollout the engine
   shares the actor's weights.
@@ -18,14 +23,28 @@ ranks) next to this plan's figures.
   and freed after each optimizer step; AdamW keeps two fp32 moments (``optimizer_offload``
   moves them to the CPU while generation runs, ``param_offload`` the actor's, and
   ``ref.fsdp_config.param_offload`` the reference's shards, all under fsdp2 only).
-- Decoding on a CPU, the lean step keeps a prepacked copy of the vocabulary projection.
-- The KV cache holds the rows of one wave (rows per rank, or the whole groups that fit in
-  ``rollout.max_num_seqs``) of (longest prompt + max_response_length) positions in the
-  rollout dtype.
-- The update's activations are first order: per token and layer about 8 hidden + 4
-  intermediate values kept for the backward (one hidden value with gradient checkpointing,
-  plus one layer recomputed), and the fp32 (tokens, V) log-softmax of every response token of
-  the micro-batch, which ``forward.token_log_probs`` computes in chunks but autograd keeps.
+- Resume: rank 0 reads the fp32 weights and the whole AdamW state (12 bytes a parameter);
+  files read on rank 0 (at init and at resume) are host RAM on a GPU, listed apart from the
+  device's bytes.
+- The native engine's KV cache holds the rows of one wave (rows per rank, from
+  ``data.gen_batch_size`` when set, or the whole groups that fit in ``rollout.max_num_seqs``)
+  of (longest prompt + max_response_length) positions in the rollout dtype; decoding on a CPU,
+  the lean step keeps a prepacked copy of the vocabulary projection.
+- vLLM on a GPU reserves ``gpu_memory_utilization`` (0.5 when unset) x the device's memory for
+  its weights, KV cache and workspace while awake, from init on; with ``free_cache_engine`` it
+  sleeps at level 2 between rollouts (weights and KV cache discarded), so the update holds none
+  of it. vLLM on a CPU never sleeps; its KV cache is ``VLLM_CPU_KVCACHE_SPACE`` GiB when set, else
+  ``gpu_memory_utilization`` x the host's memory less what the process holds when vLLM starts,
+  else rlvr's ``max_num_seqs`` x ``max_model_len`` capped at ``CPU_KV_CACHE_CAP``.
+- The update's activations are first order: per token and layer about 8 hidden + 4 MLP-wide
+  values (an MoE layer's: its active experts') kept for the backward (one hidden value with
+  gradient checkpointing, plus one layer recomputed), and the fp32 (tokens, V) log-softmax of
+  every response token of the micro-batch, which ``forward.token_log_probs`` computes in chunks
+  but autograd keeps. A micro-batch is ``ppo_micro_batch_size_per_gpu`` rows, or with
+  ``use_dynamic_bsz`` up to ``ppo_max_token_len_per_gpu`` tokens (one longer row alone).
+- A critic (``adv_estimator=gae``): the backbone with a one-output value head, sharded like the
+  actor, with its own gradients, AdamW moments and update activations (no log-softmax); its
+  weights and moments stay on the device in every phase after init.
 
 Terms marked "full copy" do not shrink with more ranks.
 """
