@@ -300,13 +300,16 @@ def test_vllm_on_a_cpu_with_gpu_memory_utilization_takes_that_fraction_of_the_ho
         check_plan(plan_of(overrides, 1e-5), load_config(None, overrides))
 
 
-def test_deepseek_under_vllm_caches_the_latent(tmp_path):
-    """vLLM caches DeepSeek's kv_lora_rank latent and the rope key per layer, not full keys and values."""
-    plan = plan_of(["actor_rollout_ref.model.path=examples/model_configs/deepseek-v3", "trainer.device=cpu",
-                    "actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.dtype=bfloat16",
-                    "actor_rollout_ref.rollout.max_num_seqs=1", "actor_rollout_ref.rollout.max_model_len=200"], 1e6)
-    # 61 layers x (512 + 64) values x 2 bytes = 70,272 bytes a token x 200 positions x 1 row
-    assert plan.terms["kv_cache"].bytes == 14_054_400
+def test_vllm_needs_one_row_of_kv_cache_and_caches_deepseeks_latent():
+    """vLLM starts only with room for one max_model_len row; for DeepSeek's latent attention a token's
+    row is the kv_lora_rank latent and the rope key per layer, not full keys and values."""
+    plan = plan_of(["actor_rollout_ref.model.path=examples/model_configs/deepseek-v2-lite", "trainer.device=cuda",
+                    "actor_rollout_ref.rollout.name=vllm", "data.max_prompt_length=512",
+                    "data.max_response_length=1024"], 80)
+    # 27 layers x (512 + 64) values x 2 bytes (bf16) x 1536 positions
+    assert plan.kv_floor == 27 * 576 * 2 * 1536 == 47_775_744
+    # Qwen3-1.7B: keys and values, 2 x 28 layers x 8 kv heads x 128 x 2 bytes = 114,688 a token x 1536
+    assert plan_of(QWEN3_1_7B_VERL, 80).kv_floor == 176_160_768
 
 
 def test_a_critic_holds_its_weights_gradients_moments_and_update(tiny_folder):
