@@ -319,17 +319,18 @@ def plan_memory(config: RLVRConfig, model_cfg: dict, device_memory_gb: float | N
     run ``config`` on a device of ``device_memory_gb`` (None: this machine's device)."""
     capacity, source = device_capacity(config, device_memory_gb)
     run = Run(config, ModelShape.from_config(model_cfg), on_gpu(config), capacity)
+    critic = critic_shape(config, model_cfg) if config.algorithm.adv_estimator == "gae" else None
     t: dict[str, Term] = {}
     state_terms(run, t)
-    read_terms(run, t)
+    read_terms(run, t, critic)
     if run.vllm:
         kv_floor = vllm_terms(run, t)
     else:
         kv_floor = 0.0
         native_engine_terms(run, t)
     update_terms(run, t)
-    if config.algorithm.adv_estimator == "gae":
-        critic_terms(run, t, critic_shape(config, model_cfg))
+    if critic is not None:
+        critic_terms(run, t, critic)
     gen_prompts = config.data.gen_batch_size or config.data.train_batch_size
     return MemoryPlan(run.world, run.shape.params(), run.rows(gen_prompts), capacity, source, t, phases(run, t),
                       kv_floor)
@@ -348,13 +349,11 @@ def state_terms(run: Run, t: dict[str, Term]) -> None:
                           "" if use_ref else "no KL term: none")
 
 
-def read_terms(run: Run, t: dict[str, Term]) -> None:
+def read_terms(run: Run, t: dict[str, Term], critic: ModelShape | None) -> None:
     """What rank 0 reads from files: the fp32 model at a sharded init (then broadcast shard by shard),
     and at resume the fp32 weights with the whole AdamW state (``fsdp.load_checkpoint_state``; a
     critic's are read after the actor's are freed). On a GPU that is host RAM."""
-    P = run.shape.params()
-    if run.config.algorithm.adv_estimator == "gae":
-        P = max(P, run.shape.critic_params())
+    P = max(run.shape.params(), critic.critic_params() if critic else 0)
     where = "read into host memory" if run.gpu else "freed once loaded"
     if run.sharded:
         t["init_read"] = Term("full fp32 state read at load (rank 0)", 4 * P, True, where, host=run.gpu)
