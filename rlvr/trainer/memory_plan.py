@@ -617,8 +617,10 @@ def check_plan(plan: MemoryPlan, config: RLVRConfig) -> None:
     start (a KV cache short of one max_model_len row), naming the setting to change."""
     kv = plan.terms["kv_cache"]
     if kv.bytes < plan.kv_floor:
-        raise ConfigError(f"vLLM would refuse to start: its KV cache gets {kv.bytes / GB:.2f} GB ({kv.note}), less "
-                          f"than the {plan.kv_floor / GB:.3f} GB of one row of max_model_len; raise "
+        weights = plan.terms["engine_weights"].bytes
+        raise ConfigError(f"vLLM would refuse to start: beside its weights ({weights / GB:.2f} GB) its KV cache gets "
+                          f"{kv.bytes / GB:.2f} GB ({kv.note}), less than the {plan.kv_floor / GB:.3f} GB of one row "
+                          "of max_model_len; raise "
                           "actor_rollout_ref.rollout.gpu_memory_utilization or lower "
                           "actor_rollout_ref.rollout.max_model_len")
     if plan.peak > plan.capacity:
