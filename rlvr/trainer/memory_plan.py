@@ -77,6 +77,8 @@ EXPERT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts")  # Qwen/O
 
 @dataclass
 class ModelShape:
+    """The sizes of a decoder-only model that its bytes follow from, read from its config.json."""
+
     hidden: int
     layers: int
     heads: int
@@ -392,8 +394,9 @@ def vllm_terms(run: Run, t: dict[str, Term]) -> float:
     and workspace while awake; with free_cache_engine it sleeps between rollouts at level 2 (weights
     and KV cache discarded: the device keeps ~nothing of it; level 1 would keep the weights in host
     RAM). vLLM's CPU worker never sleeps, and sizes its KV cache from VLLM_CPU_KVCACHE_SPACE (GiB)
-    when set, else from gpu_memory_utilization of the host's memory less what the process already
-    holds (``cpu_worker.determine_available_memory``), else rlvr's CPU_KV_CACHE_CAP sizing."""
+    when set, else from gpu_memory_utilization of the host's memory (its NUMA node's, where it has
+    several) less what the process already holds (``cpu_worker.determine_available_memory``), else
+    rlvr's CPU_KV_CACHE_CAP sizing."""
     arr, P = run.arr, run.shape.params()
     weights = run.roll_b * P
     max_len = arr.rollout.max_model_len or run.positions

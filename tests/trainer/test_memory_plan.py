@@ -392,3 +392,18 @@ def test_a_gpu_plan_on_a_machine_without_one_asks_for_the_capacity(monkeypatch, 
     assert cli.main(["plan", "--device-memory-gb", "80", *QWEN3_1_7B_VERL]) == 0
     out = capsys.readouterr().out
     assert "0.6 x 80.00 GB = 48.00 GB" in out and "rank 0's host RAM 20.65 GB" in out  # 12 x 1.72B bytes
+
+
+def test_a_mixture_of_experts_update_gathers_every_expert_and_runs_its_active_ones():
+    plan = plan_of(["actor_rollout_ref.model.path=examples/model_configs/mixtral-8x7b", "trainer.device=cuda",
+                    "trainer.n_gpus_per_node=8", "actor_rollout_ref.actor.strategy=fsdp2",
+                    "data.train_batch_size=8", "actor_rollout_ref.rollout.n=2",
+                    "actor_rollout_ref.actor.ppo_mini_batch_size=8", "data.max_prompt_length=1024",
+                    "data.max_response_length=1024", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1"], 80)
+    # per token and layer: 8 x 4096 hidden values + 4 x (2 active experts x 14336) = 147,456; x 32 layers
+    # x 2048 tokens x 2 bytes (bf16 on a GPU) = 19,327,352,832
+    assert plan.terms["activations"].bytes == 147_456 * 32 * 2048 * 2 == 19_327_352_832
+    # FSDP2 gathers a whole layer, all 8 experts: 1,451,270,144 parameters, with the root (untied embedding
+    # and head 2 x 32000 x 4096 + norm 4096 = 262,148,096), in bf16: 3,426,836,480; their fp32 gradients and
+    # reduce-scatter copies 2 x (262,148,096 + 1,451,270,144) x 4 = 13,707,345,920
+    assert plan.terms["gathered"].bytes == 3_426_836_480 + 13_707_345_920
