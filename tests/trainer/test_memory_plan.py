@@ -265,6 +265,11 @@ def test_vllm_on_a_gpu_reserves_its_fraction_of_the_device():
     default = plan_of([o for o in QWEN3_1_7B_VERL if "gpu_memory_utilization" not in o], 80)
     assert default.terms["engine_weights"].bytes + default.terms["kv_cache"].bytes == pytest.approx(40e9)
     check_plan(plan, load_config(None, QWEN3_1_7B_VERL))  # fits 80 GB
+    # 0.99 x 80 = 79.2 GB beside the actor's 3.44 GB of shards, reference and moments: over 80 GB
+    greedy = QWEN3_1_7B_VERL + ["actor_rollout_ref.rollout.gpu_memory_utilization=0.99"]
+    with pytest.raises(ConfigError, match=r"82\.64 GB per device in (resume|generation).*vLLM's KV cache and "
+                                          r"workspace.*lower actor_rollout_ref\.rollout\.gpu_memory_utilization"):
+        check_plan(plan_of(greedy, 80), load_config(None, greedy))
 
 
 def test_a_vllm_reservation_without_room_for_its_kv_cache_is_refused():
