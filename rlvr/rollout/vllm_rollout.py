@@ -108,6 +108,7 @@ def _on_gpu() -> bool:
 
 
 CPU_KV_CACHE_CAP = 2**30  # bytes: on a CPU the KV cache stays allocated beside training (no sleep mode)
+GPU_MEMORY_UTILIZATION = 0.5  # the device fraction vLLM reserves on a GPU when the config says none (verl's default)
 
 
 def cpu_kv_cache_bytes(bytes_per_token: int, max_num_seqs: int, max_model_len: int) -> int:
@@ -152,7 +153,7 @@ class VLLMRollout(BaseRollout):
                     generation_config="vllm",  # sampling comes from rlvr's config, not the folder's defaults
                     logprobs_mode="processed_logprobs")
         if _on_gpu():
-            args.update(gpu_memory_utilization=cfg.gpu_memory_utilization or 0.5,
+            args.update(gpu_memory_utilization=cfg.gpu_memory_utilization or GPU_MEMORY_UTILIZATION,
                         enable_sleep_mode=cfg.free_cache_engine)
         elif cfg.gpu_memory_utilization is not None:
             args.update(gpu_memory_utilization=cfg.gpu_memory_utilization)  # a fraction of the host's memory
