@@ -42,7 +42,15 @@ def _cmd_prepare(args: argparse.Namespace) -> None:
         print(f"wrote {split}: {path}")
 
 
+def _terminate_as_interrupt(signum, frame) -> None:
+    """SIGTERM (what timeout, Slurm and Kubernetes send) stops a run as Ctrl-C does: the complete
+    step is saved and the message says how to resume, instead of dying with every unsaved step."""
+    raise KeyboardInterrupt
+
+
 def _cmd_train(args: argparse.Namespace) -> None:
+    import signal
+
     import torch
 
     from rlvr.trainer.main import run_training
@@ -51,6 +59,7 @@ def _cmd_train(args: argparse.Namespace) -> None:
         _cmd_plan(args)
         return
     torch.set_num_threads(max(1, torch.get_num_threads()))
+    signal.signal(signal.SIGTERM, _terminate_as_interrupt)
     run_training(load_config(args.config, args.overrides))
 
 

@@ -98,6 +98,38 @@ def test_killed_run_resumes_exactly(tiny_config, tmp_path):
     assert all(torch.equal(a, b) for a, b in zip(weights(resumed), weights(reference)))
 
 
+def test_sigterm_saves_the_step_as_ctrl_c_does(tiny_config, tmp_path):
+    """SIGTERM (timeout, Slurm, Kubernetes) stops `rlvr train` as Ctrl-C does: with no periodic
+    saves (save_freq=-1), step 2 is saved when step 3 is cut short, the exit status is Ctrl-C's
+    (130) with the resume hint, and the run resumes from step 2 (that such a save resumes
+    exactly is test_ctrl_c_anywhere_resumes_to_the_uninterrupted_run's). Before, the process
+    died at once (status -15) and lost both steps."""
+    config = tiny_config("trainer.total_training_steps=4", "trainer.save_freq=-1",
+                         f"trainer.default_local_dir={tmp_path / 'term'}", "trainer.val_before_train=false")
+    from rlvr.config import to_yaml
+    cfg_file = tmp_path / "config.yaml"
+    cfg_file.write_text(to_yaml(config))
+    slow = tmp_path / "slow.py"  # step 3 waits long enough to be terminated in
+    slow.write_text("import sys, time\nfrom rlvr.cli import main\nfrom rlvr.trainer import ppo_trainer\n"
+                    "orig = ppo_trainer.RLTrainer.train_step\n"
+                    "def train_step(self, batch, more):\n    if self.global_step == 3: time.sleep(60)\n"
+                    "    return orig(self, batch, more)\n"
+                    "ppo_trainer.RLTrainer.train_step = train_step\nsys.exit(main(['train', '--config', sys.argv[1]]))\n")
+    proc = subprocess.Popen([sys.executable, str(slow), str(cfg_file)], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+    metrics = tmp_path / "term" / "metrics.jsonl"
+    deadline = time.time() + 120
+    while not (metrics.exists() and '"step": 2' in metrics.read_text()) and time.time() < deadline:
+        time.sleep(0.2)
+    time.sleep(0.5)  # into step 3's wait
+    os.kill(proc.pid, signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    assert "resume" in err and "Traceback" not in err
+    assert latest_checkpoint(tmp_path / "term" / "checkpoints").name == "global_step_2"
+    assert build_trainer(config, progress_bar=False).global_step == 2
+
+
 def test_save_killed_midway_leaves_previous_checkpoint(tiny_config, tmp_path):
     config, trainer = full_run(tiny_config, tmp_path / "run", "trainer.total_training_steps=2", "trainer.save_freq=1")
     root = tmp_path / "run" / "checkpoints"
