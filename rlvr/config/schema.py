@@ -126,8 +126,10 @@ class FSDPConfig:
 
 @dataclass
 class ActorConfig:
-    strategy: str = "local"
-    """local (one process, one device) | fsdp2 (sharded over the data-parallel ranks)."""
+    strategy: str = "auto"
+    """local (one process, one device) | fsdp2 (sharded over the data-parallel ranks) | fsdp (verl's
+    name and default for sharding: taken as fsdp2) | auto (local on one device, fsdp2 on more, as a
+    verl script that sets no strategy shards). Resolved at load; the saved config says which."""
     fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
     ppo_mini_batch_size: int = 8
     """Prompts per optimizer step (times ``rollout.n`` responses)."""

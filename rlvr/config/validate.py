@@ -51,12 +51,8 @@ def _batch_sizes(cfg: RLVRConfig) -> list[str]:
             f"data.train_batch_size = {data.train_batch_size} prompts; lower ppo_mini_batch_size "
             f"to at most {data.train_batch_size}"
         )
-    elif data.train_batch_size % actor.ppo_mini_batch_size:
-        errors.append(
-            f"train_batch_size x n = {data.train_batch_size * n} is not divisible by "
-            f"ppo_mini_batch_size x n = {actor.ppo_mini_batch_size * n}; every optimizer step must see a "
-            f"whole mini-batch: choose ppo_mini_batch_size among the divisors of {data.train_batch_size}"
-        )
+    # train_batch_size need not be a multiple of ppo_mini_batch_size: as in verl, the last mini-batch is
+    # smaller (and, both being multiples of the device count, still splits evenly over the devices)
     # data-parallel ranks get whole prompt groups: prompt counts must split evenly
     for key, prompts in (("data.train_batch_size", data.train_batch_size),
                          ("data.gen_batch_size", data.gen_batch_size or world),
@@ -147,10 +143,10 @@ def _rollout_engine(cfg: RLVRConfig) -> list[str]:
     if importlib.util.find_spec("vllm") is None:
         errors.append(f"{key}.name=vllm needs vLLM: `make setup` installs its CPU build (requirements/lock-cpu.txt); "
                       "on a GPU install the vllm release built for your torch")
-    if rollout.tensor_model_parallel_size != 1:
-        errors.append(f"{key}.tensor_model_parallel_size = {rollout.tensor_model_parallel_size}: each training rank "
-                      "runs its own in-process vLLM engine on its own device; spanning devices needs vLLM's external "
-                      "launcher, which rlvr does not build. Set it to 1 (more ranks: trainer.n_gpus_per_node)")
+    tp, world = rollout.tensor_model_parallel_size, cfg.trainer.n_gpus_per_node * cfg.trainer.nnodes
+    if tp < 1 or world % tp:
+        errors.append(f"{key}.tensor_model_parallel_size = {tp} must be >= 1 and divide the {world} devices "
+                      "(n_gpus_per_node x nnodes): each engine spans tensor_model_parallel_size of them")
     if not arr.hybrid_engine:
         errors.append(f"{key}.name=vllm runs colocated with the actor (actor_rollout_ref.hybrid_engine=true); rollout "
                       "workers of their own use the native engine")
@@ -432,6 +428,25 @@ def _distributed(cfg: RLVRConfig) -> list[str]:
                       "(`ray start --head` on one node, `ray start --address=HEAD:6379` on the others) and set "
                       "ray_kwargs.ray_init.address=auto")
     return errors
+
+
+def _not_trainable(cfg: RLVRConfig) -> list[str]:
+    """What ``rlvr plan`` answers for but training cannot run yet."""
+    tp = cfg.actor_rollout_ref.rollout.tensor_model_parallel_size
+    if cfg.actor_rollout_ref.rollout.name != "vllm" or tp == 1:
+        return []
+    return [f"actor_rollout_ref.rollout.tensor_model_parallel_size = {tp} cannot train yet: rlvr's vLLM rollout runs "
+            "one in-process engine per training rank, on that rank's device; one engine spanning "
+            f"{tp} ranks (verl's hybrid engine: vLLM's external_launcher in each rank, the actor's FSDP shards "
+            "resharded into the engine's TP shards) is not built. `rlvr plan` answers for the GPU; to train set it "
+            "to 1 (each rank then holds the whole model in its engine)"]
+
+
+def check_trainable(cfg: RLVRConfig) -> None:
+    """Raise ConfigError when ``cfg`` is valid (``rlvr plan`` answers for it) but cannot train yet."""
+    errors = _not_trainable(cfg)
+    if errors:
+        raise ConfigError("cannot train this config:\n  - " + "\n  - ".join(errors))
 
 
 def validate(cfg: RLVRConfig) -> None:
