@@ -48,8 +48,8 @@ VERL_NO_EFFECT: dict[str, tuple[str, tuple | None]] = {
     "actor_rollout_ref.actor.fsdp_config.forward_prefetch": ("FSDP2 prefetches the next layer by default", None),
     "actor_rollout_ref.actor.fsdp_config.offload_policy": (
         "offload is between phases (fsdp_config.param_offload, optimizer_offload), not inside a step", (False,)),
-    "critic.model.fsdp_config": ("the critic is replicated on every rank (its gradients are all-reduced), "
-                                 "not sharded", None),
+    "critic.model.fsdp_config": ("the critic is sharded like the actor (actor.strategy, its mixed precision) and "
+                                 "never offloaded; its own fsdp_config is not read", None),
     "actor_rollout_ref.actor.ulysses_sequence_parallel_size": ("sequence parallelism is not implemented", (1,)),
     "actor_rollout_ref.actor.checkpoint": ("a checkpoint always holds the model, optimizer, scheduler and RNG", None),
     "actor_rollout_ref.model.fused_kernel_options": (
