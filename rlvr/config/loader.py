@@ -309,6 +309,7 @@ def load_config(config_file: str | Path | None = None, overrides: Iterable[str] 
     import_custom_modules(cfg.custom_modules)
     resolve_precision(cfg)
     resolve_strategy(cfg)
+    resolve_critic_batches(cfg)
     validate(cfg)
     return cfg
 
@@ -345,6 +346,17 @@ def resolve_strategy(cfg: RLVRConfig) -> None:
         actor.strategy = "fsdp2"
     elif actor.strategy == "auto":
         actor.strategy = "local" if trainer.n_gpus_per_node * trainer.nnodes == 1 else "fsdp2"
+
+
+def resolve_critic_batches(cfg: RLVRConfig) -> None:
+    """The critic's mini-batch and epochs follow the actor's unless set, as verl's
+    ``critic.ppo_mini_batch_size: ${actor_rollout_ref.actor.ppo_mini_batch_size}``: a verl PPO
+    script that sets only the actor's gets the same number of critic steps as under verl."""
+    critic, actor = cfg.critic, cfg.actor_rollout_ref.actor
+    if critic.ppo_mini_batch_size is None:
+        critic.ppo_mini_batch_size = actor.ppo_mini_batch_size
+    if critic.ppo_epochs is None:
+        critic.ppo_epochs = actor.ppo_epochs
 
 
 RUN_LENGTH_KEYS = ("trainer.total_epochs", "trainer.total_training_steps")

@@ -53,10 +53,16 @@ def _batch_sizes(cfg: RLVRConfig) -> list[str]:
         )
     # train_batch_size need not be a multiple of ppo_mini_batch_size: as in verl, the last mini-batch is
     # smaller (and, both being multiples of the device count, still splits evenly over the devices)
+    critic_minis = [("critic.ppo_mini_batch_size", cfg.critic.ppo_mini_batch_size)] \
+        if cfg.algorithm.adv_estimator == "gae" else []
+    for key, prompts in critic_minis:
+        if not 1 <= prompts <= data.train_batch_size:
+            errors.append(f"{key} = {prompts} prompts must be in 1..data.train_batch_size = {data.train_batch_size}")
     # data-parallel ranks get whole prompt groups: prompt counts must split evenly
     for key, prompts in (("data.train_batch_size", data.train_batch_size),
                          ("data.gen_batch_size", data.gen_batch_size or world),
-                         ("actor_rollout_ref.actor.ppo_mini_batch_size", actor.ppo_mini_batch_size)):
+                         ("actor_rollout_ref.actor.ppo_mini_batch_size", actor.ppo_mini_batch_size),
+                         *critic_minis):
         if prompts % world:
             errors.append(
                 f"{key} = {prompts} prompts cannot be split evenly over {world} devices (n_gpus_per_node x nnodes; "

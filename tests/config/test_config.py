@@ -489,3 +489,16 @@ def test_a_verl_key_asking_for_what_rlvr_does_not_do_is_refused():
     with pytest.raises(ConfigError, match=r"ray_kwargs.timeline_json_file='t.json' .* cannot be honoured: no Ray "
                                           r"timeline is written"):
         load_config(overrides=["ray_kwargs.timeline_json_file=t.json"])
+
+
+def test_the_critic_steps_like_the_actor_unless_told_otherwise():
+    # verl: critic.ppo_mini_batch_size = ${actor.ppo_mini_batch_size}, ppo_epochs likewise; its PPO scripts
+    # set only the actor's (256 of 1024 prompts: 4 critic steps a step, not 128 of rlvr's old default 8)
+    cfg = load_config(overrides=["algorithm.adv_estimator=gae", "data.train_batch_size=16",
+                                 "actor_rollout_ref.actor.ppo_mini_batch_size=4", "actor_rollout_ref.actor.ppo_epochs=2"])
+    assert (cfg.critic.ppo_mini_batch_size, cfg.critic.ppo_epochs) == (4, 2)
+    cfg = load_config(overrides=["algorithm.adv_estimator=gae", "critic.ppo_mini_batch_size=2", "critic.ppo_epochs=3"])
+    assert (cfg.critic.ppo_mini_batch_size, cfg.critic.ppo_epochs) == (2, 3)
+    with pytest.raises(ConfigError, match="critic.ppo_mini_batch_size = 3 prompts cannot be split evenly over 2 devices"):
+        load_config(overrides=["algorithm.adv_estimator=gae", "critic.ppo_mini_batch_size=3",
+                               "trainer.n_gpus_per_node=2", "trainer.device=cpu"])
