@@ -296,6 +296,7 @@ def load_config(config_file: str | Path | None = None, overrides: Iterable[str] 
         except OmegaConfBaseException as err:
             raise ConfigError(_explain(err, source)) from None
         _one_run_length(data, source, merged, defaults, set_by)
+        merged = _ppo_group_size(data, source, merged)
     for key in deletions:
         if key not in known_keys():
             raise ConfigError(f"unknown config key {key!r} (from the command line, ~{key}){_nearest(key)}")
@@ -382,6 +383,22 @@ def _one_run_length(data: dict[str, Any], source: str, merged, defaults, set_by:
               file=sys.stderr, flush=True)
         OmegaConf.update(merged, other, default, merge=False)
         set_by[other] = "the schema default"
+
+
+def _ppo_group_size(data: dict[str, Any], source: str, merged):
+    """The GRPO recipe's ``rollout.n=8`` is a group size. A layer that chooses PPO with a critic
+    (``adv_estimator=gae``) and sets no ``rollout.n`` gets verl's default, 1, with a note: verl's PPO
+    scripts set no n, and 8 responses per prompt would be 8 times verl's rollouts and updates."""
+    flat = _flatten(data)
+    if flat.get("algorithm.adv_estimator") != "gae" or "actor_rollout_ref.rollout.n" in flat:
+        return merged
+    if OmegaConf.select(merged, "actor_rollout_ref.rollout.n") != 1:
+        print(f"[rlvr] note: algorithm.adv_estimator=gae (from {source}) with no rollout.n: "
+              "actor_rollout_ref.rollout.n=1 (verl's default for PPO; the GRPO recipe's groups of "
+              f"{OmegaConf.select(merged, 'actor_rollout_ref.rollout.n')} are dropped); set rollout.n to keep groups",
+              file=sys.stderr, flush=True)
+        OmegaConf.update(merged, "actor_rollout_ref.rollout.n", 1, merge=False)
+    return merged
 
 
 def _explain(err: OmegaConfBaseException, source: str) -> str:

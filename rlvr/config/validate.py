@@ -71,13 +71,8 @@ def _batch_sizes(cfg: RLVRConfig) -> list[str]:
     mini_rows = actor.ppo_mini_batch_size * n
     if actor.ppo_mini_batch_size % world == 0 and not actor.use_dynamic_bsz:
         per_device = mini_rows // world
-        micro = actor.ppo_micro_batch_size_per_gpu
-        if micro > per_device:
-            errors.append(
-                f"ppo_micro_batch_size_per_gpu = {micro} is larger than the mini-batch on one device, "
-                f"ppo_mini_batch_size x n / devices = {per_device}; set it to at most {per_device}"
-            )
-        elif per_device % micro:
+        micro = actor.ppo_micro_batch_size_per_gpu  # a larger one holds the device's whole mini-batch
+        if micro < per_device and per_device % micro:
             errors.append(
                 f"the per-device mini-batch, ppo_mini_batch_size x n / devices = {per_device} responses, is not "
                 f"divisible by ppo_micro_batch_size_per_gpu = {micro}; choose a divisor of {per_device}"

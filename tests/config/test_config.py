@@ -91,11 +91,12 @@ def test_micro_batch_not_dividing_mini_batch():
         load_config(overrides=["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=5", "actor_rollout_ref.rollout.n=4"])
 
 
-def test_micro_batch_larger_than_per_device_mini_batch():
-    # 32 responses over 2 devices = 16 per device < micro 32
-    with pytest.raises(ConfigError, match="ppo_micro_batch_size_per_gpu = 32 is larger .* = 16"):
-        load_config(overrides=["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=32", "trainer.n_gpus_per_node=2",
-                               "actor_rollout_ref.rollout.n=4"])
+def test_micro_batch_larger_than_per_device_mini_batch_holds_all_of_it():
+    # 32 responses over 2 devices = 16 per device < micro 32: one micro-batch of 16 (the recipe's micro-batch
+    # of 16 must not refuse PPO's n = 1, 8 rows a mini-batch)
+    cfg = load_config(overrides=["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=32", "trainer.n_gpus_per_node=2",
+                                 "actor_rollout_ref.rollout.n=4", "trainer.device=cpu"])
+    assert cfg.actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu == 32
 
 
 def test_prompt_groups_not_splitting_over_devices():
@@ -502,3 +503,15 @@ def test_the_critic_steps_like_the_actor_unless_told_otherwise():
     with pytest.raises(ConfigError, match="critic.ppo_mini_batch_size = 3 prompts cannot be split evenly over 2 devices"):
         load_config(overrides=["algorithm.adv_estimator=gae", "critic.ppo_mini_batch_size=3",
                                "trainer.n_gpus_per_node=2", "trainer.device=cpu"])
+
+
+def test_ppo_without_a_group_size_samples_one_response_per_prompt_as_verl(capsys):
+    # verl's PPO scripts (examples/ppo_trainer) set adv_estimator=gae and no rollout.n: verl's default 1,
+    # not the GRPO recipe's groups of 8 (8 times the rollouts)
+    cfg = load_config(overrides=["algorithm.adv_estimator=gae"])
+    assert cfg.actor_rollout_ref.rollout.n == 1
+    assert "rollout.n=1 (verl's default for PPO; the GRPO recipe's groups of 8 are dropped)" in capsys.readouterr().err
+    assert load_config(overrides=["algorithm.adv_estimator=gae", "actor_rollout_ref.rollout.n=4"]) \
+        .actor_rollout_ref.rollout.n == 4
+    assert load_config(overrides=["actor_rollout_ref.rollout.n=4", "algorithm.adv_estimator=gae"]) \
+        .actor_rollout_ref.rollout.n == 4  # order on the command line does not matter

@@ -53,6 +53,9 @@ def test_verl_script_loads_as_written(path, tmp_path, capsys):
     err = capsys.readouterr().err
     assert "did you mean" not in err
     assert cfg.actor_rollout_ref.actor.strategy == "fsdp2"  # verl's sharded default on 8 devices
+    if cfg.algorithm.adv_estimator == "gae":  # verl's PPO defaults, not the GRPO recipe's groups of 8
+        assert cfg.actor_rollout_ref.rollout.n == 1
+        assert cfg.critic.ppo_mini_batch_size == cfg.actor_rollout_ref.actor.ppo_mini_batch_size
     assert cfg.actor_rollout_ref.rollout.tensor_model_parallel_size > 1  # read (the plan answers; training refuses)
     with pytest.raises(ConfigError, match="tensor_model_parallel_size = [24] cannot train yet"):
         check_trainable(cfg)
