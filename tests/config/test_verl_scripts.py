@@ -37,10 +37,14 @@ def test_the_stored_scripts_cover_grpo_and_ppo():
     assert sum(n.startswith("grpo_") for n in names) >= 3 and sum(n.startswith("ppo_") for n in names) >= 2
 
 
-# The plan refuses these in update, with terms verl does not pay (rlvr/trainer/memory_plan.py, being
-# reworked in issue 28 §1; not changed here): every row counted at max_prompt_length +
-# max_response_length (verl's use_remove_padding runs each row at its real length; GSM8K responses
-# are a few hundred tokens) and an fp32 log-softmax over the vocabulary for every response token.
+# The plan refuses these in update with terms verl does not pay (rlvr/trainer/memory_plan.py, being
+# reworked under issue 28 §1, is not changed here), on trainer.device=cuda:
+# - every row counted at max_prompt_length + max_response_length (verl's use_remove_padding runs each
+#   row at its real length; GSM8K responses are a few hundred tokens): qwen2-7b 83.6 GB (40 rows x 1536),
+#   deepseek7b 111.2 GB (80 rows x 1536);
+# - an fp32 log-softmax over the vocabulary for every response token (26 and 34 GB there);
+# - use_dynamic_bsz ignored: seq_balance's micro-batch counted as 16 rows x 8192 tokens (131072), not
+#   its ppo_max_token_len_per_gpu=24000 (123.3 GB).
 PLAN_TERMS_OVER = {"grpo_run_qwen2-7b", "grpo_run_deepseek7b_llm", "ppo_run_qwen2-7b_seq_balance"}
 
 
