@@ -437,9 +437,10 @@ def _not_trainable(cfg: RLVRConfig) -> list[str]:
     if cfg.actor_rollout_ref.rollout.name != "vllm" or tp == 1:
         return []
     return [f"actor_rollout_ref.rollout.tensor_model_parallel_size = {tp} cannot train yet: rlvr's vLLM rollout runs "
-            "one in-process engine per training rank, on that rank's device; one engine spanning "
-            f"{tp} ranks (verl's hybrid engine: vLLM's external_launcher in each rank, the actor's FSDP shards "
-            "resharded into the engine's TP shards) is not built. `rlvr plan` answers for the GPU; to train set it "
+            "one in-process engine per training rank, on that rank's rows; an engine spanning "
+            f"{tp} ranks (verl's hybrid engine: vLLM's external_launcher in each rank, the group's prompts gathered "
+            "and generated together, the actor's weights streamed into each rank's TP shard) is not built. vLLM's "
+            "CPU build itself runs TP=2 over 2 ranks that way. `rlvr plan` answers for the GPU; to train set it "
             "to 1 (each rank then holds the whole model in its engine)"]
 
 
