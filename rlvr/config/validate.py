@@ -53,16 +53,11 @@ def _batch_sizes(cfg: RLVRConfig) -> list[str]:
         )
     # train_batch_size need not be a multiple of ppo_mini_batch_size: as in verl, the last mini-batch is
     # smaller (and, both being multiples of the device count, still splits evenly over the devices)
-    critic_minis = [("critic.ppo_mini_batch_size", cfg.critic.ppo_mini_batch_size)] \
-        if cfg.algorithm.adv_estimator == "gae" else []
-    for key, prompts in critic_minis:
-        if not 1 <= prompts <= data.train_batch_size:
-            errors.append(f"{key} = {prompts} prompts must be in 1..data.train_batch_size = {data.train_batch_size}")
+    errors += _critic_mini_batch(cfg, world)
     # data-parallel ranks get whole prompt groups: prompt counts must split evenly
     for key, prompts in (("data.train_batch_size", data.train_batch_size),
                          ("data.gen_batch_size", data.gen_batch_size or world),
-                         ("actor_rollout_ref.actor.ppo_mini_batch_size", actor.ppo_mini_batch_size),
-                         *critic_minis):
+                         ("actor_rollout_ref.actor.ppo_mini_batch_size", actor.ppo_mini_batch_size)):
         if prompts % world:
             errors.append(
                 f"{key} = {prompts} prompts cannot be split evenly over {world} devices (n_gpus_per_node x nnodes; "
@@ -87,6 +82,20 @@ def _batch_sizes(cfg: RLVRConfig) -> list[str]:
     if cfg.data.val_batch_size is not None and cfg.data.val_batch_size < 1:
         errors.append(f"data.val_batch_size must be >= 1 or null, got {cfg.data.val_batch_size}")
     return errors
+
+
+def _critic_mini_batch(cfg: RLVRConfig, world: int) -> list[str]:
+    """PPO's critic steps over whole groups as the actor does: at most the batch, split evenly over
+    the devices (a smaller last mini-batch then splits evenly too)."""
+    if cfg.algorithm.adv_estimator != "gae":
+        return []
+    mini, train = cfg.critic.ppo_mini_batch_size, cfg.data.train_batch_size
+    if not 1 <= mini <= train:
+        return [f"critic.ppo_mini_batch_size = {mini} prompts must be in 1..data.train_batch_size = {train}"]
+    if mini % world:
+        return [f"critic.ppo_mini_batch_size = {mini} prompts cannot be split evenly over {world} devices "
+                f"(n_gpus_per_node x nnodes; each device takes whole groups); make it a multiple of {world}"]
+    return []
 
 
 def _choices(cfg: RLVRConfig) -> list[str]:

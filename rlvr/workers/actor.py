@@ -2,8 +2,9 @@
 
 ``update_policy`` runs ``ppo_epochs`` passes; each pass splits the step's data into
 shuffled mini-batches of whole groups (``ppo_mini_batch_size`` prompts x n responses,
-one optimizer step each; the last is smaller when they do not divide the batch, as in verl) and each mini-batch into micro-batches (by row count, or by a
-token budget with ``use_dynamic_bsz``) whose gradients accumulate. Each micro-batch's
+one optimizer step each; the last is smaller when they do not divide the batch, as in
+verl) and each mini-batch into micro-batches (by row count, or by a token budget with
+``use_dynamic_bsz``) whose gradients accumulate. Each micro-batch's
 loss is its share of the mini-batch loss (``agg_loss`` gets the mini-batch's token and
 sequence totals), so the gradient of an optimizer step does not depend on the split.
 
