@@ -48,11 +48,26 @@ VERL_NO_EFFECT: dict[str, tuple[str, tuple | None]] = {
     "actor_rollout_ref.actor.fsdp_config.forward_prefetch": ("FSDP2 prefetches the next layer by default", None),
     "actor_rollout_ref.actor.fsdp_config.offload_policy": (
         "offload is between phases (fsdp_config.param_offload, optimizer_offload), not inside a step", (False,)),
-    "critic.model.fsdp_config": ("the critic is replicated on every rank (its gradients are all-reduced), "
-                                 "not sharded", None),
+    "critic.model.fsdp_config": ("the critic is sharded like the actor (actor.strategy, its mixed precision) and "
+                                 "never offloaded; its own fsdp_config is not read", None),
     "actor_rollout_ref.actor.ulysses_sequence_parallel_size": ("sequence parallelism is not implemented", (1,)),
     "actor_rollout_ref.actor.checkpoint": ("a checkpoint always holds the model, optimizer, scheduler and RNG", None),
-    "actor_rollout_ref.rollout.mode": ("the native engine runs in the trainer's process", ("sync",)),
+    "actor_rollout_ref.model.fused_kernel_options": (
+        "the vocabulary projection already runs only where a response token is predicted, in chunks", None),
+    "critic.model.use_remove_padding": ("the critic packs each group around one prompt, with no separate "
+                                        "padding-removal switch", None),
+    "critic.use_dynamic_bsz": ("the critic's micro-batches are critic.ppo_micro_batch_size_per_gpu rows, packed "
+                               "around each prompt; the update does not depend on the split", None),
+    "critic.ppo_max_token_len_per_gpu": ("the critic's micro-batches are critic.ppo_micro_batch_size_per_gpu rows, "
+                                         "packed around each prompt; the update does not depend on the split", None),
+    "critic.strategy": ("the critic is sharded as actor_rollout_ref.actor.strategy says", None),
+    "actor_rollout_ref.ref.strategy": ("the reference is sharded as actor_rollout_ref.actor.strategy says", None),
+    "actor_rollout_ref.rollout.mode": (
+        "the engine generates in each worker's process when the step calls it; verl's sync and async (server) "
+        "modes sample the same batch", ("sync", "async")),
+    "actor_rollout_ref.rollout.checkpoint_engine": (
+        "vLLM runs in the actor's process and gets the weights streamed one tensor at a time into its in-place "
+        "reload (no transfer backend, no buckets)", None),
     "actor_rollout_ref.rollout.load_format": ("the native engine uses the actor's weights in place; vLLM starts "
                                               "empty (dummy) and gets them streamed before each rollout", None),
     "actor_rollout_ref.rollout.enable_chunked_prefill": (
@@ -66,7 +81,12 @@ VERL_NO_EFFECT: dict[str, tuple[str, tuple | None]] = {
     "actor_rollout_ref.ref.log_prob_use_dynamic_bsz": ("log-prob passes follow actor.use_dynamic_bsz", None),
     "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu": (
         "log-prob passes follow actor.ppo_max_token_len_per_gpu", None),
-    "trainer.balance_batch": ("it balances sequence lengths across data-parallel ranks; one device has none", None),
+    "trainer.balance_batch": ("each data-parallel rank takes a contiguous share of each mini-batch's groups, "
+                              "not reordered to even out tokens (the same update; only the ranks' load differs)", None),
+    "trainer.use_legacy_worker_impl": ("rlvr has one worker implementation", None),
+    "trainer.ray_wait_register_center_timeout": ("rlvr's Ray workers are created directly (no register center); "
+                                                 "a worker that does not start fails the run with Ray's error", None),
+    "ray_kwargs.timeline_json_file": ("no Ray timeline is written", (None,)),
     "trainer.critic_warmup": ("a critic warm-up (no actor update for the first steps) is not implemented", (0,)),
     "trainer.val_only": ("validation alone is `rlvr eval`", (False,)),
     "trainer.default_hdfs_dir": ("checkpoints go to trainer.default_local_dir", None),
@@ -188,8 +208,10 @@ def _drop(nested: dict[str, Any], dotted: str) -> None:
 
 
 def _verl_keys(data: dict[str, Any], source: str) -> None:
-    """Refuse verl keys that rlvr names differently; drop (with a notice) verl keys that have no
-    effect in rlvr's design, unless their value asks for something rlvr would not do."""
+    """Refuse verl keys that rlvr names differently; drop verl keys that have no effect in rlvr's
+    design, unless their value asks for something rlvr would not do, and say so in one notice (keys
+    that share a reason on one line: a verl script sets a dozen of them)."""
+    dropped: dict[str, list[str]] = {}  # why -> the keys it explains
     for key, value in list(_flatten(data).items()):
         if key in VERL_RENAMED:
             raise ConfigError(f"{key!r} (from {source}) is verl's name; rlvr's is {VERL_RENAMED[key]}")
@@ -198,8 +220,12 @@ def _verl_keys(data: dict[str, Any], source: str) -> None:
             if harmless is not None and value not in harmless:
                 raise ConfigError(f"{key}={value!r} (from {source}) cannot be honoured: {why}; remove it or set "
                                   f"{key}={harmless[0]!r}")
-            print(f"[rlvr] note: {key} (from {source}) has no effect in rlvr: {why}", file=sys.stderr, flush=True)
+            dropped.setdefault(why, []).append(key)
             _drop(data, key)
+    if dropped:
+        lines = "".join(f"\n  {', '.join(keys)}: {why}" for why, keys in dropped.items())
+        print(f"[rlvr] note: verl settings (from {source}) that have no effect in rlvr:{lines}",
+              file=sys.stderr, flush=True)
 
 
 def _nearest(key: str) -> str:
@@ -270,6 +296,7 @@ def load_config(config_file: str | Path | None = None, overrides: Iterable[str] 
         except OmegaConfBaseException as err:
             raise ConfigError(_explain(err, source)) from None
         _one_run_length(data, source, merged, defaults, set_by)
+        merged = _ppo_group_size(data, source, merged)
     for key in deletions:
         if key not in known_keys():
             raise ConfigError(f"unknown config key {key!r} (from the command line, ~{key}){_nearest(key)}")
@@ -282,6 +309,8 @@ def load_config(config_file: str | Path | None = None, overrides: Iterable[str] 
     cfg.custom_modules = [os.path.abspath(Path(e).expanduser()) if e.endswith(".py") else e for e in cfg.custom_modules]
     import_custom_modules(cfg.custom_modules)
     resolve_precision(cfg)
+    resolve_strategy(cfg)
+    resolve_critic_batches(cfg)
     validate(cfg)
     return cfg
 
@@ -307,6 +336,30 @@ def resolve_precision(cfg: RLVRConfig) -> None:
             setattr(node, name, "bfloat16" if gpu else "float32")
 
 
+def resolve_strategy(cfg: RLVRConfig) -> None:
+    """verl's ``strategy: fsdp`` (its default, FSDP sharding) is rlvr's fsdp2, said in a notice; ``auto``
+    (a config that names no strategy) is local on one device and fsdp2 on more, where a verl script
+    that sets only ``trainer.n_gpus_per_node`` gets verl's sharded default."""
+    actor, trainer = cfg.actor_rollout_ref.actor, cfg.trainer
+    if actor.strategy == "fsdp":
+        print("[rlvr] note: actor_rollout_ref.actor.strategy=fsdp (verl's FSDP) is rlvr's fsdp2: each decoder "
+              "layer, then the root, sharded with torch's FSDP2", file=sys.stderr, flush=True)
+        actor.strategy = "fsdp2"
+    elif actor.strategy == "auto":
+        actor.strategy = "local" if trainer.n_gpus_per_node * trainer.nnodes == 1 else "fsdp2"
+
+
+def resolve_critic_batches(cfg: RLVRConfig) -> None:
+    """The critic's mini-batch and epochs follow the actor's unless set, as verl's
+    ``critic.ppo_mini_batch_size: ${actor_rollout_ref.actor.ppo_mini_batch_size}``: a verl PPO
+    script that sets only the actor's gets the same number of critic steps as under verl."""
+    critic, actor = cfg.critic, cfg.actor_rollout_ref.actor
+    if critic.ppo_mini_batch_size is None:
+        critic.ppo_mini_batch_size = actor.ppo_mini_batch_size
+    if critic.ppo_epochs is None:
+        critic.ppo_epochs = actor.ppo_epochs
+
+
 RUN_LENGTH_KEYS = ("trainer.total_epochs", "trainer.total_training_steps")
 
 
@@ -330,6 +383,22 @@ def _one_run_length(data: dict[str, Any], source: str, merged, defaults, set_by:
               file=sys.stderr, flush=True)
         OmegaConf.update(merged, other, default, merge=False)
         set_by[other] = "the schema default"
+
+
+def _ppo_group_size(data: dict[str, Any], source: str, merged):
+    """The GRPO recipe's ``rollout.n=8`` is a group size. A layer that chooses PPO with a critic
+    (``adv_estimator=gae``) and sets no ``rollout.n`` gets verl's default, 1, with a note: verl's PPO
+    scripts set no n, and 8 responses per prompt would be 8 times verl's rollouts and updates."""
+    flat = _flatten(data)
+    if flat.get("algorithm.adv_estimator") != "gae" or "actor_rollout_ref.rollout.n" in flat:
+        return merged
+    if OmegaConf.select(merged, "actor_rollout_ref.rollout.n") != 1:
+        print(f"[rlvr] note: algorithm.adv_estimator=gae (from {source}) with no rollout.n: "
+              "actor_rollout_ref.rollout.n=1 (verl's default for PPO; the GRPO recipe's groups of "
+              f"{OmegaConf.select(merged, 'actor_rollout_ref.rollout.n')} are dropped); set rollout.n to keep groups",
+              file=sys.stderr, flush=True)
+        OmegaConf.update(merged, "actor_rollout_ref.rollout.n", 1, merge=False)
+    return merged
 
 
 def _explain(err: OmegaConfBaseException, source: str) -> str:

@@ -126,8 +126,10 @@ class FSDPConfig:
 
 @dataclass
 class ActorConfig:
-    strategy: str = "local"
-    """local (one process, one device) | fsdp2 (sharded over the data-parallel ranks)."""
+    strategy: str = "auto"
+    """local (one process, one device) | fsdp2 (sharded over the data-parallel ranks) | fsdp (verl's
+    name and default for sharding: taken as fsdp2) | auto (local on one device, fsdp2 on more, as a
+    verl script that sets no strategy shards). Resolved at load; the saved config says which."""
     fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
     ppo_mini_batch_size: int = 8
     """Prompts per optimizer step (times ``rollout.n`` responses)."""
@@ -311,9 +313,12 @@ class CriticConfig:
     model: ModelConfig = field(default_factory=lambda: ModelConfig(path="${actor_rollout_ref.model.path}"))
     """Backbone of the value model (default: the policy's); a one-output value head is added."""
     optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-5))
-    ppo_mini_batch_size: int = 8
+    ppo_mini_batch_size: Optional[int] = None
+    """Prompts per critic optimizer step; None: actor.ppo_mini_batch_size (verl's default, which
+    verl's PPO scripts rely on). Resolved at load."""
     ppo_micro_batch_size_per_gpu: int = 8
-    ppo_epochs: int = 1
+    ppo_epochs: Optional[int] = None
+    """Passes over each step's data; None: actor.ppo_epochs (verl's default). Resolved at load."""
     cliprange_value: float = 0.5
     """Clip range of the value loss."""
     grad_clip: float = 1.0

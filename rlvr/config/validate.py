@@ -51,12 +51,9 @@ def _batch_sizes(cfg: RLVRConfig) -> list[str]:
             f"data.train_batch_size = {data.train_batch_size} prompts; lower ppo_mini_batch_size "
             f"to at most {data.train_batch_size}"
         )
-    elif data.train_batch_size % actor.ppo_mini_batch_size:
-        errors.append(
-            f"train_batch_size x n = {data.train_batch_size * n} is not divisible by "
-            f"ppo_mini_batch_size x n = {actor.ppo_mini_batch_size * n}; every optimizer step must see a "
-            f"whole mini-batch: choose ppo_mini_batch_size among the divisors of {data.train_batch_size}"
-        )
+    # train_batch_size need not be a multiple of ppo_mini_batch_size: as in verl, the last mini-batch is
+    # smaller (and, both being multiples of the device count, still splits evenly over the devices)
+    errors += _critic_mini_batch(cfg, world)
     # data-parallel ranks get whole prompt groups: prompt counts must split evenly
     for key, prompts in (("data.train_batch_size", data.train_batch_size),
                          ("data.gen_batch_size", data.gen_batch_size or world),
@@ -69,13 +66,8 @@ def _batch_sizes(cfg: RLVRConfig) -> list[str]:
     mini_rows = actor.ppo_mini_batch_size * n
     if actor.ppo_mini_batch_size % world == 0 and not actor.use_dynamic_bsz:
         per_device = mini_rows // world
-        micro = actor.ppo_micro_batch_size_per_gpu
-        if micro > per_device:
-            errors.append(
-                f"ppo_micro_batch_size_per_gpu = {micro} is larger than the mini-batch on one device, "
-                f"ppo_mini_batch_size x n / devices = {per_device}; set it to at most {per_device}"
-            )
-        elif per_device % micro:
+        micro = actor.ppo_micro_batch_size_per_gpu  # a larger one holds the device's whole mini-batch
+        if micro < per_device and per_device % micro:
             errors.append(
                 f"the per-device mini-batch, ppo_mini_batch_size x n / devices = {per_device} responses, is not "
                 f"divisible by ppo_micro_batch_size_per_gpu = {micro}; choose a divisor of {per_device}"
@@ -90,6 +82,20 @@ def _batch_sizes(cfg: RLVRConfig) -> list[str]:
     if cfg.data.val_batch_size is not None and cfg.data.val_batch_size < 1:
         errors.append(f"data.val_batch_size must be >= 1 or null, got {cfg.data.val_batch_size}")
     return errors
+
+
+def _critic_mini_batch(cfg: RLVRConfig, world: int) -> list[str]:
+    """PPO's critic steps over whole groups as the actor does: at most the batch, split evenly over
+    the devices (a smaller last mini-batch then splits evenly too)."""
+    if cfg.algorithm.adv_estimator != "gae":
+        return []
+    mini, train = cfg.critic.ppo_mini_batch_size, cfg.data.train_batch_size
+    if not 1 <= mini <= train:
+        return [f"critic.ppo_mini_batch_size = {mini} prompts must be in 1..data.train_batch_size = {train}"]
+    if mini % world:
+        return [f"critic.ppo_mini_batch_size = {mini} prompts cannot be split evenly over {world} devices "
+                f"(n_gpus_per_node x nnodes; each device takes whole groups); make it a multiple of {world}"]
+    return []
 
 
 def _choices(cfg: RLVRConfig) -> list[str]:
@@ -147,10 +153,10 @@ def _rollout_engine(cfg: RLVRConfig) -> list[str]:
     if importlib.util.find_spec("vllm") is None:
         errors.append(f"{key}.name=vllm needs vLLM: `make setup` installs its CPU build (requirements/lock-cpu.txt); "
                       "on a GPU install the vllm release built for your torch")
-    if rollout.tensor_model_parallel_size != 1:
-        errors.append(f"{key}.tensor_model_parallel_size = {rollout.tensor_model_parallel_size}: each training rank "
-                      "runs its own in-process vLLM engine on its own device; spanning devices needs vLLM's external "
-                      "launcher, which rlvr does not build. Set it to 1 (more ranks: trainer.n_gpus_per_node)")
+    tp, world = rollout.tensor_model_parallel_size, cfg.trainer.n_gpus_per_node * cfg.trainer.nnodes
+    if tp < 1 or world % tp:
+        errors.append(f"{key}.tensor_model_parallel_size = {tp} must be >= 1 and divide the {world} devices "
+                      "(n_gpus_per_node x nnodes): each engine spans tensor_model_parallel_size of them")
     if not arr.hybrid_engine:
         errors.append(f"{key}.name=vllm runs colocated with the actor (actor_rollout_ref.hybrid_engine=true); rollout "
                       "workers of their own use the native engine")
@@ -432,6 +438,26 @@ def _distributed(cfg: RLVRConfig) -> list[str]:
                       "(`ray start --head` on one node, `ray start --address=HEAD:6379` on the others) and set "
                       "ray_kwargs.ray_init.address=auto")
     return errors
+
+
+def _not_trainable(cfg: RLVRConfig) -> list[str]:
+    """What ``rlvr plan`` answers for but training cannot run yet."""
+    tp = cfg.actor_rollout_ref.rollout.tensor_model_parallel_size
+    if cfg.actor_rollout_ref.rollout.name != "vllm" or tp == 1:
+        return []
+    return [f"actor_rollout_ref.rollout.tensor_model_parallel_size = {tp} cannot train yet: rlvr's vLLM rollout runs "
+            "one in-process engine per training rank, on that rank's rows; an engine spanning "
+            f"{tp} ranks (verl's hybrid engine: vLLM's external_launcher in each rank, the group's prompts gathered "
+            "and generated together, the actor's weights streamed into each rank's TP shard) is not built. vLLM's "
+            "CPU build itself runs TP=2 over 2 ranks that way. `rlvr plan` answers for the GPU; to train set it "
+            "to 1 (each rank then holds the whole model in its engine)"]
+
+
+def check_trainable(cfg: RLVRConfig) -> None:
+    """Raise ConfigError when ``cfg`` is valid (``rlvr plan`` answers for it) but cannot train yet."""
+    errors = _not_trainable(cfg)
+    if errors:
+        raise ConfigError("cannot train this config:\n  - " + "\n  - ".join(errors))
 
 
 def validate(cfg: RLVRConfig) -> None:

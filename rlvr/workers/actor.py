@@ -2,8 +2,9 @@
 
 ``update_policy`` runs ``ppo_epochs`` passes; each pass splits the step's data into
 shuffled mini-batches of whole groups (``ppo_mini_batch_size`` prompts x n responses,
-one optimizer step each) and each mini-batch into micro-batches (by row count, or by a
-token budget with ``use_dynamic_bsz``) whose gradients accumulate. Each micro-batch's
+one optimizer step each; the last is smaller when they do not divide the batch, as in
+verl) and each mini-batch into micro-batches (by row count, or by a token budget with
+``use_dynamic_bsz``) whose gradients accumulate. Each micro-batch's
 loss is its share of the mini-batch loss (``agg_loss`` gets the mini-batch's token and
 sequence totals), so the gradient of an optimizer step does not depend on the split.
 
@@ -119,7 +120,10 @@ def packing_units(data: DataProto, uids, rows: list[int], rows_per_micro: int,
 
 
 def shuffled_mini_batches(uids, num_rows: int, groups_per_mini: int, seed: list[int] | None) -> list[list[int]]:
-    """Row indices of each mini-batch of whole groups; groups shuffled by ``seed`` (None: in order)."""
+    """Row indices of each mini-batch of whole groups; groups shuffled by ``seed`` (None: in order).
+    When ``groups_per_mini`` does not divide the groups the last mini-batch holds fewer, as in verl
+    (1024 prompts in mini-batches of 80: twelve of 80, one of 64); its loss is normalised by its own
+    tokens and sequences like any other (``_optimizer_step``)."""
     groups = group_units(uids, list(range(num_rows)))
     if seed is not None:
         groups = [groups[i] for i in np.random.default_rng(seed).permutation(len(groups))]

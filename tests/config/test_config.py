@@ -73,11 +73,11 @@ def test_malformed_override_and_missing_file(tmp_path):
         load_config(tmp_path / "list.yaml")
 
 
-def test_mini_batch_not_dividing_train_batch():
-    # 8 prompts x 4 = 32 responses; mini-batch 3 prompts x 4 = 12 responses; 32 % 12 != 0
-    with pytest.raises(ConfigError, match=r"train_batch_size x n = 32 is not divisible by ppo_mini_batch_size x n = 12"):
-        load_config(overrides=["actor_rollout_ref.actor.ppo_mini_batch_size=3", "actor_rollout_ref.rollout.n=4",
-                               "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4"])
+def test_a_mini_batch_not_dividing_the_train_batch_leaves_a_smaller_last_one():
+    # verl's run_qwen3-1.7b.sh: 1024 prompts in mini-batches of 80 -> 12 of 80 and a last one of 64
+    cfg = load_config(overrides=["data.train_batch_size=1024", "actor_rollout_ref.actor.ppo_mini_batch_size=80",
+                                 "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4"])
+    assert cfg.actor_rollout_ref.actor.ppo_mini_batch_size == 80
 
 
 def test_mini_batch_larger_than_train_batch():
@@ -91,11 +91,12 @@ def test_micro_batch_not_dividing_mini_batch():
         load_config(overrides=["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=5", "actor_rollout_ref.rollout.n=4"])
 
 
-def test_micro_batch_larger_than_per_device_mini_batch():
-    # 32 responses over 2 devices = 16 per device < micro 32
-    with pytest.raises(ConfigError, match="ppo_micro_batch_size_per_gpu = 32 is larger .* = 16"):
-        load_config(overrides=["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=32", "trainer.n_gpus_per_node=2",
-                               "actor_rollout_ref.rollout.n=4"])
+def test_micro_batch_larger_than_per_device_mini_batch_holds_all_of_it():
+    # 32 responses over 2 devices = 16 per device < micro 32: one micro-batch of 16 (the recipe's micro-batch
+    # of 16 must not refuse PPO's n = 1, 8 rows a mini-batch)
+    cfg = load_config(overrides=["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=32", "trainer.n_gpus_per_node=2",
+                                 "actor_rollout_ref.rollout.n=4", "trainer.device=cpu"])
+    assert cfg.actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu == 32
 
 
 def test_prompt_groups_not_splitting_over_devices():
@@ -110,7 +111,7 @@ def test_prompt_groups_not_splitting_over_devices():
 
 def test_several_devices_need_fsdp2_and_offload_needs_a_gpu():
     with pytest.raises(ConfigError, match="2 devices: the actor is split over them with FSDP2; set .*strategy=fsdp2"):
-        load_config(overrides=["trainer.n_gpus_per_node=2"])
+        load_config(overrides=["trainer.n_gpus_per_node=2", "actor_rollout_ref.actor.strategy=local"])
     with pytest.raises(ConfigError, match="param_offload moves GPU memory to the CPU; with trainer.device=cpu"):
         load_config(overrides=["actor_rollout_ref.actor.strategy=fsdp2", "trainer.device=cpu",
                                "actor_rollout_ref.actor.fsdp_config.param_offload=true"])
@@ -123,8 +124,6 @@ def test_several_devices_need_fsdp2_and_offload_needs_a_gpu():
                                "critic.model.lora_rank=8"])
     with pytest.raises(ConfigError, match="nnodes = 2: several nodes run on an existing Ray cluster"):
         load_config(overrides=["trainer.nnodes=2", "actor_rollout_ref.actor.strategy=fsdp2"])
-    with pytest.raises(ConfigError, match="strategy = 'fsdp'"):
-        load_config(overrides=["actor_rollout_ref.actor.strategy=fsdp"])
     cfg = load_config(overrides=["trainer.n_gpus_per_node=2", "actor_rollout_ref.actor.strategy=fsdp2",
                                  "trainer.device=cpu"])
     assert cfg.trainer.n_gpus_per_node == 2
@@ -232,16 +231,14 @@ def test_verl_keys_without_effect_get_a_notice_and_renamed_ones_the_rlvr_name(tm
     cfg = load_config(f)
     err = capsys.readouterr().err
     assert "param_offload" not in err  # read: FSDP2 offload
-    for key in ("use_remove_padding", "fsdp_config.wrap_policy", "calculate_log_probs", "critic_warmup"):
-        assert f"{key} (from file" in err and "has no effect in rlvr" in err, key
+    assert err.count("[rlvr] note: verl settings (from file") == 1  # one notice for the file
+    for key in ("model.use_remove_padding", "actor.fsdp_config.wrap_policy", "rollout.calculate_log_probs"):
+        assert f"actor_rollout_ref.{key}" in err, key
+    assert "trainer.critic_warmup" in err
     for key in ("gpu_memory_utilization", "tensor_model_parallel_size"):  # read by the vllm engine
         assert key not in err, key
     assert cfg.actor_rollout_ref.rollout.gpu_memory_utilization == 0.6
     assert "did you mean" not in err and cfg.algorithm.adv_estimator == "grpo"
-    with pytest.raises(ConfigError, match=r"tensor_model_parallel_size = 2: each training rank runs its own "
-                                          r"in-process vLLM engine"):
-        load_config(overrides=["actor_rollout_ref.rollout.name=vllm",
-                               "actor_rollout_ref.rollout.tensor_model_parallel_size=2"])
     with pytest.raises(ConfigError, match=r"'actor_rollout_ref.actor.ppo_micro_batch_size' \(from the command line\) "
                                           r"is verl's name; rlvr's is actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu"):
         load_config(overrides=["actor_rollout_ref.actor.ppo_micro_batch_size=4"])
@@ -420,3 +417,101 @@ def test_rollout_engine_names():
         load_config(overrides=["actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.max_model_len=191"])
     cfg = load_config(overrides=["actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.max_num_batched_tokens=2048"])
     assert cfg.actor_rollout_ref.rollout.max_num_batched_tokens == 2048
+
+
+def test_verl_strategy_fsdp_is_fsdp2_and_several_devices_without_a_strategy_shard(capsys):
+    # verl's default strategy is fsdp (sharded); its scripts set only trainer.n_gpus_per_node
+    assert load_config(overrides=["trainer.n_gpus_per_node=2"]).actor_rollout_ref.actor.strategy == "fsdp2"
+    assert load_config().actor_rollout_ref.actor.strategy == "local"  # one device: rlvr's in-process actor
+    capsys.readouterr()
+    cfg = load_config(overrides=["actor_rollout_ref.actor.strategy=fsdp"])
+    assert cfg.actor_rollout_ref.actor.strategy == "fsdp2"
+    assert "actor_rollout_ref.actor.strategy=fsdp (verl's FSDP) is rlvr's fsdp2" in capsys.readouterr().err
+    assert "strategy: fsdp2" in to_yaml(cfg)  # the saved config says which
+
+
+def test_vllm_tensor_parallel_plans_but_refuses_to_train():
+    """rollout.tensor_model_parallel_size > 1 loads (rlvr plan answers for it) and training says why not."""
+    from rlvr.config.validate import check_trainable
+    from rlvr.trainer.main import run_training
+
+    cfg = load_config(overrides=["actor_rollout_ref.rollout.name=vllm", "trainer.n_gpus_per_node=2",
+                                 "actor_rollout_ref.rollout.tensor_model_parallel_size=2", "trainer.device=cpu"])
+    assert cfg.actor_rollout_ref.rollout.tensor_model_parallel_size == 2
+    why = r"tensor_model_parallel_size = 2 cannot train yet: .* one in-process engine per training rank.* external_launcher"
+    with pytest.raises(ConfigError, match=why):
+        check_trainable(cfg)
+    with pytest.raises(ConfigError, match=why):
+        run_training(cfg)
+    with pytest.raises(ConfigError, match=r"tensor_model_parallel_size = 4 must be >= 1 and divide the 2 devices"):
+        load_config(overrides=["actor_rollout_ref.rollout.name=vllm", "trainer.n_gpus_per_node=2",
+                               "actor_rollout_ref.rollout.tensor_model_parallel_size=4"])
+
+
+VERL_SCRIPT_KEYS = [  # keys verl's current example scripts set that change nothing in rlvr's results
+    "actor_rollout_ref.model.fused_kernel_options.impl_backend=triton",
+    "actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes=4096",
+    "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz=True",
+    "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu=24000",
+    "actor_rollout_ref.ref.log_prob_use_dynamic_bsz=True",
+    "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu=24000",
+    "actor_rollout_ref.rollout.mode=async",
+    "actor_rollout_ref.ref.strategy=fsdp2",
+    "critic.model.use_remove_padding=True",
+    "critic.use_dynamic_bsz=True",
+    "critic.ppo_max_token_len_per_gpu=98304",
+    "critic.strategy=fsdp2",
+    "critic.model.fsdp_config.param_offload=False",
+    "trainer.balance_batch=True",
+    "trainer.use_legacy_worker_impl=auto",
+    "trainer.ray_wait_register_center_timeout=300",
+    "ray_kwargs.timeline_json_file=null",
+]
+
+
+def test_verl_script_keys_are_noticed_once_with_what_rlvr_does_instead(capsys):
+    from rlvr.config.loader import VERL_NO_EFFECT
+
+    load_config(overrides=VERL_SCRIPT_KEYS)
+    err = capsys.readouterr().err
+    assert "did you mean" not in err
+    assert err.count("[rlvr] note: verl settings (from the command line) that have no effect in rlvr:") == 1
+    for item in VERL_SCRIPT_KEYS:  # each key, or the section it belongs to, is named in the notice
+        key = item.split("=")[0]
+        assert any(key == entry or key.startswith(entry + ".") for entry in VERL_NO_EFFECT if entry in err), key
+    assert "streamed one tensor at a time" in err  # checkpoint_engine: what rlvr does instead
+    assert "critic.model.fsdp_config: the critic is sharded like the actor" in err  # not "replicated"
+    # one line per reason: the two critic micro-batch keys share theirs
+    assert "critic.use_dynamic_bsz, critic.ppo_max_token_len_per_gpu: the critic's micro-batches" in err
+    assert len(err.strip().splitlines()) < len(VERL_SCRIPT_KEYS)
+
+
+def test_a_verl_key_asking_for_what_rlvr_does_not_do_is_refused():
+    with pytest.raises(ConfigError, match=r"ray_kwargs.timeline_json_file='t.json' .* cannot be honoured: no Ray "
+                                          r"timeline is written"):
+        load_config(overrides=["ray_kwargs.timeline_json_file=t.json"])
+
+
+def test_the_critic_steps_like_the_actor_unless_told_otherwise():
+    # verl: critic.ppo_mini_batch_size = ${actor.ppo_mini_batch_size}, ppo_epochs likewise; its PPO scripts
+    # set only the actor's (256 of 1024 prompts: 4 critic steps a step, not 128 of rlvr's old default 8)
+    cfg = load_config(overrides=["algorithm.adv_estimator=gae", "data.train_batch_size=16",
+                                 "actor_rollout_ref.actor.ppo_mini_batch_size=4", "actor_rollout_ref.actor.ppo_epochs=2"])
+    assert (cfg.critic.ppo_mini_batch_size, cfg.critic.ppo_epochs) == (4, 2)
+    cfg = load_config(overrides=["algorithm.adv_estimator=gae", "critic.ppo_mini_batch_size=2", "critic.ppo_epochs=3"])
+    assert (cfg.critic.ppo_mini_batch_size, cfg.critic.ppo_epochs) == (2, 3)
+    with pytest.raises(ConfigError, match="critic.ppo_mini_batch_size = 3 prompts cannot be split evenly over 2 devices"):
+        load_config(overrides=["algorithm.adv_estimator=gae", "critic.ppo_mini_batch_size=3",
+                               "trainer.n_gpus_per_node=2", "trainer.device=cpu"])
+
+
+def test_ppo_without_a_group_size_samples_one_response_per_prompt_as_verl(capsys):
+    # verl's PPO scripts (examples/ppo_trainer) set adv_estimator=gae and no rollout.n: verl's default 1,
+    # not the GRPO recipe's groups of 8 (8 times the rollouts)
+    cfg = load_config(overrides=["algorithm.adv_estimator=gae"])
+    assert cfg.actor_rollout_ref.rollout.n == 1
+    assert "rollout.n=1 (verl's default for PPO; the GRPO recipe's groups of 8 are dropped)" in capsys.readouterr().err
+    assert load_config(overrides=["algorithm.adv_estimator=gae", "actor_rollout_ref.rollout.n=4"]) \
+        .actor_rollout_ref.rollout.n == 4
+    assert load_config(overrides=["actor_rollout_ref.rollout.n=4", "algorithm.adv_estimator=gae"]) \
+        .actor_rollout_ref.rollout.n == 4  # order on the command line does not matter

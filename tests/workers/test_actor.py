@@ -226,3 +226,42 @@ def test_tool_tokens_are_context_not_loss(batch, tiny_model_dir, monkeypatch):
     other.batch["input_ids"][:, -R:] = other.batch["responses"]
     changed, _ = _step_gradient(tiny_model_dir, other, monkeypatch)
     assert (changed - tool).norm() / tool.norm() > 1e-3
+
+
+def test_a_train_batch_that_mini_batches_do_not_divide_ends_with_a_smaller_mini_batch(tokenizer, tiny_model_dir,
+                                                                                        monkeypatch):
+    """verl's scripts set e.g. train_batch_size=1024 with ppo_mini_batch_size=80: 12 mini-batches of 80
+    prompts and a last one of 64. Here 5 prompts (n = 2) in mini-batches of 2: optimizer steps over
+    2, 2 and 1 whole prompt groups, each loss normalised by its own mini-batch's tokens."""
+    from rlvr.config import load_config
+    from rlvr.workers import actor as actor_module
+    from tests.workers.conftest import make_batch
+
+    cfg = load_config(overrides=["data.train_batch_size=5", "actor_rollout_ref.rollout.n=2",
+                                 "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+                                 "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
+                                 "actor_rollout_ref.actor.shuffle=false", "actor_rollout_ref.actor.use_kl_loss=false",
+                                 "actor_rollout_ref.actor.entropy_coeff=0", "trainer.device=cpu"])
+    actor_cfg = cfg.actor_rollout_ref.actor
+    model = load_model(tiny_model_dir)
+    opt, sched = build_optimizer(model, OptimConfig(lr=1e-3), total_steps=10)
+    actor = Actor(model, actor_cfg, optimizer=opt, scheduler=sched, pad_id=0, max_response_length=7)
+    lengths = (7, 3, 5, 2, 7, 1, 4, 6, 2, 5)
+    data = make_batch(tokenizer, response_lengths=lengths, n=len(lengths))  # one prompt text for every row
+    data.non_tensor_batch["uid"] = np.array([f"p{i // 2}" for i in range(10)], dtype=object)  # 5 groups of 2
+    data.meta_info["micro_batch_size"] = 2
+    data.batch["old_log_probs"], _ = actor.compute_log_prob(data)
+    data.batch["advantages"] = torch.linspace(-1, 1, 10)[:, None] * data.batch["response_mask"]
+
+    steps, normalisers = [], []
+    real_step, real_loss = actor_module.clip_and_step, actor_module.call_policy_loss
+    monkeypatch.setattr(actor_module, "clip_and_step", lambda *a: (steps.append(len(normalisers)), real_step(*a))[1])
+    monkeypatch.setattr(actor_module, "call_policy_loss",
+                        lambda *a, **kw: (normalisers.append(float(kw["num_tokens"])), real_loss(*a, **kw))[1])
+    assert actor._mini_batches(data, epoch=0) == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
+    metrics = actor.update_policy(data)
+    # three optimizer steps; micro-batches of one group (2 rows) each: 2, 2 and 1 loss calls per step
+    assert steps == [2, 4, 5]
+    # token-mean over each mini-batch's own tokens: 7+3+5+2 = 17, 7+1+4+6 = 18, 2+5 = 7 (the last, smaller one)
+    assert normalisers == [17, 17, 18, 18, 7]
+    assert all(math.isfinite(v) for v in metrics.values())
