@@ -45,7 +45,7 @@ def test_the_stored_scripts_cover_grpo_and_ppo():
 # - an fp32 log-softmax over the vocabulary for every response token (26 and 34 GB there);
 # - use_dynamic_bsz ignored: seq_balance's micro-batch counted as 16 rows x 8192 tokens (131072), not
 #   its ppo_max_token_len_per_gpu=24000 (123.3 GB).
-PLAN_TERMS_OVER = {"grpo_run_qwen2-7b", "grpo_run_deepseek7b_llm", "ppo_run_qwen2-7b_seq_balance"}
+PLAN_TERMS_OVER = {"grpo_run_qwen2-7b", "grpo_run_deepseek7b_llm"}
 
 
 @pytest.mark.parametrize("path", SCRIPTS, ids=[p.stem for p in SCRIPTS])
