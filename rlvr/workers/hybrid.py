@@ -109,8 +109,21 @@ class ActorRolloutRefWorker(Worker):
                 engine_model = self.engine_weights.model
             else:  # an engine that streams the weights reads the actor itself (gathering shards one at a time)
                 engine_model = unwrap(model)
-            self.rollout = build_rollout(engine_model, self.tokenizer, arr.rollout, max_len, self.tool_setup,
-                                         self.config.data.max_prompt_length)
+            self.rollout = self._build_rollout(engine_model)
+
+    def _build_rollout(self, engine_model):
+        """The engine, started with the actor's offloaded state off the device (as verl does):
+        vLLM on a GPU takes its whole reservation when it starts, before it can sleep."""
+        if self.sharded:
+            self._offload(True)
+            self._return_cached_memory()
+        try:
+            return build_rollout(engine_model, self.tokenizer, self.config.actor_rollout_ref.rollout,
+                                 self.config.data.max_response_length, self.tool_setup,
+                                 self.config.data.max_prompt_length, self.device)
+        finally:
+            if self.sharded:
+                self._offload(False)
 
     def _load_sharded(self):
         """Actor and reference built empty on every rank, sharded, then given their weights from
@@ -149,19 +162,25 @@ class ActorRolloutRefWorker(Worker):
 
     # ------------------------------------------------------------------ modes
     def rollout_mode(self) -> None:
-        """Before generation: the engine gets the actor's current weights; no dropout. Sharded:
-        the engine's weights are gathered from the shards, then the shards (and the optimizer state)
-        go to the CPU when offload is on."""
+        """Before generation, in verl's order, so that the device never holds the actor's state
+        and the engine's whole reservation together: the engine's weights wake (vLLM on a GPU:
+        its weights' memory only), the actor's current weights go into them (sharded: gathered
+        from the shards), the shards and the optimizer state go to the CPU when offload is on,
+        the memory they leave goes back to the device, and only then does the KV cache wake."""
         self.model.eval()
+        self.rollout.wake_up(["weights"])
         if self.engine_weights is not None:
             self.engine_weights.load(self.model)
         self.rollout.sync_weights(self.weights_version)  # vllm: streamed from the (sharded) actor
         if self.sharded:
             self._offload(True)
+        self._return_cached_memory()
+        self.rollout.wake_up(["kv_cache"])
 
     def trainer_mode(self) -> None:
-        """After generation: free the engine's caches (and, sharded, its weights); back to training
-        (shards back on the device)."""
+        """After generation, the reverse: the engine's caches are freed (vLLM on a GPU sleeps,
+        weights and KV cache; sharded: the gathered weights are freed) before the shards and the
+        optimizer state come back."""
         self.rollout.free_cache()
         if self.sharded:
             if self.engine_weights is not None:
@@ -179,7 +198,12 @@ class ActorRolloutRefWorker(Worker):
             fsdp.move_optimizer_state(self.actor.optimizer, device)
         if cfg.ref.fsdp_config.param_offload and self.ref is not None:
             self.ref.root.to(device)
-        if to_cpu and self.device.type == "cuda":
+
+    def _return_cached_memory(self) -> None:
+        """What the offloaded tensors leave stays in torch's caching allocator, which vLLM's own
+        allocator (``CuMemAllocator``) cannot take from: it goes back to the device before the
+        KV cache wakes into it."""
+        if self.device.type == "cuda":
             torch.cuda.empty_cache()
 
     @contextlib.contextmanager
