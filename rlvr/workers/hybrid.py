@@ -5,7 +5,9 @@ group): ``generate_sequences``, ``compute_log_prob``, ``compute_ref_log_prob``,
 ``update_actor``, ``save_checkpoint``, ``load_checkpoint``. Each takes and returns a
 ``DataProto``. Generation runs between ``rollout_mode()`` (weights synced into the engine,
 eval mode) and ``trainer_mode()`` (generation caches freed, train mode), as verl's hybrid
-engine does around vLLM. The engine is whichever ``rollout.name`` registers: the native one
+engine does around vLLM. An engine that decodes on the worker's own gathered weights (the
+native one, sharded) leaves rollout mode only when the actor next computes: consecutive
+rollouts with no update between gather once and move no state. The engine is whichever ``rollout.name`` registers: the native one
 shares the actor's tensors; vLLM (in this process) gets them streamed, tagged with the
 worker's weight version, which every update and checkpoint load bumps.
 
@@ -26,7 +28,6 @@ resume on any number of ranks.
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import resource
 from pathlib import Path
@@ -71,6 +72,7 @@ class ActorRolloutRefWorker(Worker):
         self.sharded = config.actor_rollout_ref.actor.strategy == "fsdp2"
         self.engine_weights = None  # fsdp2: the engine's unsharded weights, held only while a rollout runs
         self.weights_version = 0  # bumped whenever the policy's weights change: an engine never runs on older ones
+        self.in_rollout_mode = False  # between rollout_mode() and trainer_mode()
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self) -> None:
@@ -166,14 +168,17 @@ class ActorRolloutRefWorker(Worker):
         and the engine's whole reservation together: the engine's weights wake (vLLM on a GPU:
         its weights' memory only), the actor's current weights go into them (sharded: gathered
         from the shards), the shards and the optimizer state go to the CPU when offload is on,
-        the memory they leave goes back to the device, and only then does the KV cache wake."""
+        the memory they leave goes back to the device, and only then does the KV cache wake.
+        Entered again before ``trainer_mode`` (consecutive rollouts), it gathers nothing at an
+        unchanged weight version and moves no state."""
         self.model.eval()
         self.rollout.wake_up(["weights"])
-        if self.engine_weights is not None:
-            self.engine_weights.load(self.model)
+        if self.engine_weights is not None:  # nothing gathered when they hold this version already
+            self.engine_weights.load(self.model, self.weights_version)
         self.rollout.sync_weights(self.weights_version)  # vllm: streamed from the (sharded) actor
-        if self.sharded:
+        if self.sharded and not self.in_rollout_mode:
             self._offload(True)
+        self.in_rollout_mode = True
         self._return_cached_memory()
         self.rollout.wake_up(["kv_cache"])
 
@@ -188,6 +193,13 @@ class ActorRolloutRefWorker(Worker):
             self._offload(False)
             trim_heap()  # the freed weights back to the OS, not kept in the heap beside the update
         self.model.train()
+        self.in_rollout_mode = False
+
+    def _leave_rollout_mode(self) -> None:
+        """Before the actor computes (log-probs, update, checkpoint): its state back, if a
+        rollout left the worker in rollout mode."""
+        if self.in_rollout_mode:
+            self.trainer_mode()
 
     def _offload(self, to_cpu: bool) -> None:
         cfg = self.config.actor_rollout_ref
@@ -206,19 +218,12 @@ class ActorRolloutRefWorker(Worker):
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
 
-    @contextlib.contextmanager
-    def _generating(self):
-        self.rollout_mode()
-        try:
-            yield
-        finally:
-            self.trainer_mode()
-
     # ------------------------------------------------------------------ worker methods
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def full_weights(self) -> dict[str, torch.Tensor] | None:
         """The policy's full weights on the CPU, for rollout workers of their own (rank 0 answers;
         sharded, every rank takes part in gathering them)."""
+        self._leave_rollout_mode()
         state = fsdp.full_model_state(self.actor.root, self.model)
         return state if self.rank == 0 else None
 
@@ -229,8 +234,23 @@ class ActorRolloutRefWorker(Worker):
                                "rollout worker group")
         # this rank's rows are a contiguous part of the batch: sample them as one process would
         prompts.meta_info.update(row_offset=self.rank * len(prompts), total_rows=self.world_size * len(prompts))
-        with self._generating():
+        self.rollout_mode()
+        try:
             return self.rollout.generate_sequences(prompts)
+        finally:
+            self._end_rollout()
+
+    def _end_rollout(self) -> None:
+        """Generation caches are freed at once. The worker's own gathered weights (and the
+        offloaded state) stay as they are until the actor next computes, so that the next
+        rollout at this weight version gathers nothing; the memory held meanwhile is that of a
+        rollout without its KV cache. An engine that streams the weights (vLLM) returns to
+        trainer mode at once: its next sync reads the actor's shards on the device, and its
+        sleep has discarded the weights it held anyway."""
+        if self.engine_weights is None:
+            self.trainer_mode()
+        else:
+            self.rollout.free_cache()
 
     def _log_prob_meta(self, data: DataProto, micro_batch_size: int) -> None:
         data.meta_info.setdefault("temperature", self.config.actor_rollout_ref.rollout.temperature)
@@ -239,6 +259,7 @@ class ActorRolloutRefWorker(Worker):
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def compute_log_prob(self, data: DataProto) -> DataProto:
         """``old_log_probs`` and ``entropys`` of the responses under the current policy."""
+        self._leave_rollout_mode()
         self._log_prob_meta(data, self.config.actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu)
         log_probs, entropy = self.actor.compute_log_prob(data, calculate_entropy=True)
         return DataProto.from_dict({"old_log_probs": log_probs, "entropys": entropy})
@@ -246,6 +267,7 @@ class ActorRolloutRefWorker(Worker):
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def compute_ref_log_prob(self, data: DataProto) -> DataProto:
         """``ref_log_prob`` under the frozen initial policy (with LoRA: the adapter disabled)."""
+        self._leave_rollout_mode()
         if self.ref is None and not (self.lora and needs_reference(self.config)):
             raise RuntimeError("no reference policy: it is built only when actor.use_kl_loss or "
                                "algorithm.use_kl_in_reward is set")
@@ -259,6 +281,7 @@ class ActorRolloutRefWorker(Worker):
 
     @register(dispatch_mode=Dispatch.DP_MINI_BATCH_PROTO)
     def update_actor(self, data: DataProto) -> DataProto:
+        self._leave_rollout_mode()
         data.meta_info.setdefault("temperature", self.config.actor_rollout_ref.rollout.temperature)
         computed_old = "old_log_probs" not in data.batch
         metrics = self.actor.update_policy(data)
@@ -278,6 +301,7 @@ class ActorRolloutRefWorker(Worker):
         """The policy as a Hugging Face folder (``actor/``; with LoRA the adapter in peft's format,
         which ``rlvr export`` merges into the base model) plus optimizer and scheduler state, the
         optimizer's keyed by parameter name. Sharded: every rank gathers, rank 0 writes."""
+        self._leave_rollout_mode()
         folder = Path(folder)
         optimizer_state = fsdp.full_optimizer_state(self.actor.root, self.model, self.actor.optimizer)
         weights = None
@@ -299,6 +323,7 @@ class ActorRolloutRefWorker(Worker):
     def load_checkpoint(self, folder: str | Path) -> None:
         """Policy weights, optimizer and scheduler from ``save_checkpoint`` (written by any number of
         ranks); the reference stays the initial model."""
+        self._leave_rollout_mode()
         folder = Path(folder)
         if self.lora:
             load_adapter(self.model, folder / "actor")
