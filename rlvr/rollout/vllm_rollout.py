@@ -123,14 +123,13 @@ CPU_BLOCK_SIZE = 128
 ``CacheConfig.DEFAULT_BLOCK_SIZE`` = 16, which a backend may raise)."""
 
 
-def cpu_kv_cache_bytes(bytes_per_token: int, max_num_seqs: int, max_model_len: int,
-                       block_size: int = CPU_BLOCK_SIZE) -> int:
+def cpu_kv_cache_bytes(bytes_per_token: int, max_num_seqs: int, max_model_len: int) -> int:
     """The CPU engine's KV cache: ``max_num_seqs`` rows of ``max_model_len`` tokens, capped at
     ``CPU_KV_CACHE_CAP`` (rows beyond it wait in vLLM's queue) but never below one full row. vLLM
     counts whole blocks and holds one back (its block pool's null block), so that row is
-    ``ceil(max_model_len / block_size) + 1`` blocks: a floor of exactly ``max_model_len`` tokens
-    fails vLLM's start ("To serve at least one request with the model's max seq len ...")."""
-    one_row = bytes_per_token * block_size * (-(-max_model_len // block_size) + 1)
+    ``ceil(max_model_len / CPU_BLOCK_SIZE) + 1`` blocks: a floor of exactly ``max_model_len``
+    tokens fails vLLM's start ("To serve at least one request with the model's max seq len ...")."""
+    one_row = bytes_per_token * CPU_BLOCK_SIZE * (-(-max_model_len // CPU_BLOCK_SIZE) + 1)
     return max(one_row, min(bytes_per_token * max_model_len * max_num_seqs, CPU_KV_CACHE_CAP))
 
 
