@@ -5,11 +5,11 @@ group): ``generate_sequences``, ``compute_log_prob``, ``compute_ref_log_prob``,
 ``update_actor``, ``save_checkpoint``, ``load_checkpoint``. Each takes and returns a
 ``DataProto``. Generation runs between ``rollout_mode()`` (weights synced into the engine,
 eval mode) and ``trainer_mode()`` (generation caches freed, train mode), as verl's hybrid
-engine does around vLLM. An engine that decodes on the worker's own gathered weights (the
-native one, sharded) leaves rollout mode only when the actor next computes: consecutive
-rollouts with no update between gather once and move no state. The engine is whichever ``rollout.name`` registers: the native one
+engine does around vLLM. The engine is whichever ``rollout.name`` registers: the native one
 shares the actor's tensors; vLLM (in this process) gets them streamed, tagged with the
-worker's weight version, which every update and checkpoint load bumps.
+worker's weight version, which every update and checkpoint load bumps. An engine that decodes
+on the worker's own gathered weights (native, sharded) leaves rollout mode only when the actor
+next computes: consecutive rollouts with no update between gather once and move no state.
 
 The reference policy is a frozen copy of the initial weights, built only when a KL term
 uses it (``actor.use_kl_loss`` or ``algorithm.use_kl_in_reward``). With LoRA
@@ -70,7 +70,7 @@ class ActorRolloutRefWorker(Worker):
         self.tokenizer = tokenizer
         self.actor = self.ref = self.rollout = None
         self.sharded = config.actor_rollout_ref.actor.strategy == "fsdp2"
-        self.engine_weights = None  # fsdp2: the engine's unsharded weights, held only while a rollout runs
+        self.engine_weights = None  # fsdp2: the engine's unsharded weights, from a rollout until the actor computes
         self.weights_version = 0  # bumped whenever the policy's weights change: an engine never runs on older ones
         self.in_rollout_mode = False  # between rollout_mode() and trainer_mode()
 

@@ -19,8 +19,7 @@ import torch
 
 from rlvr.config.loader import load_config
 from rlvr.distributed import fsdp
-from rlvr.rollout import SamplingParams, VLLMRollout
-from rlvr.rollout import vllm_rollout
+from rlvr.rollout import SamplingParams, VLLMRollout, vllm_rollout
 from rlvr.workers.hybrid import ActorRolloutRefWorker
 
 GB = {"actor": 16, "optimizer": 32, "reference": 16, "vllm_weights": 8, "kv_cache": 32}
