@@ -151,6 +151,29 @@ def rollout_speed(model_path: str, repeats: int) -> list[dict]:
     return rows
 
 
+def profile_engine(model_path: str, out: Path) -> str:
+    """One bf16 engine call under torch's profiler: where a decode step's time goes on this device."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from rlvr.config.schema import RolloutConfig
+    from rlvr.models import load_model_and_tokenizer
+    from rlvr.rollout import NativeRollout
+    from rollout import make_batch, timed
+
+    model, tokenizer = load_model_and_tokenizer(model_path, device=DEVICE)
+    batch = make_batch(tokenizer, 8, 8)
+    engine = NativeRollout(model, tokenizer, RolloutConfig(temperature=1.0, dtype="bfloat16", lean_decode=False), 128)
+    timed(engine, batch)
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if DEVICE == "cuda" else [])
+    with profile(activities=activities) as prof:
+        elapsed, tokens = timed(engine, batch, 1)
+        sync()
+    table = prof.key_averages().table(sort_by="cpu_time_total", row_limit=25)
+    text = f"{tokens} tokens in {elapsed:.2f} s\n{table}"
+    (out / "profile.txt").write_text(text)
+    return text
+
+
 def train(model: str, strategy: str, steps: int | None, out: Path) -> dict:
     run_dir = out / f"train-{strategy}"
     extra = [f"trainer.total_training_steps={steps}"] if steps else []
@@ -200,6 +223,8 @@ def main() -> None:
     if "rollout" in parts:
         report["rollout"] = rollout_speed(args.model, args.repeats)
         (out / "gpu.json").write_text(json.dumps(report, indent=1))
+    if "profile" in parts:
+        print(profile_engine(args.model, out), flush=True)
     if "train" in parts:
         report["train"] = [train(args.model, s, args.steps, out) for s in args.strategies.split(",")]
         (out / "gpu.json").write_text(json.dumps(report, indent=1))

@@ -56,13 +56,12 @@ def _cmd_train(args: argparse.Namespace) -> None:
 
 def _cmd_plan(args: argparse.Namespace) -> None:
     """Per-device memory of the run from the model's config.json alone; refuses a plan over the device."""
-    from rlvr.trainer.memory_plan import check_plan, device_capacity, format_plan, plan_memory, read_model_config
+    from rlvr.trainer.memory_plan import check_plan, format_plan, plan_memory, read_model_config
 
     config = load_config(args.config, args.overrides)
-    plan = plan_memory(config, read_model_config(config.actor_rollout_ref.model.path))
-    capacity, source = device_capacity(config, args.device_memory_gb)
-    print(format_plan(plan, capacity, source))
-    check_plan(plan, capacity, config)
+    plan = plan_memory(config, read_model_config(config.actor_rollout_ref.model.path), args.device_memory_gb)
+    print(format_plan(plan))
+    check_plan(plan, config)
 
 
 def _cmd_eval(args: argparse.Namespace) -> None:

@@ -121,6 +121,7 @@ CPU_BLOCK_SIZE = 128
 """Tokens per KV cache block of vLLM's CPU backend (``CpuPlatform.check_and_update_config`` sets
 128 unless the model uses MLA, whose 16 divides it; on a GPU the default is
 ``CacheConfig.DEFAULT_BLOCK_SIZE`` = 16, which a backend may raise)."""
+GPU_MEMORY_UTILIZATION = 0.5  # the device fraction vLLM reserves on a GPU when the config says none (verl's default)
 
 
 def cpu_kv_cache_bytes(bytes_per_token: int, max_num_seqs: int, max_model_len: int) -> int:
@@ -224,7 +225,7 @@ class VLLMRollout(BaseRollout):
                     generation_config="vllm",  # sampling comes from rlvr's config, not the folder's defaults
                     logprobs_mode="processed_logprobs")
         if self.on_gpu:
-            args.update(gpu_memory_utilization=cfg.gpu_memory_utilization or 0.5,
+            args.update(gpu_memory_utilization=cfg.gpu_memory_utilization or GPU_MEMORY_UTILIZATION,
                         enable_sleep_mode=cfg.free_cache_engine)
         elif cfg.gpu_memory_utilization is not None:
             args.update(gpu_memory_utilization=cfg.gpu_memory_utilization)  # a fraction of the host's memory

@@ -17,6 +17,7 @@ from rlvr.trainer.metrics import multi_turn_stats, tool_tokens, validation_metri
 
 GENERATION_KEYS = ("input_ids", "attention_mask", "position_ids")
 GENERATION_NON_TENSOR_KEYS = ("raw_prompt_ids", "raw_prompt", "tools_kwargs", "uid")
+BATCH_SEED_STRIDE = 104_729  # batch seeds: seed + stride x first row (the first batch keeps the caller's seed)
 
 
 def generation_batch(batch: DataProto) -> DataProto:
@@ -39,7 +40,9 @@ def evaluate(generate: Callable[[DataProto], DataProto], reward_fn, dataset, tok
         batch = dataset.collate([dataset[i] for i in range(start, min(start + size, len(dataset)))])
         batch.non_tensor_batch["uid"] = np.array([f"val-{start + i}" for i in range(len(batch))], dtype=object)
         gen = generation_batch(batch).repeat(n, interleave=True)
-        gen.meta_info.update(sampling, validate=True, seed=seed)
+        # each batch its own seed: the engines number rows from 0 in every call, so with one seed row i
+        # of every batch would draw the same uniforms (native) or the same request seed (vLLM)
+        gen.meta_info.update(sampling, validate=True, seed=seed + BATCH_SEED_STRIDE * start)
         batch = batch.repeat(n, interleave=True).union(generate(gen))
         result = reward_fn(batch)
         texts = [tokenizer.decode(r[m.bool()], skip_special_tokens=True).strip()

@@ -1,6 +1,7 @@
 """The memory plan against byte counts computed by hand, its refusal, and a dry run that loads nothing."""
 
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -84,11 +85,11 @@ def test_offload_leaves_generation(tiny_folder, monkeypatch):
 def test_refuses_with_the_setting_to_change(tiny_folder):
     config = load_config(None, tiny_overrides(tiny_folder))
     plan = plan_memory(config, TINY)
-    check_plan(plan, 67312, config)  # exactly fits
+    check_plan(replace(plan, capacity=67312), config)  # exactly fits
     # the update's largest term is the activations (32768 of 67312 bytes)
     with pytest.raises(ConfigError, match=r"0\.00 GB per device in update, .*activations.*"
                                           r"ppo_micro_batch_size_per_gpu.*enable_gradient_checkpointing=true"):
-        check_plan(plan, 67311, config)
+        check_plan(replace(plan, capacity=67311), config)
 
 
 def test_refusal_in_generation_names_the_kv_settings(tiny_folder):
@@ -108,7 +109,7 @@ def test_refusal_in_generation_names_the_kv_settings(tiny_folder):
     assert capped.terms["kv_cache"].bytes == 248 * 2006 * 32
     with pytest.raises(ConfigError, match=r"in generation, .*KV cache \(0\.03 GB\): lower "
                                           r"actor_rollout_ref\.rollout\.max_num_seqs.*data\.max_response_length$"):
-        check_plan(plan, 1e6, config)
+        check_plan(replace(plan, capacity=1e6), config)
 
 
 def test_qwen_7b_parameter_count():
@@ -150,7 +151,7 @@ def test_gradient_checkpointing_keeps_layer_inputs(tiny_folder):
 
 def test_on_a_gpu_the_load_is_in_host_memory(tiny_folder):
     """Rank 0 reads the full state into host RAM, then broadcasts it to the devices' shards."""
-    plan = plan_memory(load_config(None, tiny_overrides(tiny_folder) + ["trainer.device=cuda"]), TINY)
+    plan = plan_memory(load_config(None, tiny_overrides(tiny_folder) + ["trainer.device=cuda"]), TINY, 80)
     assert plan.phase_bytes("init") == 2896 + 2896  # the shards only
     assert plan.terms["packed_head"].bytes == 0  # the CPU decode's packed projection: not on a GPU
 
@@ -170,3 +171,244 @@ def test_vllm_keeps_its_weights_and_kv_cache_on_a_cpu(tiny_folder):
     assert plan.terms["engine_weights"].bytes == 4 * plan.params  # an fp32 copy of every parameter
     for phase in ("init", "generation", "update"):
         assert {"engine_weights", "kv_cache"} <= set(plan.phases[phase]), phase
+
+
+def shape_of(name):
+    return ModelShape.from_config(read_model_config(f"examples/model_configs/{name}"))
+
+
+def test_mixture_of_experts_counts_every_expert():
+    """Published totals, counted by hand from each config.json (each also equals the count of
+    transformers' model built on the meta device from the same config)."""
+    # Mixtral-8x7B: attention 4096 x 4096 (q) + 2 x 4096 x 1024 (k, v) + 4096 x 4096 (o) = 41,943,040;
+    # 8 experts x 3 x 4096 x 14336 = 1,409,286,144; router 4096 x 8 = 32,768; 2 norms 8,192
+    # -> 1,451,270,144 a layer x 32 = 46,440,644,608; + embedding and head 2 x 32000 x 4096 + norm 4096
+    # = 262,148,096 -> 46,702,792,704 (46.7B; read as one dense MLP: 7.24B)
+    assert shape_of("mixtral-8x7b").params() == 46_702_792_704
+    # Qwen3-30B-A3B: attention 2048 x 4096 + 2 x 2048 x 512 + 4096 x 2048 = 18,874,368, q/k norms 2 x 128;
+    # 128 experts x 3 x 2048 x 768 = 603,979,776; router 2048 x 128 = 262,144; 2 norms 4,096
+    # -> 623,120,640 x 48 = 29,909,790,720; + 2 x 151936 x 2048 + 2048 = 622,331,904 -> 30,532,122,624 (30.5B)
+    assert shape_of("qwen3-30b-a3b").params() == 30_532_122_624
+    # Qwen1.5-MoE-A2.7B (qwen2_moe): attention 4 x 2048^2 + q/k/v biases 3 x 2048 = 16,783,360;
+    # 60 experts x 3 x 2048 x 1408 = 519,045,120; shared expert 3 x 2048 x 5632 = 34,603,008 and its gate 2048;
+    # router 2048 x 60 = 122,880; norms 4,096 -> 570,560,512 x 24 = 13,693,452,288; + 622,331,904 (as above)
+    # -> 14,315,784,192 (14.3B)
+    assert shape_of("qwen1.5-moe-a2.7b").params() == 14_315_784_192
+    # OLMoE-1B-7B: attention 4 x 2048^2 = 16,777,216 + q/k norms over all heads 2 x 2048; 64 experts of
+    # intermediate_size 1024: 64 x 3 x 2048 x 1024 = 402,653,184; router 131,072; norms 4,096
+    # -> 419,569,664 x 16 = 6,713,114,624; + 2 x 50304 x 2048 + 2048 = 206,047,232 -> 6,919,161,856 (6.9B)
+    assert shape_of("olmoe-1b-7b").params() == 6_919_161_856
+
+
+def test_deepseek_latent_attention_and_dense_first_layers():
+    # DeepSeek-V3, multi-head latent attention: q_a 7168 x 1536 = 11,010,048 + its norm 1536
+    # + q_b 1536 x 128 x (128 + 64) = 37,748,736; kv_a 7168 x (512 + 64) = 4,128,768 + its norm 512
+    # + kv_b 512 x 128 x (128 + 128) = 16,777,216; o 128 x 128 x 7168 = 117,440,512 -> 187,107,328; 2 norms 14,336.
+    # 3 dense layers (first_k_dense_replace): + 3 x 7168 x 18432 = 396,361,728 -> 583,483,392 each;
+    # 58 sparse: 256 experts x 3 x 7168 x 2048 = 11,274,289,152 + 1 shared 44,040,192 + router 256 x 7168
+    # = 1,835,008 -> 11,507,286,016 each (the router's score-correction bias is a buffer, not trained).
+    # 3 x 583,483,392 + 58 x 11,507,286,016 = 669,173,039,104; + 2 x 129280 x 7168 + 7168 = 1,853,365,248
+    # -> 671,026,404,352 (671B)
+    assert shape_of("deepseek-v3").params() == 671_026_404_352
+    # DeepSeek-V2-Lite: no q_lora_rank: q 2048 x 16 x 192 = 6,291,456; kv_a 2048 x 576 = 1,179,648 + 512;
+    # kv_b 512 x 16 x 256 = 2,097,152; o 2048 x 2048 = 4,194,304 -> 13,763,072; norms 4,096. 1 dense layer
+    # 3 x 2048 x 10944 = 67,239,936; 26 sparse: 64 x 3 x 2048 x 1408 = 553,648,128 + 2 shared 17,301,504
+    # + router 131,072. 81,007,104 + 26 x 584,847,872 + 2 x 102400 x 2048 + 2048 = 15,706,484,224 (15.7B)
+    assert shape_of("deepseek-v2-lite").params() == 15_706_484_224
+
+
+def test_qwen3_counts_its_query_and_key_norms():
+    # Qwen3-1.7B: attention 2048 x 2048 + 2 x 2048 x 1024 + 2048 x 2048 = 12,582,912 + q/k norms 2 x 128;
+    # MLP 3 x 2048 x 6144 = 37,748,736; 2 norms 4,096 -> 50,336,000 x 28 = 1,409,408,000;
+    # tied embedding 151936 x 2048 + norm 2048 = 311,166,976 -> 1,720,574,976
+    assert shape_of("qwen3-1.7b").params() == 1_720_574_976
+
+
+def test_an_unknown_mixture_of_experts_is_refused():
+    jamba = {**TINY, "model_type": "jamba", "num_experts": 16, "num_experts_per_tok": 2}
+    with pytest.raises(ConfigError, match=r"cannot count model_type 'jamba'.*mixtral, qwen2_moe"):
+        ModelShape.from_config(jamba)
+
+
+# verl's examples/grpo_trainer/run_qwen3-1.7b.sh on 8 x 80 GB, its paths changed and its keys as rlvr reads them
+QWEN3_1_7B_VERL = ["actor_rollout_ref.model.path=examples/model_configs/qwen3-1.7b", "trainer.device=cuda",
+                   "trainer.n_gpus_per_node=8", "actor_rollout_ref.actor.strategy=fsdp2",
+                   "actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.gpu_memory_utilization=0.6",
+                   "data.train_batch_size=1024", "actor_rollout_ref.rollout.n=5", "data.max_prompt_length=512",
+                   "data.max_response_length=1024", "actor_rollout_ref.actor.ppo_mini_batch_size=256",
+                   "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=32",
+                   "actor_rollout_ref.actor.use_kl_loss=true",
+                   "actor_rollout_ref.model.enable_gradient_checkpointing=true"]
+
+
+def plan_of(overrides, device_memory_gb=None):
+    config = load_config(None, overrides)
+    return plan_memory(config, read_model_config(config.actor_rollout_ref.model.path), device_memory_gb)
+
+
+def test_vllm_on_a_gpu_reserves_its_fraction_of_the_device():
+    plan = plan_of(QWEN3_1_7B_VERL, 80)
+    b = {name: term.bytes for name, term in plan.terms.items()}
+    # vLLM reserves 0.6 x 80 GB = 48 GB while awake: its bf16 weights 2 x 1,720,574,976 = 3,441,149,952
+    # and the KV cache and workspace in the other 44,558,850,048
+    assert b["engine_weights"] == 3_441_149_952
+    assert b["engine_weights"] + b["kv_cache"] == pytest.approx(48e9)
+    # generation: the actor's fp32 shard 4 x 1,720,574,976 / 8 = 860,287,488, the reference's and the AdamW
+    # moments (2 x) = 4 x 860,287,488 = 3,441,149,952, beside the whole reservation
+    assert plan.phase_bytes("generation") == pytest.approx(3_441_149_952 + 48e9)
+    assert plan.phase_bytes("init") == pytest.approx(2 * 860_287_488 + 48e9)  # the engine starts awake
+    # free_cache_engine (default): vLLM sleeps at level 2 for the update, which holds none of it
+    assert not {"engine_weights", "kv_cache"} & set(plan.phases["update"])
+    awake = plan_of(QWEN3_1_7B_VERL + ["actor_rollout_ref.rollout.free_cache_engine=false"], 80)
+    assert awake.phase_bytes("update") == pytest.approx(plan.phase_bytes("update") + 48e9)
+    # gpu_memory_utilization unset: vLLM's 0.5 as rlvr passes it, 40 GB of 80
+    default = plan_of([o for o in QWEN3_1_7B_VERL if "gpu_memory_utilization" not in o], 80)
+    assert default.terms["engine_weights"].bytes + default.terms["kv_cache"].bytes == pytest.approx(40e9)
+    check_plan(plan, load_config(None, QWEN3_1_7B_VERL))  # fits 80 GB
+    # 0.99 x 80 = 79.2 GB beside the actor's 3.44 GB of shards, reference and moments: over 80 GB
+    greedy = QWEN3_1_7B_VERL + ["actor_rollout_ref.rollout.gpu_memory_utilization=0.99"]
+    with pytest.raises(ConfigError, match=r"82\.64 GB per device in (resume|generation).*vLLM's KV cache and "
+                                          r"workspace.*lower actor_rollout_ref\.rollout\.gpu_memory_utilization"):
+        check_plan(plan_of(greedy, 80), load_config(None, greedy))
+
+
+def test_a_vllm_reservation_without_room_for_its_kv_cache_is_refused():
+    # 0.04 x 80 GB = 3.2 GB, less than vLLM's 3.44 GB of bf16 weights: vLLM would not start
+    overrides = QWEN3_1_7B_VERL + ["actor_rollout_ref.rollout.gpu_memory_utilization=0.04"]
+    plan = plan_of(overrides, 80)
+    assert plan.terms["kv_cache"].bytes == pytest.approx(3.2e9 - 3_441_149_952)
+    with pytest.raises(ConfigError, match=r"vLLM would refuse to start.*raise actor_rollout_ref\.rollout\."
+                                          r"gpu_memory_utilization"):
+        check_plan(plan, load_config(None, overrides))
+
+
+def vllm_on_a_cpu(folder):
+    return [f"actor_rollout_ref.model.path={folder}", "trainer.device=cpu", "actor_rollout_ref.rollout.name=vllm",
+            "actor_rollout_ref.rollout.dtype=float32", "actor_rollout_ref.rollout.max_num_seqs=4",
+            "actor_rollout_ref.rollout.max_model_len=200"]
+
+
+def test_vllm_on_a_cpu_with_gpu_memory_utilization_takes_that_fraction_of_the_host(tiny_folder, monkeypatch):
+    """vLLM's CPU worker: KV cache = utilization x the host's memory - the process's memory when it
+    starts (cpu_worker.determine_available_memory); rlvr's 1 GiB cap applies only without the key."""
+    monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
+    overrides = vllm_on_a_cpu(tiny_folder) + ["actor_rollout_ref.rollout.gpu_memory_utilization=0.5"]
+    plan = plan_of(overrides, 10)
+    # 0.5 x 10 GB, less the actor's fp32 weights 4 x 1448 = 5792, the reference's and vLLM's fp32 copy
+    assert plan.terms["kv_cache"].bytes == 5e9 - 3 * 5792
+    # VLLM_CPU_KVCACHE_SPACE (GiB), when set, sizes it instead (vllm/platforms/cpu.py)
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "3")
+    assert plan_of(overrides, 10).terms["kv_cache"].bytes == 3 * 2**30
+    # 0.5 x 10 kB cannot even hold the weights: vLLM raises, and so does the plan
+    monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE")
+    with pytest.raises(ConfigError, match="vLLM would refuse to start"):
+        check_plan(plan_of(overrides, 1e-5), load_config(None, overrides))
+
+
+def test_vllm_needs_one_row_of_kv_cache_and_caches_deepseeks_latent():
+    """vLLM starts only with room for one max_model_len row; for DeepSeek's latent attention a token's
+    row is the kv_lora_rank latent and the rope key per layer, not full keys and values."""
+    plan = plan_of(["actor_rollout_ref.model.path=examples/model_configs/deepseek-v2-lite", "trainer.device=cuda",
+                    "actor_rollout_ref.rollout.name=vllm", "data.max_prompt_length=512",
+                    "data.max_response_length=1024"], 80)
+    # 27 layers x (512 + 64) values x 2 bytes (bf16) x 1536 positions
+    assert plan.kv_floor == 27 * 576 * 2 * 1536 == 47_775_744
+    # Qwen3-1.7B: keys and values, 2 x 28 layers x 8 kv heads x 128 x 2 bytes = 114,688 a token x 1536
+    assert plan_of(QWEN3_1_7B_VERL, 80).kv_floor == 176_160_768
+
+
+def test_a_critic_holds_its_weights_gradients_moments_and_update(tiny_folder):
+    plan = plan_memory(load_config(None, tiny_overrides(tiny_folder) + ["algorithm.adv_estimator=gae",
+                                                                        "critic.ppo_mini_batch_size=4"]), TINY)
+    b = {name: term.bytes for name, term in plan.terms.items()}
+    # the value model: the tied backbone (1448) and a value head 8 + bias 1 -> 1457, fp32 over 2 ranks
+    assert b["critic_weights"] == b["critic_gradients"] == 4 * 1457 / 2 == 2914
+    assert b["critic_optimizer"] == 5828
+    # critic micro-batch 8 rows, at most the 4 a rank has, x 16 tokens = 64 x 128 values x 2 layers x 4 bytes
+    assert b["critic_activations"] == 64 * 128 * 2 * 4 == 65536
+    # root: embedding 32 x 8, final norm 8, value head 9 = 273; with one layer (592) gathered in fp32:
+    # (273 + 592) x 4 = 3460, their gradients and reduce-scatter copies 2 x (273 + 592) x 4 = 6920
+    assert b["critic_gathered"] == 10380
+    # its update: the actor's shards, reference and moments (2896 + 2896 + 5792) beside all of the above
+    assert plan.phase_bytes("critic update") == 11584 + 2914 + 2914 + 5828 + 65536 + 10380 == 99156
+    # the actor's update keeps the critic's weights and moments: 67312 + 2914 + 5828
+    assert plan.phase_bytes("update") == 76054
+    assert plan.peak_phase == "critic update"
+
+
+def test_dapo_generates_gen_batch_size_prompts(tiny_folder):
+    overrides = tiny_overrides(tiny_folder) + ["algorithm.filter_groups.enable=true", "data.gen_batch_size=12"]
+    plan = plan_memory(load_config(None, overrides), TINY)
+    # 12 prompts x 2 / 2 ranks = 12 rows, each 2 (K, V) x 2 layers x 4 dims x 16 positions x 2 bytes = 512
+    assert plan.rows_per_rank == 12 and plan.terms["kv_cache"].bytes == 12 * 512
+
+
+def test_dynamic_batch_size_counts_the_token_budget(tiny_folder):
+    overrides = tiny_overrides(tiny_folder) + ["actor_rollout_ref.actor.use_dynamic_bsz=true",
+                                               "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=100"]
+    config = load_config(None, overrides)
+    plan = plan_memory(config, TINY)
+    # up to 100 tokens (not 2 rows x 16): 128 values x 2 layers x 100 x 4 bytes
+    assert plan.terms["activations"].bytes == 102_400
+    # up to 100 response tokens, fp32 x vocab 32, plus two chunks in flight
+    assert plan.terms["logits"].bytes == 4 * 32 * (100 + 2 * 100)
+    with pytest.raises(ConfigError, match="lower actor_rollout_ref.actor.ppo_max_token_len_per_gpu"):
+        check_plan(replace(plan, capacity=1000), config)
+
+
+def test_without_reshard_after_forward_every_layer_stays_gathered(tiny_folder):
+    overrides = tiny_overrides(tiny_folder) + ["actor_rollout_ref.actor.fsdp_config.reshard_after_forward=false"]
+    plan = plan_memory(load_config(None, overrides), TINY)
+    # the whole model, 1448 x 4 bytes (fp32 on a CPU), and the gradients in flight as before (8960)
+    assert plan.terms["gathered"].bytes == 1448 * 4 + 8960
+
+
+def test_resume_reads_weights_and_optimizer_into_rank_0s_host_ram(tiny_folder):
+    plan = plan_memory(load_config(None, tiny_overrides(tiny_folder) + ["trainer.device=cuda"]), TINY, 80)
+    # rank 0 reads the fp32 weights and both fp32 moments: 12 x 1448 bytes, in host RAM on a GPU
+    assert plan.terms["resume_read"].host and plan.host_bytes("resume") == 12 * 1448
+    assert plan.phase_bytes("resume") == 2896 + 2896 + 5792  # the shards and the moments loaded into them
+    on_cpu = plan_memory(load_config(None, tiny_overrides(tiny_folder)), TINY)
+    assert on_cpu.phase_bytes("resume") == 11584 + 12 * 1448  # a CPU's host RAM is its device
+    no_resume = plan_memory(load_config(None, tiny_overrides(tiny_folder) + ["trainer.resume_mode=disable"]), TINY)
+    assert "resume" not in no_resume.phases
+
+
+def test_on_gpu_follows_trainer_device(tiny_folder, monkeypatch):
+    import torch
+
+    from rlvr.trainer.memory_plan import on_gpu
+
+    base = [f"actor_rollout_ref.model.path={tiny_folder}"]
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert not on_gpu(load_config(None, base + ["trainer.device=cpu"]))
+    assert on_gpu(load_config(None, base + ["trainer.device=auto"]))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert on_gpu(load_config(None, base + ["trainer.device=cuda"]))
+    assert not on_gpu(load_config(None, base + ["trainer.device=auto"]))
+
+
+def test_a_gpu_plan_on_a_machine_without_one_asks_for_the_capacity(monkeypatch, capsys):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert cli.main(["plan", *QWEN3_1_7B_VERL]) == 2
+    assert "--device-memory-gb" in capsys.readouterr().err
+    assert cli.main(["plan", "--device-memory-gb", "80", *QWEN3_1_7B_VERL]) == 0
+    out = capsys.readouterr().out
+    assert "0.6 x 80.00 GB = 48.00 GB" in out and "rank 0's host RAM 20.65 GB" in out  # 12 x 1.72B bytes
+
+
+def test_a_mixture_of_experts_update_gathers_every_expert_and_runs_its_active_ones():
+    plan = plan_of(["actor_rollout_ref.model.path=examples/model_configs/mixtral-8x7b", "trainer.device=cuda",
+                    "trainer.n_gpus_per_node=8", "actor_rollout_ref.actor.strategy=fsdp2",
+                    "data.train_batch_size=8", "actor_rollout_ref.rollout.n=2",
+                    "actor_rollout_ref.actor.ppo_mini_batch_size=8", "data.max_prompt_length=1024",
+                    "data.max_response_length=1024", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1"], 80)
+    # per token and layer: 8 x 4096 hidden values + 4 x (2 active experts x 14336) = 147,456; x 32 layers
+    # x 2048 tokens x 2 bytes (bf16 on a GPU) = 19,327,352,832
+    assert plan.terms["activations"].bytes == 147_456 * 32 * 2048 * 2 == 19_327_352_832
+    # FSDP2 gathers a whole layer, all 8 experts: 1,451,270,144 parameters, with the root (untied embedding
+    # and head 2 x 32000 x 4096 + norm 4096 = 262,148,096), in bf16: 3,426,836,480; their fp32 gradients and
+    # reduce-scatter copies 2 x (262,148,096 + 1,451,270,144) x 4 = 13,707,345,920
+    assert plan.terms["gathered"].bytes == 3_426_836_480 + 13_707_345_920
