@@ -120,22 +120,27 @@ def unique_parameters(model: nn.Module) -> list[nn.Parameter]:
 class EngineWeights:
     """The rollout engine's unsharded weights, held only while a rollout runs.
 
-    ``model`` is an empty (meta) model of the engine's dtype. ``load(sharded)`` gives it storage
-    (the first time: ``to_empty``; later: its freed storage regrown) and gathers the sharded
-    model's current weights into it one tensor at a time, cast to the engine's dtype;
-    ``release()`` frees the storage again, keeping shapes, so the update runs beside the shards
-    alone. A tied weight is one storage. ``load`` is a collective: every rank must call it."""
+    ``model`` is an empty (meta) model of the engine's dtype. ``load(sharded, version)`` gives it
+    storage (the first time: ``to_empty``; later: its freed storage regrown) and gathers the
+    sharded model's current weights into it one tensor at a time, cast to the engine's dtype,
+    unless it still holds that weight version (consecutive rollouts with no update between:
+    validation batches, DAPO's extra batches, ReMax's greedy pass); ``release()`` frees the
+    storage again, keeping shapes, so the update runs beside the shards alone. A tied weight is
+    one storage. ``load`` is a collective: every rank must call it (with the same version)."""
 
     def __init__(self, model: nn.Module, device: torch.device):
         self.model, self.device = model, device
         self.allocated = False
-        self.loads = 0  # weight version: how many times the engine got the actor's weights
+        self.version: int | None = None  # the policy's weight version the storage holds; None: released
+        self.loads = 0  # how many times the engine's weights were gathered
 
     @property
     def held_bytes(self) -> int:
         return sum(p.untyped_storage().nbytes() for p in unique_parameters(self.model) if p.device.type != "meta")
 
-    def load(self, sharded: nn.Module) -> None:
+    def load(self, sharded: nn.Module, version: int) -> None:
+        if self.version == version:
+            return
         if not self.allocated:
             buffers = {name: b.detach().clone() for name, b in self.model.named_buffers()}
             self.model.to_empty(device=self.device)
@@ -148,12 +153,14 @@ class EngineWeights:
             for p in unique_parameters(self.model):
                 p.untyped_storage().resize_(p.numel() * p.element_size())
         copy_full_weights(sharded, self.model)
+        self.version = version
         self.loads += 1
 
     def release(self) -> None:
         if self.allocated:
             for p in unique_parameters(self.model):
                 p.untyped_storage().resize_(0)
+        self.version = None
 
 
 def full_optimizer_state(root: nn.Module | None, model: nn.Module, optimizer) -> dict:

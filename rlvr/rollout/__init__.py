@@ -16,11 +16,12 @@ from rlvr.rollout.vllm_rollout import VLLMRollout
 
 
 def build_rollout(model, tokenizer, config, max_response_length: int, tool_setup: "ToolSetup | None" = None,
-                  max_prompt_length: int | None = None):
-    """The engine named by ``actor_rollout_ref.rollout.name`` over ``model``, driven by the
-    multi-turn tool loop when ``multi_turn.enable`` (its tools from ``tool_setup``, else read
-    from the config)."""
-    engine = get_rollout_class(config.name)(model, tokenizer, config, max_response_length, max_prompt_length)
+                  max_prompt_length: int | None = None, device=None):
+    """The engine named by ``actor_rollout_ref.rollout.name`` over ``model`` on ``device`` (the
+    worker's, from ``trainer.device``; None: the model's), driven by the multi-turn tool loop
+    when ``multi_turn.enable`` (its tools from ``tool_setup``, else read from the config)."""
+    engine = get_rollout_class(config.name)(model, tokenizer, config, max_response_length, max_prompt_length,
+                                            device)
     if not config.multi_turn.enable:
         return engine
     setup = tool_setup or ToolSetup.from_config(tokenizer, config)

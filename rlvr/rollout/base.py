@@ -11,7 +11,9 @@ names and never branches on engine names. An engine answers at two levels:
 
 ``sync_weights(version)`` gives the engine the policy's current weights before a rollout (an
 engine that shares the actor's tensors has nothing to do); ``free_cache()`` releases what it
-holds for generation once the rollout is over.
+holds for generation once the rollout is over, and ``wake_up(tags)`` takes part of it back
+(vLLM's sleep mode: ``"weights"`` before the sync, ``"kv_cache"`` once the actor's state is
+off the device).
 """
 
 from __future__ import annotations
@@ -83,15 +85,17 @@ def pack_responses(prompts: DataProto, token_ids: Sequence[Sequence[int]], log_p
 
 class BaseRollout(ABC):
     """An engine over the policy ``model`` (a transformers causal LM whose weights it follows).
-    ``max_prompt_length`` (``data.max_prompt_length``, when known) bounds the prompts it will see."""
+    ``max_prompt_length`` (``data.max_prompt_length``, when known) bounds the prompts it will see;
+    ``device`` is the worker's device (None: the policy's)."""
 
     streams_weights: ClassVar[bool] = False
     """True: ``sync_weights`` reads the policy itself, sharded or not (the worker then builds no
     unsharded copy for it); False: the engine decodes on the module it is given."""
 
     def __init__(self, model, tokenizer, config: RolloutConfig, max_response_length: int,
-                 max_prompt_length: int | None = None):
+                 max_prompt_length: int | None = None, device: torch.device | str | None = None):
         self.tokenizer, self.config = tokenizer, config
+        self.device = torch.device(device) if device is not None else model.device  # trainer.device, resolved
         self.max_response_length = max_response_length
         self.eos_ids = end_token_ids(model, tokenizer)
         self.pad_id = tokenizer.pad_token_id
@@ -111,6 +115,9 @@ class BaseRollout(ABC):
 
     def free_cache(self) -> None:
         """Release what generation holds once a rollout is over (default: nothing)."""
+
+    def wake_up(self, tags: Sequence[str]) -> None:
+        """Take back the memory of ``tags`` that ``free_cache`` released (default: nothing)."""
 
     def generate_sequences(self, prompts: DataProto) -> DataProto:
         """Left-padded prompts (repeated n times, with ``uid``) -> responses and their masks."""

@@ -100,8 +100,8 @@ class NativeRollout(BaseRollout):
     weights, in ``rollout.dtype``), or a synced copy when the model's dtype is not ``rollout.dtype``."""
 
     def __init__(self, model, tokenizer, config: RolloutConfig, max_response_length: int,
-                 max_prompt_length: int | None = None):
-        super().__init__(model, tokenizer, config, max_response_length, max_prompt_length)
+                 max_prompt_length: int | None = None, device: torch.device | str | None = None):
+        super().__init__(model, tokenizer, config, max_response_length, max_prompt_length, device)
         self.actor_model = model
         # "auto" is resolved by load_config; a config built directly leaves it: the model's own dtype
         dtype = model.dtype if config.dtype == "auto" else DTYPES[config.dtype]

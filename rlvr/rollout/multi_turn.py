@@ -196,6 +196,9 @@ class MultiTurnRollout:
     def free_cache(self) -> None:
         self.engine.free_cache()
 
+    def wake_up(self, tags) -> None:
+        self.engine.wake_up(tags)
+
     # ------------------------------------------------------------------ the loop
     def generate_sequences(self, prompts: DataProto) -> DataProto:
         prompts.require("input_ids", "attention_mask", "position_ids", stage="multi-turn rollout")

@@ -12,11 +12,16 @@ one rank each (verl's "external data parallel"): each rank samples its own rows.
   merged (W + scale B A), and no second full copy is ever built. The engine records which
   policy and which weight version it holds; a version it does not hold is always reloaded, so a
   rollout never runs on stale weights.
-- **Memory**: on a GPU the engine sleeps between rollouts (``free_cache_engine``: vLLM's sleep
-  mode, level 2: weights and KV cache released; the next sync reloads the weights). vLLM's CPU
-  build has no sleep mode: there the KV cache holds ``max_num_seqs`` rows of ``max_model_len``
-  tokens, capped at ``CPU_KV_CACHE_CAP``, unless ``gpu_memory_utilization`` is set, and it stays
-  allocated between rollouts.
+- **Memory**: on a GPU (the device the worker was given, ``trainer.device``) with
+  ``free_cache_engine`` the engine sleeps between rollouts (vLLM's sleep mode, level
+  ``SLEEP_LEVEL``) and wakes in two parts, as verl's hybrid engine does: ``wake_up(["weights"])``
+  before the weights are streamed in, ``wake_up(["kv_cache"])`` only once the worker has moved
+  the actor's state off the device (``ActorRolloutRefWorker.rollout_mode``). The engine is asleep
+  from its start until the first rollout. What is awake, and whose weights it holds, is the
+  shared engine's state (``SharedEngine``), never a rollout's. vLLM's CPU build has no sleep
+  mode: there the KV cache holds ``max_num_seqs`` rows of ``max_model_len`` tokens, capped at
+  ``CPU_KV_CACHE_CAP`` but never below one row in whole blocks, unless ``gpu_memory_utilization``
+  is set, and it stays allocated between rollouts.
 - **Sampling**: every row is a request with its own seed, derived from the step's seed, the
   row's place in the whole batch and its prompt length (so a rank, a wave or a multi-turn turn
   draws the same tokens however the rows are split). Log-probs are vLLM's ``processed_logprobs``:
@@ -45,8 +50,7 @@ from rlvr.models.loader import DTYPES
 from rlvr.rollout.base import BaseRollout, Completion, register_rollout
 from rlvr.rollout.sampling import SamplingParams
 
-_ENGINES: dict[tuple, "object"] = {}  # engine arguments -> LLM: engines are shared (each takes seconds to start)
-_HOLDS: dict[int, tuple[int, int]] = {}  # id(LLM) -> (serial of the rollout whose weights it holds, their version)
+_ENGINES: dict[tuple, "SharedEngine"] = {}  # engine arguments -> engine: shared (each takes seconds to start)
 _SERIALS = itertools.count()  # rollouts are told apart by serial, never by id() (reused after garbage collection)
 
 
@@ -103,18 +107,31 @@ def _environment_kept():
                 os.environ[name] = value
 
 
-def _on_gpu() -> bool:
-    return torch.cuda.is_available()
+SLEEP_LEVEL = 2
+"""vLLM's sleep level between rollouts: 2 discards the weights with the KV cache, where level 1
+would keep a host copy of them. The policy's weights change at every update, so that copy would
+be stale by the next rollout (rlvr streams the new ones in anyway) while it cost each rank a
+rollout-dtype copy of the model in host RAM, beside the offloaded actor and optimizer. verl
+chooses 2 as well (vLLM >= 0.8.5)."""
 
+WAKE_TAGS = ("weights", "kv_cache")  # what vLLM's sleep releases, by the tags its wake_up takes
 
 CPU_KV_CACHE_CAP = 2**30  # bytes: on a CPU the KV cache stays allocated beside training (no sleep mode)
+CPU_BLOCK_SIZE = 128
+"""Tokens per KV cache block of vLLM's CPU backend (``CpuPlatform.check_and_update_config`` sets
+128 unless the model uses MLA, whose 16 divides it; on a GPU the default is
+``CacheConfig.DEFAULT_BLOCK_SIZE`` = 16, which a backend may raise)."""
 GPU_MEMORY_UTILIZATION = 0.5  # the device fraction vLLM reserves on a GPU when the config says none (verl's default)
 
 
 def cpu_kv_cache_bytes(bytes_per_token: int, max_num_seqs: int, max_model_len: int) -> int:
     """The CPU engine's KV cache: ``max_num_seqs`` rows of ``max_model_len`` tokens, capped at
-    ``CPU_KV_CACHE_CAP`` (rows beyond it wait in vLLM's queue) but never below one full row."""
-    return max(bytes_per_token * max_model_len, min(bytes_per_token * max_model_len * max_num_seqs, CPU_KV_CACHE_CAP))
+    ``CPU_KV_CACHE_CAP`` (rows beyond it wait in vLLM's queue) but never below one full row. vLLM
+    counts whole blocks and holds one back (its block pool's null block), so that row is
+    ``ceil(max_model_len / CPU_BLOCK_SIZE) + 1`` blocks: a floor of exactly ``max_model_len``
+    tokens fails vLLM's start ("To serve at least one request with the model's max seq len ...")."""
+    one_row = bytes_per_token * CPU_BLOCK_SIZE * (-(-max_model_len // CPU_BLOCK_SIZE) + 1)
+    return max(one_row, min(bytes_per_token * max_model_len * max_num_seqs, CPU_KV_CACHE_CAP))
 
 
 def kv_bytes_per_token(model_config, dtype: torch.dtype) -> int:
@@ -124,22 +141,77 @@ def kv_bytes_per_token(model_config, dtype: torch.dtype) -> int:
     return 2 * model_config.num_hidden_layers * heads * head_dim * dtype.itemsize
 
 
+def _start_engine(model, tokenizer, args: dict):
+    """vLLM's ``LLM`` in this process, started from a folder holding the policy's config and
+    tokenizer (the weights come by ``sync_weights``)."""
+    with _environment_kept():
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # in this process: its weights are reachable
+        from vllm import LLM
+
+        with tempfile.TemporaryDirectory(prefix="rlvr-vllm-") as folder:
+            model.config.save_pretrained(folder)
+            tokenizer.save_pretrained(folder)
+            return LLM(model=folder, tokenizer=folder, **args)
+
+
+class SharedEngine:
+    """One vLLM engine and its state, shared by every rollout built with the same arguments in
+    this process: which of its memory is awake, and whose weights (rollout serial, version) it
+    holds. Kept here, not in each rollout, so that two rollouts over one engine never sleep it
+    twice, nor take a sleeping engine for an awake one."""
+
+    def __init__(self, llm, sleeps: bool):
+        self.llm, self.sleeps = llm, sleeps  # sleeps: started with enable_sleep_mode
+        self.asleep: set[str] = set()  # vLLM's wake_up tags whose memory is released
+        self.holds: tuple[int, int] | None = None  # (serial, version) of the weights it holds
+        self.sleep()  # asleep until the first rollout: training starts beside it
+
+    @property
+    def runner(self):
+        return self.llm.llm_engine.engine_core.engine_core.model_executor.driver_worker.worker.model_runner
+
+    def sleep(self) -> None:
+        if not self.sleeps or self.asleep == set(WAKE_TAGS):
+            return
+        self.wake_up(WAKE_TAGS)  # half awake (a rollout_mode cut short): vLLM sleeps a wholly awake engine
+        self.llm.sleep(level=SLEEP_LEVEL)
+        self.asleep = set(WAKE_TAGS)
+        self.holds = None  # level 2 discarded them
+
+    def wake_up(self, tags: Sequence[str]) -> None:
+        """Reallocate the memory of ``tags`` (``"weights"``, ``"kv_cache"``) that sleeps."""
+        tags = [t for t in tags if t in self.asleep]
+        if tags:
+            self.llm.wake_up(tags=tags)
+            self.asleep -= set(tags)
+
+    def reload(self, weights: Iterator[tuple[str, torch.Tensor]], holds: tuple[int, int]) -> None:
+        self.wake_up(["weights"])
+        self.runner.reload_weights(weights_iterator=weights, is_checkpoint_format=True)
+        self.llm.reset_prefix_cache()  # cached prefixes were computed with the old weights
+        self.holds = holds
+
+
 @register_rollout("vllm")
 class VLLMRollout(BaseRollout):
-    """vLLM over the policy ``model`` (whose weights ``sync_weights`` streams into it)."""
+    """vLLM over the policy ``model`` (whose weights ``sync_weights`` streams into it); its GPU
+    path (sleep mode, ``gpu_memory_utilization``) follows ``device``, not what torch can see."""
 
     streams_weights = True
 
     def __init__(self, model, tokenizer, config: RolloutConfig, max_response_length: int,
-                 max_prompt_length: int | None = None):
-        super().__init__(model, tokenizer, config, max_response_length, max_prompt_length)
+                 max_prompt_length: int | None = None, device: torch.device | str | None = None):
+        super().__init__(model, tokenizer, config, max_response_length, max_prompt_length, device)
         self.policy, self.serial = model, next(_SERIALS)
+        self.on_gpu = self.device.type == "cuda"
         self.max_model_len = config.max_model_len or (
             max_prompt_length + max_response_length if max_prompt_length else model.config.max_position_embeddings)
-        self.llm = self._engine(model, tokenizer)
-        self.runner = self.llm.llm_engine.engine_core.engine_core.model_executor.driver_worker.worker.model_runner
-        self.asleep = False
+        self.engine = self._engine(model, tokenizer)
         self.syncs = 0  # how many times weights were streamed into the engine
+
+    @property
+    def llm(self):
+        return self.engine.llm
 
     # ------------------------------------------------------------------ the engine
     def _engine_args(self, model) -> dict:
@@ -152,7 +224,7 @@ class VLLMRollout(BaseRollout):
                     tensor_parallel_size=cfg.tensor_model_parallel_size,
                     generation_config="vllm",  # sampling comes from rlvr's config, not the folder's defaults
                     logprobs_mode="processed_logprobs")
-        if _on_gpu():
+        if self.on_gpu:
             args.update(gpu_memory_utilization=cfg.gpu_memory_utilization or GPU_MEMORY_UTILIZATION,
                         enable_sleep_mode=cfg.free_cache_engine)
         elif cfg.gpu_memory_utilization is not None:
@@ -162,42 +234,31 @@ class VLLMRollout(BaseRollout):
                                                                  cfg.max_num_seqs, self.max_model_len))
         return args
 
-    def _engine(self, model, tokenizer):
-        """A shared engine for these arguments, started once per process from a folder holding the
-        policy's config and tokenizer (the weights come by ``sync_weights``)."""
+    def _engine(self, model, tokenizer) -> SharedEngine:
+        """The engine for these arguments, started once per process."""
         args = self._engine_args(model)
         key = (model.config.to_json_string(use_diff=False), tokenizer.name_or_path, len(tokenizer),
                tuple(sorted((k, str(v)) for k, v in args.items())))
         if key not in _ENGINES:
-            with _environment_kept():
-                os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # in this process: its weights are reachable
-                from vllm import LLM
-
-                with tempfile.TemporaryDirectory(prefix="rlvr-vllm-") as folder:
-                    model.config.save_pretrained(folder)
-                    tokenizer.save_pretrained(folder)
-                    _ENGINES[key] = LLM(model=folder, tokenizer=folder, **args)
+            _ENGINES[key] = SharedEngine(_start_engine(model, tokenizer, args), args.get("enable_sleep_mode", False))
         return _ENGINES[key]
 
+    def wake_up(self, tags: Sequence[str]) -> None:
+        """vLLM's memory for ``tags`` back on the device (nothing to do unless the engine sleeps)."""
+        self.engine.wake_up(tags)
+
     def sync_weights(self, version: int | None = None) -> None:
-        """Stream the policy's weights into the engine unless it holds this very version of this
-        rollout's policy (``version`` None: always)."""
-        if self.asleep:
-            self.llm.wake_up()
-            self.asleep = False
-            _HOLDS.pop(id(self.llm), None)  # level-2 sleep discarded the weights
-        if version is not None and _HOLDS.get(id(self.llm)) == (self.serial, version):
+        """Stream the policy's weights into the engine (waking its weights' memory, not its KV
+        cache, if it sleeps) unless it holds this very version of this rollout's policy
+        (``version`` None: always)."""
+        if version is not None and self.engine.holds == (self.serial, version):
             return
-        self.runner.reload_weights(weights_iterator=policy_weights(self.policy), is_checkpoint_format=True)
-        self.llm.reset_prefix_cache()  # cached prefixes were computed with the old weights
-        _HOLDS[id(self.llm)] = (self.serial, version if version is not None else -1)
+        self.engine.reload(policy_weights(self.policy), (self.serial, version if version is not None else -1))
         self.syncs += 1
 
     def free_cache(self) -> None:
-        """On a GPU with ``free_cache_engine``: sleep (weights and KV cache released until the next sync)."""
-        if _on_gpu() and self.config.free_cache_engine and not self.asleep:
-            self.llm.sleep(level=2)
-            self.asleep = True
+        """On a GPU with ``free_cache_engine``: the engine sleeps (weights and KV cache released)."""
+        self.engine.sleep()
 
     # ------------------------------------------------------------------ generation
     def _sampling(self, params: SamplingParams, seed: int, max_tokens: int):
@@ -220,8 +281,9 @@ class VLLMRollout(BaseRollout):
             return []
         from vllm.inputs import TokensPrompt
 
-        if _HOLDS.get(id(self.llm), (None,))[0] != self.serial:  # a shared engine holding another policy
+        if self.engine.holds is None or self.engine.holds[0] != self.serial:  # holding another policy's
             self.sync_weights()
+        self.engine.wake_up(WAKE_TAGS)  # a caller without the worker's order (rollout workers)
 
         rows = params.row_ids or tuple(range(params.row_offset, params.row_offset + len(prompts)))
         budgets = [min(int(b), params.max_new_tokens) for b in max_new_tokens] if max_new_tokens is not None \

@@ -7,7 +7,9 @@ group): ``generate_sequences``, ``compute_log_prob``, ``compute_ref_log_prob``,
 eval mode) and ``trainer_mode()`` (generation caches freed, train mode), as verl's hybrid
 engine does around vLLM. The engine is whichever ``rollout.name`` registers: the native one
 shares the actor's tensors; vLLM (in this process) gets them streamed, tagged with the
-worker's weight version, which every update and checkpoint load bumps.
+worker's weight version, which every update and checkpoint load bumps. An engine that decodes
+on the worker's own gathered weights (native, sharded) leaves rollout mode only when the actor
+next computes: consecutive rollouts with no update between gather once and move no state.
 
 The reference policy is a frozen copy of the initial weights, built only when a KL term
 uses it (``actor.use_kl_loss`` or ``algorithm.use_kl_in_reward``). With LoRA
@@ -26,7 +28,6 @@ resume on any number of ranks.
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import resource
 from pathlib import Path
@@ -69,8 +70,9 @@ class ActorRolloutRefWorker(Worker):
         self.tokenizer = tokenizer
         self.actor = self.ref = self.rollout = None
         self.sharded = config.actor_rollout_ref.actor.strategy == "fsdp2"
-        self.engine_weights = None  # fsdp2: the engine's unsharded weights, held only while a rollout runs
+        self.engine_weights = None  # fsdp2: the engine's unsharded weights, from a rollout until the actor computes
         self.weights_version = 0  # bumped whenever the policy's weights change: an engine never runs on older ones
+        self.in_rollout_mode = False  # between rollout_mode() and trainer_mode()
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self) -> None:
@@ -109,8 +111,21 @@ class ActorRolloutRefWorker(Worker):
                 engine_model = self.engine_weights.model
             else:  # an engine that streams the weights reads the actor itself (gathering shards one at a time)
                 engine_model = unwrap(model)
-            self.rollout = build_rollout(engine_model, self.tokenizer, arr.rollout, max_len, self.tool_setup,
-                                         self.config.data.max_prompt_length)
+            self.rollout = self._build_rollout(engine_model)
+
+    def _build_rollout(self, engine_model):
+        """The engine, started with the actor's offloaded state off the device (as verl does):
+        vLLM on a GPU takes its whole reservation when it starts, before it can sleep."""
+        if self.sharded:
+            self._offload(True)
+            self._return_cached_memory()
+        try:
+            return build_rollout(engine_model, self.tokenizer, self.config.actor_rollout_ref.rollout,
+                                 self.config.data.max_response_length, self.tool_setup,
+                                 self.config.data.max_prompt_length, self.device)
+        finally:
+            if self.sharded:
+                self._offload(False)
 
     def _load_sharded(self):
         """Actor and reference built empty on every rank, sharded, then given their weights from
@@ -149,19 +164,28 @@ class ActorRolloutRefWorker(Worker):
 
     # ------------------------------------------------------------------ modes
     def rollout_mode(self) -> None:
-        """Before generation: the engine gets the actor's current weights; no dropout. Sharded:
-        the engine's weights are gathered from the shards, then the shards (and the optimizer state)
-        go to the CPU when offload is on."""
+        """Before generation, in verl's order, so that the device never holds the actor's state
+        and the engine's whole reservation together: the engine's weights wake (vLLM on a GPU:
+        its weights' memory only), the actor's current weights go into them (sharded: gathered
+        from the shards), the shards and the optimizer state go to the CPU when offload is on,
+        the memory they leave goes back to the device, and only then does the KV cache wake.
+        Entered again before ``trainer_mode`` (consecutive rollouts), it gathers nothing at an
+        unchanged weight version and moves no state."""
         self.model.eval()
-        if self.engine_weights is not None:
-            self.engine_weights.load(self.model)
+        self.rollout.wake_up(["weights"])
+        if self.engine_weights is not None:  # nothing gathered when they hold this version already
+            self.engine_weights.load(self.model, self.weights_version)
         self.rollout.sync_weights(self.weights_version)  # vllm: streamed from the (sharded) actor
-        if self.sharded:
+        if self.sharded and not self.in_rollout_mode:
             self._offload(True)
+        self.in_rollout_mode = True
+        self._return_cached_memory()
+        self.rollout.wake_up(["kv_cache"])
 
     def trainer_mode(self) -> None:
-        """After generation: free the engine's caches (and, sharded, its weights); back to training
-        (shards back on the device)."""
+        """After generation, the reverse: the engine's caches are freed (vLLM on a GPU sleeps,
+        weights and KV cache; sharded: the gathered weights are freed) before the shards and the
+        optimizer state come back."""
         self.rollout.free_cache()
         if self.sharded:
             if self.engine_weights is not None:
@@ -169,6 +193,13 @@ class ActorRolloutRefWorker(Worker):
             self._offload(False)
             trim_heap()  # the freed weights back to the OS, not kept in the heap beside the update
         self.model.train()
+        self.in_rollout_mode = False
+
+    def _leave_rollout_mode(self) -> None:
+        """Before the actor computes (log-probs, update, checkpoint): its state back, if a
+        rollout left the worker in rollout mode."""
+        if self.in_rollout_mode:
+            self.trainer_mode()
 
     def _offload(self, to_cpu: bool) -> None:
         cfg = self.config.actor_rollout_ref
@@ -179,22 +210,20 @@ class ActorRolloutRefWorker(Worker):
             fsdp.move_optimizer_state(self.actor.optimizer, device)
         if cfg.ref.fsdp_config.param_offload and self.ref is not None:
             self.ref.root.to(device)
-        if to_cpu and self.device.type == "cuda":
-            torch.cuda.empty_cache()
 
-    @contextlib.contextmanager
-    def _generating(self):
-        self.rollout_mode()
-        try:
-            yield
-        finally:
-            self.trainer_mode()
+    def _return_cached_memory(self) -> None:
+        """What the offloaded tensors leave stays in torch's caching allocator, which vLLM's own
+        allocator (``CuMemAllocator``) cannot take from: it goes back to the device before the
+        KV cache wakes into it."""
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
 
     # ------------------------------------------------------------------ worker methods
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def full_weights(self) -> dict[str, torch.Tensor] | None:
         """The policy's full weights on the CPU, for rollout workers of their own (rank 0 answers;
         sharded, every rank takes part in gathering them)."""
+        self._leave_rollout_mode()
         state = fsdp.full_model_state(self.actor.root, self.model)
         return state if self.rank == 0 else None
 
@@ -205,8 +234,23 @@ class ActorRolloutRefWorker(Worker):
                                "rollout worker group")
         # this rank's rows are a contiguous part of the batch: sample them as one process would
         prompts.meta_info.update(row_offset=self.rank * len(prompts), total_rows=self.world_size * len(prompts))
-        with self._generating():
+        self.rollout_mode()
+        try:
             return self.rollout.generate_sequences(prompts)
+        finally:
+            self._end_rollout()
+
+    def _end_rollout(self) -> None:
+        """Generation caches are freed at once. The worker's own gathered weights (and the
+        offloaded state) stay as they are until the actor next computes, so that the next
+        rollout at this weight version gathers nothing; the memory held meanwhile is that of a
+        rollout without its KV cache. An engine that streams the weights (vLLM) returns to
+        trainer mode at once: its next sync reads the actor's shards on the device, and its
+        sleep has discarded the weights it held anyway."""
+        if self.engine_weights is None:
+            self.trainer_mode()
+        else:
+            self.rollout.free_cache()
 
     def _log_prob_meta(self, data: DataProto, micro_batch_size: int) -> None:
         data.meta_info.setdefault("temperature", self.config.actor_rollout_ref.rollout.temperature)
@@ -215,6 +259,7 @@ class ActorRolloutRefWorker(Worker):
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def compute_log_prob(self, data: DataProto) -> DataProto:
         """``old_log_probs`` and ``entropys`` of the responses under the current policy."""
+        self._leave_rollout_mode()
         self._log_prob_meta(data, self.config.actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu)
         log_probs, entropy = self.actor.compute_log_prob(data, calculate_entropy=True)
         return DataProto.from_dict({"old_log_probs": log_probs, "entropys": entropy})
@@ -222,6 +267,7 @@ class ActorRolloutRefWorker(Worker):
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def compute_ref_log_prob(self, data: DataProto) -> DataProto:
         """``ref_log_prob`` under the frozen initial policy (with LoRA: the adapter disabled)."""
+        self._leave_rollout_mode()
         if self.ref is None and not (self.lora and needs_reference(self.config)):
             raise RuntimeError("no reference policy: it is built only when actor.use_kl_loss or "
                                "algorithm.use_kl_in_reward is set")
@@ -235,6 +281,7 @@ class ActorRolloutRefWorker(Worker):
 
     @register(dispatch_mode=Dispatch.DP_MINI_BATCH_PROTO)
     def update_actor(self, data: DataProto) -> DataProto:
+        self._leave_rollout_mode()
         data.meta_info.setdefault("temperature", self.config.actor_rollout_ref.rollout.temperature)
         computed_old = "old_log_probs" not in data.batch
         metrics = self.actor.update_policy(data)
@@ -254,6 +301,7 @@ class ActorRolloutRefWorker(Worker):
         """The policy as a Hugging Face folder (``actor/``; with LoRA the adapter in peft's format,
         which ``rlvr export`` merges into the base model) plus optimizer and scheduler state, the
         optimizer's keyed by parameter name. Sharded: every rank gathers, rank 0 writes."""
+        self._leave_rollout_mode()
         folder = Path(folder)
         optimizer_state = fsdp.full_optimizer_state(self.actor.root, self.model, self.actor.optimizer)
         weights = None
@@ -275,6 +323,7 @@ class ActorRolloutRefWorker(Worker):
     def load_checkpoint(self, folder: str | Path) -> None:
         """Policy weights, optimizer and scheduler from ``save_checkpoint`` (written by any number of
         ranks); the reference stays the initial model."""
+        self._leave_rollout_mode()
         folder = Path(folder)
         if self.lora:
             load_adapter(self.model, folder / "actor")

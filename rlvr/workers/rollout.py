@@ -37,7 +37,7 @@ class RolloutWorker(Worker):
         self.model = load_model(model_cfg.path, "float32", self.device, model_cfg.trust_remote_code,
                                 model_cfg.override_config).eval().requires_grad_(False)
         self.rollout = build_rollout(self.model, self.tokenizer, self.config.actor_rollout_ref.rollout,
-                                     self.config.data.max_response_length, self.tool_setup)
+                                     self.config.data.max_response_length, self.tool_setup, device=self.device)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     @torch.no_grad()

@@ -189,3 +189,24 @@ def test_a_lora_actor_samples_its_merged_weights(engine, policy):
     # the module's engine gets its own weights back before it generates again
     assert [c.token_ids for c in engine.generate(ids, SamplingParams(max_new_tokens=12, do_sample=False))] == \
         transformers_greedy(model, tokenizer, ids, 12, engine.eos_ids)
+
+
+def test_the_one_row_kv_floor_is_whole_blocks(tiny_vllm_model_dir, monkeypatch):
+    """Below ``CPU_KV_CACHE_CAP`` the cache keeps one row of max_model_len in whole blocks of
+    vLLM's CPU block size, plus the block its pool holds back: 130 tokens at 128 per block are
+    2 blocks + 1 = 384 tokens. vLLM starts on that floor (on a floor of 130 tokens' bytes its
+    start fails: "To serve at least one request with the model's max seq len (130) ...")."""
+    from rlvr.models import load_model, load_tokenizer
+    from rlvr.rollout import vllm_rollout
+
+    assert vllm_rollout.cpu_kv_cache_bytes(10, 4, 130) == 10 * 130 * 4  # under the cap: 4 rows
+    monkeypatch.setattr(vllm_rollout, "CPU_KV_CACHE_CAP", 1)
+    assert vllm_rollout.cpu_kv_cache_bytes(10, 4, 130) == 10 * 384
+    assert vllm_rollout.cpu_kv_cache_bytes(10, 4, 256) == 10 * 384  # 2 blocks exactly, + 1
+    model, tokenizer = load_model(tiny_vllm_model_dir), load_tokenizer(tiny_vllm_model_dir)
+    rollout = VLLMRollout(model, tokenizer, RolloutConfig(name="vllm", max_num_seqs=4, max_model_len=130),
+                          max_response_length=120)
+    assert rollout.llm.llm_engine.vllm_config.cache_config.block_size == vllm_rollout.CPU_BLOCK_SIZE
+    rollout.sync_weights()
+    (done,) = rollout.generate([[1, 2, 3]], SamplingParams(max_new_tokens=127, do_sample=False))
+    assert 1 <= len(done.token_ids) <= 127
