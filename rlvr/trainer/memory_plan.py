@@ -39,8 +39,9 @@ peak resident memory on a 0.31B synthetic model at 1, 2 and 4 ranks) next to thi
 - The update's activations are first order: per token and layer about 8 hidden + 4 MLP-wide
   values (an MoE layer's: its active experts') kept for the backward (one hidden value with
   gradient checkpointing, plus one layer recomputed), and the fp32 (tokens, V) log-softmax of
-  every response token of the micro-batch, which ``forward.token_log_probs`` computes in chunks
-  but autograd keeps. A micro-batch is ``ppo_micro_batch_size_per_gpu`` rows, or with
+  the micro-batch's response tokens, which ``forward.token_log_probs`` computes in chunks of
+  ``LOGIT_CHUNK_TOKENS`` and, over one chunk, recomputes chunk by chunk in the backward (then
+  only a chunk's values are alive). A micro-batch is ``ppo_micro_batch_size_per_gpu`` rows, or with
   ``use_dynamic_bsz`` up to ``ppo_max_token_len_per_gpu`` tokens (one longer row alone).
 - A critic (``adv_estimator=gae``): the backbone with a one-output value head, sharded like the
   actor, with its own gradients, AdamW moments and update activations (no log-softmax); its
@@ -456,6 +457,15 @@ def gathered_bytes(root: int, layer: int, every_layer: int | None, tied: bool, a
     return params * act_b + (root * (4 if tied else 2) + layer * 2) * 4
 
 
+def logit_bytes(vocab: int, response_tokens: int) -> float:
+    """fp32 vocabulary-wide values of the update: one chunk's logits, log-softmax and their gradient
+    alive at once, plus, when the micro-batch fits in one chunk, its log-softmax kept for the backward
+    (over one chunk ``forward.token_log_probs`` recomputes each chunk in the backward instead)."""
+    chunk = min(LOGIT_CHUNK_TOKENS, response_tokens)
+    kept = response_tokens if response_tokens <= LOGIT_CHUNK_TOKENS else 0
+    return 4 * vocab * (kept + 2 * chunk)
+
+
 def update_terms(run: Run, t: dict[str, Term]) -> None:
     """The actor update's activations, its fp32 log-softmax and (fsdp2) what FSDP2 gathers."""
     shape, arr, data = run.shape, run.arr, run.config.data
@@ -464,9 +474,10 @@ def update_terms(run: Run, t: dict[str, Term]) -> None:
     t["activations"] = Term("activations (micro-batch)",
                             activation_bytes(shape, tokens, arr.model.enable_gradient_checkpointing, act_b),
                             False, f"{how}, {run.act_dtype}")
-    logits = 4 * shape.vocab * (response_tokens + 2 * min(LOGIT_CHUNK_TOKENS, response_tokens))
-    t["logits"] = Term("log-softmax kept for backward (fp32)", logits, False,
-                       f"{response_tokens} response tokens x {shape.vocab}")
+    t["logits"] = Term("log-softmax kept for backward (fp32)", logit_bytes(shape.vocab, response_tokens), False,
+                       f"{response_tokens} response tokens x {shape.vocab}"
+                       + ("; over one chunk, recomputed per chunk in the backward"
+                          if response_tokens > LOGIT_CHUNK_TOKENS else ""))
     if run.sharded:
         every = None if arr.actor.fsdp_config.reshard_after_forward else shape.params() - shape.root_params()
         t["gathered"] = Term("gathered root + one layer, and their gradients" if every is None else
@@ -520,8 +531,9 @@ def phases(run: Run, t: dict[str, Term]) -> dict[str, list[str]]:
     critic = ["critic_weights", "critic_optimizer"]  # never offloaded
     init = ["weights", "reference", "init_read"] + engine_init + ["critic_weights"]
     named = {"init": init}
-    if "resume_read" in t:  # after init, the optimizer state filled from the file
-        named["resume"] = [n for n in init if n != "init_read"] + ["optimizer", "critic_optimizer", "resume_read"]
+    if "resume_read" in t:  # after init (a sleeping vLLM asleep by then), the optimizer state filled from the file
+        named["resume"] = ([n for n in init if n not in ("init_read", *engine_init)] + engine_kept
+                           + ["optimizer", "critic_optimizer", "resume_read"])
     named["generation"] = ([n for n in ("weights", "master", "reference", "optimizer") if not offloaded.get(n)]
                            + ["engine_weights", "packed_head", "kv_cache"] + critic)
     named["update"] = (["weights", "master", "reference", "gradients", "optimizer", "activations", "logits",

@@ -25,6 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.utils.checkpoint
 
 from rlvr.models.lora import unwrap
 
@@ -121,23 +122,44 @@ def token_log_probs(model, hidden: torch.Tensor, labels: torch.Tensor, temperatu
                     calculate_entropy: bool, entropy_grad: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(N, H) hidden states at predicting positions -> (N,) log-probs of ``labels`` (and entropy).
 
-    The vocabulary projection runs in chunks of ``LOGIT_CHUNK_TOKENS`` positions. The entropy
-    carries a gradient only with ``entropy_grad`` (an entropy bonus in the loss); as a metric
-    it is computed detached, so backward keeps nothing for it.
+    The vocabulary projection runs in chunks of ``LOGIT_CHUNK_TOKENS`` positions. When a
+    backward will follow and there is more than one chunk, each chunk is recomputed in the
+    backward (activation checkpointing) instead of keeping its fp32 (n, V) log-softmax: autograd
+    then holds one chunk's logits at a time, not every response token's (at a 152k vocabulary,
+    4 x 152064 bytes = 0.6 MB per token: 26 GB for a 40 x 1024-token micro-batch), for one more
+    vocabulary projection per token. The entropy carries a gradient only with ``entropy_grad``
+    (an entropy bonus in the loss); as a metric it is computed detached.
     """
     head = model.get_output_embeddings()
+    recompute = torch.is_grad_enabled() and hidden.requires_grad and hidden.shape[0] > LOGIT_CHUNK_TOKENS
     log_probs, entropies = [], []
     for start in range(0, hidden.shape[0], LOGIT_CHUNK_TOKENS):
-        logits = head(hidden[start:start + LOGIT_CHUNK_TOKENS]).float() / temperature  # (n, V)
-        logp = torch.log_softmax(logits, dim=-1)
-        log_probs.append(logp.gather(-1, labels[start:start + LOGIT_CHUNK_TOKENS].unsqueeze(-1)).squeeze(-1))
-        if calculate_entropy:  # H = -sum p log p, from the log-softmax already computed
-            logp_h = logp if entropy_grad else logp.detach()
-            entropies.append(-(logp_h.exp() * logp_h).sum(dim=-1))
+        args = (head, hidden[start:start + LOGIT_CHUNK_TOKENS], labels[start:start + LOGIT_CHUNK_TOKENS],
+                temperature, calculate_entropy, entropy_grad)
+        if recompute:
+            lp, ent = torch.utils.checkpoint.checkpoint(_chunk_log_probs, *args, use_reentrant=False,
+                                                        preserve_rng_state=False)
+        else:
+            lp, ent = _chunk_log_probs(*args)
+        log_probs.append(lp)
+        if ent is not None:
+            entropies.append(ent)
     entropy = torch.cat(entropies) if calculate_entropy and entropies else None
     if not log_probs:
         return hidden.new_zeros(0, dtype=torch.float32), hidden.new_zeros(0) if calculate_entropy else None
     return torch.cat(log_probs), entropy
+
+
+def _chunk_log_probs(head, hidden: torch.Tensor, labels: torch.Tensor, temperature: float, calculate_entropy: bool,
+                     entropy_grad: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """One chunk: (n, H) states -> (n,) log-probs of ``labels``, and (n,) entropies or None."""
+    logits = head(hidden).float() / temperature  # (n, V)
+    logp = torch.log_softmax(logits, dim=-1)
+    log_probs = logp.gather(-1, labels.unsqueeze(-1)).squeeze(-1)
+    if not calculate_entropy:
+        return log_probs, None
+    logp_h = logp if entropy_grad else logp.detach()  # H = -sum p log p, from the log-softmax already computed
+    return log_probs, -(logp_h.exp() * logp_h).sum(dim=-1)
 
 
 def _hidden_states(model, **inputs) -> torch.Tensor:

@@ -100,9 +100,10 @@ def test_refusal_in_generation_names_the_kv_settings(tiny_folder):
     plan = plan_memory(config, TINY)
     # 100 prompts x 8 / 2 ranks = 400 rows x (6 + 2000) positions x 2 (K, V) x 2 layers x 1 kv head x 4 dims
     # x 2 bytes = 25,676,800, while the update's activations are 2 rows x 2006 tokens x 128 x 2 layers x 4 bytes
-    # = 4,108,288 and its log-softmax 4 x 32 x (2 x 2000 + 2048) = 774,144
+    # = 4,108,288; its 4000 response tokens are over one chunk of 1024, so only a chunk's logits and
+    # log-softmax are alive at once (recomputed in the backward): 4 x 32 x 2 x 1024 = 262,144
     assert plan.terms["kv_cache"].bytes == 400 * 2006 * 32 == 25_676_800
-    assert plan.terms["activations"].bytes == 4_108_288 and plan.terms["logits"].bytes == 774_144
+    assert plan.terms["activations"].bytes == 4_108_288 and plan.terms["logits"].bytes == 262_144
     assert plan.peak_phase == "generation"
     # max_num_seqs 250: waves of 31 whole groups of 8 = 248 rows
     capped = plan_memory(load_config(None, overrides + ["actor_rollout_ref.rollout.max_num_seqs=250"]), TINY)

@@ -86,3 +86,44 @@ def test_trims_global_padding(batch, tiny_model_dir):
         wide_lp, _ = forward_log_probs(model, wide, None, 1.0, share_prompt=False)
     assert torch.allclose(wide_lp[:, :7], narrow_lp, atol=1e-5)
     assert torch.all(wide_lp[:, 7:] == 0)
+
+
+@pytest.mark.parametrize("entropy_grad", [False, True])
+def test_chunked_log_probs_recompute_keeps_one_chunk_and_equal_gradients(tiny_model_dir, monkeypatch, entropy_grad):
+    """With more than one chunk and a backward to come, each chunk's logits are recomputed in the
+    backward: the same log-probs, entropies and gradients (hidden states and head weight) as keeping
+    them, while autograd holds no (n, V) tensor. Kept, 10 tokens x 49152 x 4 bytes = 1.97 MB per
+    fp32 (n, V) tensor (the log-softmax and its exp, among others)."""
+    from rlvr.workers import forward
+
+    monkeypatch.setattr(forward, "LOGIT_CHUNK_TOKENS", 4)  # 10 tokens: chunks of 4, 4, 2
+    model = load_model(str(tiny_model_dir))
+    head, V = model.get_output_embeddings(), model.config.vocab_size
+    hidden = torch.randn(10, model.config.hidden_size, generator=torch.Generator().manual_seed(0))
+    labels = torch.randint(0, V, (10,), generator=torch.Generator().manual_seed(1))
+
+    def run(recompute: bool):
+        model.zero_grad()
+        h = hidden.clone().requires_grad_(True)
+        saved = []
+
+        def pack(t):
+            saved.append(t.numel() * t.element_size())
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            if recompute:
+                lp, ent = forward.token_log_probs(model, h, labels, 0.7, True, entropy_grad)
+            else:  # the same chunks, kept
+                parts = [forward._chunk_log_probs(head, h[s:s + 4], labels[s:s + 4], 0.7, True, entropy_grad)
+                         for s in range(0, 10, 4)]
+                lp, ent = torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
+        (lp.sum() + (0.1 * ent.sum() if entropy_grad else 0)).backward()
+        return lp.detach(), ent.detach(), h.grad, head.weight.grad.clone(), max(saved)
+
+    lp_r, ent_r, gh_r, gw_r, biggest_r = run(True)
+    lp_k, ent_k, gh_k, gw_k, biggest_k = run(False)
+    assert torch.equal(lp_r, lp_k) and torch.equal(ent_r, ent_k)
+    assert torch.allclose(gh_r, gh_k, rtol=1e-6, atol=1e-8) and torch.allclose(gw_r, gw_k, rtol=1e-6, atol=1e-8)
+    assert biggest_k >= 4 * V * 4  # kept: a chunk's (4, V) fp32 log-softmax at least
+    assert biggest_r < 4 * V  # recomputed: nothing of vocabulary width is held
