@@ -20,6 +20,7 @@ re-tokenising it; ``generate_sequences`` is the batch API the trainer calls.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import ctypes
 import ctypes.util
@@ -50,6 +51,18 @@ def _load_libc():
 
 
 _LIBC = _load_libc()
+
+
+def decode_attention(device: torch.device):
+    """On CUDA, attention without cuDNN's SDPA backend while decoding. cuDNN builds an execution
+    plan for each new key length, which in decode is every step: 1.5 ms of host time per call,
+    45% of a bf16 rollout of the default job on an H100 (torch 2.11's profiler, bench/gpu.py
+    --parts profile); flash and memory-efficient attention need no plan."""
+    if device.type != "cuda":
+        return contextlib.nullcontext()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH])
 
 
 def trim_heap() -> None:
@@ -151,8 +164,9 @@ class NativeRollout(BaseRollout):
                     unique.append(list(prompts[r]))
                 row_to_unique.append(first[keys[r]])
             wave_params = replace(params, row_ids=tuple(params.row_ids[r] for r in wave)) if params.row_ids else params
-            for r, completion in zip(wave, self._decode(unique, torch.tensor(row_to_unique), wave_params,
-                                                        budgets[wave])):
+            with decode_attention(self.model.device):
+                decoded = self._decode(unique, torch.tensor(row_to_unique), wave_params, budgets[wave])
+            for r, completion in zip(wave, decoded):
                 completions[r] = completion
             trim_heap()  # the wave's cache is gone now
         return completions

@@ -336,3 +336,18 @@ def test_waves_keep_a_multi_turn_rows_own_uniforms(tiny):
     one = NativeRollout(model, tokenizer, RolloutConfig(), max_response_length=16).generate(ids, params)
     waves = NativeRollout(model, tokenizer, RolloutConfig(max_num_seqs=1), max_response_length=16).generate(ids, params)
     assert [c.token_ids for c in waves] == [c.token_ids for c in one]
+
+
+def test_decoding_on_cuda_leaves_out_cudnn_attention():
+    """cuDNN's SDPA builds a plan for every new key length (every decode step): 45% of a GPU
+    rollout's time went there (bench/gpu.py --parts profile). The flags are global settings, so
+    this runs without a GPU; on a CPU device nothing changes."""
+    from rlvr.rollout.engine import decode_attention
+
+    assert torch.backends.cuda.cudnn_sdp_enabled()
+    with decode_attention(torch.device("cuda")):
+        assert not torch.backends.cuda.cudnn_sdp_enabled()
+        assert torch.backends.cuda.flash_sdp_enabled() and torch.backends.cuda.mem_efficient_sdp_enabled()
+    with decode_attention(torch.device("cpu")):
+        assert torch.backends.cuda.cudnn_sdp_enabled()
+    assert torch.backends.cuda.cudnn_sdp_enabled()  # restored
