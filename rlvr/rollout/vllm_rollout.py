@@ -42,6 +42,7 @@ import torch
 from rlvr.config.schema import RolloutConfig
 from rlvr.distributed.fsdp import full_tensor
 from rlvr.models.loader import DTYPES
+from rlvr.models.lora import active_adapters, merged_config
 from rlvr.rollout.base import BaseRollout, Completion, register_rollout
 from rlvr.rollout.sampling import SamplingParams
 
@@ -72,10 +73,8 @@ def policy_weights(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]
                     yield name, tensor
                     continue
                 merged = tensor
-                if leaf == "weight" and not getattr(layer, "disable_adapters", False) and not layer.merged:
-                    for adapter in layer.active_adapters:
-                        if adapter in layer.lora_A:
-                            merged = merged + full_tensor(layer.get_delta_weight(adapter).detach())
+                for adapter in active_adapters(layer) if leaf == "weight" else ():  # linear or embedding
+                    merged = merged + full_tensor(layer.get_delta_weight(adapter).detach())
                 yield f"{owner.removesuffix('.base_layer')}.{leaf}", merged
 
 
@@ -165,7 +164,8 @@ class VLLMRollout(BaseRollout):
         """A shared engine for these arguments, started once per process from a folder holding the
         policy's config and tokenizer (the weights come by ``sync_weights``)."""
         args = self._engine_args(model)
-        key = (model.config.to_json_string(use_diff=False), tokenizer.name_or_path, len(tokenizer),
+        config = merged_config(model)  # with an adapted tied embedding: a head of its own
+        key = (config.to_json_string(use_diff=False), tokenizer.name_or_path, len(tokenizer),
                tuple(sorted((k, str(v)) for k, v in args.items())))
         if key not in _ENGINES:
             with _environment_kept():
@@ -173,7 +173,7 @@ class VLLMRollout(BaseRollout):
                 from vllm import LLM
 
                 with tempfile.TemporaryDirectory(prefix="rlvr-vllm-") as folder:
-                    model.config.save_pretrained(folder)
+                    config.save_pretrained(folder)
                     tokenizer.save_pretrained(folder)
                     _ENGINES[key] = LLM(model=folder, tokenizer=folder, **args)
         return _ENGINES[key]
