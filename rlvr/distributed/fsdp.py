@@ -189,6 +189,7 @@ def load_checkpoint_state(root: nn.Module | None, model: nn.Module, optimizer, w
     loads on its own) and the optimizer state from ``state_file``, whose other entries
     (scheduler, counters) are returned. Sharded, rank 0 alone reads the files and broadcasts
     them; every rank checks the stored names, from the files' headers."""
+    from rlvr.models.checkpoint_names import from_checkpoint_names
     from rlvr.models.loader import check_weight_names, read_weights, stored_weight_names
 
     reads = root is None or rank == 0
@@ -199,8 +200,9 @@ def load_checkpoint_state(root: nn.Module | None, model: nn.Module, optimizer, w
     weights = None
     if weights_folder is not None:
         check_weight_names(model, stored_weight_names(weights_folder), weights_folder)
-        # the stored tensors by name: a model built from them would initialise what they lack
-        weights = read_weights(weights_folder) if reads else {}
+        # the stored tensors by name (a model built from them would initialise what they lack), under
+        # the model's in-memory names: fused experts are stored per expert
+        weights = from_checkpoint_names(model, read_weights(weights_folder)) if reads else {}
     if reads and all(isinstance(k, int) for k in state["optimizer"]["state"]):  # before name-keyed states
         if weights is not None:
             model.load_state_dict(weights, strict=False)  # names checked; a tied duplicate may be absent

@@ -41,6 +41,7 @@ import torch
 
 from rlvr.config.schema import RolloutConfig
 from rlvr.distributed.fsdp import full_tensor
+from rlvr.models.checkpoint_names import to_checkpoint_names
 from rlvr.models.loader import DTYPES
 from rlvr.models.lora import active_adapters, merged_config
 from rlvr.rollout.base import BaseRollout, Completion, register_rollout
@@ -52,7 +53,8 @@ _SERIALS = itertools.count()  # rollouts are told apart by serial, never by id()
 
 
 def policy_weights(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
-    """The policy's weights by Hugging Face name, one tensor at a time: an FSDP2 shard gathered (a
+    """The policy's weights by checkpoint name (fused experts split per expert, as vLLM's loaders
+    read them), one tensor at a time: an FSDP2 shard gathered (a
     collective: every rank must drain the iterator), a tied weight gathered once and sent under
     each of its names (vLLM's layer-wise reload expects the head too), a peft LoRA layer's weight
     merged with its active adapters (``base_layer`` dropped from the name, adapter matrices not
@@ -70,12 +72,24 @@ def policy_weights(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]
                 owner, _, leaf = name.rpartition(".")
                 layer = lora.get(owner.removesuffix(".base_layer")) if owner.endswith(".base_layer") else None
                 if layer is None:
-                    yield name, tensor
+                    yield from to_checkpoint_names(model, {name: tensor}).items()
                     continue
                 merged = tensor
                 for adapter in active_adapters(layer) if leaf == "weight" else ():  # linear or embedding
                     merged = merged + full_tensor(layer.get_delta_weight(adapter).detach())
-                yield f"{owner.removesuffix('.base_layer')}.{leaf}", merged
+                yield from to_checkpoint_names(model, {f"{owner.removesuffix('.base_layer')}.{leaf}": merged}).items()
+
+
+def _repack_cpu_experts(model: torch.nn.Module) -> None:
+    """Pack a CPU mixture of experts' reloaded weights again. vLLM 0.32's in-place reload skips
+    the experts kernel's ``process_weights_after_loading`` on a weight update (its CPU prepack),
+    so the CPU kernel would read the new, plain matrices as packed ones."""
+    from vllm.model_executor.layers.fused_moe.experts.cpu_moe import CPUUnquantizedExperts
+
+    for module in model.modules():
+        kernel = getattr(getattr(module, "quant_method", None), "moe_kernel", None)
+        if kernel is not None and isinstance(kernel.fused_experts, CPUUnquantizedExperts):
+            kernel.fused_experts.process_weights_after_loading(module)
 
 
 def request_seed(seed: int, row: int, prompt_length: int) -> int:
@@ -188,6 +202,7 @@ class VLLMRollout(BaseRollout):
         if version is not None and _HOLDS.get(id(self.llm)) == (self.serial, version):
             return
         self.runner.reload_weights(weights_iterator=policy_weights(self.policy), is_checkpoint_format=True)
+        _repack_cpu_experts(self.runner.model)
         self.llm.reset_prefix_cache()  # cached prefixes were computed with the old weights
         _HOLDS[id(self.llm)] = (self.serial, version if version is not None else -1)
         self.syncs += 1

@@ -235,3 +235,29 @@ def test_an_embedding_lora_actor_samples_its_adapted_embedding(tiny_vllm_model_d
     assert expected != transformers_greedy(model, tokenizer, ids, 12, rollout.eos_ids)
     rollout.sync_weights(version=0)
     assert [c.token_ids for c in rollout.generate(ids, SamplingParams(max_new_tokens=12, do_sample=False))] == expected
+
+
+
+def test_a_mixture_of_experts_samples_its_updated_experts(tiny_moe_model_dir):
+    """Qwen3-MoE under transformers 5 holds its experts fused (mlp.experts.gate_up_proj); vLLM
+    loads them per expert. After an update of the experts alone, vLLM's greedy tokens equal
+    transformers' under the new weights (which differ from the old ones). Before, the stream
+    sent the fused names, and on the CPU the reloaded experts were not packed for the kernel.
+    In a process of its own: vLLM makes its expert-parallel group only if the process's first
+    engine is a mixture of experts (this module's engines are dense)."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import rlvr
+
+    script = Path(__file__).with_name("vllm_moe_check.py")
+    env = {**os.environ, "PYTHONPATH": str(Path(rlvr.__file__).parents[1])}  # the rlvr under test
+    done = subprocess.run([sys.executable, str(script), str(tiny_moe_model_dir)], capture_output=True, text=True,
+                          timeout=600, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    facts = json.loads(done.stdout.strip().splitlines()[-1])
+    assert facts["new_differs_from_old"]  # else the test could not tell stale experts from fresh ones
+    assert facts["vllm_equals_transformers"] == {"before the update": True, "after the update": True}
