@@ -105,3 +105,15 @@ def tiny_vllm_model_dir(tmp_path_factory, builtin_dir):
 def teacher_forced_engine():
     """``script -> engine class`` (see _TeacherForcedEngine)."""
     return _TeacherForcedEngine.make
+
+
+@pytest.fixture(scope="session")
+def tiny_moe_model_dir(tmp_path_factory, builtin_dir):
+    """A tiny Qwen3-MoE folder (``make_tiny_moe``), saved by transformers: experts stored per expert."""
+    from rlvr.models.tiny import make_tiny_moe
+
+    out = tmp_path_factory.mktemp("tiny-moe")
+    tokenizer = load_tokenizer(builtin_dir)
+    make_tiny_moe(tokenizer).save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out

@@ -21,10 +21,18 @@ either does not hold is not prefix-stable and is refused (``TemplateError``).
 Tool output is text: it is tokenised with special-token parsing off, so a tool (or a model
 that makes a tool echo its input) that prints ``<|im_end|>`` or ``<|im_start|>assistant`` does
 not open or close turns; only the template's own text becomes special tokens.
+
+Some templates print today's date (Llama-3.2/3.3, Granite and Mistral-Small call
+``strftime_now``). Rendered on the real clock, a run that crosses midnight renders the tool
+deltas' base, the dataset's prompts and the final conversation with different dates, so every
+tool turn after midnight fails the prefix check. Every render here uses ``run_date()``, frozen
+once per run and carried to worker processes in ``RLVR_CHAT_DATE``.
 """
 
 from __future__ import annotations
 
+import os
+from datetime import datetime
 from typing import Any, Sequence
 
 TOOL_CHAT_TEMPLATE = (
@@ -65,6 +73,25 @@ TOOL_CHAT_TEMPLATE = (
 )
 
 
+CHAT_DATE_ENV = "RLVR_CHAT_DATE"
+
+
+def run_date() -> datetime:
+    """The date and time chat templates render for this run: read from ``RLVR_CHAT_DATE`` (ISO
+    format), else the clock now, written there so that this process and the workers it starts
+    keep rendering the same date after midnight."""
+    if not os.environ.get(CHAT_DATE_ENV):
+        os.environ[CHAT_DATE_ENV] = datetime.now().isoformat(timespec="seconds")
+    return datetime.fromisoformat(os.environ[CHAT_DATE_ENV])
+
+
+def frozen_date_kwargs(when: datetime | None = None) -> dict[str, Any]:
+    """``apply_chat_template`` keyword arguments that make a template's ``strftime_now`` (a global
+    transformers gives every template) format ``when`` (the run's date) instead of the clock."""
+    when = when or run_date()
+    return {"strftime_now": when.strftime}
+
+
 class TemplateError(ValueError):
     """A chat template the tool loop cannot use (not prefix-stable, or a tool format it contradicts)."""
 
@@ -89,8 +116,9 @@ class ChatFormat:
     _MARK = "RLVRASSISTANTTEXT"  # an assistant's text, to find where the template closes its turn
 
     def __init__(self, tokenizer, tools: Sequence[dict[str, Any]] | None = None, tool_format: str = "hermes",
-                 chat_template: str | None = None):
+                 chat_template: str | None = None, today: datetime | None = None):
         self.tokenizer = tokenizer
+        self.today = today or run_date()  # what strftime_now renders: the base and every delta agree
         self.tools = list(tools) if tools else None
         self.tool_format = tool_format
         own = template_renders_tools(tokenizer)
@@ -108,7 +136,8 @@ class ChatFormat:
     def render(self, messages: Sequence[dict[str, Any]], add_generation_prompt: bool = False) -> str:
         return self.tokenizer.apply_chat_template(list(messages), tools=self.tools, chat_template=self.template,
                                                   tool_format=self.tool_format, tokenize=False,
-                                                  add_generation_prompt=add_generation_prompt)
+                                                  add_generation_prompt=add_generation_prompt,
+                                                  **frozen_date_kwargs(self.today))
 
     def encode(self, text: str) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=False)

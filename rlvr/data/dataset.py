@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from rlvr.config.schema import DataConfig
-from rlvr.data.chat_template import ChatFormat
+from rlvr.data.chat_template import ChatFormat, frozen_date_kwargs
 from rlvr.data.io import DatasetError, read_rows
 from rlvr.protocol import DataProto
 
@@ -140,7 +140,8 @@ class RLHFDataset:
         if self.chat is not None:
             return self.chat.render(messages, add_generation_prompt=True)
         if self.config.apply_chat_template:
-            return self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+            return self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False,
+                                                      **frozen_date_kwargs())
         return "\n".join(m["content"] for m in messages)
 
     def _tokenize(self, row: dict[str, Any]) -> list[int]:

@@ -196,6 +196,7 @@ def load_checkpoint_state(root: nn.Module | None, model: nn.Module, optimizer, w
     loads on its own) and the optimizer state from ``state_file``, whose other entries
     (scheduler, counters) are returned. Sharded, rank 0 alone reads the files and broadcasts
     them; every rank checks the stored names, from the files' headers."""
+    from rlvr.models.checkpoint_names import from_checkpoint_names
     from rlvr.models.loader import check_weight_names, read_weights, stored_weight_names
 
     reads = root is None or rank == 0
@@ -206,15 +207,24 @@ def load_checkpoint_state(root: nn.Module | None, model: nn.Module, optimizer, w
     weights = None
     if weights_folder is not None:
         check_weight_names(model, stored_weight_names(weights_folder), weights_folder)
-        # the stored tensors by name: a model built from them would initialise what they lack
-        weights = read_weights(weights_folder) if reads else {}
-    if reads and all(isinstance(k, int) for k in state["optimizer"]["state"]):  # before name-keyed states
-        if weights is not None:
-            model.load_state_dict(weights, strict=False)  # names checked; a tied duplicate may be absent
-        optimizer.load_state_dict(state["optimizer"])
-    else:
-        load_full_state(root, model, optimizer, weights, state["optimizer"])
+        # the stored tensors by name (a model built from them would initialise what they lack), under
+        # the model's in-memory names: fused experts are stored per expert
+        weights = from_checkpoint_names(model, read_weights(weights_folder)) if reads else {}
+    if reads:  # a state from before name-keyed ones renamed where it is read: every rank then loads alike
+        state["optimizer"] = name_keyed(state["optimizer"], optimizer, model)
+    load_full_state(root, model, optimizer, weights, state["optimizer"])
     return {k: v for k, v in state.items() if k != "optimizer"}
+
+
+def name_keyed(optimizer_state: dict, optimizer, model: nn.Module) -> dict:
+    """``optimizer_state`` keyed by parameter name. Checkpoints from before name-keyed states hold
+    ``optimizer.state_dict()``: each parameter by its place in the optimizer's groups, which
+    ``optimizer`` (built the same way) resolves to the parameter and ``model`` to its bare name.
+    Sharded, only rank 0 reads the state: had it alone taken another loading path, the other
+    ranks would have waited in the broadcasts of ``load_full_state`` for ever."""
+    order = [p for group in optimizer.param_groups for p in group["params"]]
+    names = {id(p): name for name, p in model.named_parameters()}
+    return rename_optimizer_state(optimizer_state, lambda key: names[id(order[key])] if isinstance(key, int) else key)
 
 
 ROOT_PREFIX = "module."  # FSDPRoot's attribute: the root unit's parameter names start with it

@@ -38,6 +38,7 @@ from ray.exceptions import RayActorError, RayTaskError
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+from rlvr.data.chat_template import CHAT_DATE_ENV, run_date
 from rlvr.distributed.dispatch import Dispatch, Execute, collect, dispatch, pad_groups, registration
 from rlvr.distributed.worker import LOOPBACK, Worker, free_port
 from rlvr.distributed.worker_group import WORKER_METHODS
@@ -229,7 +230,8 @@ class RayWorkerGroup:
         self.workers, self.where = [], []  # where: each rank's pid and node, once started
         for rank, (pg, bundle) in enumerate(bundles):
             env = {"RANK": str(rank), "WORLD_SIZE": str(self.world_size), "MASTER_ADDR": host,
-                   "MASTER_PORT": str(port), "LOCAL_RANK": str(bundle), "RLVR_WORKER_RANK": str(rank)}
+                   "MASTER_PORT": str(port), "LOCAL_RANK": str(bundle), "RLVR_WORKER_RANK": str(rank),
+                   CHAT_DATE_ENV: run_date().isoformat()}  # the driver's chat-template date: prompts match
             if host == LOOPBACK:
                 env["GLOO_SOCKET_IFNAME"] = "lo"
             self.workers.append(ray_cls_with_init(pg, bundle, env, resource_pool.cpus_per_process,

@@ -238,9 +238,12 @@ def stored_weight_names(folder: str | os.PathLike) -> list[str]:
 
 
 def check_weight_names(model: torch.nn.Module, names, source: str | os.PathLike) -> None:
-    """Refuse weights from ``source`` whose names do not match ``model``'s. A tied duplicate (the
-    vocabulary projection sharing the embedding's tensor) may be absent: saving drops it."""
-    expected = set(model.state_dict())
+    """Refuse weights from ``source`` whose names do not match the names ``model`` saves under
+    (its checkpoint names: a mixture of experts' per expert, fused in memory). A tied duplicate
+    (the vocabulary projection sharing the embedding's tensor) may be absent: saving drops it."""
+    from rlvr.models.checkpoint_names import checkpoint_names
+
+    expected = checkpoint_names(model)
     tied = {n for n, _ in model.named_parameters(remove_duplicate=False)} - {n for n, _ in model.named_parameters()}
     missing, unexpected = sorted(expected - set(names) - tied), sorted(set(names) - expected)
     if missing or unexpected:

@@ -13,6 +13,7 @@ the low-rank term itself, ``x @ A.T @ B.T * scaling``, exactly as peft's layers 
 
 from __future__ import annotations
 
+import copy
 import warnings
 from pathlib import Path
 
@@ -56,6 +57,28 @@ def lora_delta(proj, x: torch.Tensor) -> torch.Tensor | None:
             term = proj.lora_B[name](proj.lora_A[name](x)) * proj.scaling[name]
             delta = term if delta is None else delta + term
     return delta
+
+
+def active_adapters(layer) -> list[str]:
+    """The adapters of a peft LoRA layer that change its output now: active, not merged, and
+    holding weights in this layer (a linear layer's in ``lora_A``, an embedding's in
+    ``lora_embedding_A``: peft keeps the two apart)."""
+    if getattr(layer, "disable_adapters", False) or getattr(layer, "merged", False):
+        return []
+    held = set(layer.lora_A) | set(getattr(layer, "lora_embedding_A", {}))
+    return [name for name in layer.active_adapters if name in held]
+
+
+def merged_config(model):
+    """``model.config`` for a copy of the model that holds its weights merged (vLLM's engine): an
+    adapter on a tied input embedding unties it there. peft adapts the embedding alone and the
+    head keeps the base weight, so a copy that ties the two would read the adapted embedding as
+    its head."""
+    config = copy.deepcopy(model.config)
+    adapted = getattr(model.get_input_embeddings(), "lora_embedding_A", None)
+    if adapted and getattr(config, "tie_word_embeddings", False):
+        config.tie_word_embeddings = False
+    return config
 
 
 def save_adapter(model, folder: Path) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from rlvr.config.schema import RewardModelConfig
+from rlvr.data.chat_template import frozen_date_kwargs
 from rlvr.data.dataset import left_pad
 from rlvr.protocol import DataProto
 from rlvr.rewards.manager import RewardError, place_on_last_token
@@ -46,7 +47,7 @@ class RewardModel:
             messages = [{"role": "user", "content": prompt}]
         messages = messages + [{"role": "assistant", "content": response}]
         if self.tokenizer.chat_template:
-            text = self.tokenizer.apply_chat_template(messages, tokenize=False)
+            text = self.tokenizer.apply_chat_template(messages, tokenize=False, **frozen_date_kwargs())
         else:
             text = "\n".join(m["content"] for m in messages)
         return self.tokenizer.encode(text, add_special_tokens=False)

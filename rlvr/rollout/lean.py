@@ -129,7 +129,7 @@ class LeanDecoder:
         """tokens, positions: (B,); key_mask: (B, L) with L = cached length + 1 -> logits (B, V)."""
         inner = self.inner
         B = tokens.shape[0]
-        h = F.embedding(tokens, inner.embed_tokens.weight)  # (B, hidden)
+        h = inner.embed_tokens(tokens)  # (B, hidden); the module, so a LoRA adapter on it applies
         cos, sin = inner.rotary_emb(h, positions.unsqueeze(-1))  # (B, 1, D)
         half = sin.shape[-1] // 2
         signed_sin = torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
@@ -157,7 +157,9 @@ class LeanDecoder:
             x = _norm(layer.post_attention_layernorm, h)
             gate, up = _linear(mlp.gate_proj, x, wf), _linear(mlp.up_proj, x, wf)
             h = h + _linear(mlp.down_proj, F.silu(gate) * up, wf)
-        return self.head(_norm(inner.norm, h))
+        h = _norm(inner.norm, h)
+        delta = lora_delta(self.model.lm_head, h)  # an adapter on the head, as on any projection
+        return self.head(h) if delta is None else self.head(h) + delta
 
     def release(self) -> None:
         self.head.release()

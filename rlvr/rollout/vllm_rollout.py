@@ -46,7 +46,9 @@ import torch
 
 from rlvr.config.schema import RolloutConfig
 from rlvr.distributed.fsdp import full_tensor
+from rlvr.models.checkpoint_names import to_checkpoint_names
 from rlvr.models.loader import DTYPES
+from rlvr.models.lora import active_adapters, merged_config
 from rlvr.rollout.base import BaseRollout, Completion, register_rollout
 from rlvr.rollout.sampling import SamplingParams
 
@@ -55,7 +57,8 @@ _SERIALS = itertools.count()  # rollouts are told apart by serial, never by id()
 
 
 def policy_weights(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
-    """The policy's weights by Hugging Face name, one tensor at a time: an FSDP2 shard gathered (a
+    """The policy's weights by checkpoint name (fused experts split per expert, as vLLM's loaders
+    read them), one tensor at a time: an FSDP2 shard gathered (a
     collective: every rank must drain the iterator), a tied weight gathered once and sent under
     each of its names (vLLM's layer-wise reload expects the head too), a peft LoRA layer's weight
     merged with its active adapters (``base_layer`` dropped from the name, adapter matrices not
@@ -73,14 +76,24 @@ def policy_weights(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]
                 owner, _, leaf = name.rpartition(".")
                 layer = lora.get(owner.removesuffix(".base_layer")) if owner.endswith(".base_layer") else None
                 if layer is None:
-                    yield name, tensor
+                    yield from to_checkpoint_names(model, {name: tensor}).items()
                     continue
                 merged = tensor
-                if leaf == "weight" and not getattr(layer, "disable_adapters", False) and not layer.merged:
-                    for adapter in layer.active_adapters:
-                        if adapter in layer.lora_A:
-                            merged = merged + full_tensor(layer.get_delta_weight(adapter).detach())
-                yield f"{owner.removesuffix('.base_layer')}.{leaf}", merged
+                for adapter in active_adapters(layer) if leaf == "weight" else ():  # linear or embedding
+                    merged = merged + full_tensor(layer.get_delta_weight(adapter).detach())
+                yield from to_checkpoint_names(model, {f"{owner.removesuffix('.base_layer')}.{leaf}": merged}).items()
+
+
+def _repack_cpu_experts(model: torch.nn.Module) -> None:
+    """Pack a CPU mixture of experts' reloaded weights again. vLLM 0.32's in-place reload skips
+    the experts kernel's ``process_weights_after_loading`` on a weight update (its CPU prepack),
+    so the CPU kernel would read the new, plain matrices as packed ones."""
+    from vllm.model_executor.layers.fused_moe.experts.cpu_moe import CPUUnquantizedExperts
+
+    for module in model.modules():
+        kernel = getattr(getattr(module, "quant_method", None), "moe_kernel", None)
+        if kernel is not None and isinstance(kernel.fused_experts, CPUUnquantizedExperts):
+            kernel.fused_experts.process_weights_after_loading(module)
 
 
 def request_seed(seed: int, row: int, prompt_length: int) -> int:
@@ -141,15 +154,15 @@ def kv_bytes_per_token(model_config, dtype: torch.dtype) -> int:
     return 2 * model_config.num_hidden_layers * heads * head_dim * dtype.itemsize
 
 
-def _start_engine(model, tokenizer, args: dict):
-    """vLLM's ``LLM`` in this process, started from a folder holding the policy's config and
+def _start_engine(config, tokenizer, args: dict):
+    """vLLM's ``LLM`` in this process, started from a folder holding the policy's ``config`` and
     tokenizer (the weights come by ``sync_weights``)."""
     with _environment_kept():
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # in this process: its weights are reachable
         from vllm import LLM
 
         with tempfile.TemporaryDirectory(prefix="rlvr-vllm-") as folder:
-            model.config.save_pretrained(folder)
+            config.save_pretrained(folder)
             tokenizer.save_pretrained(folder)
             return LLM(model=folder, tokenizer=folder, **args)
 
@@ -188,6 +201,7 @@ class SharedEngine:
     def reload(self, weights: Iterator[tuple[str, torch.Tensor]], holds: tuple[int, int]) -> None:
         self.wake_up(["weights"])
         self.runner.reload_weights(weights_iterator=weights, is_checkpoint_format=True)
+        _repack_cpu_experts(self.runner.model)
         self.llm.reset_prefix_cache()  # cached prefixes were computed with the old weights
         self.holds = holds
 
@@ -237,10 +251,11 @@ class VLLMRollout(BaseRollout):
     def _engine(self, model, tokenizer) -> SharedEngine:
         """The engine for these arguments, started once per process."""
         args = self._engine_args(model)
-        key = (model.config.to_json_string(use_diff=False), tokenizer.name_or_path, len(tokenizer),
+        config = merged_config(model)  # with an adapted tied embedding: a head of its own
+        key = (config.to_json_string(use_diff=False), tokenizer.name_or_path, len(tokenizer),
                tuple(sorted((k, str(v)) for k, v in args.items())))
         if key not in _ENGINES:
-            _ENGINES[key] = SharedEngine(_start_engine(model, tokenizer, args), args.get("enable_sleep_mode", False))
+            _ENGINES[key] = SharedEngine(_start_engine(config, tokenizer, args), args.get("enable_sleep_mode", False))
         return _ENGINES[key]
 
     def wake_up(self, tags: Sequence[str]) -> None:

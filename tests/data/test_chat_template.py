@@ -341,3 +341,72 @@ def test_tag_format_is_refused_with_a_template_that_renders_tools(tokenizer):
     with pytest.raises(TemplateError, match=r"multi_turn.format=tag.*multi_turn.format=hermes"):
         ChatFormat(qwen, TOOLS, "tag")
     assert ChatFormat(qwen, TOOLS, "hermes").template is None  # the model's own template, as it was trained
+
+
+# Llama-3.2's date block (its tokenizer_config.json): the rest of its template is Llama-3.1's.
+LLAMA32 = LLAMA31.replace("""{%- if not date_string is defined %}
+    {%- set date_string = "26 Jul 2024" %}
+{%- endif %}""", """{%- if not date_string is defined %}
+    {%- if strftime_now is defined %}
+        {%- set date_string = strftime_now("%d %b %Y") %}
+    {%- else %}
+        {%- set date_string = "26 Jul 2024" %}
+    {%- endif %}
+{%- endif %}""")
+
+
+@pytest.fixture
+def clock(monkeypatch):
+    """``clock.now``: what ``datetime.now()`` returns to transformers' ``strftime_now`` and to
+    rlvr (set it to move across midnight); the run's date is not frozen yet when a test starts."""
+    import datetime as dt
+
+    import transformers.utils.chat_template_utils as hf_chat
+
+    import rlvr.data.chat_template as ours
+
+    class Clock(dt.datetime):
+        now_value = dt.datetime(2026, 11, 24, 23, 59, 59)
+
+        @classmethod
+        def now(cls, tz=None):
+            return cls.now_value
+
+    monkeypatch.setattr(hf_chat, "datetime", Clock)
+    monkeypatch.setattr(ours, "datetime", Clock, raising=False)
+    monkeypatch.delenv("RLVR_CHAT_DATE", raising=False)
+    return Clock
+
+
+def test_a_dated_template_keeps_the_runs_date_across_midnight(tokenizer, clock):
+    assert "strftime_now" in LLAMA32 and "26 Jul 2024" in LLAMA32  # the date block was replaced
+    chat = ChatFormat(tokenizer, TOOLS, "hermes", chat_template=LLAMA32)  # the base is rendered at 23:59:59
+    conversation = [{"role": "user", "content": "What is 17 * 24?"}]
+    prompt = chat.render(conversation, add_generation_prompt=True)
+    assert "Today Date: 24 Nov 2026\n" in prompt
+    clock.now_value = clock(2026, 11, 25, 0, 0, 1)
+    # on the clock, the base said 24 Nov and the longer conversation 25 Nov: TemplateError
+    # "not prefix-stable", so every tool turn after midnight failed
+    assert tokenizer.decode(chat.tool_delta(RESULT)) == LLAMA_ONE
+    turn = {"role": "assistant", "content": "", "tool_calls": [
+        {"type": "function", "function": {"name": "calculator", "arguments": {"expression": "17 * 24"}}}]}
+    final = chat.render([*conversation, turn, *RESULT])  # the multi-turn loop's check of a trajectory's tokens
+    assert final.startswith(prompt[:-len("<|start_header_id|>assistant<|end_header_id|>\n\n")])
+    assert ChatFormat(tokenizer, TOOLS, "hermes", chat_template=LLAMA32).render(conversation, True) == prompt
+
+
+def test_the_datasets_prompts_render_the_runs_date(tmp_path, tokenizer, clock):
+    import json
+
+    from rlvr.config.schema import DataConfig
+    from rlvr.data import RLHFDataset
+
+    llama = copy.deepcopy(tokenizer)
+    llama.chat_template = LLAMA32
+    ChatFormat(tokenizer, TOOLS, "hermes", chat_template=LLAMA32)  # the tool loop froze the date at 23:59:59
+    clock.now_value = clock(2026, 11, 25, 0, 0, 1)
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text(json.dumps({"data_source": "arithmetic", "prompt": [{"role": "user", "content": "1 + 2?"}],
+                                "reward_model": {"style": "rule", "ground_truth": "3"}}) + "\n")
+    dataset = RLHFDataset(rows, llama, DataConfig(max_prompt_length=512))  # no tools: the tokenizer's template
+    assert "Today Date: 24 Nov 2026" in llama.decode(dataset[0]["raw_prompt_ids"])

@@ -18,6 +18,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+import rlvr
 from rlvr.distributed.worker import free_port
 
 RANK_SCRIPT = Path(__file__).with_name("parity_rank.py")
@@ -45,7 +46,8 @@ def run_ranks(tmp, name, world, overrides, steps, first_step=0, resume_from=None
     port = str(free_port())
     procs = []
     for rank in range(world):
-        env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank),
+        env = {**os.environ, "PYTHONPATH": str(Path(rlvr.__file__).parents[1]),  # the rlvr under test
+               "RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank),
                "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"}
         if world == 1:
             for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT"):
@@ -178,6 +180,34 @@ def test_checkpoints_resume_on_another_number_of_ranks(tiny_model_dir, tmp_path)
     assert resumed[0]["metrics"][0]["actor/grad_norm"] == pytest.approx(straight[0]["metrics"][2]["actor/grad_norm"],
                                                                        rel=1e-4)
     assert_same_weights(resumed[1], straight[1])
+
+
+def test_a_legacy_checkpoint_resumes_on_two_ranks(tiny_model_dir, tmp_path):
+    """A one-process checkpoint from before name-keyed optimizer states (optimizer.state_dict():
+    parameters by their place in the groups) resumed on 2 ranks: rank 0, which alone reads it,
+    used to take a loading path of its own while the other rank waited in a broadcast for ever."""
+    one_rank = base_overrides(tiny_model_dir, 1, "local")
+    straight = run_ranks(tmp_path, "straight", 1, one_rank, steps=3)
+    run_ranks(tmp_path, "one", 1, one_rank, steps=2)
+    as_legacy(tmp_path / "one" / "checkpoint" / "actor_state.pt")
+    resumed = run_ranks(tmp_path, "legacy_on_two", 2, base_overrides(tiny_model_dir, 2, "fsdp2"), steps=1,
+                        first_step=2, resume_from=tmp_path / "one" / "checkpoint")
+    # the third step equals the one-process run's: the moments were restored, not restarted
+    assert resumed[0]["metrics"][0]["actor/grad_norm"] == pytest.approx(straight[0]["metrics"][2]["actor/grad_norm"],
+                                                                       rel=1e-4)
+    assert_same_weights(resumed[1], straight[1])
+
+
+def as_legacy(state_file: Path) -> None:
+    """Rewrite a checkpoint's name-keyed optimizer state as ``optimizer.state_dict()`` wrote it."""
+    state = torch.load(state_file, weights_only=False)
+    optimizer = state["optimizer"]
+    place = {name: i for i, name in enumerate(p for group in optimizer["param_groups"] for p in group["params"])}
+    state["optimizer"] = {"state": {place[name]: v for name, v in optimizer["state"].items()},
+                          "param_groups": [{**g, "params": [place[p] for p in g["params"]]}
+                                           for g in optimizer["param_groups"]]}
+    assert state["optimizer"]["state"] and all(isinstance(k, int) for k in state["optimizer"]["state"])
+    torch.save(state, state_file)
 
 
 def test_the_critic_is_sharded_like_the_actor(tiny_model_dir):

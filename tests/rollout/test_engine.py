@@ -56,6 +56,30 @@ def test_greedy_equals_generate_on_tiny_model(tiny):
     assert [c.token_ids for c in got] == reference_greedy(model, tokenizer, ids, 24, engine.eos_ids)
 
 
+def test_greedy_with_lora_on_the_embedding_and_head_equals_the_peft_models(tiny):
+    """Adapters on embed_tokens and lm_head: the lean decode step read the base embedding's and
+    head's weights (``.weight`` of a peft layer is its base layer's), so every token after the
+    first was decoded without them."""
+    import copy
+
+    from rlvr.models.lora import apply_lora, unwrap
+
+    model, tokenizer = tiny
+    lora = apply_lora(copy.deepcopy(model), 4, 8, ["embed_tokens", "lm_head"])
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for name, p in lora.named_parameters():
+            if "lora_embedding_A" in name or "lora_B" in name:  # the halves peft starts at 0
+                p.normal_(0, 0.5)
+    ids = prompt_ids(tokenizer)
+    engine = NativeRollout(unwrap(lora), tokenizer, RolloutConfig(), max_response_length=16)
+    assert engine.lean is not None  # the lean step runs, with the adapters' terms
+    expected = reference_greedy(lora, tokenizer, ids, 16, engine.eos_ids)
+    assert expected != reference_greedy(model, tokenizer, ids, 16, engine.eos_ids)
+    got = engine.generate(ids, SamplingParams(max_new_tokens=16, do_sample=False))
+    assert [c.token_ids for c in got] == expected
+
+
 @pytest.mark.slow
 def test_greedy_equals_generate_on_builtin_model():
     model, tokenizer = load_model("builtin"), load_tokenizer("builtin")

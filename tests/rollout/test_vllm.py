@@ -210,3 +210,74 @@ def test_the_one_row_kv_floor_is_whole_blocks(tiny_vllm_model_dir, monkeypatch):
     rollout.sync_weights()
     (done,) = rollout.generate([[1, 2, 3]], SamplingParams(max_new_tokens=127, do_sample=False))
     assert 1 <= len(done.token_ids) <= 127
+
+
+def embedding_lora(model, targets=("embed_tokens",)):
+    """``model`` with a random non-zero LoRA adapter on ``targets`` (peft starts the embedding's
+    A and a linear layer's B at 0)."""
+    from rlvr.models.lora import apply_lora
+
+    lora = apply_lora(copy.deepcopy(model), 4, 8, list(targets))
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for name, p in lora.named_parameters():
+            if "lora_embedding_A" in name or "lora_B" in name:
+                p.normal_(0, 0.5)
+    return lora
+
+
+def test_an_embedding_lora_is_sent_merged_and_the_tied_head_is_not(policy):
+    """The embedding's adapter (peft's lora_embedding_A/B) is merged into embed_tokens; the tied
+    head keeps the base weight, as in the peft model (the adapter adapts the embedding alone)."""
+    from rlvr.models.lora import unwrap
+
+    model, _ = policy
+    lora = unwrap(embedding_lora(model))
+    layer = lora.model.embed_tokens
+    sent = dict(policy_weights(lora))
+    delta = 2.0 * (layer.lora_embedding_B["default"] @ layer.lora_embedding_A["default"]).T  # scale alpha/r = 8/4
+    assert delta.abs().max() > 0
+    assert torch.allclose(sent["model.embed_tokens.weight"], layer.base_layer.weight + delta)
+    assert torch.equal(sent["lm_head.weight"], layer.base_layer.weight)
+    assert set(sent) == set(model.state_dict())
+
+
+def test_an_embedding_lora_actor_samples_its_adapted_embedding(tiny_vllm_model_dir):
+    """vLLM's greedy tokens equal the peft model's (adapter on embed_tokens and q_proj), not the
+    base model's: the merge used to skip the embedding's adapter."""
+    from rlvr.models import load_model, load_tokenizer
+    from rlvr.models.lora import unwrap
+
+    model, tokenizer = load_model(tiny_vllm_model_dir), load_tokenizer(tiny_vllm_model_dir)
+    lora = embedding_lora(model, ("embed_tokens", "q_proj"))
+    ids = prompt_ids(tokenizer)[:3]
+    rollout = VLLMRollout(unwrap(lora), tokenizer, RolloutConfig(name="vllm", max_num_seqs=8), 32, 96)
+    expected = transformers_greedy(lora, tokenizer, ids, 12, rollout.eos_ids)
+    assert expected != transformers_greedy(model, tokenizer, ids, 12, rollout.eos_ids)
+    rollout.sync_weights(version=0)
+    assert [c.token_ids for c in rollout.generate(ids, SamplingParams(max_new_tokens=12, do_sample=False))] == expected
+
+
+def test_a_mixture_of_experts_samples_its_updated_experts(tiny_moe_model_dir):
+    """Qwen3-MoE under transformers 5 holds its experts fused (mlp.experts.gate_up_proj); vLLM
+    loads them per expert. After an update of the experts alone, vLLM's greedy tokens equal
+    transformers' under the new weights (which differ from the old ones). Before, the stream
+    sent the fused names, and on the CPU the reloaded experts were not packed for the kernel.
+    In a process of its own: vLLM makes its expert-parallel group only if the process's first
+    engine is a mixture of experts (this module's engines are dense)."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import rlvr
+
+    script = Path(__file__).with_name("vllm_moe_check.py")
+    env = {**os.environ, "PYTHONPATH": str(Path(rlvr.__file__).parents[1])}  # the rlvr under test
+    done = subprocess.run([sys.executable, str(script), str(tiny_moe_model_dir)], capture_output=True, text=True,
+                          timeout=600, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    facts = json.loads(done.stdout.strip().splitlines()[-1])
+    assert facts["new_differs_from_old"]  # else the test could not tell stale experts from fresh ones
+    assert facts["vllm_equals_transformers"] == {"before the update": True, "after the update": True}

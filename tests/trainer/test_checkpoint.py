@@ -58,6 +58,22 @@ def test_interrupted_run_resumes_exactly(tiny_config, tmp_path, interrupt_and_re
     assert len(every) == 8 and len(set(every)) == 8  # 4 steps x 2 prompts, all distinct within the epoch
 
 
+def test_a_mixture_of_experts_resumes_exactly(tiny_config, tmp_path, interrupt_and_resume, tiny_moe_model_dir):
+    """Qwen3-MoE: saved per expert (save_pretrained reverts transformers' fusing), fused in memory.
+    Before, resume compared the stored names with the fused ones and refused the checkpoint."""
+    moe = f"actor_rollout_ref.model.path={tiny_moe_model_dir}"
+    _, reference = full_run(tiny_config, tmp_path / "ref", moe)
+    config = tiny_config("trainer.total_training_steps=4", "trainer.save_freq=2", moe,
+                         f"trainer.default_local_dir={tmp_path / 'cut'}", "trainer.val_before_train=false")
+    resumed = interrupt_and_resume(build_trainer(config, progress_bar=False), 3, "step 2 was already saved")
+    assert [stable(r) for r in records(tmp_path / "cut")] == [stable(r) for r in records(tmp_path / "ref")]
+    assert all(torch.equal(a, b) for a, b in zip(weights(resumed), weights(reference)))
+    from rlvr.models import load_model
+
+    initial = load_model(tiny_moe_model_dir).model.layers[0].mlp.experts.gate_up_proj
+    assert not torch.equal(resumed.wg.worker.model.model.layers[0].mlp.experts.gate_up_proj, initial)  # trained
+
+
 def prompts_by_step(run_dir):
     steps = []
     for step in range(1, 5):
