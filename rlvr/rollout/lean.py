@@ -89,8 +89,11 @@ class PackedLinear:
     @property
     def enabled(self) -> bool:
         weight = self.weight
-        return (weight.device.type == "cpu" and weight.dtype in (torch.float32, torch.bfloat16)
-                and torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise"))
+        # oneDNN's bf16 path needs avx512bw/vl/dq or avx_ne_convert; on other CPUs (AVX2 EPYCs) its
+        # reorder raises, so bf16 falls back to a plain linear there
+        dtype_ok = weight.dtype == torch.float32 or (weight.dtype == torch.bfloat16 and bf16_prepack_supported())
+        return (weight.device.type == "cpu" and dtype_ok and torch.backends.mkldnn.is_available()
+                and hasattr(torch.ops.mkldnn, "_linear_pointwise"))
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if not self.enabled:
@@ -103,6 +106,12 @@ class PackedLinear:
 
     def release(self) -> None:
         self._packed = self._key = None
+
+
+def bf16_prepack_supported() -> bool:
+    """Whether this CPU runs oneDNN's bf16 linear (avx512bw/vl/dq or avx_ne_convert)."""
+    check = getattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", None)
+    return bool(check and check())
 
 
 class LeanDecoder:

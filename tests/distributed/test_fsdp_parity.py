@@ -87,10 +87,13 @@ def assert_same_weights(weights, ref_weights, atol=2e-5):
     """Within fp32 rounding. Adam divides each gradient by its own running magnitude, so an entry
     whose gradient is ~1e-9 (a rarely used embedding row) turns a rounding difference of the
     reduction order into a visible step: a handful of the 3.1M embedding entries may differ by up
-    to a few 1e-4 (still well under one lr=1e-2 step); every other entry agrees to ``atol``."""
+    to a few 1e-4 (still well under one lr=1e-2 step); every other entry agrees to ``atol``. How
+    many depends on the CPU's reduction order: up to 8 where the suite was first run, 37-41 on an
+    AVX2-only AMD EPYC (the same code), so up to 64 of them (2e-5 of the entries) pass."""
     for key in weights:
         diff = (weights[key] - ref_weights[key]).abs()
-        assert int((diff > atol).sum()) <= 8 and float(diff.max()) < 1e-3, (key, float(diff.max()))
+        assert int((diff > atol).sum()) <= 64 and float(diff.max()) < 1e-3, (key, int((diff > atol).sum()),
+                                                                             float(diff.max()))
 
 
 @pytest.mark.parametrize("extra", [

@@ -92,6 +92,7 @@ class RecordingLLM:
 
     def __init__(self, ledger: Ledger, args: dict):
         self.ledger, self.args = ledger, args
+        self.model = torch.nn.Module()  # the runner's model: no experts to re-pack after a reload
         worker = SimpleNamespace(model_runner=self)
         self.llm_engine = SimpleNamespace(engine_core=SimpleNamespace(engine_core=SimpleNamespace(
             model_executor=SimpleNamespace(driver_worker=SimpleNamespace(worker=worker)))))
