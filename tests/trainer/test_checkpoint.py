@@ -82,23 +82,29 @@ def prompts_by_step(run_dir):
     return steps
 
 
+def start_run_slow_at_step_3(config, tmp_path, stderr):
+    """`rlvr train` of ``config`` in a subprocess whose step 3 first waits 60 s (long enough to
+    kill or terminate it there)."""
+    from rlvr.config import to_yaml
+    cfg_file = tmp_path / "config.yaml"
+    cfg_file.write_text(to_yaml(config))
+    slow = tmp_path / "slow.py"
+    slow.write_text("import sys, time\nfrom rlvr.cli import main\nfrom rlvr.trainer import ppo_trainer\n"
+                    "orig = ppo_trainer.RLTrainer.train_step\n"
+                    "def train_step(self, batch, more):\n    if self.global_step == 3: time.sleep(60)\n"
+                    "    return orig(self, batch, more)\n"
+                    "ppo_trainer.RLTrainer.train_step = train_step\nsys.exit(main(['train', '--config', sys.argv[1]]))\n")
+    return subprocess.Popen([sys.executable, str(slow), str(cfg_file)], stdout=subprocess.DEVNULL, stderr=stderr,
+                            text=True)
+
+
 def test_killed_run_resumes_exactly(tiny_config, tmp_path):
     """kill -9 after the step-2 checkpoint; the resumed run matches the uninterrupted one."""
     _, reference = full_run(tiny_config, tmp_path / "ref")
     expected = records(tmp_path / "ref")
     config = tiny_config("trainer.total_training_steps=4", "trainer.save_freq=2",
                          f"trainer.default_local_dir={tmp_path / 'kill'}", "trainer.val_before_train=false")
-    from rlvr.config import to_yaml
-    cfg_file = tmp_path / "config.yaml"
-    cfg_file.write_text(to_yaml(config))
-    slow = tmp_path / "slow.py"  # make each step after the checkpoint long enough to kill
-    slow.write_text("import sys, time\nfrom rlvr.cli import main\nfrom rlvr.trainer import ppo_trainer\n"
-                    "orig = ppo_trainer.RLTrainer.train_step\n"
-                    "def train_step(self, batch, more):\n    if self.global_step == 3: time.sleep(60)\n"
-                    "    return orig(self, batch, more)\n"
-                    "ppo_trainer.RLTrainer.train_step = train_step\nsys.exit(main(['train', '--config', sys.argv[1]]))\n")
-    proc = subprocess.Popen([sys.executable, str(slow), str(cfg_file)], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
+    proc = start_run_slow_at_step_3(config, tmp_path, stderr=subprocess.DEVNULL)
     latest = tmp_path / "kill" / "checkpoints" / "latest_checkpointed_iteration.txt"
     deadline = time.time() + 120
     while not (latest.exists() and latest.read_text() == "2") and time.time() < deadline:
@@ -122,17 +128,7 @@ def test_sigterm_saves_the_step_as_ctrl_c_does(tiny_config, tmp_path):
     died at once (status -15) and lost both steps."""
     config = tiny_config("trainer.total_training_steps=4", "trainer.save_freq=-1",
                          f"trainer.default_local_dir={tmp_path / 'term'}", "trainer.val_before_train=false")
-    from rlvr.config import to_yaml
-    cfg_file = tmp_path / "config.yaml"
-    cfg_file.write_text(to_yaml(config))
-    slow = tmp_path / "slow.py"  # step 3 waits long enough to be terminated in
-    slow.write_text("import sys, time\nfrom rlvr.cli import main\nfrom rlvr.trainer import ppo_trainer\n"
-                    "orig = ppo_trainer.RLTrainer.train_step\n"
-                    "def train_step(self, batch, more):\n    if self.global_step == 3: time.sleep(60)\n"
-                    "    return orig(self, batch, more)\n"
-                    "ppo_trainer.RLTrainer.train_step = train_step\nsys.exit(main(['train', '--config', sys.argv[1]]))\n")
-    proc = subprocess.Popen([sys.executable, str(slow), str(cfg_file)], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True)
+    proc = start_run_slow_at_step_3(config, tmp_path, stderr=subprocess.PIPE)
     metrics = tmp_path / "term" / "metrics.jsonl"
     deadline = time.time() + 120
     while not (metrics.exists() and '"step": 2' in metrics.read_text()) and time.time() < deadline:

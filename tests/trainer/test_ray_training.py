@@ -293,7 +293,10 @@ def test_the_default_job_on_two_ray_workers_trains_on_rows_that_stop_at_eos(tmp_
     assert [r["step"] for r in got] == [1, 2, 3]
     # rows ended at EOS at different lengths within each batch, most before the limit
     assert all(r["response_length/min"] < r["response_length/max"] for r in got)
-    assert all(r["response_length/clip_ratio"] < 0.5 for r in got)
+    # most rows end before the limit over the run (one step alone may clip more: which tokens are
+    # drawn depends on the CPU's float reductions; on an AVX2-only EPYC a step clipped over half)
+    clipped = [r["response_length/clip_ratio"] for r in got]
+    assert sum(clipped) / len(clipped) < 0.5, clipped
     # and the two ranks' longest rows (rows 0-3 on rank 0, 4-7 on rank 1) differed in some step:
     # the widths that could not be joined before
     def longest(rows):
