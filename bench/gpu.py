@@ -59,7 +59,7 @@ def phases(model: str) -> list[dict]:
     from rollout import make_batch
 
     os.environ.update({"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
-                       "MASTER_PORT": str(free_port())})
+                       "MASTER_PORT": str(free_port()), "GLOO_SOCKET_IFNAME": "lo"})
     config = load_config(None, job_overrides(model) + ["trainer.total_training_steps=2"])
     plan = plan_memory(config, read_model_config(model))
     arr = config.actor_rollout_ref
@@ -106,7 +106,7 @@ def phases(model: str) -> list[dict]:
 
     if dist.is_initialized():
         dist.destroy_process_group()
-    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):  # not for `rlvr train` later
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "GLOO_SOCKET_IFNAME"):  # not for `rlvr train` later
         os.environ.pop(key, None)
     return rows
 

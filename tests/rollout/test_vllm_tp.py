@@ -6,7 +6,6 @@ not built for it (``rlvr.config.validate._not_trainable``); this test keeps the 
 that message true: the engine itself is not what stands in the way, on this CPU either.
 """
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -17,8 +16,7 @@ import torch
 from rlvr.distributed.worker import free_port
 from rlvr.models import load_model
 
-pytestmark = [pytest.mark.slow,
-              pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM is not installed")]
+pytestmark = pytest.mark.slow  # vLLM is installed by make setup (requirements/lock-cpu.txt): no skip
 
 PROMPTS = [[1, 504, 314, 216, 1000], [1, 2000, 30, 7]]  # token ids (no tokenizer choices in between)
 NEW_TOKENS = 8
