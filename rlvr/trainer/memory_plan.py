@@ -468,7 +468,7 @@ def logit_bytes(vocab: int, response_tokens: int) -> float:
 
 def update_terms(run: Run, t: dict[str, Term]) -> None:
     """The actor update's activations, its fp32 log-softmax and (fsdp2) what FSDP2 gathers."""
-    shape, arr, data = run.shape, run.arr, run.config.data
+    shape, arr = run.shape, run.arr
     act_b = DTYPE_BYTES[run.act_dtype]
     tokens, response_tokens, how = micro_batch_tokens(run)
     t["activations"] = Term("activations (micro-batch)",
