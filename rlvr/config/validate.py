@@ -128,7 +128,7 @@ VLLM_ONLY = {
     "enforce_eager": (True, "it always runs eagerly"),
     "enable_prefix_caching": (True, "it always prefills a group's shared prompt once"),
     "free_cache_engine": (True, "it always frees its KV cache after a rollout"),
-    "tensor_model_parallel_size": (1, "it runs on one device per rank"),
+    "tensor_model_parallel_size": (1, "it runs on one device per rank: each rank decodes its rows on the whole model"),
 }
 
 
@@ -438,26 +438,6 @@ def _distributed(cfg: RLVRConfig) -> list[str]:
                       "(`ray start --head` on one node, `ray start --address=HEAD:6379` on the others) and set "
                       "ray_kwargs.ray_init.address=auto")
     return errors
-
-
-def _not_trainable(cfg: RLVRConfig) -> list[str]:
-    """What ``rlvr plan`` answers for but training cannot run yet."""
-    tp = cfg.actor_rollout_ref.rollout.tensor_model_parallel_size
-    if cfg.actor_rollout_ref.rollout.name != "vllm" or tp == 1:
-        return []
-    return [f"actor_rollout_ref.rollout.tensor_model_parallel_size = {tp} cannot train yet: rlvr's vLLM rollout runs "
-            "one in-process engine per training rank, on that rank's rows; an engine spanning "
-            f"{tp} ranks (verl's hybrid engine: vLLM's external_launcher in each rank, the group's prompts gathered "
-            "and generated together, the actor's weights streamed into each rank's TP shard) is not built. vLLM's "
-            "CPU build itself runs TP=2 over 2 ranks that way. `rlvr plan` answers for the GPU; to train set it "
-            "to 1 (each rank then holds the whole model in its engine)"]
-
-
-def check_trainable(cfg: RLVRConfig) -> None:
-    """Raise ConfigError when ``cfg`` is valid (``rlvr plan`` answers for it) but cannot train yet."""
-    errors = _not_trainable(cfg)
-    if errors:
-        raise ConfigError("cannot train this config:\n  - " + "\n  - ".join(errors))
 
 
 def validate(cfg: RLVRConfig) -> None:

@@ -119,6 +119,12 @@ class BaseRollout(ABC):
     def wake_up(self, tags: Sequence[str]) -> None:
         """Take back the memory of ``tags`` that ``free_cache`` released (default: nothing)."""
 
+    def generate_in_group(self, prompts: DataProto, rollout=None) -> DataProto:
+        """``rollout.generate_sequences(prompts)`` (``rollout``: this engine or a loop over it, such
+        as the multi-turn one), called on every rank with its own rows. An engine that spans
+        several ranks (vLLM with tensor parallelism) generates the group's rows together."""
+        return (rollout or self).generate_sequences(prompts)
+
     def generate_sequences(self, prompts: DataProto) -> DataProto:
         """Left-padded prompts (repeated n times, with ``uid``) -> responses and their masks."""
         prompts.require("input_ids", "attention_mask", "position_ids", stage="rollout")

@@ -199,6 +199,10 @@ class MultiTurnRollout:
     def wake_up(self, tags) -> None:
         self.engine.wake_up(tags)
 
+    def generate_in_group(self, prompts: DataProto) -> DataProto:
+        """``generate_sequences`` where the engine may span several ranks (see the engine's)."""
+        return self.engine.generate_in_group(prompts, self)
+
     # ------------------------------------------------------------------ the loop
     def generate_sequences(self, prompts: DataProto) -> DataProto:
         prompts.require("input_ids", "attention_mask", "position_ids", stage="multi-turn rollout")

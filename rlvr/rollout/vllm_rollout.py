@@ -3,8 +3,11 @@
 As verl's hybrid engine and TRL's colocate mode: each training process (each rank) runs its own
 in-process vLLM engine (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), built with ``load_format=dummy``
 from the policy's own config and tokenizer (written to a folder), so nothing is read twice.
-Beside the ranks' process group, vLLM's world takes every rank and its tensor-parallel groups
-one rank each (verl's "external data parallel"): each rank samples its own rows.
+Beside the ranks' process group, vLLM's world takes every rank, in tensor-parallel groups of
+``tensor_model_parallel_size`` consecutive ranks (verl's "external data parallel" x TP). With one
+rank a group each samples its own rows; a group of several runs one engine through vLLM's
+external launcher, its first rank generating the group's rows and the others following
+(``EngineRanks``).
 
 - **Weights**: ``sync_weights`` streams the policy's weights into vLLM's in-place reload
   (``reload_weights(is_checkpoint_format=True)``: vLLM repacks each layer as it arrives), one
@@ -43,12 +46,14 @@ import tempfile
 from typing import Hashable, Iterator, Sequence
 
 import torch
+import torch.distributed as dist
 
 from rlvr.config.schema import RolloutConfig
 from rlvr.distributed.fsdp import full_tensor
 from rlvr.models.checkpoint_names import to_checkpoint_names
 from rlvr.models.loader import DTYPES
 from rlvr.models.lora import active_adapters, merged_config
+from rlvr.protocol import DataProto
 from rlvr.rollout.base import BaseRollout, Completion, register_rollout
 from rlvr.rollout.sampling import SamplingParams
 
@@ -147,18 +152,25 @@ def cpu_kv_cache_bytes(bytes_per_token: int, max_num_seqs: int, max_model_len: i
     return max(one_row, min(bytes_per_token * max_model_len * max_num_seqs, CPU_KV_CACHE_CAP))
 
 
-def kv_bytes_per_token(model_config, dtype: torch.dtype) -> int:
-    """Keys and values of one token over every layer."""
+def kv_bytes_per_token(model_config, dtype: torch.dtype, tensor_parallel_size: int = 1) -> int:
+    """Keys and values of one token over every layer, on one of ``tensor_parallel_size`` ranks:
+    vLLM gives each rank ``max(1, kv_heads // tensor_parallel_size)`` heads (replicated when there
+    are fewer heads than ranks)."""
     heads = getattr(model_config, "num_key_value_heads", None) or model_config.num_attention_heads
+    heads = max(1, heads // tensor_parallel_size)
     head_dim = getattr(model_config, "head_dim", None) or model_config.hidden_size // model_config.num_attention_heads
     return 2 * model_config.num_hidden_layers * heads * head_dim * dtype.itemsize
 
 
-def _start_engine(config, tokenizer, args: dict):
+def _start_engine(config, tokenizer, args: dict, device: torch.device):
     """vLLM's ``LLM`` in this process, started from a folder holding the policy's ``config`` and
     tokenizer (the weights come by ``sync_weights``)."""
     with _environment_kept():
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # in this process: its weights are reachable
+        if args.get("distributed_executor_backend") == "external_launcher" and device.type == "cuda":
+            # the external launcher takes its device index from LOCAL_RANK, which a worker group sets to
+            # the process's place on the node; the worker's device is the index it sees (Ray: 0 of 1)
+            os.environ["LOCAL_RANK"] = str(device.index if device.index is not None else torch.cuda.current_device())
         from vllm import LLM
 
         with tempfile.TemporaryDirectory(prefix="rlvr-vllm-") as folder:
@@ -167,14 +179,55 @@ def _start_engine(config, tokenizer, args: dict):
             return LLM(model=folder, tokenizer=folder, **args)
 
 
+class EngineRanks:
+    """The ranks one engine spans under tensor parallelism: ``size`` consecutive ranks of the
+    process group (vLLM's layout, external data parallel x TP), led by the first of them.
+
+    vLLM's external launcher runs one engine per rank, and the engine's collectives need every
+    rank of a TP group to generate the same requests in the same order (vLLM's premise: the
+    same inputs and deterministic scheduling give the same outputs). So the leader alone runs
+    a rollout, over the rows of every rank in its group (the multi-turn loop and its tools
+    included), and sends each batch of requests to the others before generating it; they
+    generate what they are sent until the leader says the rollout is over, then take their own
+    rows of its answer. Control messages go over gloo groups of their own, beside vLLM's."""
+
+    def __init__(self, size: int):
+        world, rank = dist.get_world_size(), dist.get_rank()
+        self.size, self.leader = size, rank - rank % size
+        self.is_leader = rank == self.leader
+        # new_group is collective over the whole group: every rank makes every group, in one order
+        groups = {start: dist.new_group(list(range(start, start + size)), backend="gloo")
+                  for start in range(0, world, size)}
+        self.group = groups[self.leader]
+
+    def broadcast(self, message=None):
+        """The leader's ``message`` on every rank of the group."""
+        box = [message]
+        dist.broadcast_object_list(box, src=self.leader, group=self.group)
+        return box[0]
+
+    def gather(self, part) -> list | None:
+        """Every rank's ``part``, in rank order, on the leader (None elsewhere)."""
+        parts = [None] * self.size if self.is_leader else None
+        dist.gather_object(part, parts, dst=self.leader, group=self.group)
+        return parts
+
+    def scatter(self, parts: list | None):
+        """The leader's ``parts[i]`` on the group's i-th rank."""
+        box = [None]
+        dist.scatter_object_list(box, parts, src=self.leader, group=self.group)
+        return box[0]
+
+
 class SharedEngine:
     """One vLLM engine and its state, shared by every rollout built with the same arguments in
     this process: which of its memory is awake, and whose weights (rollout serial, version) it
     holds. Kept here, not in each rollout, so that two rollouts over one engine never sleep it
     twice, nor take a sleeping engine for an awake one."""
 
-    def __init__(self, llm, sleeps: bool):
+    def __init__(self, llm, sleeps: bool, ranks: EngineRanks | None = None):
         self.llm, self.sleeps = llm, sleeps  # sleeps: started with enable_sleep_mode
+        self.ranks = ranks  # tensor parallel: the ranks this engine spans (None: this rank alone)
         self.asleep: set[str] = set()  # vLLM's wake_up tags whose memory is released
         self.holds: tuple[int, int] | None = None  # (serial, version) of the weights it holds
         self.sleep()  # asleep until the first rollout: training starts beside it
@@ -236,6 +289,7 @@ class VLLMRollout(BaseRollout):
                     max_num_batched_tokens=cfg.max_num_batched_tokens, enforce_eager=cfg.enforce_eager,
                     enable_prefix_caching=cfg.enable_prefix_caching,
                     tensor_parallel_size=cfg.tensor_model_parallel_size,
+                    distributed_executor_backend="external_launcher" if cfg.tensor_model_parallel_size > 1 else None,
                     generation_config="vllm",  # sampling comes from rlvr's config, not the folder's defaults
                     logprobs_mode="processed_logprobs")
         if self.on_gpu:
@@ -244,7 +298,8 @@ class VLLMRollout(BaseRollout):
         elif cfg.gpu_memory_utilization is not None:
             args.update(gpu_memory_utilization=cfg.gpu_memory_utilization)  # a fraction of the host's memory
         else:
-            args.update(kv_cache_memory_bytes=cpu_kv_cache_bytes(kv_bytes_per_token(model.config, dtype),
+            per_token = kv_bytes_per_token(model.config, dtype, cfg.tensor_model_parallel_size)  # one rank's
+            args.update(kv_cache_memory_bytes=cpu_kv_cache_bytes(per_token,
                                                                  cfg.max_num_seqs, self.max_model_len))
         return args
 
@@ -255,7 +310,13 @@ class VLLMRollout(BaseRollout):
         key = (config.to_json_string(use_diff=False), tokenizer.name_or_path, len(tokenizer),
                tuple(sorted((k, str(v)) for k, v in args.items())))
         if key not in _ENGINES:
-            _ENGINES[key] = SharedEngine(_start_engine(config, tokenizer, args), args.get("enable_sleep_mode", False))
+            tp = self.config.tensor_model_parallel_size
+            if tp > 1 and not dist.is_initialized():
+                raise RuntimeError(f"actor_rollout_ref.rollout.tensor_model_parallel_size = {tp}: one engine over {tp} "
+                                   "ranks needs the ranks' process group (actor.strategy=fsdp2 over a worker group)")
+            ranks = EngineRanks(tp) if tp > 1 else None
+            _ENGINES[key] = SharedEngine(_start_engine(config, tokenizer, args, self.device),
+                                         args.get("enable_sleep_mode", False), ranks)
         return _ENGINES[key]
 
     def wake_up(self, tags: Sequence[str]) -> None:
@@ -296,7 +357,14 @@ class VLLMRollout(BaseRollout):
             return []
         from vllm.inputs import TokensPrompt
 
+        ranks = self.engine.ranks
+        if ranks is not None and not ranks.is_leader:
+            raise RuntimeError("under tensor parallelism only the first rank of an engine's group generates; the "
+                               "others follow it (VLLMRollout.generate_in_group)")
         if self.engine.holds is None or self.engine.holds[0] != self.serial:  # holding another policy's
+            if ranks is not None:  # a reload is collective: the followers would never join this one
+                raise RuntimeError("the engine spans several ranks and holds another policy's weights: sync them "
+                                   "on every rank (rollout_mode) before generating")
             self.sync_weights()
         self.engine.wake_up(WAKE_TAGS)  # a caller without the worker's order (rollout workers)
 
@@ -312,6 +380,8 @@ class VLLMRollout(BaseRollout):
         requests = [TokensPrompt(prompt_token_ids=list(map(int, p))) for p in prompts]
         sampling = [self._sampling(params, request_seed(params.seed, row, len(p)), budget)
                     for p, row, budget in zip(prompts, rows, budgets)]
+        if ranks is not None:
+            ranks.broadcast(("generate", requests, sampling))  # the followers' engines generate them with this one
         outputs = self.llm.generate(requests, sampling, use_tqdm=False)
         completions = []
         for out in outputs:
@@ -320,3 +390,31 @@ class VLLMRollout(BaseRollout):
             log_probs = [float(step[t].logprob) for t, step in zip(ids, o.logprobs)]
             completions.append(Completion(ids, log_probs, "stop" if o.finish_reason == "stop" else "length"))
         return completions
+
+    def generate_in_group(self, prompts: DataProto, rollout=None) -> DataProto:
+        """``rollout.generate_sequences(prompts)`` (this engine's, or the multi-turn loop's over it)
+        where the engine spans several ranks (``EngineRanks``): every rank of the group calls this
+        with its own rows; the leader generates the group's rows together, the others follow, and
+        each gets its own rows back. One rank alone: the plain call."""
+        rollout, ranks = rollout or self, self.engine.ranks
+        if ranks is None:
+            return rollout.generate_sequences(prompts)
+        parts = ranks.gather(prompts)
+        if not ranks.is_leader:
+            while (message := ranks.broadcast())[0] == "generate":
+                self.llm.generate(message[1], message[2], use_tqdm=False)
+            if message[0] == "failed":
+                raise RuntimeError(f"the rollout failed on rank {ranks.leader}, which leads this rank's engine: "
+                                   f"{message[1]}")
+            return ranks.scatter(None)
+        try:
+            meta = dict(prompts.meta_info)  # the leader's: its row_offset is the group's first row
+            batch = DataProto.concat([DataProto(p.batch, p.non_tensor_batch, {}) for p in parts])
+            batch.meta_info = meta
+            out = rollout.generate_sequences(batch)
+        except BaseException as error:
+            ranks.broadcast(("failed", f"{type(error).__name__}: {error}"))
+            raise
+        ranks.broadcast(("done",))
+        bounds = list(itertools.accumulate([0] + [len(p) for p in parts]))
+        return ranks.scatter([out.slice(a, b) for a, b in zip(bounds, bounds[1:])])

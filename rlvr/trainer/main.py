@@ -18,7 +18,7 @@ from pathlib import Path
 
 from rlvr.config import ConfigError, to_yaml
 from rlvr.config.loader import import_custom_modules
-from rlvr.config.validate import check_trainable, uses_ray
+from rlvr.config.validate import uses_ray
 from rlvr.config.schema import CustomRewardFunctionConfig, DataConfig, OverlongBufferConfig, RewardConfig, RLVRConfig
 from rlvr.data import RLHFDataset
 from rlvr.data.io import DatasetError
@@ -269,7 +269,6 @@ def fit_on_ray(config: RLVRConfig) -> dict[str, float]:
 
 
 def run_training(config: RLVRConfig) -> dict[str, float]:
-    check_trainable(config)
     run_dir = Path(config.trainer.default_local_dir).expanduser().resolve()
     print(f"[rlvr] run directory: {run_dir}", flush=True)
     return fit_on_ray(config) if uses_ray(config) else fit(config)

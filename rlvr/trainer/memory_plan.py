@@ -187,15 +187,17 @@ class ModelShape:
         """The value model: this backbone without the vocabulary head, with a (hidden -> 1) head and its bias."""
         return self.params() - (0 if self.tied else self.vocab * self.hidden) + self.hidden + 1
 
-    def kv_values_per_token(self, vllm: bool) -> int:
-        """Cached values of one token over every layer. DeepSeek's latent attention: vLLM caches the
-        kv_lora_rank latent and the rope key; transformers (the native engine) caches full keys and values."""
+    def kv_values_per_token(self, vllm: bool, tensor_parallel_size: int = 1) -> int:
+        """Cached values of one token over every layer, on one of ``tensor_parallel_size`` ranks of a
+        vLLM engine (each holds max(1, kv_heads // size) of the heads). DeepSeek's latent attention:
+        vLLM caches the kv_lora_rank latent and the rope key, whole on every rank; transformers (the
+        native engine) caches full keys and values."""
         if self.mla:
             m = self.mla
             if vllm:
                 return self.layers * (m["kv_lora_rank"] + m["qk_rope_head_dim"])
             return self.layers * self.heads * (m["qk_nope_head_dim"] + m["qk_rope_head_dim"] + m["v_head_dim"])
-        return 2 * self.layers * self.kv_heads * self.head_dim  # keys and values
+        return 2 * self.layers * max(1, self.kv_heads // tensor_parallel_size) * self.head_dim  # keys and values
 
     def mlp_values(self, sparse: bool) -> int:
         """MLP width one token runs through in a layer: a sparse layer runs experts_per_token routed
@@ -398,12 +400,13 @@ def vllm_terms(run: Run, t: dict[str, Term]) -> float:
     when set, else from gpu_memory_utilization of the host's memory (its NUMA node's, where it has
     several) less what the process already holds (``cpu_worker.determine_available_memory``), else
     rlvr's CPU_KV_CACHE_CAP sizing."""
-    arr, P = run.arr, run.shape.params()
-    weights = run.roll_b * P
+    arr, P, tp = run.arr, run.shape.params(), run.arr.rollout.tensor_model_parallel_size
+    weights = run.roll_b * P / tp  # an engine over tp ranks: each holds 1/tp of every layer (norms, a few kB, whole)
     max_len = arr.rollout.max_model_len or run.positions
-    per_token = run.shape.kv_values_per_token(vllm=True) * run.roll_b
+    per_token = run.shape.kv_values_per_token(vllm=True, tensor_parallel_size=tp) * run.roll_b
     kept = "released while it sleeps (level 2)" if run.vllm_sleeps else "kept between rollouts"
-    t["engine_weights"] = Term(f"vLLM's weights ({arr.rollout.dtype})", weights, True, kept)
+    t["engine_weights"] = Term(f"vLLM's weights ({arr.rollout.dtype})" + (f", 1/{tp} of them (TP={tp})" if tp > 1 else ""),
+                               weights, True, kept)
     utilization = arr.rollout.gpu_memory_utilization
     if run.gpu:
         reserved = (utilization or GPU_MEMORY_UTILIZATION) * run.capacity

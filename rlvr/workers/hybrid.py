@@ -235,8 +235,8 @@ class ActorRolloutRefWorker(Worker):
         # this rank's rows are a contiguous part of the batch: sample them as one process would
         prompts.meta_info.update(row_offset=self.rank * len(prompts), total_rows=self.world_size * len(prompts))
         self.rollout_mode()
-        try:
-            return self.rollout.generate_sequences(prompts)
+        try:  # an engine over several ranks (vLLM, tensor parallel) generates its group's rows together
+            return self.rollout.generate_in_group(prompts)
         finally:
             self._end_rollout()
 

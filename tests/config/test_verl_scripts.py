@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from rlvr.cli import main
-from rlvr.config import ConfigError, load_config
+from rlvr.config import load_config
 
 HERE = Path(__file__).parent
 SCRIPTS = sorted((HERE / "verl_scripts").glob("*.txt"))
@@ -40,8 +40,6 @@ def test_the_stored_scripts_cover_grpo_and_ppo():
 @pytest.mark.parametrize("path", SCRIPTS, ids=[p.stem for p in SCRIPTS])
 def test_verl_script_loads_as_written(path, tmp_path, capsys):
     """No key is refused or answered with a guess; the notice names what rlvr does instead."""
-    from rlvr.config.validate import check_trainable
-
     cfg = load_config(overrides=script_overrides(path, tmp_path))
     err = capsys.readouterr().err
     assert "did you mean" not in err
@@ -49,9 +47,7 @@ def test_verl_script_loads_as_written(path, tmp_path, capsys):
     if cfg.algorithm.adv_estimator == "gae":  # verl's PPO defaults, not the GRPO recipe's groups of 8
         assert cfg.actor_rollout_ref.rollout.n == 1
         assert cfg.critic.ppo_mini_batch_size == cfg.actor_rollout_ref.actor.ppo_mini_batch_size
-    assert cfg.actor_rollout_ref.rollout.tensor_model_parallel_size > 1  # read (the plan answers; training refuses)
-    with pytest.raises(ConfigError, match="tensor_model_parallel_size = [24] cannot train yet"):
-        check_trainable(cfg)
+    assert cfg.actor_rollout_ref.rollout.tensor_model_parallel_size > 1  # read: one vLLM engine over that many ranks
 
 
 @pytest.mark.parametrize("path", SCRIPTS, ids=[p.stem for p in SCRIPTS])

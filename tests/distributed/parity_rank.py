@@ -105,6 +105,12 @@ def main(spec_path: str, out_dir: str) -> None:
             record.setdefault("engine_bytes_in_update", []).append(worker.engine_weights.held_bytes)
     if worker.engine_weights is not None:
         record["engine"] = engine_facts(worker)
+    if config.actor_rollout_ref.rollout.name == "vllm":  # the ranks one engine spans, and its share of a layer
+        from vllm.distributed import get_tensor_model_parallel_world_size
+
+        runner = worker.rollout.engine.runner
+        record["vllm_tp"] = get_tensor_model_parallel_world_size()
+        record["vllm_qkv_rows"] = runner.model.model.layers[0].self_attn.qkv_proj.weight.shape[0]
     worker.save_checkpoint(Path(out_dir) / "checkpoint")
     if rank == 0:
         torch.save(record, Path(out_dir) / "record.pt")

@@ -318,6 +318,19 @@ def test_vllm_needs_one_row_of_kv_cache_and_caches_deepseeks_latent():
     assert plan_of(QWEN3_1_7B_VERL, 80).kv_floor == 176_160_768
 
 
+def test_an_engine_over_several_ranks_holds_its_share_of_the_weights_and_heads():
+    tp2 = plan_of(QWEN3_1_7B_VERL + ["actor_rollout_ref.rollout.tensor_model_parallel_size=2"], 80)
+    # each rank holds half of every layer: 3,441,149,952 / 2 bf16 bytes; the reservation stays 0.6 x 80 GB a device
+    assert tp2.terms["engine_weights"].bytes == 1_720_574_976
+    assert tp2.terms["engine_weights"].bytes + tp2.terms["kv_cache"].bytes == pytest.approx(48e9)
+    # 4 of the 8 kv heads a rank: 2 x 28 x 4 x 128 x 2 bytes = 57,344 a token x 1536 positions
+    assert tp2.kv_floor == 88_080_384
+    # more ranks than kv heads: vLLM replicates, one head a rank (2 x 28 x 1 x 128 x 2 x 1536)
+    tp16 = ["trainer.n_gpus_per_node=16" if o == "trainer.n_gpus_per_node=8" else o for o in QWEN3_1_7B_VERL]
+    assert plan_of(tp16 + ["actor_rollout_ref.rollout.tensor_model_parallel_size=16",
+                           "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=16"], 80).kv_floor == 22_020_096
+
+
 def test_a_critic_holds_its_weights_gradients_moments_and_update(tiny_folder):
     plan = plan_memory(load_config(None, tiny_overrides(tiny_folder) + ["algorithm.adv_estimator=gae",
                                                                         "critic.ppo_mini_batch_size=4"]), TINY)

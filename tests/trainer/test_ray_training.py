@@ -199,15 +199,18 @@ def test_remax_on_two_ray_workers_equals_the_in_process_run(tiny_config, tmp_pat
     assert_same_weights(final_weights(ray_dir, 3), final_weights(local_dir, 3))
 
 
-def test_vllm_on_two_ray_workers_equals_the_in_process_run(tiny_config, tmp_path, tiny_vllm_model_dir):
-    """rollout.name=vllm under Ray: each worker runs its own in-process vLLM engine on the weights
-    gathered from its FSDP2 shards; rows are seeded by their place in the whole batch, so the 2
-    workers sample the one process's tokens and the run (metrics, weights) is the one process's.
+def test_vllm_over_two_ray_workers_equals_the_in_process_run(tiny_config, tmp_path, tiny_vllm_model_dir):
+    """rollout.name=vllm under Ray, as verl's scripts run it: one engine spans both workers
+    (tensor_model_parallel_size=2, vLLM's external launcher in each worker, each holding half of
+    every layer), fed the weights gathered from the FSDP2 shards; rows are seeded by their place in
+    the whole batch, so the workers sample the one process's tokens and the run (metrics, weights,
+    validation) is the one process's. (An engine per worker: tests/distributed/test_fsdp_parity.py.)
     Stale or wrongly gathered weights, or seeds that followed the rank split, would sample others."""
     local_dir, ray_dir = tmp_path / "local", tmp_path / "ray"
     vllm = [*STEPS, f"actor_rollout_ref.model.path={tiny_vllm_model_dir}", "actor_rollout_ref.rollout.name=vllm"]
     run_training(tiny_config(*vllm, f"trainer.default_local_dir={local_dir}"))
-    done = subprocess.run(train_command(tiny_config(*vllm, *RAY_2_CPU, f"trainer.default_local_dir={ray_dir}"),
+    tp2 = "actor_rollout_ref.rollout.tensor_model_parallel_size=2"
+    done = subprocess.run(train_command(tiny_config(*vllm, *RAY_2_CPU, tp2, f"trainer.default_local_dir={ray_dir}"),
                                         tmp_path), capture_output=True, text=True, timeout=400)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     got = records(ray_dir)

@@ -135,7 +135,7 @@ def ledger(monkeypatch):
     table of their own (the module's real engines are untouched)."""
     ledger = Ledger()
     monkeypatch.setattr(vllm_rollout, "_ENGINES", {})
-    monkeypatch.setattr(vllm_rollout, "_start_engine", lambda model, tokenizer, args: RecordingLLM(ledger, args))
+    monkeypatch.setattr(vllm_rollout, "_start_engine", lambda model, tokenizer, args, device: RecordingLLM(ledger, args))
     monkeypatch.setattr(fsdp, "move_optimizer_state", lambda optimizer, device: optimizer.to(device))
     monkeypatch.setattr(torch.cuda, "empty_cache", ledger.empty_cache)
     return ledger
