@@ -228,7 +228,8 @@ class MultiTurnConfig:
     tool_response_truncate_side: str = "middle"
     """Which part of a long tool answer is cut: left (keep the end), right (keep the start) or middle."""
     tool_timeout_s: float = 30.0
-    """Seconds a tool call may take before the model is told it timed out."""
+    """Seconds a tool call may take before the model is told it timed out (counted from when
+    the call starts: the wait for a slot of a tool that caps its calls at once is not counted)."""
     enable_tokenization_sanity_check: bool = True
     """Count trajectories whose tokens differ from the chat template applied to the final
     conversation (multi_turn/tokenization_mismatch; a metric, never a failure)."""

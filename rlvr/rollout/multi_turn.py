@@ -8,7 +8,8 @@ advances every live request together, one turn at a time:
    shared-prompt prefill: a group's n requests have the same prompt); the tool-call format's
    closing tags are stop strings, so a turn ends right after a call;
 2. the calls of each turn are parsed (``rlvr.tools.parsers``) and all of the turn's calls, over
-   all requests, run concurrently on one event loop with a per-call timeout;
+   all requests, run concurrently on one event loop with a per-call timeout (a tool may cap
+   its calls at once, ``BaseTool.call_slot``: the timeout starts once the call has a slot);
 3. the results are appended as a token delta rendered by the chat template (earlier tokens are
    never re-tokenised) and the next turn starts.
 
@@ -341,8 +342,9 @@ class MultiTurnRollout:
         kw = req.tools_kwargs.get(call.name, {}).get("execute_kwargs", {})
         start = time.perf_counter()
         try:
-            text, reward, _ = await asyncio.wait_for(tool.execute(req.instance_ids[call.name], params, **kw),
-                                                     self.config.tool_timeout_s)
+            async with tool.call_slot():  # the wait for a slot (a tool's cap on calls at once) is not timed
+                text, reward, _ = await asyncio.wait_for(tool.execute(req.instance_ids[call.name], params, **kw),
+                                                         self.config.tool_timeout_s)
             req.step_rewards.append(float(reward))
             return str(text)
         except asyncio.TimeoutError:

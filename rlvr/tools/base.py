@@ -9,12 +9,20 @@ reward function in ``extra_info["tool_rewards"]``.
 All four methods are coroutines. A tool that blocks (CPU work, a synchronous client) should
 do its work in ``asyncio.to_thread`` so the turn's other calls run concurrently;
 ``@function_tool`` does that for plain functions.
+
+A tool whose calls must not all run at once (the python tool: one process per call) returns
+a ``CallSlots.hold()`` from ``call_slot``: the rollout holds the slot before it starts a call's
+timeout, so time spent waiting for one is not counted against the call.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import contextvars
 import uuid
-from typing import Any
+import weakref
+from typing import Any, AsyncContextManager, AsyncIterator
 
 from rlvr.tools.schema import OpenAIFunctionToolSchema
 
@@ -26,6 +34,41 @@ class ToolError(Exception):
 
 class ToolBusyError(ToolError):
     """A call refused because the tool's earlier calls are still stuck (counted in ``tool_busy``)."""
+
+
+_HELD: contextvars.ContextVar[frozenset] = contextvars.ContextVar("rlvr_tool_slots_held", default=frozenset())
+"""The ``CallSlots`` whose slot the running call holds (a task started inside inherits it)."""
+
+
+class CallSlots:
+    """At most ``limit`` calls of one tool at once; the others wait for a slot.
+
+    ``hold()`` is re-entrant within one call: the rollout takes the slot before it starts the
+    call's timeout, and the tool's ``execute`` takes it again for callers that did not; a call
+    that holds a slot does not wait for a second (which, with every slot held by waiting
+    callers, would never come). The count is per event loop (an asyncio semaphore belongs to
+    one); rlvr runs a rollout's calls on one loop.
+    """
+
+    def __init__(self, limit: int):
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+            raise ValueError(f"a tool's call limit must be an integer >= 1, got {limit!r}")
+        self.limit = limit
+        self._semaphores = weakref.WeakKeyDictionary()  # event loop -> its asyncio.Semaphore
+
+    @contextlib.asynccontextmanager
+    async def hold(self) -> AsyncIterator[None]:
+        held = _HELD.get()
+        if self in held:
+            yield
+            return
+        semaphore = self._semaphores.setdefault(asyncio.get_running_loop(), asyncio.Semaphore(self.limit))
+        async with semaphore:
+            token = _HELD.set(held | {self})
+            try:
+                yield
+            finally:
+                _HELD.reset(token)
 
 
 class ToolResponse(str):
@@ -54,6 +97,11 @@ class BaseTool:
 
     def get_openai_tool_schema(self) -> OpenAIFunctionToolSchema:
         return self.tool_schema
+
+    def call_slot(self) -> AsyncContextManager[None]:
+        """Held around each call by the rollout, outside the call's timeout: a tool that caps
+        its concurrent calls returns its ``CallSlots.hold()``; by default there is no cap."""
+        return contextlib.nullcontext()
 
     async def create(self, instance_id: str | None = None, **create_kwargs) -> str:
         """Start the tool's state for one trajectory; returns the instance id."""

@@ -19,6 +19,10 @@ code:
   that kills the whole process group; a parent-death signal, so nothing outlives the trainer;
 - a scrubbed environment and Python's isolated mode.
 
+At most ``rate_limit`` calls of a tool run at once (by default one per core this process
+may use): the others wait, and their timeout starts once they run, so CPU-heavy calls do not
+time out because of their neighbours.
+
 Where the machine cannot create these namespaces (a container without user namespaces, a
 kernel without seccomp) the tool refuses to start with the reason; there is no unsandboxed
 fallback. Not contained: CPU and memory bandwidth shared with the trainer, and kernel
@@ -37,18 +41,25 @@ import signal
 import subprocess
 import sys
 import tempfile
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, AsyncContextManager
 
 from rlvr.tools import sandbox_launch
-from rlvr.tools.base import BaseTool, ToolError
+from rlvr.tools.base import BaseTool, CallSlots, ToolError
 from rlvr.tools.schema import OpenAIFunctionToolSchema
 
 # The base interpreter, not a virtual environment's link to it: the child needs no packages.
 PYTHON = os.path.realpath(getattr(sys, "_base_executable", sys.executable))
 LAUNCHER = os.path.realpath(sandbox_launch.__file__)
 MOUNT_PREFIX = "rlvr-sandbox-"  # + the trainer's pid: an empty folder the sandbox's root is mounted on
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity, which a container or taskset narrows)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
 REMOVED_KEYS = {"require_network_isolation": "the sandbox always runs in its own namespaces and refuses to start "
                                              "where the machine cannot create them; remove the key"}
 
@@ -71,6 +82,10 @@ class SandboxLimits:
     max_open_files: int = 64
     max_output_chars: int = 2000
     """Characters of stdout (and of stderr on failure) returned to the model."""
+    rate_limit: int = field(default_factory=usable_cores)
+    """Calls of this tool that run at once (verl's SandboxFusionTool key, also a cap on calls at
+    once rather than a rate); the others wait, and their timeout starts once they run. Per
+    tool and trainer process: two trainer processes on one host run up to twice as many."""
 
     @classmethod
     def from_config(cls, config: dict[str, Any], where: str = "python tool config") -> "SandboxLimits":
@@ -81,7 +96,10 @@ class SandboxLimits:
         unknown = set(config) - known - {"type"}
         if unknown:
             raise ValueError(f"{where}: unknown keys {sorted(unknown)} (known: {sorted(known)})")
-        return cls(**{k: v for k, v in config.items() if k in known})
+        limits = cls(**{k: v for k, v in config.items() if k in known})
+        if isinstance(limits.rate_limit, bool) or not isinstance(limits.rate_limit, int) or limits.rate_limit < 1:
+            raise ValueError(f"{where}: rate_limit (calls at once) must be an integer >= 1, got {limits.rate_limit!r}")
+        return limits
 
 
 @dataclass
@@ -186,11 +204,12 @@ def sandbox_error() -> str | None:
 
 
 class PythonTool(BaseTool):
-    """``python(code)``: run a Python program and return what it prints."""
+    """``python(code)``: run a Python program and return what it prints (``rate_limit`` calls at once)."""
 
     def __init__(self, config: dict | None, tool_schema: OpenAIFunctionToolSchema | None):
         super().__init__(config, tool_schema)
         self.limits = SandboxLimits.from_config(self.config, f"tool {self.name!r} config")
+        self.slots = CallSlots(self.limits.rate_limit)
         remove_stale_mount_points()
         why = sandbox_error()
         if why is not None:
@@ -209,8 +228,12 @@ class PythonTool(BaseTool):
                 "code": {"type": "string", "description": "the program; print() the results you need"}},
                 "required": ["code"]}}})
 
+    def call_slot(self) -> AsyncContextManager[None]:
+        return self.slots.hold()
+
     async def execute(self, instance_id: str, parameters: dict[str, Any], **execute_kwargs) -> tuple[str, float, dict]:
-        result = await run_sandboxed(str(parameters.get("code", "")), self.limits)
+        async with self.slots.hold():  # already held when the rollout calls: then it does not wait again
+            result = await run_sandboxed(str(parameters.get("code", "")), self.limits)
         if result.timed_out:
             raise ToolError(f"the program did not finish within {self.limits.timeout_s:g} s and was stopped")
         if result.exit_code != 0:

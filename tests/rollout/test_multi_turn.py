@@ -21,7 +21,7 @@ from rlvr.models import load_model
 from rlvr.rewards import RewardManager
 from rlvr.rollout import MultiTurnRollout, RequestState
 from rlvr.rollout.multi_turn import Request, truncate_text
-from rlvr.tools import BaseTool, CalculatorTool, ToolError, function_tool
+from rlvr.tools import BaseTool, CalculatorTool, CallSlots, ToolError, function_tool
 from rlvr.trainer.metrics import multi_turn_metrics
 from rlvr.workers.forward import forward_log_probs
 from tests.processes import alive_descendants
@@ -214,6 +214,36 @@ def test_calls_of_a_turn_run_concurrently_across_requests(tiny, teacher_forced_e
                                  max_assistant_turns=2)
     rollout.generate_sequences(prompts_for(rollout, chat, n=6))
     assert recorder.peak == 6  # all six calls were in flight at once
+
+
+class OneAtATime(Recorder):
+    """A Recorder that runs one call at once; its execute takes the slot too, as the python tool's does."""
+
+    def __init__(self, sleep):
+        super().__init__(sleep=sleep)
+        self.slots = CallSlots(1)
+
+    def call_slot(self):
+        return self.slots.hold()
+
+    async def execute(self, instance_id, parameters, **kw):
+        async with self.slots.hold():
+            return await super().execute(instance_id, parameters, **kw)
+
+
+def test_the_wait_for_a_tools_slot_is_not_counted_in_the_call_timeout(tiny, teacher_forced_engine):
+    """Six calls of a tool that runs one at once, 0.25 s each, under tool_timeout_s = 1: the
+    sixth waits 1.25 s for its slot. The timeout starts at the slot, so none times out; and the
+    tool's own execute finds the slot already held by the rollout's call (a second slot, with
+    the only one held by the rollout, would never come)."""
+    tool = OneAtATime(sleep=0.25)
+    script = lambda ctx: "<echo>1</echo>" if "<|im_start|>tool" not in ctx else None  # noqa: E731
+    rollout, chat = make_rollout(tiny, teacher_forced_engine, script, tools={"echo": tool}, max_len=24,
+                                 max_assistant_turns=2, tool_timeout_s=1.0)
+    out = rollout.generate_sequences(prompts_for(rollout, chat, n=6))
+    assert tool.peak == 1
+    assert [c.get("tool_timeouts", 0) for c in out.non_tensor_batch["multi_turn_metrics"]] == [0] * 6
+    assert [m[1]["content"] for m in out.non_tensor_batch["messages"]] == ["echo 1"] * 6
 
 
 def test_calls_beyond_max_parallel_calls_are_dropped(tiny, teacher_forced_engine):

@@ -6,6 +6,7 @@ kernel gives for each route. (The tool-error path into the rollout is tested in 
 
 import asyncio
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -14,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from rlvr.tools import ToolError
+from rlvr.tools import ToolError, load_tools
 from rlvr.tools import python as sandbox
 from rlvr.tools.python import PythonTool, SandboxLimits, run_sandboxed
 from tests.processes import alive, alive_descendants, descendants
@@ -289,6 +290,103 @@ def test_unknown_and_removed_limit_keys_are_refused():
         PythonTool({"memory": 1}, None)
     with pytest.raises(ValueError, match="require_network_isolation` is no longer a setting"):
         PythonTool({"require_network_isolation": False}, None)
+
+
+# Calls at once. Each program below waits for the test's SIGUSR1 before it goes on, so the test
+# decides which sandboxes run together; it finds the waiting ones from the host (a sandbox's
+# PID 1 that catches SIGUSR1).
+WAIT_FOR_GO = """import os, signal, threading, time
+go = []
+signal.signal(signal.SIGUSR1, lambda *_: go.append(1))
+while not go:
+    time.sleep(0.01)
+"""
+
+
+def _sandboxes_waiting(earlier: set[int]) -> list[int]:
+    """The code of this process's sandboxes (PID 1 in a namespace of its own) that catches SIGUSR1."""
+    waiting = []
+    for pid in alive_descendants(os.getpid()):
+        try:
+            status = Path(f"/proc/{pid}/status").read_text()
+        except OSError:
+            continue
+        caught = int(re.search(r"SigCgt:\t(\w+)", status)[1], 16)
+        if pid not in earlier and re.search(r"NSpid:\t\d+\t1\n", status) and caught & (1 << signal.SIGUSR1 - 1):
+            waiting.append(pid)
+    return waiting
+
+
+def _launchers_running() -> int:
+    """The sandboxes this process runs now: its children that run the launcher (the launcher's
+    own child has its command line too until it execs the code)."""
+    count = 0
+    for pid in alive_descendants(os.getpid()):
+        try:
+            ppid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+            args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        count += ppid == os.getpid() and sandbox.LAUNCHER.encode() in args
+    return count
+
+
+def _send_go(pids: list[int]) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGUSR1)
+        except ProcessLookupError:  # its call ended meanwhile (a timeout): the results say so
+            pass
+
+
+def _text(result) -> str:
+    """A call's output, or the message of its error."""
+    return str(result) if isinstance(result, Exception) else result[0]
+
+
+async def _until_waiting(count: int, earlier: set[int], calls: list[asyncio.Future]) -> list[int]:
+    """The sandboxes waiting for their go once ``count`` of them are (fewer once every call ended)."""
+    deadline = time.monotonic() + 60
+    while len(waiting := _sandboxes_waiting(earlier)) < count and not all(c.done() for c in calls):
+        assert time.monotonic() < deadline, f"{len(waiting)} of {count} sandboxes waiting after 60 s"
+        await asyncio.sleep(0.02)
+    return waiting
+
+
+def test_no_more_than_rate_limit_calls_run_at_once_and_waiting_is_not_timed():
+    """rate_limit 2: six calls are started together, and the test holds each pair 1.1 s before
+    it sends them their go: the last pair gets its slots after 2.2 s or more of waiting and
+    ends after 3.3 s or more, past timeout_s = 3, yet succeeds (a call's own run is its
+    start-up and 1.1 s): the timeout starts once a call has its slot. The sandboxes running
+    are counted from the host when each pair is waiting and again before its go."""
+    tool = PythonTool({"timeout_s": 3, "rate_limit": 2}, None)
+    earlier = set(alive_descendants(os.getpid()))
+
+    async def six_calls():
+        calls = [asyncio.ensure_future(tool.execute("i", {"code": WAIT_FOR_GO + "print('done')"}))
+                 for _ in range(6)]
+        running, sent = [], set()
+        while waiting := await _until_waiting(2, earlier | sent, calls):
+            running.append(_launchers_running())
+            await asyncio.sleep(1.1)
+            running.append(_launchers_running())
+            _send_go(waiting)
+            sent.update(waiting)
+        return running, await asyncio.gather(*calls, return_exceptions=True)
+
+    running, results = asyncio.run(six_calls())
+    assert [_text(r) for r in results] == ["done\n"] * 6
+    assert running == [2] * 6  # without the cap all six run from the start
+
+
+def test_rate_limit_is_read_from_the_tools_yaml_and_defaults_to_the_cores(tmp_path):
+    yaml_file = tmp_path / "tools.yaml"
+    yaml_file.write_text("tools:\n  - class_name: python\n    config: {type: native, rate_limit: 3}\n")
+    assert load_tools(yaml_file)["python"].slots.limit == 3
+    assert PythonTool({}, None).slots.limit == len(os.sched_getaffinity(0))
+    for bad in (0, 2.5, "4", True):
+        with pytest.raises(ValueError, match=f"rate_limit .calls at once. must be an integer >= 1, got {bad!r}"):
+            PythonTool({"rate_limit": bad}, None)
 
 
 def _start_trainer_mid_call():
