@@ -9,9 +9,9 @@ code:
   training data, the venv, ``/etc`` and every other host path are not there at all;
 - its own PID namespace and ``/proc`` (it sees no host process), network namespace (no
   interface up), IPC and UTS namespaces;
-- uid 65534 with no capability and no-new-privileges: when rlvr runs as root the sandbox
-  switches to uid 65534 on the host as well; otherwise it is the trainer's own uid outside
-  a user namespace;
+- a uid of its own, no capability and no-new-privileges: when rlvr runs as root the code
+  runs as a host uid from ``SANDBOX_UIDS`` that no other running call holds (gid 65534);
+  otherwise it is uid 65534 inside a user namespace of its own, the trainer's uid outside;
 - a seccomp filter: no fork, exec, ptrace, mount, unshare, setns, pivot_root, bpf, keyring,
   perf, io_uring or module calls (threads are allowed);
 - resource limits: CPU seconds, address space, processes/threads, file size (stdout and
@@ -19,9 +19,17 @@ code:
   that kills the whole process group; a parent-death signal, so nothing outlives the trainer;
 - a scrubbed environment and Python's isolated mode.
 
-At most ``rate_limit`` calls of a tool run at once (by default one per core this process
-may use): the others wait, and their timeout starts once they run, so CPU-heavy calls do not
-time out because of their neighbours.
+Calls at once: ``RLIMIT_NPROC`` counts the tasks of a uid (per user namespace since Linux
+5.14), so sandboxes that shared one host uid refused each other's threads, and whether a
+program passed depended on how many other rows called the tool in that turn. As root each
+running call therefore gets a uid of its own (``sandbox_uid``). A trainer that is not root
+cannot switch uids; there each call's user namespace gives it a count of its own on Linux
+5.14 and later (on older kernels the calls, and the trainer's own processes, still share one
+count, as before). A pids cgroup per call would do what the uids do, but needs a writable
+cgroup hierarchy (v1 and v2 differ; containers often mount it read-only). At most
+``rate_limit`` calls of a tool run at once (by default one per core this process may use):
+the others wait, and their timeout starts once they run, so CPU-heavy calls do not time out
+because of their neighbours.
 
 Where the machine cannot create these namespaces (a container without user namespaces, a
 kernel without seccomp) the tool refuses to start with the reason; there is no unsandboxed
@@ -33,17 +41,20 @@ on a remote sandbox service behind your own BaseTool.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import fcntl
 import json
 import os
 import platform
+import re
 import shutil
 import signal
-import subprocess
+import stat
 import sys
 import tempfile
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, AsyncContextManager
+from typing import Any, AsyncContextManager, Iterator
 
 from rlvr.tools import sandbox_launch
 from rlvr.tools.base import BaseTool, CallSlots, ToolError
@@ -53,6 +64,12 @@ from rlvr.tools.schema import OpenAIFunctionToolSchema
 PYTHON = os.path.realpath(getattr(sys, "_base_executable", sys.executable))
 LAUNCHER = os.path.realpath(sandbox_launch.__file__)
 MOUNT_PREFIX = "rlvr-sandbox-"  # + the trainer's pid: an empty folder the sandbox's root is mounted on
+SANDBOX_UIDS = range(2_000_000_000, 2_000_000_000 + 65536)
+"""Host uids the code runs as when rlvr runs as root, one per running call: away from the
+blocks handed out by default (accounts: up to 60000; /etc/subuid: 100000 to 600165535;
+systemd-nspawn: 524288 to 1879048191). A uid that still has a process (the code of a call
+that just ended, dying; a stranger) is counted into the new call's limit."""
+UID_LOCKS = Path(tempfile.gettempdir()) / "rlvr-uid-locks"  # one lock file per uid ever taken
 
 
 def usable_cores() -> int:
@@ -111,6 +128,7 @@ class SandboxResult:
 
 
 def _process_count(uid: int) -> int:
+    """Processes on the host whose owner is ``uid`` (what ``RLIMIT_NPROC`` already counts for it)."""
     count = 0
     for entry in os.listdir("/proc"):
         try:
@@ -124,16 +142,63 @@ def _runs_as_root() -> bool:
     return os.geteuid() == 0
 
 
-def _launch_spec(limits: SandboxLimits, mount_point: Path) -> str:
+def _nproc_counts_per_user_namespace() -> bool:
+    """Whether the kernel counts ``RLIMIT_NPROC`` per user namespace (Linux 5.14's ucounts)."""
+    found = re.match(r"(\d+)\.(\d+)", platform.release())
+    return found is not None and (int(found[1]), int(found[2])) >= (5, 14)
+
+
+def _uid_lock_dir() -> Path:
+    UID_LOCKS.mkdir(mode=0o700, exist_ok=True)
+    st = UID_LOCKS.lstat()
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022:
+        raise ToolError(f"{UID_LOCKS} must be a folder of uid {os.geteuid()} that no one else can write (it holds "
+                        "the sandboxes' uid locks); remove it and it is made again")
+    return UID_LOCKS
+
+
+@contextlib.contextmanager
+def sandbox_uid() -> Iterator[int]:
+    """The first uid of ``SANDBOX_UIDS`` that no running sandbox holds, held until the block
+    ends. The hold is an flock on the uid's lock file, so it is seen by every trainer process
+    on the host and released by the kernel when a trainer dies."""
+    lock_dir = _uid_lock_dir()
+    for uid in SANDBOX_UIDS:
+        fd = os.open(lock_dir / str(uid), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            continue
+        try:
+            yield uid
+        finally:
+            os.close(fd)
+        return
+    raise ToolError(f"all {len(SANDBOX_UIDS)} sandbox uids are held by running calls")
+
+
+def _code_uid() -> contextlib.AbstractContextManager[int]:
+    """The uid the code runs as: its own host uid when rlvr is root, else 65534 in its user namespace."""
+    return sandbox_uid() if _runs_as_root() else contextlib.nullcontext(sandbox_launch.SANDBOX_ID)
+
+
+def _launch_spec(limits: SandboxLimits, mount_point: Path, uid: int) -> str:
+    """``uid``: the code's uid (on the host when root; else inside its user namespace)."""
     as_root = _runs_as_root()
-    uid = sandbox_launch.SANDBOX_ID if as_root else os.getuid()  # whose processes RLIMIT_NPROC counts
+    if as_root:  # the uid is this call's alone; a process of it still dying is counted in
+        nproc = _process_count(uid) + limits.max_processes
+    elif _nproc_counts_per_user_namespace():  # the namespace holds the launcher and the code
+        nproc = 1 + limits.max_processes
+    else:  # one count for the trainer's uid: its processes and every sandbox's
+        nproc = _process_count(os.getuid()) + limits.max_processes
     prefix = os.path.realpath(sys.base_prefix)
     return json.dumps({
-        "parent": os.getpid(), "as_root": as_root, "root": str(mount_point), "python": PYTHON,
+        "parent": os.getpid(), "as_root": as_root, "uid": uid, "root": str(mount_point), "python": PYTHON,
         "binds": sorted({prefix, os.path.dirname(PYTHON)}),
         "env": {"PATH": "/usr/bin:/bin", "HOME": sandbox_launch.WORKDIR, "TMPDIR": sandbox_launch.WORKDIR,
                 "LANG": "C.UTF-8"},
-        "nproc": _process_count(uid) + limits.max_processes, "cpu_time_s": limits.cpu_time_s,
+        "nproc": nproc, "cpu_time_s": limits.cpu_time_s,
         "memory_mb": limits.memory_mb, "max_file_mb": limits.max_file_mb, "max_open_files": limits.max_open_files,
         "disk_mb": limits.disk_mb, "max_files": limits.max_files})
 
@@ -164,11 +229,12 @@ async def run_sandboxed(code: str, limits: SandboxLimits) -> SandboxResult:
     mount_point = Path(tempfile.mkdtemp(prefix=f"{MOUNT_PREFIX}{os.getpid()}-"))
     mount_point.chmod(0o755)
     try:
-        with tempfile.TemporaryFile() as source, tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        with (_code_uid() as uid, tempfile.TemporaryFile() as source, tempfile.TemporaryFile() as out,
+              tempfile.TemporaryFile() as err):
             source.write(code.encode("utf-8", "backslashreplace"))
             source.seek(0)
             proc = await asyncio.create_subprocess_exec(
-                PYTHON, "-I", "-S", LAUNCHER, "launch", _launch_spec(limits, mount_point),
+                PYTHON, "-I", "-S", LAUNCHER, "launch", _launch_spec(limits, mount_point, uid),
                 cwd="/", env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}, stdin=source, stdout=out, stderr=err,
                 start_new_session=True)
             timed_out = False

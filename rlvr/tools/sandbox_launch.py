@@ -11,9 +11,10 @@ Stage 1 (``launch``), started by the trainer's user:
   own ``/proc``, and ``/sandbox``, a size-limited tmpfs that is the only writable place;
   pivots into it and detaches the old root, so nothing else of the host is visible
   (home folders, the training data, the venv, other processes);
-- drops every capability (bounding set included), switches to uid/gid 65534 when it started
-  as root (so the code is unprivileged inside and outside), sets no-new-privileges and the
-  resource limits, and execs stage 2.
+- drops every capability (bounding set included), switches to the spec's uid (one no other
+  running sandbox holds, so ``RLIMIT_NPROC`` counts this sandbox's tasks alone) and gid 65534
+  when it started as root (so the code is unprivileged inside and outside), sets
+  no-new-privileges and the resource limits, and execs stage 2.
 
 Stage 2 (``run``) installs a seccomp filter (no new processes, no exec, no ptrace, no
 mount/unshare/setns/pivot_root, no kernel keyring, bpf, perf or module calls) and runs
@@ -31,7 +32,7 @@ import struct
 import sys
 import traceback
 
-SANDBOX_ID = 65534  # nobody
+SANDBOX_ID = 65534  # nobody: the gid, and the uid inside a user namespace
 WORKDIR = "/sandbox"
 LIB_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib64", "/lib32", "/libx32")
 ETC_FILES = ("/etc/ld.so.cache", "/etc/localtime")
@@ -112,11 +113,11 @@ def build_root(root, spec):
     mount("proc", root + "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
     os.makedirs(root + WORKDIR)
     mount("tmpfs", root + WORKDIR, "tmpfs", MS_NOSUID | MS_NODEV,
-          f"size={spec['disk_mb']}m,nr_inodes={spec['max_files']},mode=0700,uid={SANDBOX_ID},gid={SANDBOX_ID}")
+          f"size={spec['disk_mb']}m,nr_inodes={spec['max_files']},mode=0700,uid={spec['uid']},gid={SANDBOX_ID}")
     os.symlink(WORKDIR, root + "/tmp")
     with open(f"{root}{WORKDIR}/main.py", "wb") as f:
         f.write(spec["code"].encode("utf-8", "backslashreplace"))
-    os.chown(f"{root}{WORKDIR}/main.py", SANDBOX_ID, SANDBOX_ID)
+    os.chown(f"{root}{WORKDIR}/main.py", spec["uid"], SANDBOX_ID)
     mount(None, root, None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV)
     os.chdir(root)
     check(libc.syscall(SYSCALLS[platform.machine()][1]["pivot_root"], b".", b"."), "pivot_root")
@@ -133,7 +134,7 @@ def drop_privileges(spec):
     if spec["as_root"]:
         os.setgroups([])
         os.setresgid(SANDBOX_ID, SANDBOX_ID, SANDBOX_ID)
-        os.setresuid(SANDBOX_ID, SANDBOX_ID, SANDBOX_ID)
+        os.setresuid(spec["uid"], spec["uid"], spec["uid"])
         # A change of uid clears the parent-death signal: set it again, or the code would outlive
         # a launcher killed before it could kill its group.
         check(libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "parent-death signal")
@@ -147,14 +148,14 @@ def drop_privileges(spec):
         resource.setrlimit(res, (value, value))
 
 
-def enter_namespaces(as_root):
+def enter_namespaces(spec):
     flags = CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS
-    if as_root:  # real root sets the mounts up, then becomes uid 65534 on the host
+    if spec["as_root"]:  # real root sets the mounts up, then becomes the spec's uid on the host
         check(libc.unshare(flags), "unshare")
         return
     uid, gid = os.getuid(), os.getgid()
     check(libc.unshare(flags | CLONE_NEWUSER), "unshare (user namespaces)")
-    for name, text in (("setgroups", "deny"), ("uid_map", f"{SANDBOX_ID} {uid} 1"),
+    for name, text in (("setgroups", "deny"), ("uid_map", f"{spec['uid']} {uid} 1"),
                        ("gid_map", f"{SANDBOX_ID} {gid} 1")):
         with open(f"/proc/self/{name}", "w") as f:
             f.write(text)
@@ -165,7 +166,7 @@ def launch(spec):
     if os.getppid() != spec["parent"]:
         sys.exit("sandbox: the trainer exited before the sandbox started")
     spec["code"] = sys.stdin.buffer.read().decode("utf-8", "backslashreplace")
-    enter_namespaces(spec["as_root"])
+    enter_namespaces(spec)
     pid = os.fork()
     if pid == 0:  # PID 1 of the new namespace
         try:

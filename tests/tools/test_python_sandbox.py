@@ -17,7 +17,7 @@ import pytest
 
 from rlvr.tools import ToolError, load_tools
 from rlvr.tools import python as sandbox
-from rlvr.tools.python import PythonTool, SandboxLimits, run_sandboxed
+from rlvr.tools.python import SANDBOX_UIDS, PythonTool, SandboxLimits, run_sandboxed
 from tests.processes import alive, alive_descendants, descendants
 
 pytestmark = pytest.mark.skipif(sandbox.sandbox_error() is not None,
@@ -185,8 +185,11 @@ attempt("system", lambda: -1 if os.system("echo escaped") != 0 else 0)
 attempt("chroot", lambda: os.chroot("/sandbox"))
 attempt("kill the trainer", lambda: os.kill(TRAINER, 9))
 '''.replace("TRAINER", str(os.getpid()))  # a host pid: not in the sandbox's PID namespace
-    assert routes(tool, body) == [
-        "ids 65534 65534 65534", "caps 0000000000000000 0000000000000000 nnp 1 seccomp 2",
+    lines = routes(tool, body)
+    uid, euid, gid = map(int, lines[0].split()[1:])
+    assert uid == euid and (uid in SANDBOX_UIDS if os.geteuid() == 0 else uid == 65534) and gid == 65534
+    assert lines[1:] == [
+        "caps 0000000000000000 0000000000000000 nnp 1 seccomp 2",
         "setuid 0: EPERM", "unshare user: EPERM", "ptrace: EPERM", "execv: EPERM", "fork: EPERM",
         "system: EPERM", "chroot: EPERM", "kill the trainer: ESRCH"]
 
@@ -215,8 +218,8 @@ def _uid(pid: int) -> int:
 
 
 def test_outside_the_namespace_the_code_is_unprivileged_too():
-    """Seen from the host, the running code's uid is 65534 when rlvr runs as root (the trainer's
-    own uid otherwise): not root, so file permissions and RLIMIT_NPROC apply to it."""
+    """Seen from the host, the running code's uid is one of SANDBOX_UIDS when rlvr runs as root
+    (the trainer's own uid otherwise): not root, so file permissions and RLIMIT_NPROC apply to it."""
     earlier = set(descendants(os.getpid()))  # e.g. a pool an earlier test left running
 
     async def watch():
@@ -235,8 +238,8 @@ def test_outside_the_namespace_the_code_is_unprivileged_too():
         return pids, uids
 
     pids, uids = asyncio.run(watch())
-    expected = 65534 if os.geteuid() == 0 else os.getuid()
-    assert len(pids) == 2 and expected in uids and (os.geteuid() != 0 or 0 in uids)  # the launcher, then the code
+    expected = SANDBOX_UIDS if os.geteuid() == 0 else [os.getuid()]
+    assert len(pids) == 2 and any(u in expected for u in uids) and (os.geteuid() != 0 or 0 in uids)  # launcher, code
     # cancelled: the group was killed. The code, PID 1's child in its PID namespace, is killed by the kernel
     # when PID 1 dies, which on a loaded machine may come a moment after the launcher is reaped: allow 2 s
     # (the code itself sleeps 60 s, so only the kill can end it)
@@ -351,6 +354,39 @@ async def _until_waiting(count: int, earlier: set[int], calls: list[asyncio.Futu
         assert time.monotonic() < deadline, f"{len(waiting)} of {count} sandboxes waiting after 60 s"
         await asyncio.sleep(0.02)
     return waiting
+
+
+def test_calls_at_once_each_have_their_own_thread_limit():
+    """The issue's report: with 24 calls at once, each starting one thread, 10 to 12 were refused
+    ("can't start new thread"), none alone: every sandbox ran as uid 65534 and RLIMIT_NPROC
+    counts a uid's tasks over all of them. Here the 24 start their thread only once all 24 run
+    (rate_limit lets them); as root each runs as a uid of its own. The limit still holds per sandbox:
+    a call beside them that starts threads until refused gets max_processes - 1 of them."""
+    tool = PythonTool({"timeout_s": 60, "max_processes": 4, "rate_limit": 25}, None)
+    one_thread = WAIT_FOR_GO + "t = threading.Thread(target=print, args=(os.getuid(),))\nt.start()\nt.join()"
+    threads_until_refused = WAIT_FOR_GO + """stop, started = threading.Event(), 0
+try:
+    while started < 10:
+        threading.Thread(target=stop.wait).start()
+        started += 1
+except RuntimeError as err:
+    print(started, err)
+stop.set()
+"""
+    earlier = set(alive_descendants(os.getpid()))
+
+    async def calls_at_once():
+        calls = [asyncio.ensure_future(tool.execute("i", {"code": code}))
+                 for code in [one_thread] * 24 + [threads_until_refused]]
+        _send_go(await _until_waiting(25, earlier, calls))
+        return await asyncio.gather(*calls, return_exceptions=True)
+
+    *ones, many = asyncio.run(calls_at_once())
+    assert [_text(r).splitlines()[-1] for r in ones if isinstance(r, Exception)] == []
+    uids = [int(_text(r)) for r in ones]
+    if os.geteuid() == 0:
+        assert len(set(uids)) == 24 and all(u in SANDBOX_UIDS for u in uids)  # a host uid of its own each
+    assert _text(many) == "3 can't start new thread\n"  # max_processes 4: the main thread and 3 more
 
 
 def test_no_more_than_rate_limit_calls_run_at_once_and_waiting_is_not_timed():
