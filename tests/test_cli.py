@@ -1,3 +1,6 @@
+import os
+import shutil
+
 import pytest
 
 from rlvr.cli import main
@@ -46,3 +49,26 @@ def test_algos_list(capsys):
     assert main(["algos", "list"]) == 0
     out = capsys.readouterr().out
     assert "grpo " in out and "Dr.GRPO" in out and "vanilla" in out and "gspo" in out and "low_var_kl" in out
+
+
+@pytest.mark.parametrize("damage", ["config.json", "model.safetensors"])
+def test_a_damaged_model_folder_is_named_by_eval_and_plan(tmp_path, tiny_model_dir, capsys, damage):
+    """A model folder whose config.json is cut mid-object, or whose weights are truncated (an
+    interrupted download): one message naming the file, not a transformers or safetensors
+    traceback; the plan, which reads no weights, checks their headers too."""
+    folder = tmp_path / "model"
+    shutil.copytree(tiny_model_dir, folder)
+    file = folder / damage
+    if damage == "config.json":
+        file.write_text('{"model_type": "llama", ')
+        problem = f"{file} is not valid JSON"
+    else:
+        size = file.stat().st_size
+        os.truncate(file, size // 2)
+        problem = f"{file} is truncated: {size // 2} bytes where its header describes {size}"
+    for argv in (["eval", "--model", str(folder), "--data", str(tmp_path / "never_read.parquet")],
+                 ["plan", "--device-memory-gb", "8", f"actor_rollout_ref.model.path={folder}"]):
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert f"rlvr {argv[0]}: error: {problem}" in err, err
+        assert "download or copy the model again" in err and "Traceback" not in err
