@@ -51,6 +51,19 @@ def test_algos_list(capsys):
     assert "grpo " in out and "Dr.GRPO" in out and "vanilla" in out and "gspo" in out and "low_var_kl" in out
 
 
+def test_a_tools_yaml_error_is_one_message(tmp_path, tiny_model_dir, capsys):
+    """A tools YAML with a type error: its message (file, tool, key) used to arrive inside a
+    traceback, as the command line did not catch ToolConfigError; now it is a config error."""
+    tools = tmp_path / "tools.yaml"
+    tools.write_text("tools:\n  - class_name: calculator\n    config: [1, 2]\n")
+    code = main(["train", "--config", "calculator", f"actor_rollout_ref.model.path={tiny_model_dir}",
+                 f"actor_rollout_ref.rollout.multi_turn.tool_config_path={tools}",
+                 f"trainer.default_local_dir={tmp_path / 'run'}"])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert f"rlvr train: error: {tools}: tools[0].config: must be a mapping" in err and "Traceback" not in err
+
+
 @pytest.mark.parametrize("damage", ["config.json", "model.safetensors"])
 def test_a_damaged_model_folder_is_named_by_eval_and_plan(tmp_path, tiny_model_dir, capsys, damage):
     """A model folder whose config.json is cut mid-object, or whose weights are truncated (an
