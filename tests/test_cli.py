@@ -85,3 +85,17 @@ def test_a_damaged_model_folder_is_named_by_eval_and_plan(tmp_path, tiny_model_d
         err = capsys.readouterr().err
         assert f"rlvr {argv[0]}: error: {problem}" in err, err
         assert "download or copy the model again" in err and "Traceback" not in err
+
+
+def test_a_run_directory_that_is_a_file_is_refused_at_load(tmp_path, capsys):
+    """trainer.default_local_dir naming a file used to fail with FileExistsError once the model had
+    loaded; now the config is refused, naming the file once (not again for rollouts/ under it)."""
+    file = tmp_path / "notes.txt"
+    file.write_text("")
+    assert main(["config", "show", f"trainer.default_local_dir={file}"]) == 2
+    err = capsys.readouterr().err
+    assert (f"trainer.default_local_dir = '{file}' is a file, not a folder; point it at a new or existing folder, "
+            f"or move {file} away") in err
+    assert "rollout_data_dir" not in err and "Traceback" not in err
+    assert main(["config", "show", f"trainer.default_local_dir={file / 'run'}"]) == 2
+    assert f"is under {file}, which is a file" in capsys.readouterr().err
