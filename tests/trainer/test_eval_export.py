@@ -36,6 +36,22 @@ def test_eval_prints_accuracy_and_pass_at_n(tiny_model_dir, tiny_data, capsys):
     assert "arithmetic/reward/best@2" in out and "pass@2" in out
 
 
+@pytest.mark.parametrize("option,value,message", [
+    ("--temperature", "-1", "argument --temperature: must be a number > 0"),  # was: ran, and reported 0.0
+    ("--temperature", "0", "argument --temperature: must be a number > 0"),  # pass@n of n greedy copies
+    ("--n", "0", "argument --n: must be >= 1, got 0"),  # was: accepted
+    ("--batch-size", "0", "argument --batch-size: must be >= 1, got 0"),
+    ("--max-response-length", "-4", "argument --max-response-length: must be >= 1, got -4"),
+])
+def test_eval_refuses_nonsense_options_by_name(tmp_path, capsys, option, value, message):
+    with pytest.raises(SystemExit) as exit:  # refused as argparse refuses: before any model loads
+        main(["eval", "--model", str(tmp_path / "never_loaded"), "--data", str(tmp_path / "never_read.parquet"),
+              option, value])
+    assert exit.value.code == 2
+    err = capsys.readouterr().err
+    assert f"rlvr eval: error: {message}" in err and "Traceback" not in err
+
+
 @pytest.mark.slow
 def test_eval_builtin_model(tiny_data, tmp_path, capsys):
     from rlvr.data.prepare import prepare_arithmetic
