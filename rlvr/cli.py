@@ -95,10 +95,11 @@ def _cmd_eval(args: argparse.Namespace) -> None:
     rewards = RewardManager(tokenizer, RewardConfig())
     start = time.perf_counter()
     metrics = evaluate(rollout.generate_sequences, rewards, dataset, tokenizer, 1, {"do_sample": False},
-                       args.batch_size)
+                       args.batch_size, progress="greedy")
     if args.n > 1:
         metrics.update(evaluate(rollout.generate_sequences, rewards, dataset, tokenizer, args.n,
-                                {"do_sample": True, "temperature": args.temperature}, args.batch_size, seed=args.seed))
+                                {"do_sample": True, "temperature": args.temperature}, args.batch_size, seed=args.seed,
+                                progress=f"{args.n} samples at T={args.temperature}"))
     print(f"{args.model} on {args.data} ({len(dataset)} prompts, {time.perf_counter() - start:.0f} s):")
     for key, value in metrics.items():
         if not key.startswith("val-core/"):  # std and smaller bootstrap sizes stay in the run's metrics
@@ -242,7 +243,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-response-length", type=_at_least(1), default=256)
     p.add_argument("--max-prompt-length", type=_at_least(1), default=1024)
     p.add_argument("--batch-size", type=_at_least(1), default=None,
-                   help="prompts per generation batch (default: all)")
+                   help="prompts per generation batch (default: all; the progress bar moves once per batch)")
     p.add_argument("--limit", type=_at_least(0), default=0, help="only the first N prompts (0: all)")
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=_cmd_eval)
