@@ -8,6 +8,7 @@ are printed as one clear message, without a traceback, and exit with status 2.
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import time
 from pathlib import Path
@@ -94,10 +95,11 @@ def _cmd_eval(args: argparse.Namespace) -> None:
     rewards = RewardManager(tokenizer, RewardConfig())
     start = time.perf_counter()
     metrics = evaluate(rollout.generate_sequences, rewards, dataset, tokenizer, 1, {"do_sample": False},
-                       args.batch_size)
+                       args.batch_size, progress="greedy")
     if args.n > 1:
         metrics.update(evaluate(rollout.generate_sequences, rewards, dataset, tokenizer, args.n,
-                                {"do_sample": True, "temperature": args.temperature}, args.batch_size, seed=args.seed))
+                                {"do_sample": True, "temperature": args.temperature}, args.batch_size, seed=args.seed,
+                                progress=f"{args.n} samples at T={args.temperature}"))
     print(f"{args.model} on {args.data} ({len(dataset)} prompts, {time.perf_counter() - start:.0f} s):")
     for key, value in metrics.items():
         if not key.startswith("val-core/"):  # std and smaller bootstrap sizes stay in the run's metrics
@@ -236,12 +238,13 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("eval", help="greedy accuracy and pass@n of a local model on a prepared split")
     p.add_argument("--model", required=True, help="HF folder, .gguf file, builtin, or an exported checkpoint")
     p.add_argument("--data", required=True, help="a parquet/JSONL split, e.g. ~/data/arithmetic/test.parquet")
-    p.add_argument("--n", type=int, default=1, help="samples per prompt for pass@n (1: greedy only)")
-    p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature for pass@n")
-    p.add_argument("--max-response-length", type=int, default=256)
-    p.add_argument("--max-prompt-length", type=int, default=1024)
-    p.add_argument("--batch-size", type=int, default=None, help="prompts per generation batch (default: all)")
-    p.add_argument("--limit", type=int, default=0, help="only the first N prompts")
+    p.add_argument("--n", type=_at_least(1), default=1, help="samples per prompt for pass@n (1: greedy only)")
+    p.add_argument("--temperature", type=_positive_float, default=1.0, help="sampling temperature for pass@n (> 0)")
+    p.add_argument("--max-response-length", type=_at_least(1), default=256)
+    p.add_argument("--max-prompt-length", type=_at_least(1), default=1024)
+    p.add_argument("--batch-size", type=_at_least(1), default=None,
+                   help="prompts per generation batch (default: all; the progress bar moves once per batch)")
+    p.add_argument("--limit", type=_at_least(0), default=0, help="only the first N prompts (0: all)")
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=_cmd_eval)
 
@@ -288,6 +291,31 @@ def build_parser() -> argparse.ArgumentParser:
     _add_config_args(p)
     p.set_defaults(func=_cmd_rollout)
     return parser
+
+
+def _at_least(low: int):
+    """An argparse type: an integer >= ``low``; anything else is refused naming the option."""
+    def parse(text: str) -> int:
+        value = int(text)
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be >= {low}, got {value}")
+        return value
+
+    parse.__name__ = "int"  # argparse's message for a non-number: "invalid int value"
+    return parse
+
+
+def _positive_float(text: str) -> float:
+    """An argparse type: a finite float > 0 (a sampling temperature: 0 is greedy, below 0 inverts the
+    distribution)."""
+    value = float(text)
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"must be a number > 0 (pass@n samples at this temperature; greedy accuracy "
+                                         f"needs none), got {text}")
+    return value
+
+
+_positive_float.__name__ = "float"
 
 
 def _add_config_args(p: argparse.ArgumentParser) -> None:

@@ -1,3 +1,6 @@
+import os
+import shutil
+
 import pytest
 
 from rlvr.cli import main
@@ -46,3 +49,53 @@ def test_algos_list(capsys):
     assert main(["algos", "list"]) == 0
     out = capsys.readouterr().out
     assert "grpo " in out and "Dr.GRPO" in out and "vanilla" in out and "gspo" in out and "low_var_kl" in out
+
+
+def test_a_tools_yaml_error_is_one_message(tmp_path, tiny_model_dir, capsys):
+    """A tools YAML with a type error: its message (file, tool, key) used to arrive inside a
+    traceback, as the command line did not catch ToolConfigError; now it is a config error."""
+    tools = tmp_path / "tools.yaml"
+    tools.write_text("tools:\n  - class_name: calculator\n    config: [1, 2]\n")
+    code = main(["train", "--config", "calculator", f"actor_rollout_ref.model.path={tiny_model_dir}",
+                 f"actor_rollout_ref.rollout.multi_turn.tool_config_path={tools}",
+                 f"trainer.default_local_dir={tmp_path / 'run'}"])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert f"rlvr train: error: {tools}: tools[0].config: must be a mapping" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("damage", ["config.json", "model.safetensors"])
+def test_a_damaged_model_folder_is_named_by_eval_and_plan(tmp_path, tiny_model_dir, capsys, damage):
+    """A model folder whose config.json is cut mid-object, or whose weights are truncated (an
+    interrupted download): one message naming the file, not a transformers or safetensors
+    traceback; the plan, which reads no weights, checks their headers too."""
+    folder = tmp_path / "model"
+    shutil.copytree(tiny_model_dir, folder)
+    file = folder / damage
+    if damage == "config.json":
+        file.write_text('{"model_type": "llama", ')
+        problem = f"{file} is not valid JSON"
+    else:
+        size = file.stat().st_size
+        os.truncate(file, size // 2)
+        problem = f"{file} is truncated: {size // 2} bytes where its header describes {size}"
+    for argv in (["eval", "--model", str(folder), "--data", str(tmp_path / "never_read.parquet")],
+                 ["plan", "--device-memory-gb", "8", f"actor_rollout_ref.model.path={folder}"]):
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert f"rlvr {argv[0]}: error: {problem}" in err, err
+        assert "download or copy the model again" in err and "Traceback" not in err
+
+
+def test_a_run_directory_that_is_a_file_is_refused_at_load(tmp_path, capsys):
+    """trainer.default_local_dir naming a file used to fail with FileExistsError once the model had
+    loaded; now the config is refused, naming the file once (not again for rollouts/ under it)."""
+    file = tmp_path / "notes.txt"
+    file.write_text("")
+    assert main(["config", "show", f"trainer.default_local_dir={file}"]) == 2
+    err = capsys.readouterr().err
+    assert (f"trainer.default_local_dir = '{file}' is a file, not a folder; point it at a new or existing folder, "
+            f"or move {file} away") in err
+    assert "rollout_data_dir" not in err and "Traceback" not in err
+    assert main(["config", "show", f"trainer.default_local_dir={file / 'run'}"]) == 2
+    assert f"is under {file}, which is a file" in capsys.readouterr().err

@@ -229,6 +229,41 @@ def _run_management(cfg: RLVRConfig) -> list[str]:
     problem = resume_mode_problem(cfg.trainer.resume_mode)
     if problem:
         errors.append(problem)
+    errors += _run_length(cfg) + _run_folders(cfg)
+    return errors
+
+
+def _run_length(cfg: RLVRConfig) -> list[str]:
+    """A run trains at least one step. verl reads a null total_training_steps as "from total_epochs";
+    0 would build the whole run, train nothing and call it complete."""
+    trainer, errors = cfg.trainer, []
+    if trainer.total_training_steps is not None and trainer.total_training_steps < 1:
+        errors.append(f"trainer.total_training_steps = {trainer.total_training_steps}: a run trains at least 1 step; "
+                      "set it >= 1, or to null to train trainer.total_epochs epochs (as in verl); to score a model "
+                      "without training use `rlvr eval`")
+    if trainer.total_training_steps is None and trainer.total_epochs < 1:
+        errors.append(f"trainer.total_epochs = {trainer.total_epochs} (with total_training_steps null): a run trains "
+                      "at least 1 epoch; set total_epochs >= 1 or total_training_steps >= 1")
+    return errors
+
+
+def _run_folders(cfg: RLVRConfig) -> list[str]:
+    """The run's folders must be folders: a file in the way would fail only at the first write
+    (the run directory is made after the model has loaded; rollout dumps after the first step)."""
+    from pathlib import Path
+
+    errors, named = [], set()
+    for key, value in (("trainer.default_local_dir", cfg.trainer.default_local_dir),
+                       ("trainer.rollout_data_dir", cfg.trainer.rollout_data_dir)):
+        if value is None:
+            continue
+        path = Path(value).expanduser()
+        blocking = next((p for p in (path, *path.parents) if p.exists() and not p.is_dir()), None)
+        if blocking is not None and blocking not in named:  # rollouts/ under a run directory that is a file: once
+            named.add(blocking)
+            where = "is a file" if blocking == path else f"is under {blocking}, which is a file"
+            errors.append(f"{key} = {value!r} {where}, not a folder; point it at a new or existing folder, or move "
+                          f"{blocking} away")
     return errors
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import json
 import os
 import shutil
 import tempfile
@@ -37,6 +38,9 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 class ModelLoadError(ValueError):
     """A model path that cannot be loaded; the message says what to do instead."""
+
+
+DAMAGED = "the folder is damaged (an interrupted download or copy?): download or copy the model again"
 
 
 @dataclass(frozen=True)
@@ -77,6 +81,7 @@ def resolve_model_source(path: str | os.PathLike) -> ModelSource:
                 f"model folder {str(local)!r} has no config.json; point model.path at a Hugging Face "
                 "model folder (config.json + *.safetensors), a .gguf file, or 'builtin'"
             )
+        read_config_json(local)  # a damaged one is named here, not in a transformers traceback
         return ModelSource("hf", local)
     if local.exists():
         raise ModelLoadError(f"model path {str(local)!r} is a file but not a .gguf file")
@@ -88,6 +93,62 @@ def resolve_model_source(path: str | os.PathLike) -> ModelSource:
             f"{text.split('/')[-1]}`) and set model.path to that folder, or use model.path=builtin"
         )
     raise ModelLoadError(f"model path {text!r} does not exist; give a local folder, a .gguf file, or 'builtin'")
+
+
+def read_config_json(folder: Path) -> dict:
+    """The ``config.json`` of a model folder; one that is not a JSON object is refused by name."""
+    file = folder / "config.json"
+    try:
+        config = json.loads(file.read_text())
+    except (ValueError, UnicodeDecodeError) as err:  # JSONDecodeError is a ValueError
+        raise ModelLoadError(f"{file} is not valid JSON ({err}); {DAMAGED}") from None
+    if not isinstance(config, dict):
+        raise ModelLoadError(f"{file} holds a {type(config).__name__}, not a model config (a JSON object); {DAMAGED}")
+    return config
+
+
+def safetensors_problem(file: Path) -> str | None:
+    """Why ``file`` is not a whole safetensors file, from its header alone (None: it is): the file
+    is 8 bytes of header length, the JSON header, then exactly the bytes the header's offsets span.
+    A truncated download or checkpoint fails here instead of inside the safetensors reader."""
+    size = file.stat().st_size
+    with open(file, "rb") as f:
+        head = f.read(8)
+        if len(head) < 8:
+            return f"is {size} bytes long, too short for a safetensors header"
+        length = int.from_bytes(head, "little")
+        if 8 + length > size:
+            return f"is truncated: {size} bytes, shorter than its own header ({length} bytes)"
+        try:
+            header = json.loads(f.read(length))
+            end = max((int(t["data_offsets"][1]) for k, t in header.items() if k != "__metadata__"), default=0)
+        except (ValueError, TypeError, KeyError, IndexError, AttributeError) as err:
+            return f"has an unreadable safetensors header ({type(err).__name__}: {err})"
+    expected = 8 + length + end
+    if size < expected:
+        return f"is truncated: {size} bytes where its header describes {expected}"
+    if size > expected:
+        return f"is {size} bytes where its header describes {expected} (damaged)"
+    return None
+
+
+def check_weight_files(folder: Path) -> None:
+    """Refuse a model folder with a damaged ``*.safetensors`` file, or a shard its index names
+    that is missing; reads headers only."""
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            shards = set(json.loads(index.read_text())["weight_map"].values())
+        except (ValueError, UnicodeDecodeError, KeyError, TypeError, AttributeError) as err:
+            raise ModelLoadError(f"{index} is not a readable weight index ({type(err).__name__}: {err}); "
+                                 f"{DAMAGED}") from None
+        missing = sorted(name for name in shards if not (folder / name).is_file())
+        if missing:
+            raise ModelLoadError(f"{index} names weight files that are missing: {', '.join(missing)}; {DAMAGED}")
+    for file in sorted(folder.glob("*.safetensors")):
+        problem = safetensors_problem(file)
+        if problem:
+            raise ModelLoadError(f"{file} {problem}; {DAMAGED}")
 
 
 def _quiet_transformers() -> None:
@@ -174,8 +235,10 @@ def load_model(
     _quiet_transformers()
     if dtype not in DTYPES:
         raise ModelLoadError(f"dtype {dtype!r} is not one of {sorted(DTYPES)}")
+    folder = model_folder(path)
+    check_weight_files(folder)
     model = AutoModelForCausalLM.from_pretrained(
-        model_folder(path),
+        folder,
         dtype=DTYPES[dtype],
         trust_remote_code=trust_remote_code,
         attn_implementation="sdpa",
@@ -217,6 +280,7 @@ def read_weights(folder: str | os.PathLike) -> dict[str, torch.Tensor]:
     files = sorted(Path(folder).glob("*.safetensors"))
     if not files:
         raise ModelLoadError(f"{folder} holds no *.safetensors weights")
+    check_weight_files(Path(folder))
     weights: dict[str, torch.Tensor] = {}
     for file in files:
         weights.update(load_file(str(file)))
@@ -230,6 +294,7 @@ def stored_weight_names(folder: str | os.PathLike) -> list[str]:
     files = sorted(Path(folder).glob("*.safetensors"))
     if not files:
         raise ModelLoadError(f"{folder} holds no *.safetensors weights")
+    check_weight_files(Path(folder))
     names: list[str] = []
     for file in files:
         with safe_open(str(file), framework="pt") as f:

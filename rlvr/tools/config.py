@@ -21,6 +21,7 @@ from typing import Any
 
 import yaml
 
+from rlvr.config import ConfigError
 from rlvr.registry import import_file
 from rlvr.tools.base import BaseTool
 from rlvr.tools.function_tool import FunctionTool
@@ -30,8 +31,9 @@ SHIPPED = Path(__file__).parent / "configs"  # calculator.yaml, python.yaml: usa
 BUILTIN_TOOLS = {"calculator": "rlvr.tools.calculator.CalculatorTool", "python": "rlvr.tools.python.PythonTool"}
 
 
-class ToolConfigError(ValueError):
-    """A tools YAML that cannot be turned into tools."""
+class ToolConfigError(ConfigError):
+    """A tools YAML that cannot be turned into tools: a config error (the file is part of the run's
+    config, through ``multi_turn.tool_config_path``), so the command line prints it as one."""
 
 
 def _import(class_name: str, where: str, base: Path) -> Any:

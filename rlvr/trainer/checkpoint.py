@@ -15,6 +15,9 @@ when complete (then the parent folder is fsynced), so a save killed midway, or a
 leaves the previous checkpoint as the newest loadable one; temporary folders left by such a
 save are removed by the next one. ``latest_checkpointed_iteration.txt`` (verl's name) is
 replaced atomically after the rename.
+
+A checkpoint damaged afterwards (a file truncated by a full disk, or by a copy between machines)
+is refused before resuming, naming the file and the newest earlier checkpoint that is intact.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import os
 import random
 import re
 import shutil
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +36,13 @@ import torch
 from rlvr.config import ConfigError
 from rlvr.config.schema import RLVRConfig
 from rlvr.config.validate import resume_mode_problem
+from rlvr.models.loader import safetensors_problem
+
+
+class DamagedCheckpointError(ConfigError):
+    """A checkpoint with a file that cannot be read whole; the message names the file and the newest
+    earlier checkpoint that is intact."""
+
 
 LATEST_FILE = "latest_checkpointed_iteration.txt"
 STEP_DIR = re.compile(r"^global_step_(\d+)$")
@@ -131,16 +142,74 @@ def fsync_tree(folder: Path) -> None:
 
 
 def resolve_resume(config: RLVRConfig) -> Path | None:
-    """The checkpoint ``trainer.resume_mode`` asks for: auto (newest, if any), disable, or a path."""
+    """The checkpoint ``trainer.resume_mode`` asks for: auto (newest, if any), disable, or a path;
+    a damaged one is refused (``check_intact``)."""
     mode = config.trainer.resume_mode
     if mode == "disable":
         return None
     if mode == "auto":
-        return latest_checkpoint(checkpoint_root(config))
-    problem = resume_mode_problem(mode)  # checked at load; the folder may have gone since
-    if problem:
-        raise ConfigError(problem)
-    return Path(mode).expanduser()
+        path = latest_checkpoint(checkpoint_root(config))
+    else:
+        problem = resume_mode_problem(mode)  # checked at load; the folder may have gone since
+        if problem:
+            raise ConfigError(problem)
+        path = Path(mode).expanduser()
+    if path is not None:
+        check_intact(path, mode)
+    return path
+
+
+def file_problem(file: Path) -> str | None:
+    """Why a checkpoint file cannot be read whole (None: it can), without loading it: a safetensors
+    file's header and size; a ``torch.save`` file's zip directory, which a truncated file has lost
+    (the small trainer state is read through, with its checksums)."""
+    if file.suffix == ".safetensors":
+        return safetensors_problem(file)
+    if file.suffix == ".pt":
+        try:
+            with zipfile.ZipFile(file) as archive:
+                broken = archive.testzip() if file.name == "trainer_state.pt" else None
+        except (zipfile.BadZipFile, OSError, EOFError) as err:
+            return f"is not a whole torch.save file ({err}; truncated?)"
+        if broken is not None:
+            return f"is damaged: its entry {broken} fails its checksum"
+    return None
+
+
+def damaged_file(folder: Path) -> tuple[Path, str] | None:
+    """The first file of checkpoint ``folder`` that cannot be read whole, with why."""
+    for file in sorted(folder.rglob("*")):
+        problem = file_problem(file) if file.is_file() else None
+        if problem:
+            return file, problem
+    return None
+
+
+def check_intact(path: Path, mode: str = "auto") -> None:
+    """Refuse to resume from a checkpoint with a damaged file: name the file, and the newest earlier
+    checkpoint of the run whose files are whole, with how to resume from it. Never a silent fallback
+    to an older step: the steps after it would be trained again without a word."""
+    found = damaged_file(path)
+    if found is None:
+        return
+    file, problem = found
+    match = STEP_DIR.match(path.name)
+    earlier = [p for p in reversed(step_dirs(path.parent))
+               if match and int(STEP_DIR.match(p.name).group(1)) < int(match.group(1))]
+    intact = next((p for p in earlier if damaged_file(p) is None), None)
+    message = f"cannot resume from {path}: {file} {problem}."
+    if intact is None:
+        message += (" No earlier checkpoint of this run is intact; start afresh with trainer.resume_mode=disable "
+                    "(or another trainer.default_local_dir).")
+    else:
+        first, last = int(STEP_DIR.match(intact.name).group(1)) + 1, int(match.group(1))
+        lost = f"step {last} is" if first == last else f"steps {first}-{last} are"
+        again = "run the same command again" if mode == "auto" else "run again with trainer.resume_mode=auto"
+        aside = path.parent / f"damaged-{path.name}"  # a name step_dirs skips
+        message += (f" The newest intact checkpoint is {intact} ({lost} trained again): move the damaged folder "
+                    f"aside (mv {path} {aside}) and {again}, which resumes from the newest checkpoint; or set "
+                    f"trainer.resume_mode={intact}.")
+    raise DamagedCheckpointError(message)
 
 
 def load_trainer_state(path: Path, config: RLVRConfig) -> dict[str, Any]:

@@ -3,7 +3,8 @@
 ``evaluate`` generates ``n`` responses per prompt with any ``generate_sequences`` callable
 (the worker group's during training, a bare rollout engine in ``rlvr eval``), scores them
 with a reward manager and reports ``val-core/<data_source>/reward/{mean,best,maj}@n``;
-``best@n`` is pass@n for 0/1 rewards.
+``best@n`` is pass@n for 0/1 rewards. A progress bar (stderr, as the training loop's) counts the
+prompts scored, batch by batch.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 import numpy as np
+from tqdm import tqdm
 
 from rlvr.protocol import DataProto
 from rlvr.trainer.metrics import multi_turn_stats, tool_tokens, validation_metrics
@@ -31,13 +33,18 @@ def generation_batch(batch: DataProto) -> DataProto:
 
 def evaluate(generate: Callable[[DataProto], DataProto], reward_fn, dataset, tokenizer, n: int,
              sampling: dict[str, Any], batch_size: int | None = None, seed: int = 0,
-             reward_fn_key: str = "data_source") -> dict[str, float]:
-    """Generate ``n`` responses per prompt of ``dataset`` with ``sampling`` (meta_info overrides), score, report."""
+             reward_fn_key: str = "data_source", progress: str | None = None) -> dict[str, float]:
+    """Generate ``n`` responses per prompt of ``dataset`` with ``sampling`` (meta_info overrides), score,
+    report; ``progress`` names a progress bar of the prompts scored (None: no bar). The bar moves once
+    per batch of ``batch_size`` prompts (None: the whole dataset in one batch)."""
     size = batch_size or len(dataset)
     sources, groups, scores, answers = [], [], [], []
     turns, counters, tool_token_counts = [], [], []  # multi-turn rollouts only
+    bar = tqdm(total=len(dataset), desc=progress, unit="prompt", dynamic_ncols=True, leave=False,
+               disable=progress is None)
     for start in range(0, len(dataset), size):
-        batch = dataset.collate([dataset[i] for i in range(start, min(start + size, len(dataset)))])
+        rows = range(start, min(start + size, len(dataset)))
+        batch = dataset.collate([dataset[i] for i in rows])
         batch.non_tensor_batch["uid"] = np.array([f"val-{start + i}" for i in range(len(batch))], dtype=object)
         gen = generation_batch(batch).repeat(n, interleave=True)
         # each batch its own seed: the engines number rows from 0 in every call, so with one seed row i
@@ -56,6 +63,9 @@ def evaluate(generate: Callable[[DataProto], DataProto], reward_fn, dataset, tok
             turns += list(batch.non_tensor_batch["num_turns"])
             counters += list(batch.non_tensor_batch["multi_turn_metrics"])
             tool_token_counts += tool_tokens(batch)
+        bar.update(len(rows))
+        bar.set_postfix(score=f"{np.mean(scores):.3f}")
+    bar.close()
     metrics = validation_metrics(sources, groups, scores, answers)
     if turns:
         metrics.update(multi_turn_stats(turns, counters, tool_token_counts, prefix="val-aux/"))

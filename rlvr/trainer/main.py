@@ -171,6 +171,7 @@ def build_trainer(config: RLVRConfig, progress_bar: bool = True) -> RLTrainer:
         raise ConfigError(f"data.train_batch_size (or gen_batch_size) = {per_batch} is larger than the training set "
                           f"({len(train)} rows after filtering); lower it or add rows")
     steps = total_steps(config, batches)
+    resume_from = checkpoint.resolve_resume(config)  # a damaged checkpoint is refused before the model loads
     actor_wg, critic_wg, rollout_wg = (ray_worker_groups if uses_ray(config) else local_worker_groups)(
         config, steps, tokenizer, tool_setup, run_dir)
     reward_fn = RewardManager(tokenizer, config.reward, config.data.reward_fn_key, config.data.max_response_length)
@@ -187,7 +188,6 @@ def build_trainer(config: RLVRConfig, progress_bar: bool = True) -> RLTrainer:
     trainer = RLTrainer(config, actor_wg, tokenizer, train, val, reward_fn,
                         val_reward_fn if val is not None else None, steps, tracker, critic_wg, reward_model,
                         rollout_wg)
-    resume_from = checkpoint.resolve_resume(config)
     if resume_from is not None:
         trainer.load_checkpoint(resume_from)
         print(f"[rlvr] resumed from {resume_from} (step {trainer.global_step} of {steps})", flush=True)

@@ -52,13 +52,13 @@ Terms marked "full copy" do not shrink with more ranks.
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from rlvr.config import ConfigError
 from rlvr.config.schema import RLVRConfig
+from rlvr.models.loader import check_weight_files, read_config_json
 from rlvr.rollout.engine import group_waves
 from rlvr.rollout.vllm_rollout import CPU_KV_CACHE_CAP, GPU_MEMORY_UTILIZATION, cpu_kv_cache_bytes
 from rlvr.workers.forward import LOGIT_CHUNK_TOKENS
@@ -217,12 +217,15 @@ class ModelShape:
 
 
 def read_model_config(path: str) -> dict:
-    """config.json of ``model.path``: ``builtin``, or a folder (config.json alone is enough)."""
+    """config.json of ``model.path``: ``builtin``, or a folder (config.json alone is enough). A
+    damaged config.json or weight file is refused here, before a run would load the folder."""
     if path == "builtin":
         return dict(BUILTIN_CONFIG)
     local = Path(path).expanduser()
     if local.is_dir() and (local / "config.json").is_file():
-        return json.loads((local / "config.json").read_text())
+        config = read_config_json(local)
+        check_weight_files(local)  # headers only; a folder with config.json alone has none
+        return config
     raise ConfigError(f"the memory plan reads the model's config.json: {str(local)!r} is not a folder with one "
                       "(a folder with only config.json is enough, e.g. examples/model_configs/qwen2.5-7b)")
 

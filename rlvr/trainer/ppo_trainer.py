@@ -417,4 +417,5 @@ class RLTrainer:
 
     def _validation_pass(self, n: int, sampling: dict[str, Any]) -> dict[str, float]:
         return evaluate(self.rollout_wg.generate_sequences, self.val_reward_fn, self.val_dataset, self.tokenizer, n, sampling,
-                        self.config.data.val_batch_size, self._seed("val"), self.config.data.reward_fn_key)
+                        self.config.data.val_batch_size, self._seed("val"), self.config.data.reward_fn_key,
+                        progress="validation" if self.tracker.progress_bar else None)

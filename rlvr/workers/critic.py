@@ -27,7 +27,7 @@ from rlvr.algos.utils import masked_mean
 from rlvr.config.schema import CriticConfig
 from rlvr.config.schema import MixedPrecisionConfig
 from rlvr.distributed import fsdp
-from rlvr.models.loader import DTYPES, ModelLoadError, empty_model, model_folder
+from rlvr.models.loader import DTYPES, ModelLoadError, check_weight_files, empty_model, model_folder
 from rlvr.distributed.dispatch import Dispatch, register
 from rlvr.protocol import DataProto
 from rlvr.distributed.worker import Worker
@@ -43,11 +43,13 @@ def load_value_model(path: str, device: torch.device, trust_remote_code: bool = 
     from transformers import AutoModelForTokenClassification
     from transformers.utils import logging as hf_logging
 
+    folder = model_folder(path)
+    check_weight_files(folder)
     level = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()  # the value head is new by design: no "newly initialized" report
     try:
         model = AutoModelForTokenClassification.from_pretrained(
-            model_folder(path), num_labels=1, dtype=DTYPES["float32"], attn_implementation="sdpa",
+            folder, num_labels=1, dtype=DTYPES["float32"], attn_implementation="sdpa",
             trust_remote_code=trust_remote_code, **(override_config or {}))
     except ValueError as err:
         raise ModelLoadError(f"critic.model.path={path!r} cannot be loaded as a value model: {err}") from None

@@ -506,3 +506,15 @@ def test_ppo_without_a_group_size_samples_one_response_per_prompt_as_verl(capsys
         .actor_rollout_ref.rollout.n == 4
     assert load_config(overrides=["actor_rollout_ref.rollout.n=4", "algorithm.adv_estimator=gae"]) \
         .actor_rollout_ref.rollout.n == 4  # order on the command line does not matter
+
+
+def test_a_run_of_no_steps_is_refused():
+    """total_training_steps=0 used to build the whole run, train nothing and say it was "already
+    complete"; null is verl's "from total_epochs", so 0 (and 0 epochs) is refused with both ways out."""
+    with pytest.raises(ConfigError, match=r"trainer.total_training_steps = 0: a run trains at least 1 step; set it "
+                                          r">= 1, or to null to train trainer.total_epochs epochs \(as in verl\)"):
+        load_config(overrides=["trainer.total_training_steps=0"])
+    with pytest.raises(ConfigError, match=r"trainer.total_epochs = 0 \(with total_training_steps null\): a run "
+                                          r"trains at least 1 epoch"):
+        load_config(overrides=["trainer.total_training_steps=null", "trainer.total_epochs=0"])
+    assert load_config(overrides=["trainer.total_training_steps=null"]).trainer.total_epochs == 1

@@ -35,6 +35,34 @@ def test_missing_path_and_folder_without_config(tmp_path):
         resolve_model_source(tmp_path / "w.bin")
 
 
+def test_weight_files_are_checked_against_their_headers(tmp_path):
+    """A safetensors file is its header's length, the header, then exactly the bytes the header's
+    offsets span: shorter is truncated, longer is damaged; a shard the index names must exist."""
+    import json
+
+    from safetensors.torch import save_file
+
+    file = tmp_path / "model.safetensors"
+    save_file({"w": torch.zeros(4, 4)}, str(file))  # 64 data bytes after the header
+    size = file.stat().st_size
+    assert loader.safetensors_problem(file) is None
+    loader.check_weight_files(tmp_path)
+    with open(file, "ab") as f:
+        f.write(b"\0" * 3)
+    assert loader.safetensors_problem(file) == f"is {size + 3} bytes where its header describes {size} (damaged)"
+    with open(file, "r+b") as f:
+        f.truncate(20)  # inside the header
+    assert loader.safetensors_problem(file).startswith("is truncated: 20 bytes, shorter than its own header")
+    with pytest.raises(ModelLoadError, match=rf"{file} is truncated: .*download or copy the model again"):
+        loader.check_weight_files(tmp_path)
+    file.unlink()
+    index = {"weight_map": {"a": "model-00001-of-00002.safetensors", "b": "model-00002-of-00002.safetensors"}}
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps(index))
+    with pytest.raises(ModelLoadError, match="names weight files that are missing: model-00001-of-00002.safetensors, "
+                                             "model-00002-of-00002.safetensors"):
+        loader.check_weight_files(tmp_path)
+
+
 def test_conversion_is_cached(builtin_dir, monkeypatch):
     # The fixture converted the GGUF once; a second request must not convert again.
     monkeypatch.setattr(loader, "_convert_gguf", lambda *a: pytest.fail("converted twice"))

@@ -2,6 +2,7 @@
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -170,6 +171,50 @@ def test_checkpoint_is_a_transformers_folder_and_old_ones_are_pruned(tiny_config
     model = AutoModelForCausalLM.from_pretrained(root / "global_step_4" / "actor")
     for a, b in zip(model.parameters(), trainer.wg.worker.actor.model.parameters()):
         assert torch.equal(a, b)
+
+
+DAMAGE = {  # file -> what the message says of it once truncated to half its size
+    "actor/model.safetensors": "is truncated: {half} bytes where its header describes {size}",
+    "actor_state.pt": "is not a whole torch.save file",  # was: a zip reader error naming no file
+    "trainer_state.pt": "is not a whole torch.save file",  # was: OSError [Errno 22] Invalid argument
+}
+
+
+def test_a_damaged_checkpoint_names_its_file_and_the_newest_intact_one(tiny_config, tmp_path, capsys):
+    """A checkpoint file truncated after its save (a full disk, a copy between machines) is refused
+    before the model loads, naming the file and the newest earlier checkpoint whose files are
+    whole; its remedy, moving the damaged folder aside, resumes from that one."""
+    from rlvr.cli import main
+    from rlvr.config import load_config, to_yaml
+
+    config, _ = full_run(tiny_config, tmp_path / "run")  # checkpoints at steps 2 and 4
+    (tmp_path / "config.yaml").write_text(to_yaml(config))
+    for i, (name, problem) in enumerate(DAMAGE.items()):
+        run = tmp_path / f"copy{i}"
+        shutil.copytree(tmp_path / "run", run)
+        newest, intact = run / "checkpoints" / "global_step_4", run / "checkpoints" / "global_step_2"
+        damaged = newest / name
+        size = damaged.stat().st_size
+        os.truncate(damaged, size // 2)
+        argv = ["train", "--config", str(tmp_path / "config.yaml"), f"trainer.default_local_dir={run}"]
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert f"cannot resume from {newest}: {damaged} {problem.format(half=size // 2, size=size)}" in err, err
+        assert f"The newest intact checkpoint is {intact} (steps 3-4 are trained again)" in err
+        assert f"mv {newest} {run / 'checkpoints' / 'damaged-global_step_4'}" in err
+        assert f"trainer.resume_mode={intact}" in err and "Traceback" not in err
+
+    os.replace(newest, run / "checkpoints" / "damaged-global_step_4")  # as the message says
+    resumed = build_trainer(load_config(str(tmp_path / "config.yaml"), [f"trainer.default_local_dir={run}"]),
+                            progress_bar=False)
+    assert resumed.global_step == 2
+    resumed.tracker.close()
+
+    os.truncate(intact / name, (intact / name).stat().st_size // 2)  # now none is intact
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert f"cannot resume from {intact}: {intact / name}" in err
+    assert "No earlier checkpoint of this run is intact; start afresh with trainer.resume_mode=disable" in err
 
 
 def test_incompatible_config_is_refused(tiny_config, tmp_path):

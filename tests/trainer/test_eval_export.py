@@ -1,6 +1,8 @@
 """`rlvr export` gives a folder plain transformers loads and generates from; `rlvr eval` reports
 accuracy and pass@n."""
 
+import re
+
 import pytest
 import torch
 
@@ -30,10 +32,29 @@ def test_export_loads_with_plain_transformers_and_generates(tiny_config, tmp_pat
 
 def test_eval_prints_accuracy_and_pass_at_n(tiny_model_dir, tiny_data, capsys):
     assert main(["eval", "--model", str(tiny_model_dir), "--data", str(tiny_data["test"]), "--n", "2",
-                 "--max-response-length", "4"]) == 0
-    out = capsys.readouterr().out
+                 "--max-response-length", "4", "--batch-size", "2"]) == 0
+    out, err = capsys.readouterr()
     assert "arithmetic/reward/mean@1" in out and "accuracy (greedy)" in out
     assert "arithmetic/reward/best@2" in out and "pass@2" in out
+    # each pass shows its progress on stderr, batch by batch: 4 prompts in batches of 2
+    assert re.search(r"greedy: +50%.*\| 2/4 \[", err) and re.search(r"greedy: +100%.*\| 4/4 \[", err), err
+    assert re.search(r"2 samples at T=1.0: +50%.*\| 2/4 \[", err), err
+
+
+@pytest.mark.parametrize("option,value,message", [
+    ("--temperature", "-1", "argument --temperature: must be a number > 0"),  # was: ran, and reported 0.0
+    ("--temperature", "0", "argument --temperature: must be a number > 0"),  # pass@n of n greedy copies
+    ("--n", "0", "argument --n: must be >= 1, got 0"),  # was: accepted
+    ("--batch-size", "0", "argument --batch-size: must be >= 1, got 0"),
+    ("--max-response-length", "-4", "argument --max-response-length: must be >= 1, got -4"),
+])
+def test_eval_refuses_nonsense_options_by_name(tmp_path, capsys, option, value, message):
+    with pytest.raises(SystemExit) as exit:  # refused as argparse refuses: before any model loads
+        main(["eval", "--model", str(tmp_path / "never_loaded"), "--data", str(tmp_path / "never_read.parquet"),
+              option, value])
+    assert exit.value.code == 2
+    err = capsys.readouterr().err
+    assert f"rlvr eval: error: {message}" in err and "Traceback" not in err
 
 
 @pytest.mark.slow

@@ -3,6 +3,7 @@ with finite losses, changed weights and verl's metric names logged."""
 
 import json
 import math
+import re
 
 import pytest
 import torch
@@ -111,6 +112,19 @@ def test_val_kwargs_do_sample_false_is_greedy(tiny_config):
     trainer.tracker.close()
     assert metrics["val-aux/arithmetic/reward/std@4"] == 0.0
     assert metrics["val-core/arithmetic/reward/best@4/mean"] == metrics["val-core/arithmetic/reward/mean@4"]
+
+
+def test_validation_shows_its_progress(tiny_config, capsys):
+    """Validation (40-50 s in the default job) shows a bar of the prompts scored, per batch of
+    data.val_batch_size, as the training loop shows its steps; none without the progress bar."""
+    trainer = build_trainer(tiny_config("data.val_batch_size=2"), progress_bar=True)
+    trainer.validate()
+    err = capsys.readouterr().err
+    assert re.search(r"validation: +50%.*\| 2/4 \[", err) and re.search(r"validation: +100%.*\| 4/4 \[", err), err
+    trainer.tracker.progress_bar = False
+    trainer.validate()
+    assert "validation" not in capsys.readouterr().err
+    trainer.tracker.close()
 
 
 def test_save_and_test_freq_minus_one_neither_save_nor_validate_at_the_end(tiny_config, tmp_path):
