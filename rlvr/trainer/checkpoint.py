@@ -12,8 +12,9 @@ A checkpoint is a folder ``<run_dir>/checkpoints/global_step_<k>/``:
 
 It is written into ``.tmp-global_step_<k>``, every file is fsynced, and the folder is renamed
 when complete (then the parent folder is fsynced), so a save killed midway, or a power loss,
-leaves the previous checkpoint as the newest loadable one; temporary folders left by such a
-save are removed by the next one. ``latest_checkpointed_iteration.txt`` (verl's name) is
+leaves the previous checkpoint as the newest loadable one; a save interrupted in this process
+(a second Ctrl-C) removes its temporary folder, and one left by a killed process is removed when
+the next run starts in the folder (``run_folder``) or by the next save. ``latest_checkpointed_iteration.txt`` (verl's name) is
 replaced atomically after the rename.
 """
 
@@ -98,9 +99,13 @@ def save(root: Path, step: int, write_parts, trainer_state: dict[str, Any], keep
         shutil.rmtree(stale, ignore_errors=True)
     tmp = root / f".tmp-global_step_{step}"
     tmp.mkdir()
-    write_parts(tmp)
-    torch.save(trainer_state, tmp / "trainer_state.pt")
-    fsync_tree(tmp)
+    try:
+        write_parts(tmp)
+        torch.save(trainer_state, tmp / "trainer_state.pt")
+        fsync_tree(tmp)
+    except BaseException:  # a second Ctrl-C (or an error) mid-save: discard the partial folder, keep the others
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     if final.exists():
         shutil.rmtree(final)
     os.replace(tmp, final)
@@ -113,6 +118,24 @@ def save(root: Path, step: int, write_parts, trainer_state: dict[str, Any], keep
         for old in step_dirs(root)[:-keep]:
             shutil.rmtree(old, ignore_errors=True)
     return final
+
+
+def folder_bytes(folder: Path) -> int:
+    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
+
+
+def describe_saved(root: Path, path: Path, keep: int | None) -> str:
+    """What a save wrote and what the run's checkpoints now take on disk, with the key that bounds it."""
+    kept = step_dirs(root)
+    total = sum(folder_bytes(p) for p in kept)
+    bound = (f"trainer.max_actor_ckpt_to_keep={keep} keeps the newest {keep}" if keep and keep > 0 else
+             "every one is kept: trainer.max_actor_ckpt_to_keep=N keeps the newest N")
+    return (f"[rlvr] saved {path} ({size(folder_bytes(path))}); {len(kept)} checkpoint"
+            f"{'s' if len(kept) != 1 else ''} take {size(total)} ({bound})")
+
+
+def size(n: int) -> str:
+    return f"{n / 1e9:.2f} GB" if n >= 1e9 else f"{n / 1e6:.2f} MB"
 
 
 def _fsync(path: Path) -> None:

@@ -30,6 +30,7 @@ from rlvr.rewards.registry import needs_ground_truth, reward_fn_name_for
 from rlvr.errors import StopTraining, TrainingInterrupted
 from rlvr.trainer import checkpoint
 from rlvr.trainer.ppo_trainer import RLTrainer
+from rlvr.trainer.run_folder import claim_run_folder
 from rlvr.trainer.tracking import Tracking
 from rlvr.workers.critic import CriticWorker
 from rlvr.workers.hybrid import ActorRolloutRefWorker, resolve_device
@@ -171,6 +172,9 @@ def build_trainer(config: RLVRConfig, progress_bar: bool = True) -> RLTrainer:
         raise ConfigError(f"data.train_batch_size (or gen_batch_size) = {per_batch} is larger than the training set "
                           f"({len(train)} rows after filtering); lower it or add rows")
     steps = total_steps(config, batches)
+    resume_from = checkpoint.resolve_resume(config)
+    if resume_from is not None:  # refused here, before the workers start and before the folder's record is written
+        checkpoint.load_trainer_state(resume_from, config)
     actor_wg, critic_wg, rollout_wg = (ray_worker_groups if uses_ray(config) else local_worker_groups)(
         config, steps, tokenizer, tool_setup, run_dir)
     reward_fn = RewardManager(tokenizer, config.reward, config.data.reward_fn_key, config.data.max_response_length)
@@ -187,7 +191,6 @@ def build_trainer(config: RLVRConfig, progress_bar: bool = True) -> RLTrainer:
     trainer = RLTrainer(config, actor_wg, tokenizer, train, val, reward_fn,
                         val_reward_fn if val is not None else None, steps, tracker, critic_wg, reward_model,
                         rollout_wg)
-    resume_from = checkpoint.resolve_resume(config)
     if resume_from is not None:
         trainer.load_checkpoint(resume_from)
         print(f"[rlvr] resumed from {resume_from} (step {trainer.global_step} of {steps})", flush=True)
@@ -269,6 +272,7 @@ def fit_on_ray(config: RLVRConfig) -> dict[str, float]:
 
 
 def run_training(config: RLVRConfig) -> dict[str, float]:
+    config = claim_run_folder(config)  # one run per folder: this one's, before anything is written
     run_dir = Path(config.trainer.default_local_dir).expanduser().resolve()
     print(f"[rlvr] run directory: {run_dir}", flush=True)
     return fit_on_ray(config) if uses_ray(config) else fit(config)
