@@ -175,6 +175,6 @@ def load_trainer_state(path: Path, config: RLVRConfig) -> dict[str, Any]:
     if differ:
         raise ConfigError(f"cannot resume from {path}: the config differs from the checkpoint's in\n  - "
                           + "\n  - ".join(differ)
-                          + "\nresume with the same settings, set trainer.resume_mode=disable, or use another "
-                          "trainer.default_local_dir")
+                          + "\nresume with the same settings, or start a new run (trainer.resume_mode=disable: "
+                          "`rlvr train` gives it a folder of its own)")
     return state
