@@ -12,8 +12,9 @@ A checkpoint is a folder ``<run_dir>/checkpoints/global_step_<k>/``:
 
 It is written into ``.tmp-global_step_<k>``, every file is fsynced, and the folder is renamed
 when complete (then the parent folder is fsynced), so a save killed midway, or a power loss,
-leaves the previous checkpoint as the newest loadable one; temporary folders left by such a
-save are removed by the next one. ``latest_checkpointed_iteration.txt`` (verl's name) is
+leaves the previous checkpoint as the newest loadable one; a save interrupted in this process
+(a second Ctrl-C) removes its temporary folder, and one left by a killed process is removed when
+the next run starts in the folder (``run_folder``) or by the next save. ``latest_checkpointed_iteration.txt`` (verl's name) is
 replaced atomically after the rename.
 
 A checkpoint damaged afterwards (a file truncated by a full disk, or by a copy between machines)
@@ -109,9 +110,13 @@ def save(root: Path, step: int, write_parts, trainer_state: dict[str, Any], keep
         shutil.rmtree(stale, ignore_errors=True)
     tmp = root / f".tmp-global_step_{step}"
     tmp.mkdir()
-    write_parts(tmp)
-    torch.save(trainer_state, tmp / "trainer_state.pt")
-    fsync_tree(tmp)
+    try:
+        write_parts(tmp)
+        torch.save(trainer_state, tmp / "trainer_state.pt")
+        fsync_tree(tmp)
+    except BaseException:  # a second Ctrl-C (or an error) mid-save: discard the partial folder, keep the others
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     if final.exists():
         shutil.rmtree(final)
     os.replace(tmp, final)
@@ -124,6 +129,24 @@ def save(root: Path, step: int, write_parts, trainer_state: dict[str, Any], keep
         for old in step_dirs(root)[:-keep]:
             shutil.rmtree(old, ignore_errors=True)
     return final
+
+
+def folder_bytes(folder: Path) -> int:
+    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
+
+
+def describe_saved(root: Path, path: Path, keep: int | None) -> str:
+    """What a save wrote and what the run's checkpoints now take on disk, with the key that bounds it."""
+    kept = step_dirs(root)
+    total = sum(folder_bytes(p) for p in kept)
+    bound = (f"trainer.max_actor_ckpt_to_keep={keep} keeps the newest {keep}" if keep and keep > 0 else
+             "every one is kept: trainer.max_actor_ckpt_to_keep=N keeps the newest N")
+    return (f"[rlvr] saved {path} ({size(folder_bytes(path))}); {len(kept)} checkpoint"
+            f"{'s' if len(kept) != 1 else ''} take {size(total)} ({bound})")
+
+
+def size(n: int) -> str:
+    return f"{n / 1e9:.2f} GB" if n >= 1e9 else f"{n / 1e6:.2f} MB"
 
 
 def _fsync(path: Path) -> None:
@@ -200,7 +223,7 @@ def check_intact(path: Path, mode: str = "auto") -> None:
     message = f"cannot resume from {path}: {file} {problem}."
     if intact is None:
         message += (" No earlier checkpoint of this run is intact; start afresh with trainer.resume_mode=disable "
-                    "(or another trainer.default_local_dir).")
+                    "(the new run gets a folder of its own).")
     else:
         first, last = int(STEP_DIR.match(intact.name).group(1)) + 1, int(match.group(1))
         lost = f"step {last} is" if first == last else f"steps {first}-{last} are"
@@ -208,7 +231,7 @@ def check_intact(path: Path, mode: str = "auto") -> None:
         aside = path.parent / f"damaged-{path.name}"  # a name step_dirs skips
         message += (f" The newest intact checkpoint is {intact} ({lost} trained again): move the damaged folder "
                     f"aside (mv {path} {aside}) and {again}, which resumes from the newest checkpoint; or set "
-                    f"trainer.resume_mode={intact}.")
+                    f"trainer.resume_mode={intact} (that run then writes to a folder of its own).")
     raise DamagedCheckpointError(message)
 
 
@@ -221,6 +244,6 @@ def load_trainer_state(path: Path, config: RLVRConfig) -> dict[str, Any]:
     if differ:
         raise ConfigError(f"cannot resume from {path}: the config differs from the checkpoint's in\n  - "
                           + "\n  - ".join(differ)
-                          + "\nresume with the same settings, set trainer.resume_mode=disable, or use another "
-                          "trainer.default_local_dir")
+                          + "\nresume with the same settings, or start a new run (trainer.resume_mode=disable: "
+                          "`rlvr train` gives it a folder of its own)")
     return state

@@ -30,6 +30,7 @@ from rlvr.rewards.registry import needs_ground_truth, reward_fn_name_for
 from rlvr.errors import StopTraining, TrainingInterrupted
 from rlvr.trainer import checkpoint
 from rlvr.trainer.ppo_trainer import RLTrainer
+from rlvr.trainer.run_folder import claim_run_folder
 from rlvr.trainer.tracking import Tracking
 from rlvr.workers.critic import CriticWorker
 from rlvr.workers.hybrid import ActorRolloutRefWorker, resolve_device
@@ -172,6 +173,8 @@ def build_trainer(config: RLVRConfig, progress_bar: bool = True) -> RLTrainer:
                           f"({len(train)} rows after filtering); lower it or add rows")
     steps = total_steps(config, batches)
     resume_from = checkpoint.resolve_resume(config)  # a damaged checkpoint is refused before the model loads
+    if resume_from is not None:  # and so is an incompatible one, before the folder's record is written
+        checkpoint.load_trainer_state(resume_from, config)
     actor_wg, critic_wg, rollout_wg = (ray_worker_groups if uses_ray(config) else local_worker_groups)(
         config, steps, tokenizer, tool_setup, run_dir)
     reward_fn = RewardManager(tokenizer, config.reward, config.data.reward_fn_key, config.data.max_response_length)
@@ -269,6 +272,7 @@ def fit_on_ray(config: RLVRConfig) -> dict[str, float]:
 
 
 def run_training(config: RLVRConfig) -> dict[str, float]:
+    config = claim_run_folder(config)  # one run per folder: this one's, before anything is written
     run_dir = Path(config.trainer.default_local_dir).expanduser().resolve()
     print(f"[rlvr] run directory: {run_dir}", flush=True)
     return fit_on_ray(config) if uses_ray(config) else fit(config)

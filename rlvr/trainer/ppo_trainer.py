@@ -102,7 +102,13 @@ class RLTrainer:
         except KeyboardInterrupt:
             if progress is not None:
                 progress.close()
-            raise TrainingInterrupted(self._save_on_interrupt()) from None
+            try:
+                message = self._save_on_interrupt()
+            except KeyboardInterrupt:  # Ctrl-C again while saving: stop now, that save discarded
+                kept = f"step {self._saved_step}" if self._saved_step else "none yet"
+                message = (f"interrupted again while saving step {self._completed['global_step']}: that save was "
+                           f"discarded; the last checkpoint is {kept}; run the same command again to resume")
+            raise TrainingInterrupted(message) from None
         progress.close()
         return last
 
@@ -192,9 +198,10 @@ class RLTrainer:
             if self.critic_wg is not None:
                 self.critic_wg.save_checkpoint(folder)
 
-        path = checkpoint.save(checkpoint.checkpoint_root(self.config), step, write_parts, state,
-                               self.config.trainer.max_actor_ckpt_to_keep)
+        root, keep = checkpoint.checkpoint_root(self.config), self.config.trainer.max_actor_ckpt_to_keep
+        path = checkpoint.save(root, step, write_parts, state, keep)
         self._saved_step = step
+        tqdm.write(checkpoint.describe_saved(root, path, keep))
         return path
 
     def sync_rollout_weights(self) -> None:

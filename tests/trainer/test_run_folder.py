@@ -1,0 +1,126 @@
+"""A run folder holds one run: a run with other settings, or resume_mode=disable, gets a folder of
+its own and leaves every byte of the first run's folder as it was; the same command again resumes
+in place; a refused resume writes nothing; a second Ctrl-C during the save discards that save;
+what a killed save left is removed when the next run starts; each save says what it takes on disk."""
+
+import os
+from pathlib import Path
+
+import pytest
+import yaml
+
+from rlvr.config import ConfigError
+from rlvr.errors import TrainingInterrupted
+from rlvr.trainer.checkpoint import step_dirs
+from rlvr.trainer.main import build_trainer, run_training
+
+ONE_STEP = ("trainer.total_training_steps=1", "trainer.save_freq=1", "trainer.val_before_train=false")
+
+
+def snapshot(folder: Path) -> dict[str, bytes]:
+    """Every file under ``folder`` and its bytes (and every empty folder)."""
+    out = {}
+    for base, dirs, files in os.walk(folder):
+        for name in files:
+            path = Path(base, name)
+            out[str(path.relative_to(folder))] = path.read_bytes()
+        if not dirs and not files:
+            out[str(Path(base).relative_to(folder)) + "/"] = b""
+    return out
+
+
+def steps_logged(folder: Path) -> list[int]:
+    import json
+
+    return [json.loads(line)["step"] for line in open(folder / "metrics.jsonl")]
+
+
+def test_each_run_gets_a_folder_of_its_own_and_the_first_is_left_byte_for_byte(tiny_config, tmp_path, capsys):
+    folder = tmp_path / "run"
+    at = f"trainer.default_local_dir={folder}"
+    run_training(tiny_config(*ONE_STEP, at))
+    first = snapshot(folder)
+    assert "checkpoints/global_step_1/actor_state.pt" in first and "metrics.jsonl" in first
+
+    run_training(tiny_config(*ONE_STEP, at, "algorithm.adv_estimator=rloo"))  # the quick start's next command
+    assert snapshot(folder) == first
+    second = tmp_path / "run-2"
+    assert yaml.safe_load((second / "config.yaml").read_text())["algorithm"]["adv_estimator"] == "rloo"
+    assert steps_logged(second) == [1] and (second / "rollouts" / "1.jsonl").exists()  # its dumps under it too
+    assert f"{folder} holds another run (its algorithm.adv_estimator differ from this one's): this run writes to " \
+           f"{second}" in capsys.readouterr().out
+
+    run_training(tiny_config(*ONE_STEP, at, "trainer.resume_mode=disable"))  # a fresh start: never over a run
+    assert snapshot(folder) == first and steps_logged(tmp_path / "run-3") == [1]
+
+    run_training(tiny_config(*ONE_STEP, at, "algorithm.adv_estimator=rloo", "trainer.total_training_steps=2"))
+    assert steps_logged(second) == [1, 2]  # the same settings again: that run resumed where it stopped
+    run_training(tiny_config(*ONE_STEP, at, "trainer.total_training_steps=2"))
+    assert steps_logged(folder) == [1, 2] and not (tmp_path / "run-4").exists()
+
+
+def test_a_refused_resume_writes_nothing(tiny_config, tmp_path):
+    folder = tmp_path / "run"
+    run_training(tiny_config(*ONE_STEP, f"trainer.default_local_dir={folder}"))
+    first = snapshot(folder)
+    changed = tiny_config(*ONE_STEP, f"trainer.default_local_dir={folder}", "trainer.seed=7",
+                          "trainer.total_training_steps=2")
+    with pytest.raises(ConfigError, match=r"trainer.seed: checkpoint 1, this run 7"):
+        build_trainer(changed, progress_bar=False)  # (before, it rewrote config.yaml first)
+    assert snapshot(folder) == first
+    from_path = tiny_config(*ONE_STEP, f"trainer.default_local_dir={folder}", "trainer.seed=7",
+                            f"trainer.resume_mode={folder / 'checkpoints' / 'global_step_1'}")
+    with pytest.raises(ConfigError, match=r"trainer.seed: checkpoint 1, this run 7"):
+        run_training(from_path)
+    assert snapshot(folder) == first and not (tmp_path / "run-2").exists()
+
+
+def test_a_second_ctrl_c_during_the_save_discards_that_save(tiny_config, tmp_path, interrupt):
+    folder = tmp_path / "run"
+    config = tiny_config("trainer.total_training_steps=4", "trainer.save_freq=1", "trainer.test_freq=2",
+                         "trainer.val_before_train=false", f"trainer.default_local_dir={folder}")
+    trainer = build_trainer(config, progress_bar=False)
+    interrupt(trainer, trainer, "validate", 2)  # Ctrl-C in step 2's validation: its save starts...
+    save = trainer.wg.save_checkpoint
+
+    def cut_short(path):
+        if Path(path).name == ".tmp-global_step_2":
+            (Path(path) / "actor").mkdir()
+            (Path(path) / "actor" / "model.safetensors").write_bytes(b"half")
+            raise KeyboardInterrupt  # ...and Ctrl-C again in the middle of it
+        return save(path)
+
+    trainer.wg.save_checkpoint = cut_short
+    with pytest.raises(TrainingInterrupted, match=r"^interrupted again while saving step 2: that save was discarded; "
+                                                  r"the last checkpoint is step 1; run the same command again"):
+        trainer.fit()
+    trainer.tracker.close()
+    assert sorted(p.name for p in (folder / "checkpoints").iterdir()) == ["global_step_1",
+                                                                         "latest_checkpointed_iteration.txt"]
+    assert build_trainer(config, progress_bar=False).global_step == 1  # resumes from the intact one
+
+
+def test_what_a_killed_save_left_is_removed_when_the_next_run_starts(tiny_config, tmp_path, capsys):
+    folder = tmp_path / "run"
+    run_training(tiny_config(*ONE_STEP, f"trainer.default_local_dir={folder}"))
+    stale = folder / "checkpoints" / ".tmp-global_step_2"
+    stale.mkdir()
+    (stale / "actor_state.pt").write_bytes(b"x" * 1000)  # a kill -9 mid-save
+    # the resumed run saves nothing (save_freq=-1): the folder is cleaned at its start, not by a save
+    run_training(tiny_config(*ONE_STEP, f"trainer.default_local_dir={folder}", "trainer.save_freq=-1",
+                             "trainer.total_training_steps=2"))
+    assert not stale.exists() and steps_logged(folder) == [1, 2]
+    assert f"removed {stale}: a save cut short" in capsys.readouterr().out
+
+
+def test_each_save_says_what_it_takes_on_disk(tiny_config, tmp_path, capsys):
+    folder = tmp_path / "run"
+    run_training(tiny_config("trainer.total_training_steps=2", "trainer.save_freq=1", "trainer.val_before_train=false",
+                             f"trainer.default_local_dir={folder}", "trainer.max_actor_ckpt_to_keep=1"))
+    out = capsys.readouterr()
+    kept = step_dirs(folder / "checkpoints")
+    assert [p.name for p in kept] == ["global_step_2"]  # verl's max_actor_ckpt_to_keep: the newest one
+    size = sum(len(data) for data in snapshot(kept[0]).values())  # read back from disk
+    line = f"saved {kept[0]} ({size / 1e6:.2f} MB); 1 checkpoint take {size / 1e6:.2f} MB " \
+           "(trainer.max_actor_ckpt_to_keep=1 keeps the newest 1)"
+    assert line in out.out + out.err
