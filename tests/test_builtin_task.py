@@ -8,7 +8,7 @@ from rlvr.data import RLHFDataset
 from rlvr.data.prepare import prepare_arithmetic
 from rlvr.models import load_model, load_tokenizer
 from rlvr.rewards import get_scorer
-from rlvr.rollout import GenerateRollout
+from rlvr.rollout import NativeRollout
 
 
 @pytest.mark.slow
@@ -16,7 +16,8 @@ def test_untrained_greedy_accuracy_leaves_room_to_learn(tmp_path):
     paths = prepare_arithmetic(tmp_path, train_size=10, test_size=64, seed=0)
     tokenizer = load_tokenizer("builtin")
     dataset = RLHFDataset(paths["test"], tokenizer, DataConfig(max_prompt_length=128))
-    rollout = GenerateRollout(load_model("builtin"), tokenizer, RolloutConfig(do_sample=False), 48)
+    # rlvr's engine (its greedy tokens equal transformers' generate: tests/rollout/test_engine.py), ~3x faster
+    rollout = NativeRollout(load_model("builtin"), tokenizer, RolloutConfig(do_sample=False), 48)
     items = [dataset[i] for i in range(len(dataset))]
     batch = dataset.collate(items)
     out = rollout.generate_sequences(batch)

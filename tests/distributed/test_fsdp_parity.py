@@ -120,26 +120,26 @@ def test_two_fsdp2_ranks_equal_one_process(tiny_model_dir, tmp_path, extra):
     assert len(two[0]["metrics"]) == 2 and two[0]["metrics"][0]["actor/grad_norm"] > 0
 
 
-@pytest.mark.parametrize("tp", [1, 2], ids=["engine-per-rank", "tp2"])
-def test_two_fsdp2_ranks_with_vllm_equal_one_process(tiny_vllm_model_dir, tmp_path, tp):
+def test_two_fsdp2_ranks_with_vllm_equal_one_process(tiny_vllm_model_dir, tmp_path):
     """rollout.name=vllm: each rank runs its own in-process vLLM engine beside the ranks' process
     group, fed weights gathered from the shards; every row is seeded by its place in the whole
     batch, so the 2 ranks sample the one process's tokens and train to its weights. With
     tensor_model_parallel_size=2 one engine spans both ranks (vLLM's external launcher, each rank
     holding half of every layer): the leader generates both ranks' rows, the other rank's engine
-    follows it, and each gets its own rows back."""
+    follows it, and each gets its own rows back; that run equals the one process's too."""
     vllm = "actor_rollout_ref.rollout.name=vllm"
     one = run_ranks(tmp_path, "one", 1, base_overrides(tiny_vllm_model_dir, 1, "local", vllm), steps=2)
-    two = run_ranks(tmp_path, "two", 2, base_overrides(tiny_vllm_model_dir, 2, "fsdp2", vllm,
-                                                       f"actor_rollout_ref.rollout.tensor_model_parallel_size={tp}"),
-                    steps=2)
-    assert_same_run(two, one)
-    assert (one[0]["vllm_tp"], two[0]["vllm_tp"]) == (1, tp)
-    assert two[0]["vllm_qkv_rows"] * tp == one[0]["vllm_qkv_rows"]  # this rank's share of the layer
-    if tp == 1:  # (with TP=2 both ranks answer slices of the leader's one batch: one width)
-        assert any(len(set(widths)) > 1 for widths in two[0]["rank_widths"]), two[0]["rank_widths"]
     initial = load_file(Path(tiny_vllm_model_dir) / "model.safetensors")
-    assert max(float((two[1][k] - initial[k]).abs().max()) for k in initial if k in two[1]) > 1e-3  # it trained
+    for tp in (1, 2):
+        two = run_ranks(tmp_path, f"tp{tp}", 2, base_overrides(
+            tiny_vllm_model_dir, 2, "fsdp2", vllm, f"actor_rollout_ref.rollout.tensor_model_parallel_size={tp}"),
+            steps=2)
+        assert_same_run(two, one)
+        assert (one[0]["vllm_tp"], two[0]["vllm_tp"]) == (1, tp)
+        assert two[0]["vllm_qkv_rows"] * tp == one[0]["vllm_qkv_rows"]  # this rank's share of the layer
+        if tp == 1:  # (with TP=2 both ranks answer slices of the leader's one batch: one width)
+            assert any(len(set(widths)) > 1 for widths in two[0]["rank_widths"]), two[0]["rank_widths"]
+        assert max(float((two[1][k] - initial[k]).abs().max()) for k in initial if k in two[1]) > 1e-3  # it trained
 
 
 def test_one_fsdp2_rank_in_process_equals_the_local_strategy(tiny_model_dir, tmp_path):
