@@ -85,9 +85,9 @@ def claim_run_folder(config: RLVRConfig) -> RLVRConfig:
     run may write to; removes what a save cut short left in it."""
     raw = config.trainer.default_local_dir.rstrip("/") or "/"
     wanted = Path(raw).expanduser()
-    reason, suffix = why_not_here(wanted, config), 1
-    folder = wanted
-    while why_not_here(folder, config) is not None or (folder.exists() and not folder.is_dir()):
+    folder, suffix, first_reason = wanted, 1, None
+    while (reason := "is a file" if folder.exists() and not folder.is_dir() else why_not_here(folder, config)):
+        first_reason = first_reason or reason
         suffix += 1
         if suffix > MAX_SUFFIX:
             raise ConfigError(f"{wanted}-2 ... {wanted}-{MAX_SUFFIX} all hold other runs: set "
@@ -98,7 +98,7 @@ def claim_run_folder(config: RLVRConfig) -> RLVRConfig:
         print(f"[rlvr] removed {stale}: a save cut short (the checkpoints beside it are complete)", flush=True)
     if folder == wanted:
         return config
-    print(f"[rlvr] {wanted} {reason}: this run writes to {folder}", flush=True)
+    print(f"[rlvr] {wanted} {first_reason}: this run writes to {folder}", flush=True)
     return moved(config, config.trainer.default_local_dir, f"{raw}-{suffix}")
 
 
