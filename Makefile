@@ -1,10 +1,12 @@
-# Two entry points: `make run` (set up, then the main job) and `make test` (set up, then
-# the whole test suite). Set-up is idempotent: a second call installs nothing.
+# Entry points: `make run` (set up, then the main job), `make test` (set up, then every test
+# but the slow end-to-end runs: under 15 minutes on 2 cores) and `make test-slow` (those runs:
+# the built-in model, several ranks, Ray; CI runs both). Set-up is idempotent: a second call
+# installs nothing.
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup run test test-fast clean
+.PHONY: setup run test test-slow clean
 
 setup: $(VENV)/.installed
 
@@ -29,10 +31,10 @@ run: setup
 	$(BIN)/rlvr train
 
 test: setup
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -m 'not slow'
 
-test-fast: setup
-	$(BIN)/python -m pytest -q -m 'not slow and not ray'
+test-slow: setup
+	$(BIN)/python -m pytest -q -m slow
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -96,6 +96,7 @@ def assert_same_weights(weights, ref_weights, atol=2e-5):
                                                                              float(diff.max()))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("extra", [
     ["actor_rollout_ref.actor.share_prompt_forward=true"],
     ["actor_rollout_ref.actor.share_prompt_forward=false"],
@@ -120,6 +121,7 @@ def test_two_fsdp2_ranks_equal_one_process(tiny_model_dir, tmp_path, extra):
     assert len(two[0]["metrics"]) == 2 and two[0]["metrics"][0]["actor/grad_norm"] > 0
 
 
+@pytest.mark.slow
 def test_two_fsdp2_ranks_with_vllm_equal_one_process(tiny_vllm_model_dir, tmp_path):
     """rollout.name=vllm: each rank runs its own in-process vLLM engine beside the ranks' process
     group, fed weights gathered from the shards; every row is seeded by its place in the whole
@@ -175,6 +177,7 @@ def test_sharded_engine_gathers_fresh_weights_per_rollout_and_frees_them_for_tra
     assert torch.equal(rec["responses"][0], local["responses"][0])
 
 
+@pytest.mark.slow
 def test_checkpoints_resume_on_another_number_of_ranks(tiny_model_dir, tmp_path):
     one_rank = base_overrides(tiny_model_dir, 1, "local")
     straight = run_ranks(tmp_path, "straight", 1, one_rank, steps=3)
@@ -194,6 +197,7 @@ def test_checkpoints_resume_on_another_number_of_ranks(tiny_model_dir, tmp_path)
     assert_same_weights(resumed[1], straight[1])
 
 
+@pytest.mark.slow
 def test_a_legacy_checkpoint_resumes_on_two_ranks(tiny_model_dir, tmp_path):
     """A one-process checkpoint from before name-keyed optimizer states (optimizer.state_dict():
     parameters by their place in the groups) resumed on 2 ranks: rank 0, which alone reads it,

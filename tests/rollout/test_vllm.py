@@ -258,6 +258,7 @@ def test_an_embedding_lora_actor_samples_its_adapted_embedding(tiny_vllm_model_d
     assert [c.token_ids for c in rollout.generate(ids, SamplingParams(max_new_tokens=12, do_sample=False))] == expected
 
 
+@pytest.mark.slow
 def test_a_mixture_of_experts_samples_its_updated_experts(tiny_moe_model_dir):
     """Qwen3-MoE under transformers 5 holds its experts fused (mlp.experts.gate_up_proj); vLLM
     loads them per expert. After an update of the experts alone, vLLM's greedy tokens equal

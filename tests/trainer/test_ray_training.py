@@ -25,7 +25,7 @@ from rlvr.trainer.main import run_training
 sys.path.insert(0, str(Path(__file__).parents[1]))
 from loopback_only import loopback_only  # noqa: E402
 
-pytestmark = pytest.mark.ray
+pytestmark = [pytest.mark.ray, pytest.mark.slow]  # each test starts Ray and trains end to end: 15-100 s
 pytest.importorskip("ray")
 
 VOLATILE = ("timing_s/", "timing_per_token_ms/", "perf/time_per_step", "perf/throughput", "time",
@@ -273,7 +273,6 @@ def test_custom_modules_reach_the_task_runner_and_the_workers(tiny_config, tmp_p
     assert {r["score"] for r in dumped} <= {0.25, 0.75} and {r["advantage"] for r in dumped} <= {-1.0, 1.0}
 
 
-@pytest.mark.slow
 def test_the_default_job_on_two_ray_workers_trains_on_rows_that_stop_at_eos(tmp_path, builtin_dir, tokenizer):
     """What a new user runs to scale out: ``rlvr train trainer.device=cpu trainer.n_gpus_per_node=2
     actor_rollout_ref.actor.strategy=fsdp2``, the built-in model on the arithmetic task, cut to 3
