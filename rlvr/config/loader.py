@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import importlib
+import math
 import os
 import sys
 import typing
@@ -228,6 +229,55 @@ def _verl_keys(data: dict[str, Any], source: str) -> None:
               file=sys.stderr, flush=True)
 
 
+def _fully_async_keys(data: dict[str, Any], source: str) -> None:
+    """verl's fully-async recipe spells async training ``async_training.*``; rlvr reads it onto
+    its one mechanism (``trainer.v1.trainer_mode``, ``colocate_async.num_warmup_batches``) and
+    says so, or refuses what that mechanism cannot hold, with the reason."""
+    section = data.pop("async_training", None)
+    if section is None:
+        return
+    where = f"(from {source})"
+    if not isinstance(section, dict):
+        raise ConfigError(f"async_training {where} must be a section (verl's fully-async recipe keys)")
+    refused = {
+        "trigger_parameter_sync_step": (1, "rlvr loads the engine's weights after every step; to update K times "
+                                           "between two loads, make data.train_batch_size K x "
+                                           "actor_rollout_ref.actor.ppo_mini_batch_size"),
+        "require_batches": (1, "a step trains data.train_batch_size prompts; set that instead"),
+        "partial_rollout": (False, "rlvr loads new weights between two generations, never during one, so no "
+                                   "request spans two weight versions"),
+        "use_rollout_log_probs": (False, "the update's pi_old is recomputed by the actor (rollout_log_probs are "
+                                         "compared with it: training/rollout_probs_diff_*)"),
+        "compute_prox_log_prob": (False, "the update's pi_old is recomputed by the actor for every step"),
+        "use_trainer_do_validate": (False, "validation runs on the rollout engine, after the batches queued before it"),
+    }
+    unknown = sorted(set(section) - set(refused) - {"staleness_threshold", "checkpoint_engine"})
+    if unknown:
+        raise ConfigError(f"async_training.{unknown[0]} {where}: not a key of verl's fully-async recipe that rlvr "
+                          f"reads; rlvr's async keys are trainer.v1.trainer_mode and "
+                          f"trainer.v1.colocate_async.num_warmup_batches")
+    for key, (allowed, why) in refused.items():
+        if key in section and section[key] != allowed:
+            raise ConfigError(f"async_training.{key}={section[key]!r} {where} cannot be honoured: {why}; remove it "
+                              f"or set it to {allowed!r}")
+    staleness = section.get("staleness_threshold", 1)
+    if not isinstance(staleness, (int, float)) or staleness < 0:
+        raise ConfigError(f"async_training.staleness_threshold={staleness!r} {where} must be a number >= 0")
+    ahead = math.ceil(staleness)
+    hybrid = data.get("actor_rollout_ref", {}).get("hybrid_engine", True)
+    mode = "colocate_async" if hybrid else "separate_async"
+    trainer = data.setdefault("trainer", {})
+    v1 = trainer.setdefault("v1", {})
+    v1.setdefault("trainer_mode", mode)
+    v1.setdefault("colocate_async", {}).setdefault("num_warmup_batches", ahead)
+    print(f"[rlvr] note: async_training {where} (verl's fully-async recipe) read as trainer.v1.trainer_mode="
+          f"{v1['trainer_mode']}, trainer.v1.colocate_async.num_warmup_batches="
+          f"{v1['colocate_async']['num_warmup_batches']}: whole batches generated ahead (staleness_threshold "
+          f"{staleness} rounded up), on a fixed schedule"
+          + ("; checkpoint_engine has no effect: the weights go to the engine as one copy per step"
+             if "checkpoint_engine" in section else ""), file=sys.stderr, flush=True)
+
+
 def _nearest(key: str) -> str:
     all_keys = list(known_keys())
     near = difflib.get_close_matches(key, all_keys, n=1, cutoff=0.6)
@@ -289,6 +339,7 @@ def load_config(config_file: str | Path | None = None, overrides: Iterable[str] 
     defaults = OmegaConf.structured(RLVRConfig)
     set_by: dict[str, str] = {}  # run-length key -> the layer that set it
     for data, source in layers:
+        _fully_async_keys(data, source)
         _verl_keys(data, source)
         _check_keys(data, source)
         try:

@@ -115,7 +115,12 @@ def local_worker_groups(config: RLVRConfig, steps: int, tokenizer, tool_setup, r
         critic = CriticWorker(*critic_args(config, steps, tokenizer.pad_token_id))
         critic.init_model()
         critic_wg = LocalWorkerGroup(critic)
-    return LocalWorkerGroup(worker), critic_wg, None
+    rollout_wg = None
+    if config.trainer.v1.trainer_mode == "colocate_async":  # an engine with its own weights, generating ahead
+        rollout = RolloutWorker(config, tokenizer, tool_setup)
+        rollout.init_model()
+        rollout_wg = LocalWorkerGroup(rollout)
+    return LocalWorkerGroup(worker), critic_wg, rollout_wg
 
 
 def ray_worker_groups(config: RLVRConfig, steps: int, tokenizer, tool_setup, run_dir: Path):

@@ -132,6 +132,30 @@ def compute_throughput_metrics(batch: DataProto, step_time: float, n_devices: in
             "perf/throughput": total / max(step_time, 1e-9) / n_devices}
 
 
+def compute_off_policy_metrics(batch: DataProto, step: int, timings: dict[str, float]) -> dict[str, float]:
+    """How far behind the trained samples are (verl's ``training/off_policy`` names): a sample's
+    staleness is the updates between the weights that generated it (``policy_version``, stamped
+    by the engine) and those it trains (step - 1); its span counts the steps from its dispatch
+    to its training, both included. Async runs also say who waited: the trainer for the
+    engine (``wait_gen``), and the engine for work (the step's time it did not generate)."""
+    metrics: dict[str, float] = {}
+    non_tensor = batch.non_tensor_batch
+    if "policy_version" in non_tensor:
+        staleness = (step - 1) - np.asarray(non_tensor["policy_version"], dtype=np.int64)
+        metrics.update({"training/off_policy/trajectory_staleness/mean": float(staleness.mean()),
+                        "training/off_policy/trajectory_staleness/max": float(staleness.max())})
+    if "dispatch_step" in non_tensor:
+        spans = step - np.asarray(non_tensor["dispatch_step"], dtype=np.int64) + 1
+        metrics.update({"training/off_policy/trajectory_spans/mean": float(spans.mean()),
+                        "training/off_policy/trajectory_spans/max": float(spans.max())})
+    if "wait_gen" in timings:
+        step_s = max(timings["step"], 1e-9)
+        busy = timings.get("gen", 0.0) + timings.get("update_weights", 0.0)
+        metrics.update({"perf/trainer_idle_ratio": timings["wait_gen"] / step_s,
+                        "perf/rollout_idle_ratio": max(0.0, 1.0 - busy / step_s)})
+    return metrics
+
+
 def validation_metrics(data_sources, groups, scores, answers, n_bootstrap: int = 1000,
                        seed: int = 42) -> dict[str, float]:
     """verl's validation metrics from per-sample scores, averaged over prompts.

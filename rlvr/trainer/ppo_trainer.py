@@ -28,15 +28,20 @@ from rlvr.algos.advantages import compute_advantage
 from rlvr.algos.dapo import filter_groups
 from rlvr.algos.kl import apply_kl_penalty, get_kl_controller
 from rlvr.config.schema import RLVRConfig
+from rlvr.config.validate import ConfigError
 from rlvr.data.sampler import PromptLoader
 from rlvr.protocol import DataProto, concat_rollouts
 from rlvr.rewards.manager import TRAJECTORY_KEYS
 from rlvr.errors import StopTraining, TrainingInterrupted
 from rlvr.trainer import checkpoint
 from rlvr.trainer.evaluate import evaluate, generation_batch
-from rlvr.trainer.metrics import (compute_data_metrics, compute_throughput_metrics, compute_timing_metrics,
-                                  reduce_metrics, timer)
+from rlvr.trainer.metrics import (compute_data_metrics, compute_off_policy_metrics, compute_throughput_metrics,
+                                  compute_timing_metrics, reduce_metrics, timer)
+from rlvr.trainer.rollout_ahead import Dispatched, RolloutAhead
 from rlvr.trainer.tracking import Tracking
+
+
+AHEAD_FILE = "rollouts_ahead.pt"  # async: the batches generated ahead of the checkpoint's step
 
 
 class DynamicSamplingError(StopTraining):
@@ -77,6 +82,11 @@ class RLTrainer:
         self._pending: dict | None = None  # the completed step's record until it is logged
         self._updating = False  # inside a step's updates: the weights are partly updated
         self._saved_step = 0
+        # async (trainer.v1.trainer_mode colocate_async | separate_async): the engine generates ahead
+        ahead = config.trainer.v1.colocate_async.num_warmup_batches
+        self.ahead = RolloutAhead(self.rollout_wg, ahead) if config.trainer.v1.trainer_mode != "sync" else None
+        self._next_dispatch = 1  # the step of the next batch to dispatch to the engine ahead
+        self._prompt_batches = None  # async: the prompt stream the dispatches draw from
 
     # ------------------------------------------------------------------ the loop
     def fit(self) -> dict[str, float]:
@@ -109,6 +119,9 @@ class RLTrainer:
                 message = (f"interrupted again while saving step {self._completed['global_step']}: that save was "
                            f"discarded; the last checkpoint is {kept}; run the same command again to resume")
             raise TrainingInterrupted(message) from None
+        finally:
+            if self.ahead is not None:
+                self.ahead.close()
         progress.close()
         return last
 
@@ -116,10 +129,16 @@ class RLTrainer:
         last: dict[str, float] = {}
         batches = self._batches()
         more_batches = (batch for batch, _ in batches)  # the same stream, for dynamic sampling
+        self._prompt_batches = batches
         while self.global_step < self.total_training_steps:
-            batch, epoch = next(batches)
-            self.global_step += 1
-            metrics = self.train_step(batch, more_batches)
+            if self.ahead is None:
+                batch, epoch = next(batches)
+                self.global_step += 1
+                metrics = self.train_step(batch, more_batches)
+            else:  # the engine draws the prompts, ahead: the step trains on what it generated
+                self.global_step += 1
+                metrics = self.train_step(None)
+                epoch = metrics.pop("_epoch")
             metrics["training/epoch"] = float(epoch)
             self._commit(metrics)
             last = self._finish_step(progress)
@@ -147,6 +166,8 @@ class RLTrainer:
     def _commit(self, metrics: dict[str, float]) -> None:
         """The step's updates returned: it is complete; its record waits to be logged."""
         self._completed = self._snapshot(self.global_step)
+        if self.ahead is not None:
+            self.ahead.forget(self.global_step)
         self._pending = {"metrics": metrics, "validated": False}
         self._updating = False
 
@@ -197,6 +218,8 @@ class RLTrainer:
             self.wg.save_checkpoint(folder)
             if self.critic_wg is not None:
                 self.critic_wg.save_checkpoint(folder)
+            if self.ahead is not None:  # the batches generated ahead: a resume trains on these very ones
+                torch.save(self.ahead.drain(step + self.ahead.ahead), folder / AHEAD_FILE)
 
         root, keep = checkpoint.checkpoint_root(self.config), self.config.trainer.max_actor_ckpt_to_keep
         path = checkpoint.save(root, step, write_parts, state, keep)
@@ -216,7 +239,15 @@ class RLTrainer:
         """Continue from ``path`` exactly where the saved run stopped."""
         state = checkpoint.load_trainer_state(path, self.config)
         self.wg.load_checkpoint(path)
-        self.sync_rollout_weights()
+        if self.ahead is None:
+            self.sync_rollout_weights()
+        else:  # the next dispatch loads the weights it needs
+            if not (path / AHEAD_FILE).is_file():
+                raise ConfigError(f"cannot resume from {path} with trainer.v1.trainer_mode="
+                                  f"{self.config.trainer.v1.trainer_mode}: it was saved by a synchronous run (it holds "
+                                  f"no {AHEAD_FILE}); resume it with trainer.v1.trainer_mode=sync")
+            self.ahead.restore(torch.load(path / AHEAD_FILE, weights_only=False))
+            self._next_dispatch = state["global_step"] + 1 + len(self.ahead.pending)
         if self.critic_wg is not None:
             self.critic_wg.load_checkpoint(path)
         self.loader.load_state_dict(state["sampler"])
@@ -228,9 +259,10 @@ class RLTrainer:
         # records after the checkpoint are logged again; an unlogged step's own record too
         self.tracker.rewind(self.global_step - 1 if self._pending is not None else self.global_step)
 
-    def train_step(self, batch: DataProto, more_batches: Iterator[DataProto] = iter(())) -> dict[str, float]:
+    def train_step(self, batch: DataProto | None, more_batches: Iterator[DataProto] = iter(())) -> dict[str, float]:
         """One step on one batch of prompts (and, under DAPO dynamic sampling, as many more from
-        ``more_batches`` as it takes); returns its metrics."""
+        ``more_batches`` as it takes; async: None, the batch the engine generated ahead); returns
+        its metrics."""
         cfg = self.config
         metrics: dict[str, float] = {"training/global_step": float(self.global_step)}
         timings: dict[str, float] = {}
@@ -238,6 +270,8 @@ class RLTrainer:
             if cfg.algorithm.filter_groups.enable:
                 batch = self._dynamic_sampling(batch, more_batches, metrics, timings)
                 reward = None  # scored and filtered already
+            elif self.ahead is not None:
+                batch, reward = self._rollout_ahead(metrics, timings)
             else:
                 batch, reward = self._rollout(batch, 0, timings)
             if self.separate_old_log_prob:
@@ -262,7 +296,7 @@ class RLTrainer:
                     metrics.update(reduce_metrics(self.critic_wg.update_critic(batch).meta_info["metrics"]))
             with timer("update_actor", timings):
                 update = self.wg.update_actor(batch)
-            if self.rollout_wg is not self.wg:
+            if self.rollout_wg is not self.wg and self.ahead is None:
                 with timer("sync_weights", timings):  # to the rollout workers of their own
                     self.sync_rollout_weights()
             metrics.update(reduce_metrics(update.meta_info["metrics"]))
@@ -271,26 +305,61 @@ class RLTrainer:
         metrics.update(compute_data_metrics(batch, cfg.data.max_response_length, cfg.data.max_prompt_length))
         metrics.update(compute_timing_metrics(batch, timings))
         metrics.update(compute_throughput_metrics(batch, timings["step"], cfg.trainer.n_gpus_per_node * cfg.trainer.nnodes))
+        metrics.update(compute_off_policy_metrics(batch, self.global_step, timings))
         return metrics
 
-    def _seed(self, purpose: str, gen_index: int = 0) -> int:
-        """A distinct, reproducible sampling seed per step, purpose and generation batch."""
+    def _seed(self, purpose: str, gen_index: int = 0, step: int | None = None) -> int:
+        """A distinct, reproducible sampling seed per step (this one unless ``step``), purpose and
+        generation batch."""
         offset = {"train": 0, "greedy": 1, "val": 2}[purpose]
-        return (self.config.actor_rollout_ref.rollout.seed * 1_000_003 + self.global_step) * 3 + offset \
-            + gen_index * 104_729 * 3
+        step = self.global_step if step is None else step
+        return (self.config.actor_rollout_ref.rollout.seed * 1_000_003 + step) * 3 + offset + gen_index * 104_729 * 3
 
     # ------------------------------------------------------------------ stages
     def _rollout(self, batch: DataProto, gen_index: int, timings: dict[str, float]):
         """n responses per prompt, scored (or being scored): (the batch, the reward or its future)."""
-        cfg = self.config
-        n = cfg.actor_rollout_ref.rollout.n
-        batch.non_tensor_batch["uid"] = np.array([f"{self.global_step}-{gen_index}-{i}" for i in range(len(batch))],
-                                                 dtype=object)
-        gen_batch = generation_batch(batch).repeat(n, interleave=True)
-        gen_batch.meta_info["seed"] = self._seed("train", gen_index)
+        batch, gen_batch = self._dispatch(batch, self.global_step, gen_index)
         with timer("gen", timings):
             gen_out = self.rollout_wg.generate_sequences(gen_batch)
-        batch = batch.repeat(n, interleave=True).union(gen_out)
+        if "policy_version" not in gen_out.non_tensor_batch:  # the hybrid engine: the actor's own weights
+            gen_out.non_tensor_batch["policy_version"] = np.full(len(gen_out), self.global_step - 1, dtype=np.int64)
+        return self._score(batch.union(gen_out), gen_index, timings, gen_batch)
+
+    def _dispatch(self, batch: DataProto, step: int, gen_index: int) -> tuple[DataProto, DataProto]:
+        """Step ``step``'s prompts with their group ids, repeated n times: (the batch, what the
+        engine is sent). ``dispatch_step`` is the step under way when they are sent (async: an
+        earlier one)."""
+        n = self.config.actor_rollout_ref.rollout.n
+        batch.non_tensor_batch["uid"] = np.array([f"{step}-{gen_index}-{i}" for i in range(len(batch))], dtype=object)
+        batch.non_tensor_batch["dispatch_step"] = np.full(len(batch), self.global_step, dtype=np.int64)
+        gen_batch = generation_batch(batch).repeat(n, interleave=True)
+        gen_batch.meta_info["seed"] = self._seed("train", gen_index, step)
+        return batch.repeat(n, interleave=True), gen_batch
+
+    def _rollout_ahead(self, metrics: dict[str, float], timings: dict[str, float]):
+        """Async: dispatch the batches up to step + k (the actor holds version step - 1, what the
+        last of them needs), then this step's batch, generated ahead, scored."""
+        last = min(self.global_step + self.ahead.ahead, self.total_training_steps)  # none past the run's end
+        while self._next_dispatch <= last:
+            step = self._next_dispatch
+            prompts, epoch = next(self._prompt_batches)
+            batch, gen_batch = self._dispatch(prompts, step, 0)
+            self.ahead.dispatch(Dispatched(step, batch, epoch), gen_batch, self.global_step - 1, self._full_weights)
+            self._next_dispatch += 1
+        with timer("wait_gen", timings):
+            item = self.ahead.take(self.global_step)
+        timings.update(item.timings)
+        metrics["_epoch"] = item.epoch
+        return self._score(item.batch.union(item.output), 0, timings)
+
+    def _full_weights(self) -> dict[str, torch.Tensor]:
+        weights = self.wg.full_weights()
+        return weights[0] if isinstance(weights, list) else weights
+
+    def _score(self, batch: DataProto, gen_index: int, timings: dict[str, float], gen_batch: DataProto | None = None):
+        """The generated batch scored (or being scored): (the batch, the reward or its future).
+        ReMax's greedy baselines need ``gen_batch`` (synchronous runs only)."""
+        cfg = self.config
         batch.meta_info["temperature"] = cfg.actor_rollout_ref.rollout.temperature
         if cfg.algorithm.adv_estimator == "remax":
             with timer("gen_max", timings):
@@ -406,6 +475,9 @@ class RLTrainer:
                                           skip_special_tokens=True),
                        "score": float(batch.batch["token_level_scores"][i].sum()),
                        "advantage": float(batch.batch["advantages"][i][batch.batch["response_mask"][i].bool()][:1].sum())}
+                for key in ("policy_version", "dispatch_step"):  # which weights generated it, dispatched when
+                    if key in batch.non_tensor_batch:
+                        row[key] = int(batch.non_tensor_batch[key][i])
                 for key in ("data_source", "reward_model", "num_turns", "messages", "tool_rewards"):
                     if key in batch.non_tensor_batch:  # multi-turn: the conversation, each call and result
                         row[key] = batch.non_tensor_batch[key][i]
@@ -423,6 +495,11 @@ class RLTrainer:
         return self._validation_pass(n=val.n, sampling=sampling)
 
     def _validation_pass(self, n: int, sampling: dict[str, Any]) -> dict[str, float]:
-        return evaluate(self.rollout_wg.generate_sequences, self.val_reward_fn, self.val_dataset, self.tokenizer, n, sampling,
-                        self.config.data.val_batch_size, self._seed("val"), self.config.data.reward_fn_key,
-                        progress="validation" if self.tracker.progress_bar else None)
+        def run() -> dict[str, float]:
+            return evaluate(self.rollout_wg.generate_sequences, self.val_reward_fn, self.val_dataset, self.tokenizer,
+                            n, sampling, self.config.data.val_batch_size, self._seed("val"),
+                            self.config.data.reward_fn_key, progress="validation" if self.tracker.progress_bar else None)
+        if self.ahead is None:
+            return run()
+        # async: on the engine, after the batches queued before it, with the weights of the last complete step
+        return self.ahead.run(run, self._completed["global_step"], self._full_weights)

@@ -102,7 +102,9 @@ class ActorRolloutRefWorker(Worker):
         if ref_model is not None:
             self.ref = Actor(ref_model, arr.actor, self.config.algorithm, pad_id=pad_id, max_response_length=max_len,
                              root=ref_root, dp=dp)
-        if arr.hybrid_engine:  # else the rollout lives in RolloutWorkers of its own (workers/rollout.py)
+        # else the rollout lives in RolloutWorkers of its own (workers/rollout.py): on devices of their
+        # own (hybrid_engine=false), or beside this worker, generating ahead (trainer.v1.trainer_mode)
+        if arr.hybrid_engine and self.config.trainer.v1.trainer_mode == "sync":
             # sharded: an engine that decodes on a module gets unsharded weights only while a rollout runs
             if self.sharded and not get_rollout_class(arr.rollout.name).streams_weights:
                 self.engine_weights = fsdp.EngineWeights(

@@ -9,6 +9,7 @@ Its ranks are a data-parallel group of their own: each samples its share of the 
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from rlvr.config.loader import import_custom_modules
@@ -28,6 +29,7 @@ class RolloutWorker(Worker):
         self.config, self.tokenizer, self.tool_setup = config, tokenizer, tool_setup
         self.device = resolve_device(config.trainer.device)
         self.model = self.rollout = None
+        self.version: int | None = None  # the policy version of the weights held (None: not told)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self) -> None:
@@ -41,8 +43,11 @@ class RolloutWorker(Worker):
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     @torch.no_grad()
-    def update_weights(self, weights: dict[str, torch.Tensor]) -> None:
-        """Replace the copy's weights with the actor's (names as the Hugging Face model's)."""
+    def update_weights(self, weights: dict[str, torch.Tensor], version: int | None = None) -> None:
+        """Replace the copy's weights with the actor's (names as the Hugging Face model's).
+        ``version``: the policy version they are (the number of steps whose update they hold),
+        stamped on every sample generated with them (``policy_version``)."""
+        self.version = version
         missing, unexpected = self.model.load_state_dict(weights, strict=False)
         tied = {name for name, _ in self.model.named_parameters(remove_duplicate=False)} - \
             {name for name, _ in self.model.named_parameters()}
@@ -53,8 +58,13 @@ class RolloutWorker(Worker):
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def generate_sequences(self, prompts: DataProto) -> DataProto:
         prompts.meta_info.update(row_offset=self.rank * len(prompts), total_rows=self.world_size * len(prompts))
-        self.rollout.sync_weights()  # the engine's bf16 / lean copies follow the new weights
+        # the engine's bf16 / lean copies (vLLM: its own weights) follow the new weights; a version it
+        # holds already is not copied again (None, a sender that gives no versions: always copied)
+        self.rollout.sync_weights(self.version)
         try:
-            return self.rollout.generate_sequences(prompts)
+            out = self.rollout.generate_sequences(prompts)
         finally:
             self.rollout.free_cache()
+        if self.version is not None:  # every token of a row comes from the weights held now
+            out.non_tensor_batch["policy_version"] = np.full(len(out), self.version, dtype=np.int64)
+        return out
