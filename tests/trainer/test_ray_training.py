@@ -29,7 +29,8 @@ pytestmark = [pytest.mark.ray, pytest.mark.slow]  # each test starts Ray and tra
 pytest.importorskip("ray")
 
 VOLATILE = ("timing_s/", "timing_per_token_ms/", "perf/time_per_step", "perf/throughput", "time",
-            "training/rollout_probs_diff", "perf/cpu_max_rss_gb", "perf/max_memory_allocated_gb")
+            "training/rollout_probs_diff", "perf/cpu_max_rss_gb", "perf/max_memory_allocated_gb",
+            "perf/trainer_idle_ratio", "perf/rollout_idle_ratio")
 RAY_2_CPU = ["trainer.device=cpu", "trainer.n_gpus_per_node=2", "actor_rollout_ref.actor.strategy=fsdp2"]
 STEPS = ["trainer.total_training_steps=3", "trainer.save_freq=3", "data.train_batch_size=4",
          "actor_rollout_ref.actor.ppo_mini_batch_size=2", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=3",
@@ -162,6 +163,26 @@ def test_a_rollout_on_workers_of_its_own_equals_the_hybrid_engine(tiny_config, t
     actor = json.loads((run_dir / "workers.json").read_text())
     rollout = json.loads((run_dir / "rollout_pool" / "workers.json").read_text())
     assert len(rollout) == 2 and {w["pid"] for w in actor}.isdisjoint({w["pid"] for w in rollout})  # their own
+
+
+def test_one_step_off_on_rollout_workers_of_their_own_equals_the_in_process_run(tiny_config, tmp_path):
+    """trainer.v1.trainer_mode=separate_async: the schedule of colocate_async on a rollout pool of
+    its own (two Ray workers), the weights sent to them with their version; the run equals the
+    one-step-off run in one process, and each step trains the batch the weights before the last
+    update generated."""
+    ahead = ["trainer.v1.colocate_async.num_warmup_batches=1"]
+    local_dir, ray_dir = tmp_path / "local", tmp_path / "ray"
+    run_training(tiny_config(*STEPS, *ahead, "trainer.v1.trainer_mode=colocate_async",
+                             f"trainer.default_local_dir={local_dir}"))
+    config = tiny_config(*STEPS, *ahead, "trainer.v1.trainer_mode=separate_async", "trainer.device=cpu",
+                         "actor_rollout_ref.hybrid_engine=false", "actor_rollout_ref.rollout.n_gpus_per_node=2",
+                         "ray_kwargs.ray_init.num_cpus=3", f"trainer.default_local_dir={ray_dir}")
+    done = subprocess.run(train_command(config, tmp_path), capture_output=True, text=True, timeout=400)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    got = records(ray_dir)
+    assert_same_metrics(got, records(local_dir))
+    assert [r["training/off_policy/trajectory_staleness/max"] for r in got[1:]] == [0, 1, 1]
+    assert_same_weights(final_weights(ray_dir, 3), final_weights(local_dir, 3))
 
 
 def test_ppo_with_a_critic_colocated_on_two_ray_workers_equals_the_in_process_run(tiny_config, tmp_path):
