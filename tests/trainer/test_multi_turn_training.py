@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from rlvr.data.prepare import prepare_calculator
+from rlvr.errors import TrainingInterrupted
 from rlvr.trainer.main import build_trainer
 
 CALL = "<calculator>2 + 3</calculator>"
@@ -109,3 +110,31 @@ def test_remax_greedy_baseline_is_scored_on_its_own_trajectory(tool_config, tmp_
     gen = generation_batch(batch).repeat(n, interleave=True)
     baselines = trainer._greedy_baselines(gen, batch.repeat(n, interleave=True))
     assert baselines.tolist() == [2.0] * len(gen)  # the forced call, then the greedy answer
+
+
+def test_one_step_off_multi_turn_calls_tools_on_the_engine_ahead(tool_config, tmp_path, forced_calls, interrupt):
+    """trainer.v1.trainer_mode=colocate_async with tools: the engine ahead runs the whole
+    conversation (model turns, calculator calls) with the weights before the last update;
+    its tool tokens carry no loss, and a run resumed mid-way equals the straight one."""
+    common = ("trainer.v1.trainer_mode=colocate_async", "trainer.v1.colocate_async.num_warmup_batches=1",
+              "trainer.total_training_steps=3", "trainer.val_before_train=false")
+    straight = build_trainer(tool_config(*common, f"trainer.default_local_dir={tmp_path / 'a'}"), progress_bar=False)
+    straight.fit()
+    straight.tracker.close()
+    got = records(tmp_path / "a")
+    assert all(r["multi_turn/tool_calls"] == 1.0 and r["multi_turn/tool_tokens/mean"] > 0 for r in got)
+    assert [r["training/off_policy/trajectory_staleness/max"] for r in got] == [0, 1, 1]
+    row = json.loads((tmp_path / "a" / "rollouts" / "3.jsonl").read_text().splitlines()[0])
+    assert row["policy_version"] == 1 and [m["role"] for m in row["messages"]][:2] == ["assistant", "tool"]
+    config = tool_config(*common, "trainer.save_freq=1", f"trainer.default_local_dir={tmp_path / 'b'}")
+    first = build_trainer(config, progress_bar=False)
+    interrupt(first, first.ahead, "take", 3)  # Ctrl-C waiting for batch 3: step 2 and batch 3 saved
+    with pytest.raises(TrainingInterrupted, match="interrupted after step 2"):
+        first.fit()
+    first.tracker.close()
+    resumed = build_trainer(config, progress_bar=False)
+    assert resumed.global_step == 2 and sorted(resumed.ahead.pending) == [3]
+    resumed.fit()
+    resumed.tracker.close()
+    for a, b in zip(weights(straight), weights(resumed)):
+        torch.testing.assert_close(a, b, atol=0, rtol=0)
