@@ -4,12 +4,15 @@
 (the worker group's during training, a bare rollout engine in ``rlvr eval``), scores them
 with a reward manager and reports ``val-core/<data_source>/reward/{mean,best,maj}@n``;
 ``best@n`` is pass@n for 0/1 rewards. A progress bar (stderr, as the training loop's) counts the
-prompts scored, batch by batch.
+prompts scored, batch by batch, and while a batch generates its elapsed time ticks every
+second (the default job validates in one batch of 40-50 s).
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable
+import contextlib
+import threading
+from typing import Any, Callable, Iterator
 
 import numpy as np
 from tqdm import tqdm
@@ -31,12 +34,34 @@ def generation_batch(batch: DataProto) -> DataProto:
     return gen
 
 
+@contextlib.contextmanager
+def ticking(bar, every_s: float = 1.0) -> Iterator[None]:
+    """Redraw ``bar`` every ``every_s`` seconds while the block runs: its elapsed time moves while
+    a long batch generates (a disabled bar: nothing)."""
+    if bar.disable:
+        yield
+        return
+    stop = threading.Event()
+
+    def tick() -> None:
+        while not stop.wait(every_s):
+            bar.refresh()
+    thread = threading.Thread(target=tick, name="rlvr-progress", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+
+
 def evaluate(generate: Callable[[DataProto], DataProto], reward_fn, dataset, tokenizer, n: int,
              sampling: dict[str, Any], batch_size: int | None = None, seed: int = 0,
              reward_fn_key: str = "data_source", progress: str | None = None) -> dict[str, float]:
     """Generate ``n`` responses per prompt of ``dataset`` with ``sampling`` (meta_info overrides), score,
     report; ``progress`` names a progress bar of the prompts scored (None: no bar). The bar moves once
-    per batch of ``batch_size`` prompts (None: the whole dataset in one batch)."""
+    per batch of ``batch_size`` prompts (None: the whole dataset in one batch), and says
+    "generating", its elapsed time ticking, while a batch generates."""
     size = batch_size or len(dataset)
     sources, groups, scores, answers = [], [], [], []
     turns, counters, tool_token_counts = [], [], []  # multi-turn rollouts only
@@ -50,7 +75,9 @@ def evaluate(generate: Callable[[DataProto], DataProto], reward_fn, dataset, tok
         # each batch its own seed: the engines number rows from 0 in every call, so with one seed row i
         # of every batch would draw the same uniforms (native) or the same request seed (vLLM)
         gen.meta_info.update(sampling, validate=True, seed=seed + BATCH_SEED_STRIDE * start)
-        batch = batch.repeat(n, interleave=True).union(generate(gen))
+        bar.set_postfix_str("generating", refresh=False)
+        with ticking(bar):
+            batch = batch.repeat(n, interleave=True).union(generate(gen))
         result = reward_fn(batch)
         texts = [tokenizer.decode(r[m.bool()], skip_special_tokens=True).strip()
                  for r, m in zip(batch.batch["responses"], batch.batch["response_mask"])]

@@ -336,3 +336,22 @@ def test_rollout_in_waves_of_max_num_seqs_trains_like_one_wave(tiny_config, tmp_
         assert wave_metrics[key] == metrics[key], key
     for a, b in zip(weights, wave_weights):
         assert torch.allclose(a, b, atol=1e-6)
+
+
+def test_a_long_validation_batch_shows_its_time_passing(capsys):
+    """One batch (the default job's validation: 40-50 s) would leave the bar still until the end:
+    while it generates, the bar says so and its elapsed time is redrawn every second."""
+    import time
+
+    from tqdm import tqdm
+
+    from rlvr.trainer.evaluate import ticking
+
+    bar = tqdm(total=4, desc="validation", unit="prompt")
+    bar.set_postfix_str("generating", refresh=False)
+    with ticking(bar, every_s=0.2):
+        time.sleep(1.1)  # a batch generating
+    bar.close()
+    err = capsys.readouterr().err
+    # redrawn while it generated (about 5 times), not only when it was created and closed
+    assert "generating" in err and len(re.findall(r"0/4 \[00:0\d", err)) >= 4, err
