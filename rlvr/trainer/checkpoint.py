@@ -68,8 +68,7 @@ COMPATIBILITY_KEYS = {
     "algorithm.use_kl_in_reward": lambda c: c.algorithm.use_kl_in_reward,
     # async: the batches generated ahead are saved with the checkpoint, as many as the mode queues
     "trainer.v1.trainer_mode": lambda c: c.trainer.v1.trainer_mode,
-    "trainer.v1.colocate_async.num_warmup_batches":
-        lambda c: c.trainer.v1.colocate_async.num_warmup_batches if c.trainer.v1.trainer_mode != "sync" else None,
+    "trainer.v1.colocate_async.num_warmup_batches": lambda c: c.trainer.v1.colocate_async.num_warmup_batches,
 }
 
 

@@ -349,8 +349,22 @@ class RLTrainer:
         with timer("wait_gen", timings):
             item = self.ahead.take(self.global_step)
         timings.update(item.timings)
+        self._check_span(item)
         metrics["_epoch"] = item.epoch
         return self._score(item.batch.union(item.output), 0, timings)
+
+    def _check_span(self, item: Dispatched) -> None:
+        """No trained batch spans more weight versions than ``max_off_policy_threshold``: the fixed
+        schedule keeps every span at num_warmup_batches + 1 at most (the load refuses a lower
+        threshold), so a longer one is a bug in the schedule, stopped here, never trained on."""
+        sampler = self.config.trainer.v1.sampler
+        span = self.global_step - int(item.batch.non_tensor_batch["dispatch_step"].max()) + 1
+        if span > sampler.max_off_policy_threshold:
+            raise RuntimeError(f"step {self.global_step}: its batch was dispatched at step "
+                               f"{int(item.batch.non_tensor_batch['dispatch_step'].max())} and spans {span} weight "
+                               f"versions, over trainer.v1.sampler.max_off_policy_threshold = "
+                               f"{sampler.max_off_policy_threshold} (max_off_policy_strategy="
+                               f"{sampler.max_off_policy_strategy} is never needed by the fixed schedule): a bug")
 
     def _full_weights(self) -> dict[str, torch.Tensor]:
         weights = self.wg.full_weights()

@@ -49,7 +49,11 @@ class RolloutAhead:
         self.rollout_wg, self.ahead = rollout_wg, ahead
         self.engine_version: int | None = None  # what the engine will hold once the queued work has run
         self.pending: dict[int, Future] = {}  # step -> the future of its Dispatched
-        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rlvr-rollout-ahead")
+        # torch's thread count is per thread: the engine's computes with the trainer's, so that its
+        # reductions split as the synchronous trainer's do (else a run depends on what set it)
+        threads = torch.get_num_threads()
+        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rlvr-rollout-ahead",
+                                          initializer=torch.set_num_threads, initargs=(threads,))
 
     def dispatch(self, item: Dispatched, gen_batch: DataProto, version: int,
                  weights: Callable[[], dict[str, torch.Tensor]]) -> None:

@@ -33,6 +33,9 @@ RECORD = ("config.yaml", "metrics.jsonl", "checkpoints")  # what makes a folder 
 MAX_SUFFIX = 1000
 
 
+MISSING = object()
+
+
 def holds_a_run(folder: Path) -> bool:
     return any((folder / name).exists() for name in RECORD)
 
@@ -44,14 +47,15 @@ def saved_compatibility(folder: Path) -> dict[str, Any] | None:
         saved = yaml.safe_load((folder / "config.yaml").read_text())
     except (OSError, yaml.YAMLError):
         return None
+    if not isinstance(saved, dict):
+        return None
     values = {}
     for key in checkpoint.COMPATIBILITY_KEYS:
         node = saved
         for part in key.split("."):
-            if not isinstance(node, dict) or part not in node:
-                return None
-            node = node[part]
-        values[key] = node
+            node = node.get(part, MISSING) if isinstance(node, dict) else MISSING
+        if node is not MISSING:  # a key an older rlvr did not record is not compared, as at resume
+            values[key] = node
     return values
 
 
@@ -71,7 +75,7 @@ def why_not_here(folder: Path, config: RLVRConfig) -> str | None:
     saved = saved_compatibility(folder)
     if saved is None:
         return "holds a run whose config.yaml cannot be read"
-    now = checkpoint.compatibility(config)
+    now = {key: value for key, value in checkpoint.compatibility(config).items() if key in saved}
     if not _same(saved, now):
         differ = [k for k in now if not _same({k: saved.get(k)}, {k: now[k]})]
         return f"holds another run (its {', '.join(differ)} differ from this one's)"

