@@ -85,7 +85,6 @@ class RLTrainer:
         # async (trainer.v1.trainer_mode colocate_async | separate_async): the engine generates ahead
         ahead = config.trainer.v1.colocate_async.num_warmup_batches
         self.ahead = RolloutAhead(self.rollout_wg, ahead) if config.trainer.v1.trainer_mode != "sync" else None
-        self._next_dispatch = 1  # the step of the next batch to dispatch to the engine ahead
         self._prompt_batches = None  # async: the prompt stream the dispatches draw from
 
     # ------------------------------------------------------------------ the loop
@@ -138,7 +137,7 @@ class RLTrainer:
             else:  # the engine draws the prompts, ahead: the step trains on what it generated
                 self.global_step += 1
                 metrics = self.train_step(None)
-                epoch = metrics.pop("_epoch")
+                epoch = self.ahead.take(self.global_step).epoch  # generated already: queued until the commit
             metrics["training/epoch"] = float(epoch)
             self._commit(metrics)
             last = self._finish_step(progress)
@@ -247,7 +246,6 @@ class RLTrainer:
                                   f"{self.config.trainer.v1.trainer_mode}: it was saved by a synchronous run (it holds "
                                   f"no {AHEAD_FILE}); resume it with trainer.v1.trainer_mode=sync")
             self.ahead.restore(torch.load(path / AHEAD_FILE, weights_only=False))
-            self._next_dispatch = state["global_step"] + 1 + len(self.ahead.pending)
         if self.critic_wg is not None:
             self.critic_wg.load_checkpoint(path)
         self.loader.load_state_dict(state["sampler"])
@@ -271,7 +269,7 @@ class RLTrainer:
                 batch = self._dynamic_sampling(batch, more_batches, metrics, timings)
                 reward = None  # scored and filtered already
             elif self.ahead is not None:
-                batch, reward = self._rollout_ahead(metrics, timings)
+                batch, reward = self._rollout_ahead(timings)
             else:
                 batch, reward = self._rollout(batch, 0, timings)
             if self.separate_old_log_prob:
@@ -336,21 +334,19 @@ class RLTrainer:
         gen_batch.meta_info["seed"] = self._seed("train", gen_index, step)
         return batch.repeat(n, interleave=True), gen_batch
 
-    def _rollout_ahead(self, metrics: dict[str, float], timings: dict[str, float]):
+    def _rollout_ahead(self, timings: dict[str, float]):
         """Async: dispatch the batches up to step + k (the actor holds version step - 1, what the
-        last of them needs), then this step's batch, generated ahead, scored."""
+        last of them needs), then this step's batch, generated ahead, scored. The next batch to
+        dispatch follows the last one queued (none queued: this step's)."""
         last = min(self.global_step + self.ahead.ahead, self.total_training_steps)  # none past the run's end
-        while self._next_dispatch <= last:
-            step = self._next_dispatch
+        for step in range(max(self.ahead.pending, default=self.global_step - 1) + 1, last + 1):
             prompts, epoch = next(self._prompt_batches)
             batch, gen_batch = self._dispatch(prompts, step, 0)
             self.ahead.dispatch(Dispatched(step, batch, epoch), gen_batch, self.global_step - 1, self._full_weights)
-            self._next_dispatch += 1
         with timer("wait_gen", timings):
             item = self.ahead.take(self.global_step)
         timings.update(item.timings)
         self._check_span(item)
-        metrics["_epoch"] = item.epoch
         return self._score(item.batch.union(item.output), 0, timings)
 
     def _check_span(self, item: Dispatched) -> None:
@@ -358,11 +354,11 @@ class RLTrainer:
         schedule keeps every span at num_warmup_batches + 1 at most (the load refuses a lower
         threshold), so a longer one is a bug in the schedule, stopped here, never trained on."""
         sampler = self.config.trainer.v1.sampler
-        span = self.global_step - int(item.batch.non_tensor_batch["dispatch_step"].max()) + 1
+        dispatched = int(item.batch.non_tensor_batch["dispatch_step"].max())
+        span = self.global_step - dispatched + 1
         if span > sampler.max_off_policy_threshold:
-            raise RuntimeError(f"step {self.global_step}: its batch was dispatched at step "
-                               f"{int(item.batch.non_tensor_batch['dispatch_step'].max())} and spans {span} weight "
-                               f"versions, over trainer.v1.sampler.max_off_policy_threshold = "
+            raise RuntimeError(f"step {self.global_step}: its batch was dispatched at step {dispatched} and spans {span} "
+                               f"weight versions, over trainer.v1.sampler.max_off_policy_threshold = "
                                f"{sampler.max_off_policy_threshold} (max_off_policy_strategy="
                                f"{sampler.max_off_policy_strategy} is never needed by the fixed schedule): a bug")
 

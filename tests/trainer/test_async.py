@@ -217,7 +217,6 @@ def test_verls_fully_async_spelling_is_read_onto_the_one_mechanism(tiny_config, 
 def test_staleness_zero_equals_the_synchronous_trainer_on_vllm(tiny_config, tmp_path, tiny_vllm_model_dir):
     """The same with rollout.name=vllm: the engine ahead is vLLM, its weights streamed from the
     engine's own copy after each load, generating in the engine's thread."""
-    pytest.importorskip("vllm")
     common = (*BASE, "trainer.total_training_steps=3", f"actor_rollout_ref.model.path={tiny_vllm_model_dir}",
               "actor_rollout_ref.rollout.name=vllm")
     run(tiny_config, tmp_path / "sync", *common)

@@ -42,8 +42,6 @@ def run(tmp_path: Path, name: str, paths: dict, engine: str) -> tuple[list[dict]
 @pytest.mark.slow
 @pytest.mark.parametrize("engine", ["native", "vllm"])
 def test_two_fresh_processes_of_one_run_agree_bitwise(tmp_path, builtin_dir, engine):
-    if engine == "vllm":
-        pytest.importorskip("vllm")
     paths = prepare_arithmetic(tmp_path / "data", train_size=256, test_size=8)
     first_records, first_rollouts = run(tmp_path, "first", paths, engine)
     second_records, second_rollouts = run(tmp_path, "second", paths, engine)
