@@ -21,15 +21,16 @@ from rlvr.algos.kl import (
 from rlvr.algos.losses import (
     POLICY_LOSSES,
     agg_loss,
-    compute_rollout_is_weights,
     get_policy_loss_fn,
     register_policy_loss,
 )
+from rlvr.algos.rollout_correction import reinforce_loss, rollout_correction
 from rlvr.algos.utils import compute_response_mask, masked_mean, masked_sum, masked_var, masked_whiten
 
 __all__ = [
     "ADV_ESTIMATORS", "POLICY_LOSSES", "AdaptiveKLController", "FixedKLController", "agg_loss",
-    "apply_kl_penalty", "compute_advantage", "compute_response_mask", "compute_rollout_is_weights",
+    "apply_kl_penalty", "compute_advantage", "compute_response_mask",
     "filter_groups", "get_adv_estimator_fn", "get_kl_controller", "get_policy_loss_fn", "kl_penalty",
     "masked_mean", "masked_sum", "masked_var", "masked_whiten", "overlong_penalty", "register_adv_est", "register_policy_loss",
+    "reinforce_loss", "rollout_correction",
 ]

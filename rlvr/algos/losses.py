@@ -229,23 +229,3 @@ def compute_policy_loss_sapo(old_log_prob, log_prob, advantages, response_mask, 
     pg_losses = _weighted(-gate * advantages, rollout_is_weights)
     pg_loss = agg_loss(pg_losses, response_mask, loss_agg_mode, **agg_kwargs)
     return pg_loss, _zero(pg_loss), masked_mean(-neg_kl, response_mask), _zero(pg_loss)
-
-
-def compute_rollout_is_weights(old_log_prob, rollout_log_probs, response_mask, level: str = "token",
-                               cap: float = 2.0) -> torch.Tensor:
-    """Truncated importance-sampling weights pi_old / pi_rollout, capped at ``cap``, detached.
-
-    level: ``token`` (a weight per token), ``sequence`` (the product over the sequence) or
-    ``geometric`` (the geometric mean over the sequence), broadcast to (bs, T).
-    """
-    log_w = (old_log_prob - rollout_log_probs) * response_mask  # (bs, T)
-    if level == "token":
-        pass
-    elif level == "sequence":
-        log_w = log_w.sum(dim=-1, keepdim=True).expand_as(log_w)
-    elif level == "geometric":
-        log_w = (log_w.sum(dim=-1) / response_mask.sum(dim=-1).clamp(min=1)).unsqueeze(-1).expand_as(old_log_prob)
-    else:
-        raise ValueError(f"unknown rollout IS level {level!r}; choose token, sequence or geometric")
-    weights = torch.exp(torch.clamp(log_w, max=20.0)).clamp(max=cap)
-    return (weights * response_mask).detach()

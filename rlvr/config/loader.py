@@ -246,12 +246,10 @@ def _fully_async_keys(data: dict[str, Any], source: str) -> None:
         "require_batches": (1, "a step trains data.train_batch_size prompts; set that instead"),
         "partial_rollout": (False, "rlvr loads new weights between two generations, never during one, so no "
                                    "request spans two weight versions"),
-        "use_rollout_log_probs": (False, "the update's pi_old is recomputed by the actor (rollout_log_probs are "
-                                         "compared with it: training/rollout_probs_diff_*)"),
         "compute_prox_log_prob": (False, "the update's pi_old is recomputed by the actor for every step"),
         "use_trainer_do_validate": (False, "validation runs on the rollout engine, after the batches queued before it"),
     }
-    unknown = sorted(set(section) - set(refused) - {"staleness_threshold", "checkpoint_engine"})
+    unknown = sorted(set(section) - set(refused) - {"staleness_threshold", "checkpoint_engine", "use_rollout_log_probs"})
     if unknown:
         raise ConfigError(f"async_training.{unknown[0]} {where}: not a key of verl's fully-async recipe that rlvr "
                           f"reads; rlvr's async keys are trainer.v1.trainer_mode and "
@@ -260,6 +258,8 @@ def _fully_async_keys(data: dict[str, Any], source: str) -> None:
         if key in section and section[key] != allowed:
             raise ConfigError(f"async_training.{key}={section[key]!r} {where} cannot be honoured: {why}; remove it "
                               f"or set it to {allowed!r}")
+    if section.get("use_rollout_log_probs"):  # pi_old = the rollout's log-probs: verl's bypass mode
+        data.setdefault("algorithm", {}).setdefault("rollout_correction", {}).setdefault("bypass_mode", True)
     staleness = section.get("staleness_threshold", 1)
     if not isinstance(staleness, (int, float)) or staleness < 0:
         raise ConfigError(f"async_training.staleness_threshold={staleness!r} {where} must be a number >= 0")
@@ -275,7 +275,35 @@ def _fully_async_keys(data: dict[str, Any], source: str) -> None:
           f"{v1['colocate_async']['num_warmup_batches']}: whole batches generated ahead (staleness_threshold "
           f"{staleness} rounded up), on a fixed schedule"
           + ("; checkpoint_engine has no effect: the weights go to the engine as one copy per step"
-             if "checkpoint_engine" in section else ""), file=sys.stderr, flush=True)
+             if "checkpoint_engine" in section else "")
+          + ("; use_rollout_log_probs=true read as algorithm.rollout_correction.bypass_mode=true (pi_old is the "
+             "rollout's log-probs)" if section.get("use_rollout_log_probs") else ""), file=sys.stderr, flush=True)
+
+
+def _rollout_is_keys(data: dict[str, Any], source: str) -> None:
+    """rlvr's first spelling, ``algorithm.rollout_is`` (true/false), ``rollout_is_level`` and
+    ``rollout_is_threshold``, read onto verl's ``algorithm.rollout_correction`` with a note."""
+    algo = data.get("algorithm")
+    if not isinstance(algo, dict) or not {"rollout_is", "rollout_is_level", "rollout_is_threshold"} & set(algo):
+        return
+    enabled, level = algo.pop("rollout_is", None), algo.pop("rollout_is_level", None)
+    threshold = algo.pop("rollout_is_threshold", None)
+    if enabled is not None and not isinstance(enabled, bool):
+        raise ConfigError(f"algorithm.rollout_is={enabled!r} (from {source}) is rlvr's older switch, true or false; "
+                          "name the level in algorithm.rollout_correction.rollout_is (token, sequence, geometric)")
+    correction = algo.setdefault("rollout_correction", {})
+    moved = []
+    if enabled is not None:
+        correction["rollout_is"] = (level or "token") if enabled else None
+        moved.append(f"rollout_is={correction['rollout_is'] or 'null'}")
+    elif level is not None:
+        correction.setdefault("rollout_is", level)
+        moved.append(f"rollout_is={level}")
+    if threshold is not None:
+        correction["rollout_is_threshold"] = threshold
+        moved.append(f"rollout_is_threshold={threshold}")
+    print(f"[rlvr] note: algorithm.rollout_is* (from {source}) read as algorithm.rollout_correction: "
+          f"{', '.join(moved) or 'nothing set'}", file=sys.stderr, flush=True)
 
 
 def _nearest(key: str) -> str:
@@ -340,6 +368,7 @@ def load_config(config_file: str | Path | None = None, overrides: Iterable[str] 
     set_by: dict[str, str] = {}  # run-length key -> the layer that set it
     for data, source in layers:
         _fully_async_keys(data, source)
+        _rollout_is_keys(data, source)
         _verl_keys(data, source)
         _check_keys(data, source)
         try:

@@ -414,6 +414,32 @@ class FilterGroupsConfig:
 
 
 @dataclass
+class RolloutCorrectionConfig:
+    """verl's ``algorithm.rollout_correction``: correct for pi_rollout != pi_old (another numeric
+    path, or older weights in async training)."""
+    rollout_is: Optional[str] = None
+    """Importance weights pi_old / pi_rollout in the policy loss: null (none), token, sequence,
+    or geometric (rlvr's: exp of the mean log ratio per sequence)."""
+    rollout_is_threshold: Any = 2.0
+    """A number truncates the weights there (TIS); "lower_upper" ("0.5_2.0") zeroes the
+    weights outside (IcePop)."""
+    rollout_is_batch_normalize: bool = False
+    """Divide the weights by their batch mean (per token, or per sequence)."""
+    rollout_rs: Optional[str] = None
+    """Rejection: comma-separated token_k{1,2,3}, seq_sum_k{1,2,3}, seq_mean_k{1,2,3},
+    seq_max_k{2,3}; a token or sequence past its threshold leaves the loss."""
+    rollout_rs_threshold: Any = None
+    """One value shared by every rollout_rs option, or one per option (comma-separated); k1
+    options take "lower_upper" ratios (or an upper ratio, lower = 1 / upper)."""
+    bypass_mode: bool = False
+    """pi_old is the rollout's log-probs (no old-log-prob pass); weights and rejection then
+    compare the policy being trained with the rollout's."""
+    loss_type: str = "ppo_clip"
+    """With bypass_mode: ppo_clip (the policy loss, its ratio against pi_rollout) or reinforce
+    (-A * w * log pi)."""
+
+
+@dataclass
 class AlgorithmConfig:
     adv_estimator: str = "gae"
     """Advantage estimator: gae, grpo, grpo_passk, rloo, opo, reinforce_plus_plus, remax, ..."""
@@ -428,12 +454,9 @@ class AlgorithmConfig:
     kl_penalty: str = "kl"
     """KL estimator used in the reward."""
     kl_ctrl: KLControlConfig = field(default_factory=KLControlConfig)
-    rollout_is: bool = False
-    """Weight the policy loss by truncated importance sampling pi_old / pi_rollout (TIS)."""
-    rollout_is_level: str = "token"
-    """token | sequence | geometric."""
-    rollout_is_threshold: float = 2.0
-    """Cap of the importance weight."""
+    rollout_correction: RolloutCorrectionConfig = field(default_factory=RolloutCorrectionConfig)
+    """Importance weights, rejection and bypass for samples pi_old did not generate
+    (``rlvr/algos/rollout_correction.py``); rlvr's older ``algorithm.rollout_is*`` keys map here."""
     filter_groups: FilterGroupsConfig = field(default_factory=FilterGroupsConfig)
 
 

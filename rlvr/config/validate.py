@@ -291,10 +291,44 @@ def _registered_names(cfg: RLVRConfig) -> list[str]:
         ("actor_rollout_ref.actor.policy_loss.loss_mode", actor.policy_loss.loss_mode, POLICY_LOSSES.names()),
         ("actor_rollout_ref.actor.kl_loss_type", actor.kl_loss_type, KL_TYPES),
         ("algorithm.kl_penalty", cfg.algorithm.kl_penalty, KL_TYPES),
-        ("algorithm.rollout_is_level", cfg.algorithm.rollout_is_level, ("token", "sequence", "geometric")),
     ):
         if value not in allowed:
             errors.append(f"{key} = {value!r} is not registered; choose one of {list(allowed)}")
+    return errors
+
+
+def _rollout_correction(cfg: RLVRConfig) -> list[str]:
+    from rlvr.algos.rollout_correction import IS_LEVELS, LOSS_TYPES, parse_is_threshold, parse_rs
+
+    rc, key = cfg.algorithm.rollout_correction, "algorithm.rollout_correction"
+    errors = []
+    if rc.rollout_is is not None:
+        if rc.rollout_is not in IS_LEVELS:
+            errors.append(f"{key}.rollout_is = {rc.rollout_is!r}; choose null (no weights) or one of {list(IS_LEVELS)}")
+        try:
+            parse_is_threshold(rc.rollout_is_threshold)
+        except ValueError as e:
+            errors.append(f"{key}.rollout_is_threshold: {e}")
+    if rc.rollout_rs is not None:
+        try:
+            parse_rs(rc.rollout_rs, rc.rollout_rs_threshold)
+        except ValueError as e:
+            errors.append(f"{key}: {e}")
+    elif rc.rollout_rs_threshold is not None:
+        errors.append(f"{key}.rollout_rs_threshold = {rc.rollout_rs_threshold!r} has no effect without "
+                      f"{key}.rollout_rs (the rejection options); set both or neither")
+    if rc.rollout_is_batch_normalize and rc.rollout_is is None:
+        errors.append(f"{key}.rollout_is_batch_normalize=true has no effect without {key}.rollout_is (token or "
+                      "sequence weights to normalise)")
+    if rc.loss_type not in LOSS_TYPES:
+        errors.append(f"{key}.loss_type = {rc.loss_type!r}; choose one of {list(LOSS_TYPES)}")
+    elif rc.loss_type != "ppo_clip" and not rc.bypass_mode:
+        errors.append(f"{key}.loss_type = {rc.loss_type!r} is the loss of bypass mode; set {key}.bypass_mode=true, "
+                      "or leave loss_type at ppo_clip (the policy loss of actor.policy_loss.loss_mode)")
+    elif rc.bypass_mode and rc.loss_type == "ppo_clip" and rc.rollout_is is not None:
+        errors.append(f"{key}.rollout_is = {rc.rollout_is!r} with bypass_mode and loss_type=ppo_clip: the clipped "
+                      "ratio is already pi / pi_rollout, so weights would count the correction twice (verl computes "
+                      "them for metrics only); set loss_type=reinforce to apply them, or rollout_is=null")
     return errors
 
 
@@ -352,7 +386,7 @@ def _algorithm(cfg: RLVRConfig) -> list[str]:
     reward = cfg.reward
     if reward.timeout_s is not None and reward.timeout_s <= 0:
         errors.append(f"reward.timeout_s = {reward.timeout_s} must be > 0 seconds; set it to null for no time limit")
-    errors += _dapo(cfg)
+    errors += _dapo(cfg) + _rollout_correction(cfg)
     if not 0 <= reward.max_failed_fraction <= 1:
         errors.append(f"reward.max_failed_fraction must be in [0, 1], got {reward.max_failed_fraction}")
     if not 0 < rollout.top_p <= 1:

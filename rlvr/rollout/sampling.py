@@ -84,14 +84,23 @@ def filter_probs(probs: torch.Tensor, params: SamplingParams) -> torch.Tensor:
 
 
 def sample_tokens(logits: torch.Tensor, params: SamplingParams, uniforms: torch.Tensor | None):
-    """Pick one token per row and its log-prob under softmax(logits / T).  (B, V) -> (B,), (B,)"""
+    """Pick one token per row and its log-prob under the distribution it was drawn from.  (B, V) -> (B,), (B,)
+
+    That is softmax(logits / T); with top-k, top-p or min-p it is softmax(logits / T)
+    renormalised over the tokens they keep (as vLLM reports), so the rollout's log-probs are
+    those of the sampler, and pi_old / pi_rollout measures what truncation did."""
     logits = logits.float()
     log_probs = torch.log_softmax(logits / params.logprob_temperature, dim=-1)  # (B, V)
     if params.greedy:
         tokens = logits.argmax(dim=-1)
-    else:
-        tokens = inverse_cdf(filter_probs(log_probs.exp(), params), uniforms.unsqueeze(-1)).squeeze(-1)
-    return tokens, log_probs.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+        return tokens, log_probs.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+    probs = log_probs.exp()
+    kept = filter_probs(probs, params)
+    tokens = inverse_cdf(kept, uniforms.unsqueeze(-1)).squeeze(-1)
+    token_log_probs = log_probs.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+    if kept is probs:  # nothing truncated
+        return tokens, token_log_probs
+    return tokens, token_log_probs - torch.log(kept.sum(dim=-1, dtype=torch.float64)).float()
 
 
 def inverse_cdf(probs: torch.Tensor, uniforms: torch.Tensor, block: int = 256) -> torch.Tensor:

@@ -30,10 +30,9 @@ external launcher, its first rank generating the group's rows and the others fol
   draws the same tokens however the rows are split). Log-probs are vLLM's ``processed_logprobs``:
   the sampled token's log-prob under softmax(logits / T), what the actor computes.
 
-Departures from the native engine: top-k / top-p / min-p renormalise the reported log-probs
-over the kept tokens (vLLM reports the distribution it sampled from; the native engine reports
-softmax(logits / T) over the whole vocabulary), and sampled tokens differ (another random
-stream) while greedy tokens agree up to ties.
+Departures from the native engine: sampled tokens differ (another random stream) while greedy
+tokens agree up to ties. Both report the log-prob of the distribution sampled from: with top-k /
+top-p / min-p, renormalised over the kept tokens.
 """
 
 from __future__ import annotations

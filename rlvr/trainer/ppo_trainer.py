@@ -27,6 +27,7 @@ from tqdm import tqdm
 from rlvr.algos.advantages import compute_advantage
 from rlvr.algos.dapo import filter_groups
 from rlvr.algos.kl import apply_kl_penalty, get_kl_controller
+from rlvr.algos.rollout_correction import is_active, rollout_correction
 from rlvr.config.schema import RLVRConfig
 from rlvr.config.validate import ConfigError
 from rlvr.data.sampler import PromptLoader
@@ -51,8 +52,10 @@ class DynamicSamplingError(StopTraining):
 def needs_old_log_prob_pass(config: RLVRConfig) -> bool:
     """Whether old_log_probs need their own forward pass (see ``actor.recompute_old_log_prob``)."""
     actor, algo = config.actor_rollout_ref.actor, config.algorithm
+    if algo.rollout_correction.bypass_mode:  # pi_old is the rollout's log-probs
+        return False
     one_update = actor.ppo_epochs == 1 and actor.ppo_mini_batch_size == config.data.train_batch_size
-    read_before_update = algo.use_kl_in_reward or algo.rollout_is
+    read_before_update = algo.use_kl_in_reward or is_active(algo.rollout_correction)
     return actor.recompute_old_log_prob or not one_update or read_before_update
 
 
@@ -275,6 +278,7 @@ class RLTrainer:
             if self.separate_old_log_prob:
                 with timer("old_log_prob", timings):
                     batch = batch.union(self.wg.compute_log_prob(batch))
+            metrics.update(self._correct_rollout(batch))
             if self.use_reference:
                 with timer("ref", timings):
                     batch = batch.union(self.wg.compute_ref_log_prob(batch))
@@ -452,6 +456,25 @@ class RLTrainer:
         else:
             batch.batch["token_level_rewards"] = scores
         compute_advantage(batch, algo)
+        return metrics
+
+    def _correct_rollout(self, batch: DataProto) -> dict[str, float]:
+        """``algorithm.rollout_correction``: bypass mode takes pi_old from the rollout's log-probs;
+        otherwise the weights pi_old / pi_rollout (``rollout_is_weights``) and the rejection mask
+        (``rollout_rs_mask``) of the whole batch go to the update."""
+        rc = self.config.algorithm.rollout_correction
+        b = batch.batch
+        if rc.bypass_mode:
+            b["old_log_probs"] = b["rollout_log_probs"].clone()
+            return {}
+        if not is_active(rc):
+            return {}
+        weights, loss_mask, metrics = rollout_correction(b["old_log_probs"], b["rollout_log_probs"],
+                                                         b["response_mask"].float(), rc)
+        if weights is not None:
+            b["rollout_is_weights"] = weights
+        if rc.rollout_rs is not None:
+            b["rollout_rs_mask"] = loss_mask
         return metrics
 
     def _greedy_baselines(self, gen_batch: DataProto, batch: DataProto, gen_index: int = 0) -> torch.Tensor:

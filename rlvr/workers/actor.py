@@ -32,7 +32,8 @@ import numpy as np
 import torch
 
 from rlvr.algos.kl import kl_penalty
-from rlvr.algos.losses import agg_loss, call_policy_loss, compute_rollout_is_weights, count_seqs, get_policy_loss_fn
+from rlvr.algos.losses import agg_loss, call_policy_loss, count_seqs, get_policy_loss_fn
+from rlvr.algos.rollout_correction import reinforce_loss, rollout_correction
 from rlvr.config.schema import ActorConfig, AlgorithmConfig, OptimConfig
 from rlvr.distributed.fsdp import full_tensor
 from rlvr.distributed.worker import SINGLE, DataParallel
@@ -141,6 +142,13 @@ def clip_and_step(model, optimizer, grad_clip: float) -> tuple[float, bool]:
     optimizer.zero_grad(set_to_none=True)
     return float(grad_norm), stepped
 
+
+
+def loss_mask(data: DataProto) -> torch.Tensor:
+    """The tokens that carry loss: the response's model tokens, less those rollout correction
+    rejected (``rollout_rs_mask``, written by the trainer)."""
+    mask = data.batch["response_mask"]
+    return mask * data.batch["rollout_rs_mask"] if "rollout_rs_mask" in data.batch else mask
 
 class NonFiniteLossError(StopTraining):
     """Too many optimizer steps in a row had a NaN or infinite gradient norm."""
@@ -254,7 +262,7 @@ class Actor:
     def _optimizer_step(self, data: DataProto, mini_rows: list[int], temperature: float, metrics,
                         on_policy: bool) -> int:
         """One optimizer step over a mini-batch; returns the tokens it fed through the model."""
-        mask = data.batch["response_mask"]
+        mask = loss_mask(data)
         mini_mask = mask[torch.tensor(mini_rows)]
         totals = {"num_tokens": mini_mask.sum().clamp(min=1).float(), "num_seqs": count_seqs(mini_mask),
                   "norm_constant": self.max_response_length}
@@ -303,7 +311,7 @@ class Actor:
         idx = torch.tensor(rows)
         device = self.model.device
         batch = {k: data.batch[k][idx].to(device) for k in FORWARD_KEYS}
-        mask = data.batch["response_mask"][idx].float().to(device)
+        mask = loss_mask(data)[idx].float().to(device)
         advantages = data.batch["advantages"][idx].to(device)
         uids = data.non_tensor_batch.get("uid")
         cfg = self.config
@@ -314,19 +322,22 @@ class Actor:
             data.batch["old_log_probs"][idx] = old_log_prob.cpu()
         else:
             old_log_prob = data.batch["old_log_probs"][idx].to(device)
-        is_weights = None
-        if self.algorithm.rollout_is and "rollout_log_probs" in data.batch:
-            is_weights = compute_rollout_is_weights(old_log_prob, data.batch["rollout_log_probs"][idx].to(device), mask,
-                                                    self.algorithm.rollout_is_level, self.algorithm.rollout_is_threshold)
+        rc = self.algorithm.rollout_correction
+        is_weights = data.batch["rollout_is_weights"][idx].to(device) if "rollout_is_weights" in data.batch else None
+        pg_mask, corrections, policy_loss_fn = mask, {}, self.policy_loss_fn
+        if rc.bypass_mode:  # pi_old is pi_rollout: correct against the policy being trained
+            is_weights, pg_mask, corrections = rollout_correction(log_prob.detach(), old_log_prob, mask, rc)
+            if rc.loss_type == "reinforce":
+                policy_loss_fn = reinforce_loss
         pg_loss, clipfrac, ppo_kl, clipfrac_lower = call_policy_loss(
-            self.policy_loss_fn, old_log_prob, log_prob, advantages, mask, cfg.loss_agg_mode, cfg,
+            policy_loss_fn, old_log_prob, log_prob, advantages, pg_mask, cfg.loss_agg_mode, cfg,
             rollout_is_weights=is_weights, **totals)
         loss = pg_loss
         if cfg.entropy_coeff != 0:
             loss = loss - cfg.entropy_coeff * agg_loss(entropy, mask, cfg.loss_agg_mode, **totals)
         out = {"actor/pg_loss": _item(pg_loss), "actor/pg_clipfrac": _item(clipfrac), "actor/ppo_kl": _item(ppo_kl),
                "actor/pg_clipfrac_lower": _item(clipfrac_lower),
-               "actor/entropy": float((entropy.detach() * mask).sum() / mask.sum().clamp(min=1))}
+               "actor/entropy": float((entropy.detach() * mask).sum() / mask.sum().clamp(min=1)), **corrections}
         if cfg.use_kl_loss:
             kld = kl_penalty(log_prob, data.batch["ref_log_prob"][idx].to(device), cfg.kl_loss_type)
             kl_loss = agg_loss(kld, mask, cfg.loss_agg_mode, **totals)

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from rlvr.algos import POLICY_LOSSES, agg_loss, compute_rollout_is_weights, get_policy_loss_fn, register_policy_loss
+from rlvr.algos import POLICY_LOSSES, agg_loss, get_policy_loss_fn, register_policy_loss
 from rlvr.config.schema import ActorConfig
 
 CFG = ActorConfig(clip_ratio=0.2, clip_ratio_c=3.0)
@@ -214,16 +214,3 @@ def test_policy_loss_registry():
         get_policy_loss_fn("ppo")
     with pytest.raises(ValueError, match="'vanilla' is already registered"):
         register_policy_loss("vanilla")(lambda *a: None)
-
-
-def test_rollout_is_weights():
-    old, rollout = torch.tensor([[-1.0, -1.0]]), torch.tensor([[-1.5, -0.2]])
-    mask = torch.ones(1, 2)
-    # token: exp(0.5) = 1.6487 capped at 1.5; exp(-0.8) = 0.4493
-    w = compute_rollout_is_weights(old, rollout, mask, "token", cap=1.5)
-    assert torch.allclose(w, torch.tensor([[1.5, math.exp(-0.8)]]))
-    # sequence: exp(0.5 - 0.8) = exp(-0.3) on every token; geometric: exp(-0.3 / 2)
-    assert torch.allclose(compute_rollout_is_weights(old, rollout, mask, "sequence"), torch.full((1, 2), math.exp(-0.3)))
-    assert torch.allclose(compute_rollout_is_weights(old, rollout, mask, "geometric"),
-                          torch.full((1, 2), math.exp(-0.15)))
-    assert not compute_rollout_is_weights(old.requires_grad_(), rollout, mask).requires_grad

@@ -249,6 +249,23 @@ def test_min_p_and_filter_keeps_at_least_one():
     assert (filter_probs(probs, SamplingParams(max_new_tokens=1, top_p=1e-9))[0] > 0).sum() == 1
 
 
+@pytest.mark.parametrize("kwargs", [dict(top_k=2), dict(top_p=0.6), dict(min_p=0.3)])
+def test_truncated_sampling_reports_the_distribution_it_drew_from(kwargs):
+    """Each truncation keeps tokens 0 and 1 of LOGITS (softmax 0.531, 0.195, 0.119, ...; top-p 0.6: token
+    0's 0.531 falls short, so token 1 is kept too; min-p 0.3 of 0.531 keeps >= 0.159): the log-prob
+    reported is the token's probability renormalised over the two, e^2 / (e^2 + e) = 0.731 or
+    e / (e^2 + e) = 0.269, not its share of the whole vocabulary."""
+    tokens, lp = sample_tokens(LOGITS.expand(64, -1), SamplingParams(max_new_tokens=1, **kwargs),
+                               torch.rand(64, generator=torch.Generator().manual_seed(0)))
+    kept = {0: math.e ** 2 / (math.e ** 2 + math.e), 1: math.e / (math.e ** 2 + math.e)}
+    assert set(tokens.tolist()) == {0, 1}
+    for token, value in zip(tokens.tolist(), lp.tolist()):
+        assert value == pytest.approx(math.log(kept[token]), abs=1e-6)
+    _, full = sample_tokens(LOGITS.expand(64, -1), SamplingParams(max_new_tokens=1),
+                            torch.rand(64, generator=torch.Generator().manual_seed(0)))
+    assert full.max().item() == pytest.approx(math.log(torch.softmax(LOGITS[0], -1)[0].item()))  # untruncated
+
+
 def test_greedy_log_prob_is_of_the_untempered_distribution():
     tokens, lp = sample_tokens(LOGITS, SamplingParams(max_new_tokens=1, do_sample=False, temperature=0.3), None)
     assert tokens.item() == 0 and lp.item() == pytest.approx(math.log(torch.softmax(LOGITS[0], -1)[0].item()))

@@ -150,7 +150,9 @@ def test_bf16_actor_and_rollout_resync_after_each_update(tiny_config, tmp_path):
     (("actor_rollout_ref.actor.ppo_epochs=2",), True),
     (("actor_rollout_ref.actor.ppo_mini_batch_size=1",), True),
     (("algorithm.use_kl_in_reward=true",), True),
-    (("algorithm.rollout_is=true",), True),
+    (("algorithm.rollout_is=true",), True),  # rlvr's older spelling of rollout_correction.rollout_is=token
+    (("algorithm.rollout_correction.rollout_rs=token_k3", "algorithm.rollout_correction.rollout_rs_threshold=0.1"), True),
+    (("algorithm.rollout_correction.bypass_mode=true", "actor_rollout_ref.actor.ppo_epochs=2"), False),  # pi_old = pi_rollout
     (("actor_rollout_ref.actor.recompute_old_log_prob=true",), True),
 ])
 def test_on_policy_shortcut_switches_on_and_off(tiny_config, overrides, separate):

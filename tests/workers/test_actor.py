@@ -35,13 +35,13 @@ def test_lr_schedule_warmup_then_cosine():
     assert lrs == pytest.approx(expected)
 
 
-def make_actor(model_dir, **overrides):
+def make_actor(model_dir, algorithm=None, **overrides):
     model = load_model(model_dir)
     settings = dict(ppo_mini_batch_size=2, ppo_micro_batch_size_per_gpu=6, use_kl_loss=True, kl_loss_coef=0.1,
                     entropy_coeff=0.01)
     cfg = ActorConfig(**{**settings, **overrides})
     opt, sched = build_optimizer(model, OptimConfig(lr=1e-3), total_steps=10)
-    return Actor(model, cfg, optimizer=opt, scheduler=sched, pad_id=0, max_response_length=7)
+    return Actor(model, cfg, algorithm, optimizer=opt, scheduler=sched, pad_id=0, max_response_length=7)
 
 
 def with_training_keys(actor, batch):
@@ -79,14 +79,16 @@ def test_old_log_probs_equal_training_forward(batch, tiny_model_dir):
     assert (log_prob.detach() - batch.batch["old_log_probs"]).abs().max() < 1e-5
 
 
-def _step_gradient(model_dir, batch, monkeypatch, **cfg):
+def _step_gradient(model_dir, batch, monkeypatch, algorithm=None, extra=None, **cfg):
     """The accumulated gradient of one optimizer step, read before clipping (clipping rescales
     to grad_clip and would hide a wrongly scaled gradient), and the rows of each forward."""
     import rlvr.workers.actor as actor_module
 
-    actor = make_actor(model_dir, **cfg)
+    actor = make_actor(model_dir, algorithm, **cfg)
     batch = with_training_keys(actor, batch)
     batch.batch["old_log_probs"] = batch.batch["old_log_probs"] + 0.05  # ratios away from 1
+    for key, make in (extra or {}).items():  # keys the trainer adds (rollout correction)
+        batch.batch[key] = make(batch)
     actor.config.ppo_mini_batch_size = 2
     seen, forwards = [], []
     forward = actor._forward
@@ -265,3 +267,57 @@ def test_a_train_batch_that_mini_batches_do_not_divide_ends_with_a_smaller_mini_
     # token-mean over each mini-batch's own tokens: 7+3+5+2 = 17, 7+1+4+6 = 18, 2+5 = 7 (the last, smaller one)
     assert normalisers == [17, 17, 18, 18, 7]
     assert all(math.isfinite(v) for v in metrics.values())
+
+
+# ------------------------------------------------------------------ rollout correction in the update
+PLAIN = dict(use_kl_loss=False, entropy_coeff=0.0)  # the policy loss alone
+
+
+def _correction(**keys):
+    from rlvr.config.schema import AlgorithmConfig, RolloutCorrectionConfig
+
+    return AlgorithmConfig(rollout_correction=RolloutCorrectionConfig(**keys))
+
+
+def test_importance_weights_scale_the_policy_gradient(batch, tiny_model_dir, monkeypatch):
+    plain, _ = _step_gradient(tiny_model_dir, batch.select_idxs(list(range(6))), monkeypatch, **PLAIN)
+    doubled, _ = _step_gradient(tiny_model_dir, batch, monkeypatch, _correction(rollout_is="token"),
+                                {"rollout_is_weights": lambda b: 2.0 * b.batch["response_mask"].float()}, **PLAIN)
+    assert torch.allclose(doubled, 2 * plain, rtol=1e-5, atol=1e-9)  # the loss is linear in the weights
+
+
+def test_rejected_tokens_leave_the_loss_as_if_masked(batch, tiny_model_dir, monkeypatch):
+    reject = torch.ones(6, 7)
+    reject[3:] = 0  # the second group rejected
+    rejected, _ = _step_gradient(tiny_model_dir, batch.select_idxs(list(range(6))), monkeypatch,
+                                 _correction(rollout_rs="token_k3", rollout_rs_threshold=0.1),
+                                 {"rollout_rs_mask": lambda b: reject}, **PLAIN)
+    masked = batch.select_idxs(list(range(6)))
+    masked.batch["response_mask"] = masked.batch["response_mask"] * reject.long()  # verl's spelling of it
+    expected, _ = _step_gradient(tiny_model_dir, masked, monkeypatch, **PLAIN)
+    assert rejected.abs().max() > 0 and torch.allclose(rejected, expected, rtol=1e-5, atol=1e-9)
+
+
+def test_bypass_reinforce_with_token_weights_is_the_ppo_gradient(batch, tiny_model_dir, monkeypatch):
+    """pi_old = pi_rollout = pi * e^0.05 (the update's forward): PPO's gradient is -A r grad log pi with
+    r = e^-0.05 (inside the clip range), REINFORCE's -A w grad log pi with w = r (token IS, under the
+    cap): equal; without weights REINFORCE's is e^0.05 times PPO's."""
+    ppo, _ = _step_gradient(tiny_model_dir, batch.select_idxs(list(range(6))), monkeypatch, **PLAIN)
+    weighted, _ = _step_gradient(tiny_model_dir, batch.select_idxs(list(range(6))), monkeypatch,
+                                 _correction(bypass_mode=True, loss_type="reinforce", rollout_is="token"), **PLAIN)
+    plain, _ = _step_gradient(tiny_model_dir, batch.select_idxs(list(range(6))), monkeypatch,
+                              _correction(bypass_mode=True, loss_type="reinforce"), **PLAIN)
+    atol = 1e-4 * ppo.abs().max()  # the update's forward equals the log-prob pass within 1e-5, not exactly
+    assert torch.allclose(weighted, ppo, rtol=1e-4, atol=atol)
+    assert torch.allclose(plain, ppo * math.exp(0.05), rtol=1e-4, atol=atol)
+    assert not torch.allclose(plain, ppo, rtol=1e-3, atol=atol)
+
+
+def test_bypass_rejection_compares_the_policy_being_trained(batch, tiny_model_dir, monkeypatch):
+    # k1 = log(pi_rollout / pi) = 0.05 on every token: inside [log 0.5, log 2], outside [log 1.2, log 2]
+    kept, _ = _step_gradient(tiny_model_dir, batch.select_idxs(list(range(6))), monkeypatch,
+                             _correction(bypass_mode=True, rollout_rs="token_k1", rollout_rs_threshold=2.0), **PLAIN)
+    refused, _ = _step_gradient(tiny_model_dir, batch.select_idxs(list(range(6))), monkeypatch,
+                                _correction(bypass_mode=True, rollout_rs="token_k1", rollout_rs_threshold="1.2_2.0"),
+                                **PLAIN)
+    assert kept.abs().max() > 0 and refused.abs().max() == 0
