@@ -66,9 +66,6 @@ VERL_NO_EFFECT: dict[str, tuple[str, tuple | None]] = {
     "actor_rollout_ref.rollout.mode": (
         "the engine generates in each worker's process when the step calls it; verl's sync and async (server) "
         "modes sample the same batch", ("sync", "async")),
-    "actor_rollout_ref.rollout.checkpoint_engine": (
-        "vLLM runs in the actor's process and gets the weights streamed one tensor at a time into its in-place "
-        "reload (no transfer backend, no buckets)", None),
     "actor_rollout_ref.rollout.load_format": ("the native engine uses the actor's weights in place; vLLM starts "
                                               "empty (dummy) and gets them streamed before each rollout", None),
     "actor_rollout_ref.rollout.enable_chunked_prefill": (
@@ -274,7 +271,8 @@ def _fully_async_keys(data: dict[str, Any], source: str) -> None:
           f"{v1['trainer_mode']}, trainer.v1.colocate_async.num_warmup_batches="
           f"{v1['colocate_async']['num_warmup_batches']}: whole batches generated ahead (staleness_threshold "
           f"{staleness} rounded up), on a fixed schedule"
-          + ("; checkpoint_engine has no effect: the weights go to the engine as one copy per step"
+          + ("; async_training.checkpoint_engine has no effect: the weights go to a rollout pool by "
+             "actor_rollout_ref.rollout.checkpoint_engine (a broadcast per version sent)"
              if "checkpoint_engine" in section else "")
           + ("; use_rollout_log_probs=true read as algorithm.rollout_correction.bypass_mode=true (pi_old is the "
              "rollout's log-probs)" if section.get("use_rollout_log_probs") else ""), file=sys.stderr, flush=True)
@@ -366,6 +364,8 @@ def load_config(config_file: str | Path | None = None, overrides: Iterable[str] 
     merged = OmegaConf.structured(RLVRConfig)
     defaults = OmegaConf.structured(RLVRConfig)
     set_by: dict[str, str] = {}  # run-length key -> the layer that set it
+    engine_set_by = [source for data, source in layers
+                     if "checkpoint_engine" in (data.get("actor_rollout_ref") or {}).get("rollout", {})]
     for data, source in layers:
         _fully_async_keys(data, source)
         _rollout_is_keys(data, source)
@@ -392,6 +392,11 @@ def load_config(config_file: str | Path | None = None, overrides: Iterable[str] 
     resolve_strategy(cfg)
     resolve_critic_batches(cfg)
     validate(cfg)
+    if engine_set_by and cfg.actor_rollout_ref.hybrid_engine:
+        print(f"[rlvr] note: actor_rollout_ref.rollout.checkpoint_engine (from {', '.join(engine_set_by)}) has no "
+              "effect with hybrid_engine=true: the engine shares the actor's process and gets the weights in place "
+              "(vLLM: streamed one tensor at a time); it sets the broadcast to a rollout pool of its own "
+              "(hybrid_engine=false)", file=sys.stderr, flush=True)
     return cfg
 
 

@@ -236,6 +236,21 @@ class MultiTurnConfig:
 
 
 @dataclass
+class CheckpointEngineConfig:
+    """verl's checkpoint engine: the weight transfer from the actor to rollout workers of their
+    own (``rlvr/distributed/weight_sync.py``). An engine in the actor's process needs none."""
+    backend: str = "naive"
+    """naive: the device's collective for a rollout pool (gloo on CPU, nccl on CUDA), in place
+    where the engine shares the actor's process; gloo or nccl: that collective."""
+    update_weights_bucket_megabytes: int = 2048
+    """Tensors are broadcast packed into buckets of this size (a larger tensor alone)."""
+    engine_kwargs: dict[str, Any] = field(default_factory=dict)
+    """verl's options of other backends: none apply to gloo or nccl (refused unless empty)."""
+    custom_backend_module: Optional[str] = None
+    """verl's plug-in backends: refused unless null."""
+
+
+@dataclass
 class RolloutConfig:
     name: str = "native"
     """Rollout engine: native (rlvr's engine over any transformers causal LM, sharing the actor's
@@ -263,6 +278,8 @@ class RolloutConfig:
     """Base seed of sampling (each step derives its own)."""
     val_kwargs: ValKwargs = field(default_factory=ValKwargs)
     multi_turn: MultiTurnConfig = field(default_factory=MultiTurnConfig)
+    checkpoint_engine: CheckpointEngineConfig = field(default_factory=CheckpointEngineConfig)
+    """How the actor's weights reach a rollout pool of its own (hybrid_engine=false)."""
     max_num_seqs: int = 1024
     """Rows that decode at once (verl's and vLLM's name). A rank with more rows generates them in
     waves of whole prompt groups, which bounds the KV cache to this many rows; the completions

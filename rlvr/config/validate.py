@@ -332,6 +332,37 @@ def _rollout_correction(cfg: RLVRConfig) -> list[str]:
     return errors
 
 
+def weight_sync_backend(cfg: RLVRConfig) -> str:
+    """The collective that carries the weights to a rollout pool of its own."""
+    backend = cfg.actor_rollout_ref.rollout.checkpoint_engine.backend
+    if backend == "naive":
+        return "nccl" if cfg.trainer.device == "cuda" or (cfg.trainer.device == "auto" and _cuda()) else "gloo"
+    return backend
+
+
+def _cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def _checkpoint_engine(cfg: RLVRConfig) -> list[str]:
+    engine, key = cfg.actor_rollout_ref.rollout.checkpoint_engine, "actor_rollout_ref.rollout.checkpoint_engine"
+    errors = []
+    if engine.backend not in ("naive", "gloo", "nccl"):
+        errors.append(f"{key}.backend = {engine.backend!r}: rlvr broadcasts over gloo (CPU) or nccl (CUDA); naive "
+                      "picks the device's (verl's nixl, hccl and other backends are not implemented)")
+    elif engine.backend != "naive" and cfg.actor_rollout_ref.hybrid_engine:
+        errors.append(f"{key}.backend = {engine.backend!r} has no effect with actor_rollout_ref.hybrid_engine=true: "
+                      "the engine shares the actor's process and its weights are copied in place; set "
+                      "hybrid_engine=false for a rollout pool of its own, or backend=naive")
+    elif engine.backend == "nccl" and cfg.trainer.device == "cpu":
+        errors.append(f"{key}.backend=nccl needs CUDA devices; on trainer.device=cpu use gloo (or naive)")
+    if engine.update_weights_bucket_megabytes < 1:
+        errors.append(f"{key}.update_weights_bucket_megabytes must be >= 1, got {engine.update_weights_bucket_megabytes}")
+    return errors
+
+
 def _algorithm(cfg: RLVRConfig) -> list[str]:
     errors = []
     actor, rollout = cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.rollout
@@ -386,7 +417,7 @@ def _algorithm(cfg: RLVRConfig) -> list[str]:
     reward = cfg.reward
     if reward.timeout_s is not None and reward.timeout_s <= 0:
         errors.append(f"reward.timeout_s = {reward.timeout_s} must be > 0 seconds; set it to null for no time limit")
-    errors += _dapo(cfg) + _rollout_correction(cfg)
+    errors += _dapo(cfg) + _rollout_correction(cfg) + _checkpoint_engine(cfg)
     if not 0 <= reward.max_failed_fraction <= 1:
         errors.append(f"reward.max_failed_fraction must be in [0, 1], got {reward.max_failed_fraction}")
     if not 0 < rollout.top_p <= 1:
@@ -429,6 +460,12 @@ def _dapo(cfg: RLVRConfig) -> list[str]:
 NOT_IMPLEMENTED = (
     ("critic.model.tokenizer_path", lambda c: c.critic.model.tokenizer_path is not None,
      "the critic reads the policy's tokens; leave critic.model.tokenizer_path unset"),
+    ("actor_rollout_ref.rollout.checkpoint_engine.engine_kwargs",
+     lambda c: bool(c.actor_rollout_ref.rollout.checkpoint_engine.engine_kwargs),
+     "options of verl's other checkpoint-engine backends; gloo and nccl take none: remove them"),
+    ("actor_rollout_ref.rollout.checkpoint_engine.custom_backend_module",
+     lambda c: c.actor_rollout_ref.rollout.checkpoint_engine.custom_backend_module is not None,
+     "verl's plug-in checkpoint-engine backends are not supported: remove it"),
 )
 
 

@@ -18,11 +18,12 @@ from pathlib import Path
 
 from rlvr.config import ConfigError, to_yaml
 from rlvr.config.loader import import_custom_modules
-from rlvr.config.validate import uses_ray
+from rlvr.config.validate import uses_ray, weight_sync_backend
 from rlvr.config.schema import CustomRewardFunctionConfig, DataConfig, OverlongBufferConfig, RewardConfig, RLVRConfig
 from rlvr.data import RLHFDataset
 from rlvr.data.io import DatasetError
 from rlvr.distributed import LocalWorkerGroup
+from rlvr.distributed.weight_sync import open_channel
 from rlvr.models import load_tokenizer
 from rlvr.rewards import RewardManager
 from rlvr.rollout import ToolSetup
@@ -153,6 +154,11 @@ def ray_worker_groups(config: RLVRConfig, steps: int, tokenizer, tool_setup, run
                                      local_cluster=config.ray_kwargs.ray_init.address is None).spawn([Role.Rollout.value]))
     for wg in groups.values():
         wg.init_model()
+    if not hybrid:  # the weights reach the pool by broadcast from the actor's rank 0
+        engine = config.actor_rollout_ref.rollout.checkpoint_engine
+        open_channel(groups[Role.ActorRollout.value], groups[Role.Rollout.value], weight_sync_backend(config),
+                     engine.update_weights_bucket_megabytes)
+        groups[Role.Rollout.value].weight_channel_open = True
     return groups[Role.ActorRollout.value], groups.get(Role.Critic.value), groups.get(Role.Rollout.value)
 
 

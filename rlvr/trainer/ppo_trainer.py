@@ -38,7 +38,7 @@ from rlvr.trainer import checkpoint
 from rlvr.trainer.evaluate import evaluate, generation_batch
 from rlvr.trainer.metrics import (compute_data_metrics, compute_off_policy_metrics, compute_throughput_metrics,
                                   compute_timing_metrics, reduce_metrics, timer)
-from rlvr.trainer.rollout_ahead import Dispatched, RolloutAhead
+from rlvr.trainer.rollout_ahead import BroadcastWeights, CopyWeights, Dispatched, RolloutAhead
 from rlvr.trainer.tracking import Tracking
 
 
@@ -87,7 +87,10 @@ class RLTrainer:
         self._saved_step = 0
         # async (trainer.v1.trainer_mode colocate_async | separate_async): the engine generates ahead
         ahead = config.trainer.v1.colocate_async.num_warmup_batches
-        self.ahead = RolloutAhead(self.rollout_wg, ahead) if config.trainer.v1.trainer_mode != "sync" else None
+        # how a weight version reaches rollout workers of their own: broadcast to a Ray pool, or copied
+        broadcast = getattr(self.rollout_wg, "weight_channel_open", False)
+        self.weights = (BroadcastWeights if broadcast else CopyWeights)(self.wg, self.rollout_wg)
+        self.ahead = RolloutAhead(self.rollout_wg, ahead, self.weights) if config.trainer.v1.trainer_mode != "sync" else None
         self._prompt_batches = None  # async: the prompt stream the dispatches draw from
 
     # ------------------------------------------------------------------ the loop
@@ -234,8 +237,7 @@ class RLTrainer:
         it generates with the actor's own weights)."""
         if self.rollout_wg is self.wg:
             return
-        weights = self.wg.full_weights()
-        self.rollout_wg.update_weights(weights[0] if isinstance(weights, list) else weights)
+        self.weights.send(self.global_step)()
 
     def load_checkpoint(self, path: Path) -> None:
         """Continue from ``path`` exactly where the saved run stopped."""
@@ -346,7 +348,7 @@ class RLTrainer:
         for step in range(max(self.ahead.pending, default=self.global_step - 1) + 1, last + 1):
             prompts, epoch = next(self._prompt_batches)
             batch, gen_batch = self._dispatch(prompts, step, 0)
-            self.ahead.dispatch(Dispatched(step, batch, epoch), gen_batch, self.global_step - 1, self._full_weights)
+            self.ahead.dispatch(Dispatched(step, batch, epoch), gen_batch, self.global_step - 1)
         with timer("wait_gen", timings):
             item = self.ahead.take(self.global_step)
         timings.update(item.timings)
@@ -365,10 +367,6 @@ class RLTrainer:
                                f"weight versions, over trainer.v1.sampler.max_off_policy_threshold = "
                                f"{sampler.max_off_policy_threshold} (max_off_policy_strategy="
                                f"{sampler.max_off_policy_strategy} is never needed by the fixed schedule): a bug")
-
-    def _full_weights(self) -> dict[str, torch.Tensor]:
-        weights = self.wg.full_weights()
-        return weights[0] if isinstance(weights, list) else weights
 
     def _score(self, batch: DataProto, gen_index: int, timings: dict[str, float], gen_batch: DataProto | None = None):
         """The generated batch scored (or being scored): (the batch, the reward or its future).
@@ -535,4 +533,4 @@ class RLTrainer:
         if self.ahead is None:
             return run()
         # async: on the engine, after the batches queued before it, with the weights of the last complete step
-        return self.ahead.run(run, self._completed["global_step"], self._full_weights)
+        return self.ahead.run(run, self._completed["global_step"])

@@ -40,7 +40,8 @@ from rlvr.models.loader import empty_model, load_model, load_tokenizer
 from rlvr.models.lora import apply_lora, load_adapter, save_adapter, unwrap
 from rlvr.distributed import fsdp
 from rlvr.distributed.dispatch import Dispatch, register
-from rlvr.distributed.worker import Worker
+from rlvr.distributed.weight_sync import WeightGroup, WeightSender, weight_meta
+from rlvr.distributed.worker import Worker, free_port
 from rlvr.protocol import DataProto
 from rlvr.rollout import build_rollout, get_rollout_class
 from rlvr.rollout.engine import trim_heap
@@ -228,6 +229,31 @@ class ActorRolloutRefWorker(Worker):
         self._leave_rollout_mode()
         state = fsdp.full_model_state(self.actor.root, self.model)
         return state if self.rank == 0 else None
+
+    # the broadcast to a rollout pool of its own (rlvr.distributed.weight_sync)
+    def weight_channel_address(self) -> tuple[str, int]:
+        """Where the broadcast group meets: this rank's rendezvous host, a free port on it."""
+        return self.master_addr, free_port(self.master_addr)
+
+    def weight_meta(self) -> list:
+        return weight_meta(self.model)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def open_weight_channel(self, host: str, port: int, world_size: int, backend: str, meta: list,
+                            bucket_bytes: int) -> None:
+        """Rank 0 joins the broadcast group as its root (completing the rendezvous the rollout
+        workers wait in); every rank keeps a sender, for the gathers."""
+        group = WeightGroup(host, port, 0, world_size, backend) if self.rank == 0 else None
+        self.weight_sender = WeightSender(group, meta, bucket_bytes)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def send_weights(self, version: int) -> None:
+        """Broadcast the current weights as ``version``: each tensor gathered from the shards in
+        turn (every rank), rank 0 sending them a bucket at a time."""
+        self._leave_rollout_mode()
+        with torch.no_grad():
+            self.weight_sender.send(version, ((name, fsdp.full_tensor(p.detach()))
+                                              for name, p in self.model.named_parameters()))
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def generate_sequences(self, prompts: DataProto) -> DataProto:

@@ -15,6 +15,7 @@ import torch
 from rlvr.config.loader import import_custom_modules
 from rlvr.config.schema import RLVRConfig
 from rlvr.distributed.dispatch import Dispatch, register
+from rlvr.distributed.weight_sync import WeightGroup, WeightReceiver
 from rlvr.distributed.worker import Worker
 from rlvr.models.loader import load_model, load_tokenizer
 from rlvr.protocol import DataProto
@@ -54,6 +55,19 @@ class RolloutWorker(Worker):
         if unexpected or set(missing) - tied:
             raise ValueError(f"the actor's weights do not fit the rollout's model: missing {sorted(missing)[:5]}, "
                              f"unexpected {sorted(unexpected)[:5]}")
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def open_weight_channel(self, host: str, port: int, world_size: int, backend: str, meta: list,
+                            bucket_bytes: int) -> None:
+        """Start listening for the actor's broadcasts (returns at once; the thread joins the group)."""
+        rank = 1 + self.rank  # the actor's rank 0 is the root
+        self.receiver = WeightReceiver(lambda: WeightGroup(host, port, rank, world_size, backend), meta, bucket_bytes)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def load_weights(self, version: int) -> None:
+        """Hold ``version``: wait until all of it has arrived by broadcast, then load it. Run as a
+        task of this worker, never during a generation."""
+        self.update_weights(self.receiver.take(version), version)
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def generate_sequences(self, prompts: DataProto) -> DataProto:

@@ -441,7 +441,6 @@ def test_vllm_tensor_parallel_must_divide_the_devices():
 
 VERL_SCRIPT_KEYS = [  # keys verl's current example scripts set that change nothing in rlvr's results
     "actor_rollout_ref.model.fused_kernel_options.impl_backend=triton",
-    "actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes=4096",
     "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz=True",
     "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu=24000",
     "actor_rollout_ref.ref.log_prob_use_dynamic_bsz=True",
@@ -470,7 +469,6 @@ def test_verl_script_keys_are_noticed_once_with_what_rlvr_does_instead(capsys):
     for item in VERL_SCRIPT_KEYS:  # each key, or the section it belongs to, is named in the notice
         key = item.split("=")[0]
         assert any(key == entry or key.startswith(entry + ".") for entry in VERL_NO_EFFECT if entry in err), key
-    assert "streamed one tensor at a time" in err  # checkpoint_engine: what rlvr does instead
     assert "critic.model.fsdp_config: the critic is sharded like the actor" in err  # not "replicated"
     # one line per reason: the two critic micro-batch keys share theirs
     assert "critic.use_dynamic_bsz, critic.ppo_max_token_len_per_gpu: the critic's micro-batches" in err
@@ -518,3 +516,18 @@ def test_a_run_of_no_steps_is_refused():
                                           r"trains at least 1 epoch"):
         load_config(overrides=["trainer.total_training_steps=null", "trainer.total_epochs=0"])
     assert load_config(overrides=["trainer.total_training_steps=null"]).trainer.total_epochs == 1
+
+
+def test_the_checkpoint_engine_acts_on_a_rollout_pool_and_is_noted_without_one(capsys):
+    bucket = "actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes=4096"
+    assert load_config(overrides=[bucket]).actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes == 4096
+    assert "checkpoint_engine (from the command line) has no effect with hybrid_engine=true" in capsys.readouterr().err
+    load_config(overrides=[bucket, "actor_rollout_ref.hybrid_engine=false", "trainer.device=cpu"])
+    assert "checkpoint_engine" not in capsys.readouterr().err  # read: the broadcast's bucket size
+    for override, message in (("backend=nixl", "gloo \\(CPU\\) or nccl"), ("backend=gloo", "no effect with"),
+                              ("engine_kwargs={a: 1}", "take none"), ("custom_backend_module=x", "plug-in")):
+        with pytest.raises(ConfigError, match=message):
+            load_config(overrides=[f"actor_rollout_ref.rollout.checkpoint_engine.{override}"])
+    with pytest.raises(ConfigError, match="nccl needs CUDA"):
+        load_config(overrides=["actor_rollout_ref.rollout.checkpoint_engine.backend=nccl", "trainer.device=cpu",
+                               "actor_rollout_ref.hybrid_engine=false"])

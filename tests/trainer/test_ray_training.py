@@ -156,6 +156,7 @@ def test_a_rollout_on_workers_of_its_own_equals_the_hybrid_engine(tiny_config, t
                          f"trainer.default_local_dir={run_dir}")
     done = subprocess.run(train_command(config, tmp_path), capture_output=True, text=True, timeout=400)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "rollout workers by gloo broadcast from the actor's rank 0 (127.0.0.1:" in done.stdout
     got = records(run_dir)
     assert all("timing_s/sync_weights" in r for r in got if r["step"] > 0)
     assert_same_metrics(got, records(in_process_run))
@@ -179,6 +180,7 @@ def test_one_step_off_on_rollout_workers_of_their_own_equals_the_in_process_run(
                          "ray_kwargs.ray_init.num_cpus=3", f"trainer.default_local_dir={ray_dir}")
     done = subprocess.run(train_command(config, tmp_path), capture_output=True, text=True, timeout=400)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "2 rollout workers by gloo broadcast" in done.stdout  # not through the driver
     got = records(ray_dir)
     assert_same_metrics(got, records(local_dir))
     assert [r["training/off_policy/trajectory_staleness/max"] for r in got[1:]] == [0, 1, 1]
@@ -194,6 +196,7 @@ def test_ppo_with_a_critic_colocated_on_two_ray_workers_equals_the_in_process_ru
     done = subprocess.run(train_command(tiny_config(*STEPS, *gae, *RAY_2_CPU, f"trainer.default_local_dir={ray_dir}"),
                                         tmp_path), capture_output=True, text=True, timeout=400)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "2 rollout workers by gloo broadcast" in done.stdout  # not through the driver
     got = records(ray_dir)
     assert_same_metrics(got, records(local_dir))
     assert any(r.get("critic/grad_norm", 0) > 0 for r in got)
@@ -214,6 +217,7 @@ def test_remax_on_two_ray_workers_equals_the_in_process_run(tiny_config, tmp_pat
     done = subprocess.run(train_command(tiny_config(*remax, *RAY_2_CPU, f"trainer.default_local_dir={ray_dir}"),
                                         tmp_path), capture_output=True, text=True, timeout=400)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "2 rollout workers by gloo broadcast" in done.stdout  # not through the driver
     got = records(ray_dir)
     assert all("timing_s/gen_max" in r for r in got)
     assert_same_metrics(got, records(local_dir))
@@ -234,6 +238,7 @@ def test_vllm_over_two_ray_workers_equals_the_in_process_run(tiny_config, tmp_pa
     done = subprocess.run(train_command(tiny_config(*vllm, *RAY_2_CPU, tp2, f"trainer.default_local_dir={ray_dir}"),
                                         tmp_path), capture_output=True, text=True, timeout=400)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "2 rollout workers by gloo broadcast" in done.stdout  # not through the driver
     got = records(ray_dir)
     assert any(r.get("actor/grad_norm", 0) > 0 for r in got)  # it trained
     assert_same_metrics(got, records(local_dir))
