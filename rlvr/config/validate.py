@@ -157,9 +157,10 @@ def _rollout_engine(cfg: RLVRConfig) -> list[str]:
     if tp < 1 or world % tp:
         errors.append(f"{key}.tensor_model_parallel_size = {tp} must be >= 1 and divide the {world} devices "
                       "(n_gpus_per_node x nnodes): each engine spans tensor_model_parallel_size of them")
-    if not arr.hybrid_engine:
-        errors.append(f"{key}.name=vllm runs colocated with the actor (actor_rollout_ref.hybrid_engine=true); rollout "
-                      "workers of their own use the native engine")
+    if not arr.hybrid_engine and tp != 1:
+        errors.append(f"{key}.tensor_model_parallel_size = {tp} with hybrid_engine=false: a rollout worker of its own "
+                      "runs one vLLM engine on its own device (tensor_model_parallel_size=1); spread the engine over "
+                      "several devices with the hybrid engine")
     if rollout.gpu_memory_utilization is not None and not 0 < rollout.gpu_memory_utilization <= 1:
         errors.append(f"{key}.gpu_memory_utilization = {rollout.gpu_memory_utilization} must be in (0, 1]")
     needed = cfg.data.max_prompt_length + cfg.data.max_response_length

@@ -18,6 +18,8 @@ log-prob passes then do no work on padding columns.
 
 from __future__ import annotations
 
+import difflib
+
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
@@ -43,6 +45,9 @@ class RowOrigin:
         return f"{self.file}, row {self.row}"
 
 
+CHAT_ROLES = ("system", "user", "assistant", "tool", "developer")
+
+
 def validate_row(row: dict[str, Any], origin: RowOrigin, prompt_key: str = "prompt",
                  reward_fn_key: str = "data_source") -> None:
     """Raise DatasetError naming the file, row and key if ``row`` is not in verl's format."""
@@ -62,6 +67,10 @@ def validate_row(row: dict[str, Any], origin: RowOrigin, prompt_key: str = "prom
     for i, msg in enumerate(messages):
         if not isinstance(msg, dict) or not isinstance(msg.get("role"), str) or not isinstance(msg.get("content"), str):
             raise fail(f"{prompt_key}[{i}]", "must be a dict with string 'role' and 'content'")
+        if msg["role"] not in CHAT_ROLES:  # a template renders any string as a role: the model would see 'usr'
+            near = difflib.get_close_matches(msg["role"].lower(), CHAT_ROLES, n=1, cutoff=0.5)
+            raise fail(f"{prompt_key}[{i}].role", f"is {msg['role']!r}, not a chat role ({', '.join(CHAT_ROLES)})"
+                       + (f"; did you mean {near[0]!r}?" if near else ""))
     if not any(m["content"].strip() for m in messages):
         raise fail(prompt_key, "has only empty message contents")
     for key in ("reward_model", "extra_info"):
@@ -123,9 +132,12 @@ class RLHFDataset:
             raise DatasetError(f"dataset files {[str(f) for f in files]} hold no rows")
         self.prompt_ids = [self._tokenize(row) for row in self.rows]
         self.num_filtered = 0
+        self.num_rows_read = len(self.rows)
+        self.longest_filtered = 0  # tokens of the longest prompt filtered out
         if self.config.filter_overlong_prompts:
             keep = [i for i, ids in enumerate(self.prompt_ids) if len(ids) <= self.config.max_prompt_length]
             self.num_filtered = len(self.rows) - len(keep)
+            self.longest_filtered = max((len(ids) for ids in self.prompt_ids), default=0) if self.num_filtered else 0
             self.rows = [self.rows[i] for i in keep]
             self.origins = [self.origins[i] for i in keep]
             self.prompt_ids = [self.prompt_ids[i] for i in keep]
@@ -134,6 +146,14 @@ class RLHFDataset:
                     f"every prompt in {[str(f) for f in files]} is longer than data.max_prompt_length="
                     f"{self.config.max_prompt_length} tokens; raise it"
                 )
+
+    def filter_report(self, split: str) -> str | None:
+        """What loading dropped, in a sentence (None: nothing)."""
+        if not self.num_filtered:
+            return None
+        return (f"{split}: {self.num_filtered} of {self.num_rows_read} rows dropped: their prompt is longer than "
+                f"data.max_prompt_length={self.config.max_prompt_length} tokens (the longest has "
+                f"{self.longest_filtered}; data.filter_overlong_prompts=true); {len(self.rows)} rows remain")
 
     def _prompt_text(self, row: dict[str, Any]) -> str:
         messages = list(row[self.config.prompt_key])

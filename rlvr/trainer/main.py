@@ -14,7 +14,10 @@ critic) workers, one process per device; the trainer cannot tell the groups apar
 from __future__ import annotations
 
 import dataclasses
+import sys
 from pathlib import Path
+
+import numpy as np
 
 from rlvr.config import ConfigError, to_yaml
 from rlvr.config.loader import import_custom_modules
@@ -52,6 +55,15 @@ def ensure_default_data(config: RLVRConfig) -> None:
         print(f"[rlvr] wrote the built-in arithmetic task to {out} (rlvr prepare arithmetic)", flush=True)
 
 
+def is_empty(value) -> bool:
+    """A ground truth with nothing to compare against: blank text, or an empty list or mapping."""
+    if isinstance(value, str):
+        return not value.strip()
+    if isinstance(value, (list, tuple, dict, np.ndarray)):
+        return len(value) == 0
+    return False
+
+
 def check_scorable(dataset: RLHFDataset, config: RLVRConfig, split: str) -> None:
     """Every row must be scorable: its data_source selects a reward function (unless functions
     are configured), and a function that compares against ``reward_model.ground_truth`` finds one.
@@ -69,6 +81,11 @@ def check_scorable(dataset: RLHFDataset, config: RLVRConfig, split: str) -> None
             raise DatasetError(f"{origin} ({split}): {err.args[0]}") from None
         truth = (row.get("reward_model") or {}).get("ground_truth")
         needing = [name for name in names if needs_ground_truth(name)]
+        if needing and is_empty(truth):
+            raise DatasetError(
+                f"{origin} ({split}): key 'reward_model.ground_truth' is empty ({truth!r}), but the reward function "
+                f"{needing[0]!r} (for data_source {source!r}) compares each response against it: every sample of "
+                "this row would score as wrong, whatever it answers; fill it in or drop the row")
         if truth is None and needing:
             raise DatasetError(
                 f"{origin} ({split}): key 'reward_model.ground_truth' is missing, but the reward function "
@@ -174,6 +191,10 @@ def build_trainer(config: RLVRConfig, progress_bar: bool = True) -> RLTrainer:
     check_scorable(train, config, "data.train_files")
     if val is not None:
         check_scorable(val, config, "data.val_files")
+    for dataset, split in ((train, "data.train_files"), (val, "data.val_files")):
+        report = dataset.filter_report(split) if dataset is not None else None
+        if report:
+            print(f"[rlvr] {report}", file=sys.stderr, flush=True)
     if tool_setup is not None:
         for dataset, split in ((train, "data.train_files"), (val, "data.val_files")):
             check_tools_kwargs(dataset, tool_setup.tools, split)

@@ -103,6 +103,9 @@ def test_truncation_error_names_file_and_row(tmp_path, tokenizer):
         ({"prompt": [{"role": "user"}]}, r"key 'prompt\[0\]' must be a dict with string 'role' and 'content'"),
         ({"reward_model": {"style": "rule"}}, "key 'reward_model.ground_truth' is missing"),
         ({"extra_info": "oops"}, "key 'extra_info' must be a dict"),
+        # a template renders any string as the role: the model would be prompted by 'usr'
+        ({"prompt": [{"role": "usr", "content": "hi"}]}, r"key 'prompt\[0\].role' is 'usr', not a chat role "
+                                                           r".*; did you mean 'user'\?"),
     ],
 )
 def test_malformed_row_names_file_row_and_key(tmp_path, tokenizer, bad, message):

@@ -187,6 +187,27 @@ def test_one_step_off_on_rollout_workers_of_their_own_equals_the_in_process_run(
     assert_same_weights(final_weights(ray_dir, 3), final_weights(local_dir, 3))
 
 
+def test_vllm_on_rollout_workers_of_their_own_equals_the_in_process_engine(tiny_config, tmp_path, tiny_vllm_model_dir):
+    """hybrid_engine=false with rollout.name=vllm: each of two Ray rollout workers runs a vLLM
+    engine on the weights broadcast to it; one-step-off there equals colocate_async with vLLM in
+    the trainer's process (rows are seeded by their place in the whole batch, so the split over
+    workers changes no token)."""
+    local_dir, ray_dir = tmp_path / "local", tmp_path / "ray"
+    vllm = [*STEPS, f"actor_rollout_ref.model.path={tiny_vllm_model_dir}", "actor_rollout_ref.rollout.name=vllm",
+            "trainer.v1.colocate_async.num_warmup_batches=1"]
+    run_training(tiny_config(*vllm, "trainer.v1.trainer_mode=colocate_async", f"trainer.default_local_dir={local_dir}"))
+    config = tiny_config(*vllm, "trainer.v1.trainer_mode=separate_async", "trainer.device=cpu",
+                         "actor_rollout_ref.hybrid_engine=false", "actor_rollout_ref.rollout.n_gpus_per_node=2",
+                         "ray_kwargs.ray_init.num_cpus=3", f"trainer.default_local_dir={ray_dir}")
+    done = subprocess.run(train_command(config, tmp_path), capture_output=True, text=True, timeout=500)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "2 rollout workers by gloo broadcast" in done.stdout
+    got = records(ray_dir)
+    assert any(r.get("actor/grad_norm", 0) > 0 for r in got)
+    assert_same_metrics(got, records(local_dir))
+    assert_same_weights(final_weights(ray_dir, 3), final_weights(local_dir, 3))
+
+
 def test_ppo_with_a_critic_colocated_on_two_ray_workers_equals_the_in_process_run(tiny_config, tmp_path):
     """GAE: actor-rollout-ref and the critic, both sharded with FSDP2, share each worker's process."""
     gae = ["algorithm.adv_estimator=gae", "critic.ppo_mini_batch_size=2", "critic.ppo_micro_batch_size_per_gpu=3",
@@ -196,7 +217,6 @@ def test_ppo_with_a_critic_colocated_on_two_ray_workers_equals_the_in_process_ru
     done = subprocess.run(train_command(tiny_config(*STEPS, *gae, *RAY_2_CPU, f"trainer.default_local_dir={ray_dir}"),
                                         tmp_path), capture_output=True, text=True, timeout=400)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    assert "2 rollout workers by gloo broadcast" in done.stdout  # not through the driver
     got = records(ray_dir)
     assert_same_metrics(got, records(local_dir))
     assert any(r.get("critic/grad_norm", 0) > 0 for r in got)
@@ -217,7 +237,6 @@ def test_remax_on_two_ray_workers_equals_the_in_process_run(tiny_config, tmp_pat
     done = subprocess.run(train_command(tiny_config(*remax, *RAY_2_CPU, f"trainer.default_local_dir={ray_dir}"),
                                         tmp_path), capture_output=True, text=True, timeout=400)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    assert "2 rollout workers by gloo broadcast" in done.stdout  # not through the driver
     got = records(ray_dir)
     assert all("timing_s/gen_max" in r for r in got)
     assert_same_metrics(got, records(local_dir))
@@ -238,7 +257,6 @@ def test_vllm_over_two_ray_workers_equals_the_in_process_run(tiny_config, tmp_pa
     done = subprocess.run(train_command(tiny_config(*vllm, *RAY_2_CPU, tp2, f"trainer.default_local_dir={ray_dir}"),
                                         tmp_path), capture_output=True, text=True, timeout=400)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    assert "2 rollout workers by gloo broadcast" in done.stdout  # not through the driver
     got = records(ray_dir)
     assert any(r.get("actor/grad_norm", 0) > 0 for r in got)  # it trained
     assert_same_metrics(got, records(local_dir))

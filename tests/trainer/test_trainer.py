@@ -181,6 +181,32 @@ def test_rows_without_ground_truth_are_refused_at_load(tiny_config, tmp_path, ti
     build_trainer(fmt, progress_bar=False).tracker.close()
 
 
+@pytest.mark.parametrize("truth", ["", "   "])
+def test_rows_with_an_empty_ground_truth_are_refused_at_load(tiny_config, tmp_path, tiny_data, truth):
+    """An empty ground truth scores every answer as wrong: the row would train on reward 0 at every step."""
+    from rlvr.data.io import read_rows
+    rows = read_rows(tiny_data["train"])
+    rows[2]["reward_model"]["ground_truth"] = truth
+    bad = write_parquet(rows, tmp_path / "empty_truth.parquet")
+    with pytest.raises(DatasetError, match=r"empty_truth.parquet.*row 2.*'reward_model.ground_truth' is empty"):
+        build_trainer(tiny_config(f"data.train_files=[{bad}]", custom_reward=False), progress_bar=False)
+    from rlvr.trainer.main import is_empty
+    assert is_empty([]) and is_empty({}) and not is_empty(0) and not is_empty(["3"]) and not is_empty("0")
+
+
+def test_prompts_dropped_as_overlong_are_reported_at_load(tiny_config, tmp_path, tiny_data, capsys):
+    from rlvr.data.io import read_rows
+    rows = read_rows(tiny_data["train"])
+    for r in rows[:12]:  # 12 of the 16 rows far over 128 tokens
+        r["prompt"][0]["content"] = "word " * 300
+    long = write_parquet(rows, tmp_path / "long.parquet")
+    build_trainer(tiny_config(f"data.train_files=[{long}]"), progress_bar=False).tracker.close()
+    err = capsys.readouterr().err
+    assert ("[rlvr] data.train_files: 12 of 16 rows dropped: their prompt is longer than "
+            "data.max_prompt_length=128 tokens") in err
+    assert "4 rows remain" in err and "data.val_files" not in err  # the validation rows all fit
+
+
 def test_cli_errors_are_clear(tiny_model_dir, tmp_path, capsys):
     assert main(["train", "actor_rollout_ref.model.path=/no/such/model", f"trainer.default_local_dir={tmp_path}"]) == 2
     err = capsys.readouterr().err
