@@ -24,6 +24,9 @@ prompts                (bs, P)     the left-padded prompt ids, as given to the r
 responses              (bs, R)     sampled token ids, right-padded
 response_mask          (bs, R)     1 on tokens the loss sees (0 on padding and tool output)
 rollout_log_probs      (bs, R)     log-probs of the sampled tokens under the rollout engine
+train_mask             (bs, R)     response_mask less what the update must not see (groups dropped for an
+                                   invalid reward, tokens rollout correction rejected); absent: response_mask
+rollout_is_weights     (bs, R)     rollout correction's importance weights pi_old / pi_rollout
 old_log_probs          (bs, R)     log-probs under the actor before the update (PPO's pi_old)
 ref_log_prob           (bs, R)     log-probs under the frozen reference policy
 entropys               (bs, R)     per-token entropy of the actor's distribution

@@ -392,8 +392,10 @@ class RewardConfig:
     timeout_s: Optional[float] = 10.0
     """Per-sample scoring time limit in seconds (> 0); null means no limit, inline and in the pool."""
     on_error: str = "score"
-    """A scorer that raises, times out or returns a NaN/inf score: score (give failure_score,
-    count it) | raise."""
+    """A scorer that raises or times out: score (give failure_score, count it) | raise."""
+    on_invalid: str = "drop"
+    """A scorer that returns NaN, inf or None: drop (count it; its group is left out of the
+    update, never given a score) | raise."""
     failure_score: float = 0.0
     max_failed_fraction: float = 0.99
     """The run stops with the first failure when more than this fraction of a batch's samples

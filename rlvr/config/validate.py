@@ -110,6 +110,7 @@ def _choices(cfg: RLVRConfig) -> list[str]:
         ("actor_rollout_ref.actor.optim.warmup_style", arr.actor.optim.warmup_style, ("constant", "cosine")),
         ("algorithm.kl_ctrl.type", cfg.algorithm.kl_ctrl.type, ("fixed", "adaptive")),
         ("reward.on_error", cfg.reward.on_error, ("score", "raise")),
+        ("reward.on_invalid", cfg.reward.on_invalid, ("drop", "raise")),
         ("trainer.device", cfg.trainer.device, DEVICES),
         ("actor_rollout_ref.rollout.multi_turn.tool_response_truncate_side", arr.rollout.multi_turn.tool_response_truncate_side,
          ("left", "right", "middle")),

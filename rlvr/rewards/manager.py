@@ -5,8 +5,10 @@ function, a weighted list (``reward.functions``), or the scorer of the row's dat
 and writes the score on the response's last valid token (zeros elsewhere), as verl does.
 Dict results add extra values: ``reward_extra_info`` arrays and per-step metrics.
 
-Robustness: every sample is scored under a time limit (``reward.timeout_s``). A function
-that raises, runs out of time or returns a NaN/inf score gives that sample
+Robustness: a score that is not a number (NaN, inf, None) is never given one: the sample is
+counted (``reward/num_invalid``, and per data source) and its whole group is left out of the
+update (``reward.on_invalid=drop``; ``raise`` stops the run). Every sample is scored under a
+time limit (``reward.timeout_s``). A function that raises or runs out of time gives that sample
 ``reward.failure_score`` and is counted in
 ``reward/num_errors`` / ``reward/num_timeouts`` (the first failure of a step is printed with
 its sample), or fails the step when ``reward.on_error=raise``. A batch where more than
@@ -130,12 +132,12 @@ def score_sample(fns: tuple, data_source: str, solution_str: str, ground_truth: 
             if isinstance(result, dict):
                 if "score" not in result:
                     raise RewardError(f"reward function {ref.name!r} returned a dict without 'score': {result}")
-                value = float(result["score"])
+                value = result["score"]
                 extras.update({k: v for k, v in result.items() if k != "score"})
             else:
-                value = float(result)
-            if not math.isfinite(value):
-                raise RewardError(f"reward function {ref.name!r} returned a non-finite score ({value})")
+                value = result
+            if value is None or not math.isfinite(value := float(value)):
+                return {"status": "invalid", "error": f"reward function {ref.name!r} returned {value!r}"}
             if len(fns) > 1:
                 extras[ref.name] = value
             total += weight * value
@@ -161,6 +163,7 @@ class RewardResult:
     reward_extra_info: dict[str, np.ndarray] = field(default_factory=dict)
     metrics: dict[str, float] = field(default_factory=dict)
     scores: torch.Tensor | None = None  # (bs,) the scorers' scores before overlong shaping
+    invalid: torch.Tensor | None = None  # (bs,) bool: the scorer returned NaN, inf or None (a placeholder score)
 
 
 def place_on_last_token(scores: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
@@ -288,8 +291,20 @@ class RewardManager:
         scores = torch.zeros(len(results))
         extras: dict[str, list] = {}
         counts = {"error": 0, "timeout": 0}
-        first_failure = None
+        invalid = torch.zeros(len(results), dtype=torch.bool)
+        invalid_by_source: dict[str, int] = {}
+        first_failure = first_invalid = None
         for i, res in enumerate(results):
+            if res["status"] == "invalid":  # NaN, inf or None: no score at all, never a number with an advantage
+                if self.config.on_invalid == "raise":
+                    raise RewardError(f"reward for sample {i} (data_source={sources[i]!r}, response={texts[i][:200]!r}) "
+                                      f"is not a number: {res['error']}; set reward.on_invalid=drop to drop its group "
+                                      "from the update instead")
+                invalid[i] = True
+                invalid_by_source[str(sources[i])] = invalid_by_source.get(str(sources[i]), 0) + 1
+                first_invalid = first_invalid or f"sample {i} (data_source={sources[i]!r}): {res['error']}"
+                scores[i] = self.config.failure_score  # a placeholder the update never sees: the group is dropped
+                continue
             if res["status"] != "ok":
                 counts[res["status"]] += 1
                 message = (f"reward for sample {i} (data_source={sources[i]!r}, response={texts[i][:200]!r}) "
@@ -312,13 +327,19 @@ class RewardManager:
             print(f"[rlvr] {first_failure} ({counts['error']} errors, {counts['timeout']} timeouts this step; "
                   f"they score reward.failure_score={self.config.failure_score})", file=sys.stderr, flush=True)
         metrics = {"reward/num_errors": float(counts["error"]), "reward/num_timeouts": float(counts["timeout"]),
-                   "timing_s/reward_fn": elapsed}
+                   "reward/num_invalid": float(invalid.sum()), "timing_s/reward_fn": elapsed}
+        for source, count in invalid_by_source.items():
+            metrics[f"reward/num_invalid/{source}"] = float(count)
+        if first_invalid:
+            print(f"[rlvr] {int(invalid.sum())} reward(s) of this batch are not numbers (first: {first_invalid}): "
+                  "counted, and never trained on (reward.on_invalid=drop leaves their groups out of the update)",
+                  file=sys.stderr, flush=True)
         for key, values in extras.items():
             numeric = [float(v) for v in values if isinstance(v, (int, float, bool, np.number))]
             if numeric:
                 metrics[f"reward/{key}/mean"] = float(np.mean(numeric))
         return RewardResult(place_on_last_token(scores, mask), {k: np.array(v, dtype=object) for k, v in extras.items()},
-                            metrics, scores)
+                            metrics, scores, invalid)
 
     # ------------------------------------------------------------------ pool and async
     def _get_pool(self):

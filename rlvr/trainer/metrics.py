@@ -5,6 +5,8 @@
   a critic): mean, max and min over valid tokens or sequences;
 - ``response_length/*`` and ``prompt_length/*`` with ``clip_ratio`` (share at the limit);
 - ``timing_s/<stage>``, ``timing_per_token_ms/<stage>``, ``perf/*``;
+- ``training/zero_variance_groups``: groups whose samples all scored the same (no GRPO signal);
+  ``training/dropped_groups``: groups left out of the update for a reward that is not a number;
 - ``training/rollout_probs_diff_{mean,max}``: |p_rollout - p_actor| per token, a check that
   the engine samples from the distribution the actor trains;
 - validation: ``val-core/<data_source>/reward/mean@n`` and verl's bootstrapped
@@ -70,6 +72,14 @@ def compute_data_metrics(batch: DataProto, max_response_length: int, max_prompt_
     # batches are padded to their own longest prompt, so the limit comes from the config
     metrics["prompt_length/clip_ratio"] = float((prompt_length >= max_prompt_length).float().mean())
     metrics.update(multi_turn_metrics(batch))
+    if "uid" in batch.non_tensor_batch:  # groups whose samples all scored the same: no signal for GRPO
+        uids = batch.non_tensor_batch["uid"]
+        scores = b["token_level_scores"].sum(-1).numpy()
+        spread = {}
+        for uid, score in zip(uids, scores):
+            low, high = spread.get(uid, (score, score))
+            spread[uid] = (min(low, score), max(high, score))
+        metrics["training/zero_variance_groups"] = float(sum(low == high for low, high in spread.values()))
     if "rollout_log_probs" in b and "old_log_probs" in b:
         diff = (b["rollout_log_probs"].exp() - b["old_log_probs"].exp()).abs()[mask]
         if diff.numel():

@@ -395,7 +395,20 @@ class RLTrainer:
             batch.non_tensor_batch[key] = values
         if reward.scores is not None:
             batch.batch["sample_scores"] = reward.scores.to(scores.device)
-        return dict(reward.metrics)
+        metrics = dict(reward.metrics)
+        if reward.invalid is not None and reward.invalid.any():
+            metrics["training/dropped_groups"] = float(self._drop_groups(batch, reward.invalid.numpy()))
+        return metrics
+
+    def _drop_groups(self, batch: DataProto, rows: np.ndarray) -> int:
+        """Leave every group with a row in ``rows`` (bool) out of the update: its tokens carry no
+        loss (``train_mask``), so its placeholder scores never become a gradient; returns how many."""
+        uids = batch.non_tensor_batch["uid"]
+        dropped = np.isin(uids, np.unique(uids[rows]))
+        keep = torch.as_tensor(~dropped, dtype=batch.batch["response_mask"].dtype)[:, None]
+        train_mask = batch.batch.get("train_mask", batch.batch["response_mask"])
+        batch.batch["train_mask"] = train_mask * keep
+        return len(np.unique(uids[rows]))
 
     def _dynamic_sampling(self, batch: DataProto, more_batches: Iterator[DataProto], metrics: dict[str, float],
                           timings: dict[str, float]) -> DataProto:
@@ -459,7 +472,7 @@ class RLTrainer:
     def _correct_rollout(self, batch: DataProto) -> dict[str, float]:
         """``algorithm.rollout_correction``: bypass mode takes pi_old from the rollout's log-probs;
         otherwise the weights pi_old / pi_rollout (``rollout_is_weights``) and the rejection mask
-        (``rollout_rs_mask``) of the whole batch go to the update."""
+        (into ``train_mask``) of the whole batch go to the update."""
         rc = self.config.algorithm.rollout_correction
         b = batch.batch
         if rc.bypass_mode:
@@ -472,7 +485,7 @@ class RLTrainer:
         if weights is not None:
             b["rollout_is_weights"] = weights
         if rc.rollout_rs is not None:
-            b["rollout_rs_mask"] = loss_mask
+            b["train_mask"] = loss_mask * b["train_mask"] if "train_mask" in b else loss_mask
         return metrics
 
     def _greedy_baselines(self, gen_batch: DataProto, batch: DataProto, gen_index: int = 0) -> torch.Tensor:

@@ -30,6 +30,16 @@ CONSOLE_FIELDS = (
     ("timing_s/step", "step_s", "{:.1f}"),
 )
 
+# (metric, label): counts of what went wrong, on the console line when not zero
+WARNING_FIELDS = (
+    ("reward/num_invalid", "invalid rewards"),
+    ("reward/num_errors", "reward errors"),
+    ("reward/num_timeouts", "reward timeouts"),
+    ("training/dropped_groups", "dropped groups"),
+    ("training/zero_variance_groups", "groups without signal"),
+    ("actor/grad_norm_nonfinite", "skipped steps"),
+)
+
 
 class Tracking:
     def __init__(self, backends: list[str], run_dir: str | Path | None, progress_bar: bool = True,
@@ -203,6 +213,9 @@ def console_line(metrics: dict[str, float], step: int) -> str:
     for key, label, fmt in CONSOLE_FIELDS:
         if key in metrics:
             parts.append(f"{label} {fmt.format(metrics[key])}")
+    for key, label in WARNING_FIELDS:  # what went wrong this step: shown only when it happened
+        if metrics.get(key):
+            parts.append(f"{label} {metrics[key]:g}")
     for key, value in sorted(metrics.items()):
         if key.startswith("val-core/"):
             parts.append(f"{key.removeprefix('val-core/')} {value:.3f}")

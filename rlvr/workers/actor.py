@@ -145,10 +145,10 @@ def clip_and_step(model, optimizer, grad_clip: float) -> tuple[float, bool]:
 
 
 def loss_mask(data: DataProto) -> torch.Tensor:
-    """The tokens that carry loss: the response's model tokens, less those rollout correction
-    rejected (``rollout_rs_mask``, written by the trainer)."""
-    mask = data.batch["response_mask"]
-    return mask * data.batch["rollout_rs_mask"] if "rollout_rs_mask" in data.batch else mask
+    """The tokens that carry loss: ``train_mask`` where the trainer wrote one (the response's
+    model tokens less those rollout correction rejected and the groups it dropped), else
+    ``response_mask``."""
+    return data.batch["train_mask"] if "train_mask" in data.batch else data.batch["response_mask"]
 
 class NonFiniteLossError(StopTraining):
     """Too many optimizer steps in a row had a NaN or infinite gradient norm."""

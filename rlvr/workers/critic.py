@@ -156,7 +156,7 @@ class CriticWorker(Worker):
         return DataProto(meta_info={"metrics": {k: float(np.mean(v)) for k, v in metrics.items()}})
 
     def _optimizer_step(self, data: DataProto, mini_rows: list[int], metrics) -> None:
-        mask = data.batch["response_mask"].float()
+        mask = data.batch["train_mask" if "train_mask" in data.batch else "response_mask"].float()  # dropped groups: 0
         totals = {"num_tokens": mask[torch.tensor(mini_rows)].sum().clamp(min=1), "num_seqs": count_seqs(mask[torch.tensor(mini_rows)])}
         self.optimizer.zero_grad(set_to_none=True)
         vf_loss_total, clipfrac, vpred_sum = 0.0, 0.0, 0.0

@@ -102,22 +102,28 @@ def test_process_pool_matches_serial(tokenizer):
 
 
 NONFINITE = '''
+import numpy as np
+
 def score(data_source, solution_str, ground_truth, extra_info=None):
-    return {"nan": float("nan"), "inf": float("inf"), "dict": {"score": float("-inf")}}.get(solution_str, 1.0)
+    return {"nan": float("nan"), "inf": float("inf"), "dict": {"score": float("-inf")}, "none": None,
+            "np": np.float32("nan")}.get(solution_str, 1.0)
 '''
 
 
-def test_nonfinite_scores_are_reward_errors(tmp_path, tokenizer):
-    """A NaN or inf score would turn its whole GRPO group NaN and skip the update: it is an error."""
+def test_scores_that_are_not_numbers_are_counted_and_flagged_never_scored(tmp_path, tokenizer):
+    """NaN, inf, None (numpy's NaN too) are not given reward.failure_score as a real score: each is
+    flagged invalid (its group is then dropped from the update) and counted per data source."""
     f = tmp_path / "nonfinite.py"
     f.write_text(NONFINITE)
     custom = CustomRewardFunctionConfig(str(f), "score")
-    data = batch(tokenizer, ["ok", "nan", "inf", "dict"], ["x"] * 4, ["1"] * 4)
+    data = batch(tokenizer, ["ok", "nan", "inf", "dict", "none", "np"], ["a", "a", "b", "b", "b", "a"], ["1"] * 6)
     result = RewardManager(tokenizer, RewardConfig(custom_reward_function=custom, failure_score=-0.5)).compute(data)
-    assert result.token_level_scores.sum(-1).tolist() == [1.0, -0.5, -0.5, -0.5]
-    assert result.metrics["reward/num_errors"] == 3.0
-    with pytest.raises(RewardError, match=r"sample 1 .*non-finite score \(nan\)"):
-        RewardManager(tokenizer, RewardConfig(custom_reward_function=custom, on_error="raise")).compute(data)
+    assert result.invalid.tolist() == [False, True, True, True, True, True]
+    assert result.metrics["reward/num_invalid"] == 5.0 and result.metrics["reward/num_errors"] == 0.0
+    assert result.metrics["reward/num_invalid/a"] == 2.0 and result.metrics["reward/num_invalid/b"] == 3.0
+    assert result.token_level_scores.sum(-1).isfinite().all()  # placeholders, never NaN in the batch
+    with pytest.raises(RewardError, match=r"sample 1 .*is not a number: reward function .* returned nan"):
+        RewardManager(tokenizer, RewardConfig(custom_reward_function=custom, on_invalid="raise")).compute(data)
 
 
 def test_a_batch_where_every_reward_failed_stops_the_run(tokenizer):

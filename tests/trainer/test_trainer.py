@@ -381,3 +381,35 @@ def test_a_long_validation_batch_shows_its_time_passing(capsys):
     err = capsys.readouterr().err
     # redrawn while it generated (about 5 times), not only when it was created and closed
     assert "generating" in err and len(re.findall(r"0/4 \[00:0\d", err)) >= 4, err
+
+
+NAN_ON_ODD = '''
+def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+    """NaN for an odd number of characters, else 1."""
+    return float("nan") if len(solution_str) % 2 else 1.0
+'''
+
+
+def test_a_group_with_an_invalid_reward_is_left_out_of_the_update(tiny_config, tmp_path, capsys):
+    """TRL 1.6's bug: NaN became 0 and got a real advantage. Here the valid samples all score 1, so a
+    group that kept its NaN samples as any number would have a nonzero advantage and a gradient;
+    dropped, every remaining group has zero advantage: no gradient at all (KL and entropy off)."""
+    from tests.trainer.test_learning import records_of
+
+    reward = tmp_path / "nan_reward.py"
+    reward.write_text(NAN_ON_ODD)
+    trainer = build_trainer(tiny_config(f"reward.custom_reward_function.path={reward}", "trainer.val_before_train=false",
+                                        "data.val_files=[]", "actor_rollout_ref.actor.use_kl_loss=false",
+                                        "actor_rollout_ref.actor.entropy_coeff=0", "trainer.logger=[console,jsonl]",
+                                        "data.train_batch_size=4", "actor_rollout_ref.actor.ppo_mini_batch_size=2"),
+                            progress_bar=False)
+    trainer.fit()
+    trainer.tracker.close()
+    records = records_of(trainer)
+    assert sum(r["reward/num_invalid"] for r in records) > 0
+    assert all(r["actor/grad_norm"] == 0.0 and r["actor/pg_loss"] == 0.0 for r in records)
+    assert sum(r.get("training/dropped_groups", 0) for r in records) > 0
+    first = records[0]
+    assert first["reward/num_invalid"] == first["reward/num_invalid/arithmetic"]  # counted per data source
+    out = capsys.readouterr().out
+    assert f"invalid rewards {first['reward/num_invalid']:g}" in out and "dropped groups" in out  # on the console

@@ -291,7 +291,7 @@ def test_rejected_tokens_leave_the_loss_as_if_masked(batch, tiny_model_dir, monk
     reject[3:] = 0  # the second group rejected
     rejected, _ = _step_gradient(tiny_model_dir, batch.select_idxs(list(range(6))), monkeypatch,
                                  _correction(rollout_rs="token_k3", rollout_rs_threshold=0.1),
-                                 {"rollout_rs_mask": lambda b: reject}, **PLAIN)
+                                 {"train_mask": lambda b: b.batch["response_mask"] * reject.long()}, **PLAIN)
     masked = batch.select_idxs(list(range(6)))
     masked.batch["response_mask"] = masked.batch["response_mask"] * reject.long()  # verl's spelling of it
     expected, _ = _step_gradient(tiny_model_dir, masked, monkeypatch, **PLAIN)
