@@ -199,7 +199,7 @@ def test_vllm_on_rollout_workers_of_their_own_equals_the_in_process_engine(tiny_
     config = tiny_config(*vllm, "trainer.v1.trainer_mode=separate_async", "trainer.device=cpu",
                          "actor_rollout_ref.hybrid_engine=false", "actor_rollout_ref.rollout.n_gpus_per_node=2",
                          "ray_kwargs.ray_init.num_cpus=3", f"trainer.default_local_dir={ray_dir}")
-    done = subprocess.run(train_command(config, tmp_path), capture_output=True, text=True, timeout=500)
+    done = subprocess.run(train_command(config, tmp_path), capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "2 rollout workers by gloo broadcast" in done.stdout
     got = records(ray_dir)
