@@ -238,3 +238,25 @@ def test_a_batch_past_the_off_policy_threshold_stops_the_run(tiny_config, tmp_pa
                                            r"over trainer.v1.sampler.max_off_policy_threshold = 1"):
         trainer.fit()
     trainer.tracker.close()
+
+
+def test_an_engine_that_keeps_stale_weights_stops_the_run(tiny_config, tmp_path):
+    """verl #7495, ms-swift #9855: the sampler never receives the new policy and the run trains on.
+    Here the loads after version 0 never reach the engine: the batch dispatched at step 2 (sent
+    version 1) comes back stamped 0, and the run stops at step 3 naming both versions."""
+    from rlvr.errors import StopTraining
+
+    config = tiny_config(*BASE, *ASYNC, "trainer.v1.colocate_async.num_warmup_batches=1",
+                         f"trainer.default_local_dir={tmp_path / 'run'}")
+    trainer = build_trainer(config, progress_bar=False)
+    send = trainer.weights.send
+
+    def lost_after_the_first(version):
+        load = send(version)
+        return load if version == 0 else (lambda: None)
+
+    trainer.weights.send = lost_after_the_first
+    with pytest.raises(StopTraining, match=r"step 3: the rollout engine generated \d+ of \d+ samples with weight "
+                                           r"version 0, but it was sent version 1"):
+        trainer.fit()
+    trainer.tracker.close()
