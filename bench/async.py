@@ -3,7 +3,10 @@
     .venv/bin/python bench/async.py [--steps 4] [--modes sync,1,2] [overrides ...]
 
 Modes: ``sync`` (the hybrid engine), and k = 0, 1, 2, ... for ``trainer.v1.trainer_mode=
-colocate_async`` with ``num_warmup_batches=k`` (1: one-step-off). Each mode trains the default
+colocate_async`` with ``num_warmup_batches=k`` (1: one-step-off); ``pool-sync`` and ``pool-k``
+put the rollout on a Ray pool of 2 CPU workers of its own (``hybrid_engine=false``, synchronous
+or ``separate_async``), the weights broadcast to it (``timing_s/sync_weights``,
+``update_weights``). Each mode trains the default
 job (built-in model, arithmetic, 8 prompts x n=4) for ``--steps`` steps without validation;
 the first step (nothing generated ahead yet, caches cold) is left out. Prints, per mode, the
 median over the other steps of: seconds per step, the trainer's wait for generation
@@ -14,17 +17,24 @@ update), the update, both idle ratios, and the step time as a ratio of the synch
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
+import subprocess
+import sys
 import tempfile
+from pathlib import Path
 
 from rlvr.config import load_config
 from rlvr.trainer.main import build_trainer
 
-COLUMNS = ("timing_s/step", "timing_s/wait_gen", "timing_s/gen", "timing_s/update_weights", "timing_s/update_actor",
+COLUMNS = ("timing_s/step", "timing_s/wait_gen", "timing_s/gen", "timing_s/update_weights", "timing_s/sync_weights",
+           "timing_s/update_actor",
            "perf/trainer_idle_ratio", "perf/rollout_idle_ratio")
 
 
 def run_mode(mode: str, steps: int, overrides: list[str]) -> dict[str, float]:
+    if mode.startswith("pool"):
+        return run_on_a_pool(mode, steps, overrides)
     extra = [] if mode == "sync" else ["trainer.v1.trainer_mode=colocate_async",
                                        f"trainer.v1.colocate_async.num_warmup_batches={int(mode)}"]
     with tempfile.TemporaryDirectory() as run_dir:
@@ -46,6 +56,30 @@ def run_mode(mode: str, steps: int, overrides: list[str]) -> dict[str, float]:
     return {key: statistics.median(m.get(key, 0.0) for m in per_step) for key in COLUMNS}
 
 
+def run_on_a_pool(mode: str, steps: int, overrides: list[str]) -> dict[str, float]:
+    """``pool-sync`` / ``pool-k``: the rollout on a Ray pool of 2 CPU workers of its own
+    (``hybrid_engine=false``; ``separate_async`` with k ahead), the weights broadcast to it; an
+    ``rlvr train`` process in a loopback-only network namespace (Ray listens on every interface)."""
+    sys.path.insert(0, str(Path(__file__).parents[1] / "tests"))
+    from loopback_only import loopback_only
+
+    ahead = mode.split("-", 1)[1]
+    extra = [] if ahead == "sync" else ["trainer.v1.trainer_mode=separate_async",
+                                        f"trainer.v1.colocate_async.num_warmup_batches={int(ahead)}"]
+    with tempfile.TemporaryDirectory() as run_dir:
+        command = [sys.executable, "-m", "rlvr.cli", "train", f"trainer.total_training_steps={steps}",
+                   "trainer.val_before_train=false", "trainer.test_freq=-1", "trainer.save_freq=-1",
+                   "trainer.logger=[jsonl]", "trainer.rollout_data_dir=null", f"trainer.default_local_dir={run_dir}",
+                   "trainer.device=cpu", "actor_rollout_ref.hybrid_engine=false",
+                   "actor_rollout_ref.rollout.n_gpus_per_node=2", "ray_kwargs.ray_init.num_cpus=3", *extra, *overrides]
+        done = subprocess.run(loopback_only(command), capture_output=True, text=True)
+        if done.returncode:
+            raise SystemExit(f"{mode} failed:\n{done.stdout[-2000:]}{done.stderr[-2000:]}")
+        per_step = [json.loads(line) for line in open(Path(run_dir) / "metrics.jsonl")]
+    per_step = [m for m in per_step if m.get("step", 0) > 1]
+    return {key: statistics.median(m.get(key, 0.0) for m in per_step) for key in COLUMNS}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=4)
@@ -56,7 +90,7 @@ def main() -> None:
     print(f"median of steps 2-{args.steps} (seconds unless a ratio)")
     print(f"{'mode':<10}" + "".join(f"{c.split('/')[-1]:>19}" for c in COLUMNS) + f"{'vs sync':>10}")
     for mode, row in results.items():
-        name = "sync" if mode == "sync" else f"ahead={mode}"
+        name = mode if not mode[0].isdigit() else f"ahead={mode}"
         ratio = f"{row['timing_s/step'] / sync:>10.2f}" if sync else ""
         print(f"{name:<10}" + "".join(f"{row[c]:>19.2f}" for c in COLUMNS) + ratio)
 

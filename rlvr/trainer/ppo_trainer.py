@@ -349,7 +349,8 @@ class RLTrainer:
         for step in range(max(self.ahead.pending, default=self.global_step - 1) + 1, last + 1):
             prompts, epoch = next(self._prompt_batches)
             batch, gen_batch = self._dispatch(prompts, step, 0)
-            self.ahead.dispatch(Dispatched(step, batch, epoch), gen_batch, self.global_step - 1)
+            with timer("sync_weights", timings):  # a new version is sent now: copied, or broadcast to a pool
+                self.ahead.dispatch(Dispatched(step, batch, epoch), gen_batch, self.global_step - 1)
         with timer("wait_gen", timings):
             item = self.ahead.take(self.global_step)
         timings.update(item.timings)

@@ -14,6 +14,10 @@ from rlvr.trainer.tracking import Tracking, console_line
 def test_console_line():
     line = console_line({"critic/score/mean": 0.25, "timing_s/step": 3.14, "val-core/arithmetic/reward/mean@1": 0.5}, 7)
     assert line == "step 7 | reward 0.250 | step_s 3.1 | arithmetic/reward/mean@1 0.500"
+    # what went wrong is on the line when it happened, and only then
+    line = console_line({"critic/score/mean": 0.25, "reward/num_invalid": 9.0, "training/dropped_groups": 3.0,
+                         "reward/num_errors": 0.0}, 8)
+    assert line == "step 8 | reward 0.250 | invalid rewards 9 | dropped groups 3"
 
 
 def test_tensorboard_events_hold_the_metrics(tmp_path):
