@@ -440,6 +440,9 @@ class RLTrainer:
             for key, value in self._attach_scores(batch, reward).items():
                 reward_metrics[key].append(value)
             keep = filter_groups(batch.non_tensor_batch["uid"], self._filter_metric(batch))  # (bs,)
+            if "train_mask" in batch.batch:  # groups dropped for an invalid reward are never kept
+                dropped = batch.batch.pop("train_mask").sum(-1).eq(0) & batch.batch["response_mask"].sum(-1).gt(0)
+                keep = keep & ~dropped.to(keep.device)
             kept.append(batch.select_idxs(keep.numpy()))
             kept_groups += int(keep.sum()) // n
             seen_groups += len(batch) // n

@@ -413,3 +413,27 @@ def test_a_group_with_an_invalid_reward_is_left_out_of_the_update(tiny_config, t
     assert first["reward/num_invalid"] == first["reward/num_invalid/arithmetic"]  # counted per data source
     out = capsys.readouterr().out
     assert f"invalid rewards {first['reward/num_invalid']:g}" in out and "dropped groups" in out  # on the console
+
+
+NAN_OR_PARITY = '''
+def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+    """NaN when the length is a multiple of 3, else the length's parity: groups vary, some hold a NaN."""
+    return float("nan") if len(solution_str) % 3 == 0 else float(len(solution_str) % 2)
+'''
+
+
+def test_dapo_never_keeps_a_group_with_an_invalid_reward(tiny_config, tmp_path):
+    """Dynamic sampling: a group holding a NaN score is dropped like a group without signal, and
+    the batches it keeps join without a stray mask."""
+    reward = tmp_path / "nan_or_parity.py"
+    reward.write_text(NAN_OR_PARITY)
+    config = tiny_config("algorithm.filter_groups.enable=true", "data.gen_batch_size=2",
+                         "algorithm.filter_groups.max_num_gen_batches=40", "trainer.total_training_steps=2",
+                         "trainer.val_before_train=false", "data.val_files=[]",
+                         f"reward.custom_reward_function.path={reward}", "reward.failure_score=-7")
+    run(config)
+    records = read_metrics(config)
+    assert sum(r["reward/num_invalid"] for r in records) > 0
+    for step in (1, 2):
+        rows = [json.loads(line) for line in open(tmp_path / "run" / "rollouts" / f"{step}.jsonl")]
+        assert len(rows) == 2 * 3 and {r["score"] for r in rows} <= {0.0, 1.0}  # no placeholder (-7) kept
