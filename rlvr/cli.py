@@ -56,6 +56,11 @@ def _cmd_train(args: argparse.Namespace) -> None:
 
     from rlvr.trainer.main import run_training
 
+    if args.explain:
+        from rlvr.trainer.explain import objective_card
+
+        print(objective_card(load_config(args.config, args.overrides)))
+        return
     if args.dry_run:
         _cmd_plan(args)
         return
@@ -228,6 +233,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_config_args(p)
     _add_plan_args(p)
     p.add_argument("--dry-run", action="store_true", help="print the memory plan (as rlvr plan) and exit")
+    p.add_argument("--explain", action="store_true",
+                   help="print the objective the config resolves to (batches, estimator, loss, KL, off-policy degree, "
+                        "importance sampling, inert keys, defaults unlike verl's) and exit; nothing loads")
     p.set_defaults(func=_cmd_train)
 
     p = sub.add_parser("plan", help="per-device memory of a training run, before anything loads")

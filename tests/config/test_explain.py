@@ -1,0 +1,64 @@
+"""``rlvr train --explain``: each shipped recipe's card is checked in (tests/config/golden/), and
+each warning has a config that triggers it and a recipe where it stays quiet."""
+
+from pathlib import Path
+
+import pytest
+
+from rlvr.cli import main
+from rlvr.config import load_config
+from rlvr.trainer.explain import objective_card
+
+GOLDEN = Path(__file__).parent / "golden"
+
+
+@pytest.mark.parametrize("recipe", ["grpo", "dapo", "calculator", "gsm8k_zh"])
+def test_each_recipe_card_is_the_checked_in_one(recipe, capsys):
+    assert main(["train", "--config", recipe, "--explain"]) in (0, None)
+    assert capsys.readouterr().out == (GOLDEN / f"explain_{recipe}.txt").read_text()
+
+
+def test_the_card_reads_the_batch_arithmetic():
+    # 16 prompts, mini-batches of 4 -> 4 mini-batches x 2 epochs = 8 optimizer steps
+    card = objective_card(load_config(None, ["data.train_batch_size=16", "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+                                             "actor_rollout_ref.actor.ppo_epochs=2", "actor_rollout_ref.rollout.n=4"]))
+    assert "16 prompts x n=4 = 64 rows a step; 4 mini-batch(es) of 4 prompts x 2 epoch(s) = 8 optimizer step(s)" in card
+    assert "8 optimizer steps per rollout, the first on-policy, the last 7 update(s) past pi_old" in card
+    dr = objective_card(load_config(None, ["algorithm.norm_adv_by_std_in_grpo=false"]))
+    assert "r - group mean (Dr.GRPO)" in dr and "algorithm.norm_adv_by_std_in_grpo=False (verl True)" in dr
+
+
+WARNINGS = [
+    (["algorithm.use_kl_in_reward=true"], "the KL to the reference is applied twice"),
+    (["actor_rollout_ref.actor.ppo_epochs=2", "trainer.v1.trainer_mode=colocate_async"],
+     "off-policy sources stack: 2 updates per rollout on samples already 1 update(s) stale"),
+    (["trainer.v1.trainer_mode=colocate_async"], "samples 1 update(s) stale and no rollout correction"),
+    (["actor_rollout_ref.rollout.top_p=0.9"], "truncated sampling (top_p=0.9)"),
+    (["actor_rollout_ref.actor.use_kl_loss=false", "actor_rollout_ref.actor.kl_loss_coef=0.1"],
+     "actor_rollout_ref.actor.kl_loss_coef is set but has no effect: actor.use_kl_loss is false"),
+    (["algorithm.kl_ctrl.kl_coef=0.05"], "algorithm.kl_ctrl.kl_coef is set but has no effect"),
+    (["algorithm.adv_estimator=rloo", "algorithm.norm_adv_by_std_in_grpo=false"],
+     "algorithm.norm_adv_by_std_in_grpo is set but has no effect: the rloo estimator does not read it"),
+    (["actor_rollout_ref.actor.policy_loss.loss_mode=gspo", "actor_rollout_ref.actor.clip_ratio_c=5"],
+     "actor_rollout_ref.actor.clip_ratio_c is set but has no effect: dual clip belongs to the vanilla loss"),
+    (["algorithm.gamma=0.9"], "algorithm.gamma / algorithm.lam is set but has no effect"),
+]
+
+
+@pytest.mark.parametrize("overrides, warning", WARNINGS)
+def test_each_warning_has_a_config_that_triggers_it(overrides, warning):
+    card = objective_card(load_config(None, overrides))
+    assert f"! {warning}" in card
+
+
+def test_the_default_job_card_has_no_warning():
+    assert "\n!" not in "\n" + objective_card(load_config(None, []))
+
+
+def test_rollout_correction_is_on_the_card():
+    card = objective_card(load_config(None, ["algorithm.rollout_correction.rollout_is=token",
+                                             "algorithm.rollout_correction.rollout_rs=seq_mean_k1",
+                                             "algorithm.rollout_correction.rollout_rs_threshold=0.9_1.1"]))
+    assert "importance sampling: pi_old / pi_rollout, token weights at 2.0, rejection seq_mean_k1 at 0.9_1.1" in card
+    bypass = objective_card(load_config(None, ["algorithm.rollout_correction.bypass_mode=true"]))
+    assert "bypass mode, pi_old = the rollout's log-probs (ppo_clip)" in bypass
