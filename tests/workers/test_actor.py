@@ -108,7 +108,7 @@ def _step_gradient(model_dir, batch, monkeypatch, algorithm=None, extra=None, **
     return seen[0], forwards
 
 
-@pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-mean"])
+@pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"])
 def test_gradient_invariant_to_micro_batching_and_packing(batch, tiny_model_dir, mode, monkeypatch):
     ref, _ = _step_gradient(tiny_model_dir, batch, monkeypatch, ppo_micro_batch_size_per_gpu=6,
                             share_prompt_forward=False, loss_agg_mode=mode)
