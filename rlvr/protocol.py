@@ -463,3 +463,10 @@ def _pad_rollout(data: DataProto, P: int, R: int, pad_id: int) -> DataProto:
         else:  # (bs, R) response-shaped
             batch[key] = torch.nn.functional.pad(value, (0, R - r), value=fill)
     return DataProto(batch=batch, non_tensor_batch=dict(data.non_tensor_batch), meta_info=dict(data.meta_info))
+
+
+def loss_mask(data: DataProto) -> torch.Tensor:
+    """The tokens that carry loss: ``train_mask`` where the trainer wrote one (the response's
+    model tokens less the groups it dropped and the tokens rollout correction rejected), else
+    ``response_mask``."""
+    return data.batch["train_mask"] if "train_mask" in data.batch else data.batch["response_mask"]

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from rlvr.algos.utils import group_ids
+from rlvr.algos.utils import group_ids, group_range
 
 
 def filter_groups(index: Any, metric: torch.Tensor) -> torch.Tensor:
@@ -21,8 +21,7 @@ def filter_groups(index: Any, metric: torch.Tensor) -> torch.Tensor:
     ids, num_groups = group_ids(index)
     metric = metric.to(torch.float64)
     count = torch.zeros(num_groups, dtype=metric.dtype).index_add_(0, ids, torch.ones_like(metric))
-    hi = torch.zeros(num_groups, dtype=metric.dtype).scatter_reduce_(0, ids, metric, "amax", include_self=False)
-    lo = torch.zeros(num_groups, dtype=metric.dtype).scatter_reduce_(0, ids, metric, "amin", include_self=False)
+    lo, hi = group_range(metric, ids, num_groups)
     keep_group = (hi > lo) | (count == 1)  # std > 0 exactly when max > min
     return keep_group[ids]
 

@@ -125,17 +125,16 @@ def is_weights(log_ratio: torch.Tensor, mask: torch.Tensor, level: str, threshol
         weights = torch.where((raw >= lower) & (raw <= upper), raw, torch.zeros_like(raw))
     lower_bound = lower if lower is not None else 1.0 / upper
     valid = mask.bool()
-    metrics = {"rollout_is_mean": float(masked_mean(weights, mask)),
+    mean = masked_mean(weights, mask)
+    metrics = {"rollout_is_mean": float(mean),
                "rollout_is_max": float(weights[valid].max()) if valid.any() else 0.0,
                "rollout_is_min": float(weights[valid].min()) if valid.any() else 0.0,
                "rollout_is_ratio_fraction_high": float(masked_mean((raw > upper).to(mask.dtype), mask)),
                "rollout_is_ratio_fraction_low": float(masked_mean((raw < lower_bound).to(mask.dtype), mask))}
-    mean = masked_mean(weights, mask)
     metrics["rollout_is_std"] = float((masked_mean(weights.square(), mask) - mean.square()).clamp(min=0).sqrt())
     # effective sample size as a share of the tokens: 1 / E[(w / E[w])^2]
     metrics["rollout_is_eff_sample_size"] = float(1.0 / masked_mean((weights / (mean + 1e-8)).square(), mask)) \
         if float(mean) > 0 else 0.0
-    weights = weights.detach()
     if batch_normalize:
         if level == "token":
             norm = mean

@@ -52,6 +52,13 @@ def group_ids(index: Any) -> tuple[torch.Tensor, int]:
     return ids, int(ids.max()) + 1 if ids.numel() else 0
 
 
+def group_range(values: torch.Tensor, ids: torch.Tensor, num_groups: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each group's (min, max) of ``values``, (G,) each: a group's values are all equal when they meet."""
+    lo = torch.zeros(num_groups, dtype=values.dtype).scatter_reduce_(0, ids, values, "amin", include_self=False)
+    hi = torch.zeros(num_groups, dtype=values.dtype).scatter_reduce_(0, ids, values, "amax", include_self=False)
+    return lo, hi
+
+
 def group_mean_std(scores: torch.Tensor, ids: torch.Tensor, num_groups: int):
     """Per-sample group mean and unbiased group std, with verl's rule for a group of one
     (mean 0, std 1). Returns (mean (bs,), std (bs,), count (bs,))."""

@@ -334,20 +334,6 @@ def _rollout_correction(cfg: RLVRConfig) -> list[str]:
     return errors
 
 
-def weight_sync_backend(cfg: RLVRConfig) -> str:
-    """The collective that carries the weights to a rollout pool of its own."""
-    backend = cfg.actor_rollout_ref.rollout.checkpoint_engine.backend
-    if backend == "naive":
-        return "nccl" if cfg.trainer.device == "cuda" or (cfg.trainer.device == "auto" and _cuda()) else "gloo"
-    return backend
-
-
-def _cuda() -> bool:
-    import torch
-
-    return torch.cuda.is_available()
-
-
 def _checkpoint_engine(cfg: RLVRConfig) -> list[str]:
     engine, key = cfg.actor_rollout_ref.rollout.checkpoint_engine, "actor_rollout_ref.rollout.checkpoint_engine"
     errors = []

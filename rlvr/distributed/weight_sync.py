@@ -22,6 +22,7 @@ layout both sides compute from the same tensor list (``bucket_plan``).
 from __future__ import annotations
 
 import datetime
+import math
 import os
 import threading
 from typing import Iterable, Iterator
@@ -59,10 +60,20 @@ def bucket_plan(meta: list[tuple[str, tuple[int, ...], str]], bucket_bytes: int)
 
 
 def _nbytes(shape, dtype: str) -> int:
-    numel = 1
-    for d in shape:
-        numel *= d
-    return numel * torch.empty((), dtype=getattr(torch, dtype)).element_size()
+    return math.prod(shape) * getattr(torch, dtype).itemsize
+
+
+def _layout(meta, bucket_bytes: int) -> list[tuple[int, list[tuple[int, int, int]]]]:
+    """Per bucket, computed once for both sides: (its bytes, [(tensor index, offset, bytes), ...])."""
+    layout = []
+    for bucket in bucket_plan(meta, bucket_bytes):
+        entries, offset = [], 0
+        for i in bucket:
+            n = _nbytes(*meta[i][1:])
+            entries.append((i, offset, n))
+            offset += n
+        layout.append((offset, entries))
+    return layout
 
 
 class WeightGroup:
@@ -72,7 +83,6 @@ class WeightGroup:
         import torch.distributed as dist
 
         timeout = datetime.timedelta(seconds=timeout_s)
-        self.rank, self.world_size, self.backend = rank, world_size, backend
         self.store = dist.TCPStore(host, port, world_size, rank == 0, timeout=timeout, wait_for_workers=False)
         if backend == "gloo":
             options = dist.ProcessGroupGloo._Options()
@@ -98,8 +108,7 @@ class WeightSender:
 
     def __init__(self, group: WeightGroup | None, meta, bucket_bytes: int):
         self.group, self.meta = group, meta
-        self.plan = bucket_plan(meta, bucket_bytes)
-        self.sent_bytes = 0
+        self.layout = _layout(meta, bucket_bytes)
 
     def send(self, version: int, tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Broadcast ``version``'s weights; ``tensors`` yields (name, full tensor) in ``meta``'s order
@@ -108,13 +117,9 @@ class WeightSender:
         if group is not None:
             group.broadcast(torch.tensor([version], dtype=torch.int64, device=group.device))
         stream: Iterator = iter(tensors)
-        for bucket in self.plan:
-            buffer = None
-            if group is not None:
-                buffer = torch.empty(sum(_nbytes(*self.meta[i][1:]) for i in bucket), dtype=torch.uint8,
-                                     device=group.device)
-            offset = 0
-            for i in bucket:
+        for size, entries in self.layout:
+            buffer = None if group is None else torch.empty(size, dtype=torch.uint8, device=group.device)
+            for i, offset, n in entries:
                 name, tensor = next(stream)
                 expected, shape, dtype = self.meta[i]
                 if name != expected or tuple(tensor.shape) != shape:
@@ -122,11 +127,9 @@ class WeightSender:
                                           f"the announced {expected} {shape}")
                 if buffer is not None:
                     raw = tensor.detach().to(getattr(torch, dtype)).contiguous().view(-1).view(torch.uint8)
-                    buffer[offset:offset + raw.numel()].copy_(raw)
-                    offset += raw.numel()
+                    buffer[offset:offset + n].copy_(raw)
             if buffer is not None:
                 group.broadcast(buffer)
-                self.sent_bytes += buffer.numel()
 
     def close(self) -> None:
         if self.group is not None:
@@ -139,7 +142,7 @@ class WeightReceiver:
 
     def __init__(self, connect, meta, bucket_bytes: int):
         self.meta = meta
-        self.plan = bucket_plan(meta, bucket_bytes)
+        self.layout = _layout(meta, bucket_bytes)
         self.staged: dict[int, dict[str, torch.Tensor]] = {}
         self.error: BaseException | None = None
         self.closed = False
@@ -157,16 +160,12 @@ class WeightReceiver:
                 if version == CLOSE:
                     break
                 weights = {}
-                for bucket in self.plan:
-                    buffer = torch.empty(sum(_nbytes(*self.meta[i][1:]) for i in bucket), dtype=torch.uint8,
-                                         device=group.device)
+                for size, entries in self.layout:
+                    buffer = torch.empty(size, dtype=torch.uint8, device=group.device)
                     group.broadcast(buffer)
-                    offset = 0
-                    for i in bucket:
+                    for i, offset, n in entries:
                         name, shape, dtype = self.meta[i]
-                        n = _nbytes(shape, dtype)
                         weights[name] = buffer[offset:offset + n].view(getattr(torch, dtype)).view(shape)
-                        offset += n
                 with self._ready:  # complete: only now can a generation see it
                     self.staged[version] = weights
                     self._ready.notify_all()
@@ -210,7 +209,7 @@ def open_channel(actor_wg, rollout_wg, backend: str, bucket_megabytes: int) -> N
     world_size = 1 + rollout_wg.world_size
     rollout_wg.open_weight_channel(host, port, world_size, backend, meta, bucket_bytes)
     actor_wg.open_weight_channel(host, port, world_size, backend, meta, bucket_bytes)
-    total = sum(_nbytes(shape, dtype) for _, shape, dtype in meta)
+    layout = _layout(meta, bucket_bytes)
     print(f"[rlvr] weights reach the {rollout_wg.world_size} rollout workers by {backend} broadcast from the actor's "
-          f"rank 0 ({host}:{port}): {total / 2**20:.0f} MB a version in {len(bucket_plan(meta, bucket_bytes))} "
+          f"rank 0 ({host}:{port}): {sum(size for size, _ in layout) / 2**20:.0f} MB a version in {len(layout)} "
           f"bucket(s) of up to {bucket_megabytes} MB", flush=True)

@@ -21,7 +21,7 @@ import numpy as np
 
 from rlvr.config import ConfigError, to_yaml
 from rlvr.config.loader import import_custom_modules
-from rlvr.config.validate import uses_ray, weight_sync_backend
+from rlvr.config.validate import uses_ray
 from rlvr.config.schema import CustomRewardFunctionConfig, DataConfig, OverlongBufferConfig, RewardConfig, RLVRConfig
 from rlvr.data import RLHFDataset
 from rlvr.data.io import DatasetError
@@ -34,6 +34,7 @@ from rlvr.rewards.registry import needs_ground_truth, reward_fn_name_for
 from rlvr.errors import StopTraining, TrainingInterrupted
 from rlvr.trainer import checkpoint
 from rlvr.trainer.ppo_trainer import RLTrainer
+from rlvr.trainer.memory_plan import on_gpu
 from rlvr.trainer.run_folder import claim_run_folder
 from rlvr.trainer.tracking import Tracking
 from rlvr.workers.critic import CriticWorker
@@ -173,7 +174,8 @@ def ray_worker_groups(config: RLVRConfig, steps: int, tokenizer, tool_setup, run
         wg.init_model()
     if not hybrid:  # the weights reach the pool by broadcast from the actor's rank 0
         engine = config.actor_rollout_ref.rollout.checkpoint_engine
-        open_channel(groups[Role.ActorRollout.value], groups[Role.Rollout.value], weight_sync_backend(config),
+        backend = engine.backend if engine.backend != "naive" else "nccl" if on_gpu(config) else "gloo"
+        open_channel(groups[Role.ActorRollout.value], groups[Role.Rollout.value], backend,
                      engine.update_weights_bucket_megabytes)
         groups[Role.Rollout.value].weight_channel_open = True
     return groups[Role.ActorRollout.value], groups.get(Role.Critic.value), groups.get(Role.Rollout.value)

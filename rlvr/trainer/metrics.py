@@ -23,6 +23,7 @@ from typing import Iterator
 import numpy as np
 import torch
 
+from rlvr.algos.utils import group_ids, group_range
 from rlvr.protocol import DataProto
 
 
@@ -73,13 +74,9 @@ def compute_data_metrics(batch: DataProto, max_response_length: int, max_prompt_
     metrics["prompt_length/clip_ratio"] = float((prompt_length >= max_prompt_length).float().mean())
     metrics.update(multi_turn_metrics(batch))
     if "uid" in batch.non_tensor_batch:  # groups whose samples all scored the same: no signal for GRPO
-        uids = batch.non_tensor_batch["uid"]
-        scores = b["token_level_scores"].sum(-1).numpy()
-        spread = {}
-        for uid, score in zip(uids, scores):
-            low, high = spread.get(uid, (score, score))
-            spread[uid] = (min(low, score), max(high, score))
-        metrics["training/zero_variance_groups"] = float(sum(low == high for low, high in spread.values()))
+        ids, num_groups = group_ids(batch.non_tensor_batch["uid"])
+        lo, hi = group_range(b["token_level_scores"].sum(-1).double(), ids, num_groups)
+        metrics["training/zero_variance_groups"] = float((lo == hi).sum())
     if "rollout_log_probs" in b and "old_log_probs" in b:
         diff = (b["rollout_log_probs"].exp() - b["old_log_probs"].exp()).abs()[mask]
         if diff.numel():

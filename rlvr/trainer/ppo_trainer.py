@@ -31,7 +31,7 @@ from rlvr.algos.rollout_correction import is_active, rollout_correction
 from rlvr.config.schema import RLVRConfig
 from rlvr.config.validate import ConfigError
 from rlvr.data.sampler import PromptLoader
-from rlvr.protocol import DataProto, concat_rollouts
+from rlvr.protocol import DataProto, concat_rollouts, loss_mask
 from rlvr.rewards.manager import TRAJECTORY_KEYS
 from rlvr.errors import StopTraining, TrainingInterrupted
 from rlvr.trainer import checkpoint
@@ -57,6 +57,12 @@ def needs_old_log_prob_pass(config: RLVRConfig) -> bool:
     one_update = actor.ppo_epochs == 1 and actor.ppo_mini_batch_size == config.data.train_batch_size
     read_before_update = algo.use_kl_in_reward or is_active(algo.rollout_correction)
     return actor.recompute_old_log_prob or not one_update or read_before_update
+
+
+def narrow_train_mask(batch: DataProto, keep: torch.Tensor) -> None:
+    """Tokens where ``keep`` is 0 carry no loss: ``train_mask`` (``response_mask`` until a first
+    narrowing) times ``keep``; the actor and the critic read it (``protocol.loss_mask``)."""
+    batch.batch["train_mask"] = loss_mask(batch) * keep
 
 
 class RLTrainer:
@@ -420,11 +426,9 @@ class RLTrainer:
         """Leave every group with a row in ``rows`` (bool) out of the update: its tokens carry no
         loss (``train_mask``), so its placeholder scores never become a gradient; returns how many."""
         uids = batch.non_tensor_batch["uid"]
-        dropped = np.isin(uids, np.unique(uids[rows]))
-        keep = torch.as_tensor(~dropped, dtype=batch.batch["response_mask"].dtype)[:, None]
-        train_mask = batch.batch.get("train_mask", batch.batch["response_mask"])
-        batch.batch["train_mask"] = train_mask * keep
-        return len(np.unique(uids[rows]))
+        groups = np.unique(uids[rows])
+        narrow_train_mask(batch, torch.as_tensor(~np.isin(uids, groups), dtype=batch.batch["response_mask"].dtype)[:, None])
+        return len(groups)
 
     def _dynamic_sampling(self, batch: DataProto, more_batches: Iterator[DataProto], metrics: dict[str, float],
                           timings: dict[str, float]) -> DataProto:
@@ -504,7 +508,7 @@ class RLTrainer:
         if weights is not None:
             b["rollout_is_weights"] = weights
         if rc.rollout_rs is not None:
-            b["train_mask"] = loss_mask * b["train_mask"] if "train_mask" in b else loss_mask
+            narrow_train_mask(batch, loss_mask)
         return metrics
 
     def _greedy_baselines(self, gen_batch: DataProto, batch: DataProto, gen_index: int = 0) -> torch.Tensor:

@@ -37,7 +37,7 @@ from rlvr.algos.rollout_correction import reinforce_loss, rollout_correction
 from rlvr.config.schema import ActorConfig, AlgorithmConfig, OptimConfig
 from rlvr.distributed.fsdp import full_tensor
 from rlvr.distributed.worker import SINGLE, DataParallel
-from rlvr.protocol import DataProto
+from rlvr.protocol import DataProto, loss_mask
 from rlvr.errors import StopTraining
 from rlvr.workers.forward import forward_log_probs, group_rows
 
@@ -142,13 +142,6 @@ def clip_and_step(model, optimizer, grad_clip: float) -> tuple[float, bool]:
     optimizer.zero_grad(set_to_none=True)
     return float(grad_norm), stepped
 
-
-
-def loss_mask(data: DataProto) -> torch.Tensor:
-    """The tokens that carry loss: ``train_mask`` where the trainer wrote one (the response's
-    model tokens less those rollout correction rejected and the groups it dropped), else
-    ``response_mask``."""
-    return data.batch["train_mask"] if "train_mask" in data.batch else data.batch["response_mask"]
 
 class NonFiniteLossError(StopTraining):
     """Too many optimizer steps in a row had a NaN or infinite gradient norm."""

@@ -29,7 +29,7 @@ from rlvr.config.schema import MixedPrecisionConfig
 from rlvr.distributed import fsdp
 from rlvr.models.loader import DTYPES, ModelLoadError, check_weight_files, empty_model, model_folder
 from rlvr.distributed.dispatch import Dispatch, register
-from rlvr.protocol import DataProto
+from rlvr.protocol import DataProto, loss_mask
 from rlvr.distributed.worker import Worker
 from rlvr.models.lora import apply_lora, load_adapter, save_adapter
 from rlvr.workers.actor import (FORWARD_KEYS, build_optimizer, clip_and_step, group_units, micro_batches,
@@ -156,7 +156,7 @@ class CriticWorker(Worker):
         return DataProto(meta_info={"metrics": {k: float(np.mean(v)) for k, v in metrics.items()}})
 
     def _optimizer_step(self, data: DataProto, mini_rows: list[int], metrics) -> None:
-        mask = data.batch["train_mask" if "train_mask" in data.batch else "response_mask"].float()  # dropped groups: 0
+        mask = loss_mask(data).float()  # dropped groups: 0
         totals = {"num_tokens": mask[torch.tensor(mini_rows)].sum().clamp(min=1), "num_seqs": count_seqs(mask[torch.tensor(mini_rows)])}
         self.optimizer.zero_grad(set_to_none=True)
         vf_loss_total, clipfrac, vpred_sum = 0.0, 0.0, 0.0
