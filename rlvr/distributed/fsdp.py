@@ -102,12 +102,13 @@ def load_sharded(root: nn.Module, model: nn.Module, device: torch.device, full_s
                                                                strict=False))
 
 
-def full_model_state(root: nn.Module | None, model: nn.Module) -> dict[str, torch.Tensor] | None:
-    """The whole model's weights on the CPU by bare name: unsharded, every rank gathers and rank 0
-    gets them (the others None)."""
+def full_model_state(root: nn.Module | None, model: nn.Module, to_cpu: bool = True) -> dict[str, torch.Tensor] | None:
+    """The whole model's weights by bare name, on the CPU (``to_cpu``) or where the model is:
+    unsharded, every rank gathers and rank 0 gets them (the others None). Not on the CPU, they may
+    be the model's own tensors (unsharded): a caller that keeps them clones them."""
     if root is None:
-        return {k: v.detach().cpu() for k, v in model.state_dict().items()}
-    state = get_model_state_dict(root, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        return {k: v.detach().cpu() if to_cpu else v.detach() for k, v in model.state_dict().items()}
+    state = get_model_state_dict(root, options=StateDictOptions(full_state_dict=True, cpu_offload=to_cpu))
     # gathered, a tied weight (the head sharing the embedding) is a second tensor: name it once, as saving does
     tied = {n for n, _ in model.named_parameters(remove_duplicate=False)} - {n for n, _ in model.named_parameters()}
     return {name: v for k, v in state.items() if (name := k.removeprefix(ROOT_PREFIX)) not in tied} or None

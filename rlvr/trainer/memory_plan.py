@@ -321,6 +321,12 @@ class Run:
     def rows(self, prompts: int) -> int:
         return prompts * self.arr.rollout.n // self.world
 
+    @property
+    def ahead(self) -> int:
+        """colocate_async's batches generated ahead (0: the engine is the actor's, the hybrid engine)."""
+        v1 = self.config.trainer.v1
+        return v1.colocate_async.num_warmup_batches if v1.trainer_mode == "colocate_async" else 0
+
 
 def plan_memory(config: RLVRConfig, model_cfg: dict, device_memory_gb: float | None = None) -> MemoryPlan:
     """Bytes per device, by term and phase (init, resume, generation, update, critic update), of the
@@ -336,6 +342,8 @@ def plan_memory(config: RLVRConfig, model_cfg: dict, device_memory_gb: float | N
     else:
         kv_floor = 0.0
         native_engine_terms(run, t)
+    if run.ahead:
+        own_engine_terms(run, t)
     update_terms(run, t)
     if critic is not None:
         critic_terms(run, t, critic)
@@ -391,6 +399,21 @@ def native_engine_terms(run: Run, t: dict[str, Term]) -> None:
     rows_at_once = max(len(wave) for wave in waves)
     kv = shape.kv_values_per_token(vllm=False) * run.roll_b * rows_at_once * run.positions
     t["kv_cache"] = Term("KV cache", kv, False, f"{rows_at_once} rows x {run.positions} positions")
+
+
+def own_engine_terms(run: Run, t: dict[str, Term]) -> None:
+    """colocate_async: the engine is a model of its own beside the actor (``RolloutWorker``: fp32,
+    plus the native engine's copy in its dtype), kept, generating while the actor updates; and
+    each weight version sent to it is a full fp32 copy (``CopyWeights``, on the actor's device)
+    until the engine loads it: k = num_warmup_batches of them when the engine is k batches
+    behind its queue, the most it can be."""
+    P, k = run.shape.params(), run.ahead
+    if not run.vllm:  # vLLM's own weights are counted already
+        cast = run.roll_b * P if run.arr.rollout.dtype != "float32" else 0.0
+        t["engine_weights"] = Term(f"rollout engine's own model (fp32{' + ' + run.arr.rollout.dtype if cast else ''})",
+                                   4 * P + cast, True, "its own copy, kept (colocate_async)")
+    t["pending_weights"] = Term("weight versions sent, not yet loaded (fp32)", k * 4 * P, True,
+                                f"at most num_warmup_batches = {k}, each freed once the engine loads it")
 
 
 def vllm_terms(run: Run, t: dict[str, Term]) -> float:
@@ -532,8 +555,10 @@ def phases(run: Run, t: dict[str, Term]) -> dict[str, list[str]]:
         engine_kept = [] if run.vllm_sleeps else ["engine_weights", "kv_cache"]
         engine_init = ["engine_weights", "kv_cache"]  # started (awake) at init
     else:
-        engine_kept = [] if run.sharded else ["engine_weights"]
+        engine_kept = [] if run.sharded and not run.ahead else ["engine_weights"]
         engine_init = engine_kept
+    # colocate_async: the engine generates while the actor updates, so the update holds its whole working set
+    overlap = [n for n in ("packed_head", "kv_cache", "pending_weights") if n not in engine_kept] if run.ahead else []
     critic = ["critic_weights", "critic_optimizer"]  # never offloaded
     init = ["weights", "reference", "init_read"] + engine_init + ["critic_weights"]
     named = {"init": init}
@@ -541,9 +566,9 @@ def phases(run: Run, t: dict[str, Term]) -> dict[str, list[str]]:
         named["resume"] = ([n for n in init if n not in ("init_read", *engine_init)] + engine_kept
                            + ["optimizer", "critic_optimizer", "resume_read"])
     named["generation"] = ([n for n in ("weights", "master", "reference", "optimizer") if not offloaded.get(n)]
-                           + ["engine_weights", "packed_head", "kv_cache"] + critic)
+                           + ["engine_weights", "packed_head", "kv_cache", "pending_weights"] + critic)
     named["update"] = (["weights", "master", "reference", "gradients", "optimizer", "activations", "logits",
-                        "gathered"] + engine_kept + critic)
+                        "gathered"] + engine_kept + overlap + critic)
     if "critic_weights" in t:  # its own update: the actor's gradients are freed by then
         named["critic update"] = (["weights", "master", "reference", "optimizer"] + engine_kept + critic
                                   + ["critic_gradients", "critic_activations", "critic_gathered"])

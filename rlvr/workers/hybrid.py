@@ -223,11 +223,12 @@ class ActorRolloutRefWorker(Worker):
 
     # ------------------------------------------------------------------ worker methods
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def full_weights(self) -> dict[str, torch.Tensor] | None:
-        """The policy's full weights on the CPU, for rollout workers of their own (rank 0 answers;
-        sharded, every rank takes part in gathering them)."""
+    def full_weights(self, to_cpu: bool = True) -> dict[str, torch.Tensor] | None:
+        """The policy's full weights, for rollout workers of their own (rank 0 answers; sharded,
+        every rank takes part in gathering them): on the CPU, or (``to_cpu=False``, for an engine in
+        this process) on the actor's device, which a GPU's weights then never leave."""
         self._leave_rollout_mode()
-        state = fsdp.full_model_state(self.actor.root, self.model)
+        state = fsdp.full_model_state(self.actor.root, self.model, to_cpu)
         return state if self.rank == 0 else None
 
     # the broadcast to a rollout pool of its own (rlvr.distributed.weight_sync)

@@ -426,3 +426,25 @@ def test_a_mixture_of_experts_update_gathers_every_expert_and_runs_its_active_on
     # and head 2 x 32000 x 4096 + norm 4096 = 262,148,096), in bf16: 3,426,836,480; their fp32 gradients and
     # reduce-scatter copies 2 x (262,148,096 + 1,451,270,144) x 4 = 13,707,345,920
     assert plan.terms["gathered"].bytes == 3_426_836_480 + 13_707_345_920
+
+
+def test_colocate_async_holds_the_engines_own_model_and_the_versions_sent_through_the_update(tiny_folder):
+    # colocate_async, k = 2 ahead, local strategy on one device, bf16 rollout: P = 1448 (test above)
+    overrides = tiny_overrides(tiny_folder) + ["actor_rollout_ref.actor.strategy=local", "trainer.n_gpus_per_node=1",
+                                               "trainer.v1.trainer_mode=colocate_async",
+                                               "trainer.v1.colocate_async.num_warmup_batches=2"]
+    plan = plan_memory(load_config(None, overrides), TINY)
+    b = {name: term.bytes for name, term in plan.terms.items()}
+    # the engine's own fp32 model 4 x 1448 = 5792 plus its bf16 copy 2 x 1448 = 2896, kept
+    assert b["engine_weights"] == 5792 + 2896 == 8688
+    assert b["pending_weights"] == 2 * 5792 == 11584  # two fp32 versions queued behind the engine at most
+    sync = plan_memory(load_config(None, overrides[:-2]), TINY)
+    s = {name: term.bytes for name, term in sync.terms.items()}
+    assert "pending_weights" not in s and s["engine_weights"] == 2896
+    # the update now also holds the engine's own model (+ 8688 - 2896), its KV cache (8 rows x 16 positions:
+    # 2 x 2 layers x 4 x 8 x 16 x 2 bytes = 4096), its packed head (512) and the pending versions (11584)
+    assert b["kv_cache"] == 4096 and b["packed_head"] == 512
+    assert plan.phase_bytes("update") - sync.phase_bytes("update") == (8688 - 2896) + 4096 + 512 + 11584
+    # sharded (fsdp2): the engine's model is its own, never gathered from the shards and freed
+    sharded = plan_memory(load_config(None, overrides + ["actor_rollout_ref.actor.strategy=fsdp2"]), TINY)
+    assert "engine_weights" in sharded.phases["update"] and "engine_weights" in sharded.phases["init"]
