@@ -11,18 +11,24 @@ job (built-in model, arithmetic, 8 prompts x n=4) for ``--steps`` steps without 
 the first step (nothing generated ahead yet, caches cold) is left out. Prints, per mode, the
 median over the other steps of: seconds per step, the trainer's wait for generation
 (``wait_gen``), the engine's generation and weight-load times (in its thread, overlapping the
-update), the update, both idle ratios, and the step time as a ratio of the synchronous one.
+update), the update, both idle ratios, and the step time as a ratio of the synchronous one. With
+``trainer.device=cuda``, also each mode's peak of ``torch.cuda.max_memory_allocated`` (the
+whole process: actor, reference and the engine ahead; what earlier modes left is not counted)
+next to the memory plan's peak for the same config.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import statistics
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+import torch
 
 from rlvr.config import load_config
 from rlvr.trainer.main import build_trainer
@@ -37,6 +43,12 @@ def run_mode(mode: str, steps: int, overrides: list[str]) -> dict[str, float]:
         return run_on_a_pool(mode, steps, overrides)
     extra = [] if mode == "sync" else ["trainer.v1.trainer_mode=colocate_async",
                                        f"trainer.v1.colocate_async.num_warmup_batches={int(mode)}"]
+    cuda = torch.cuda.is_available()
+    if cuda:  # this mode's peak alone: what earlier modes left is collected and not counted
+        gc.collect()
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
     with tempfile.TemporaryDirectory() as run_dir:
         config = load_config(None, [f"trainer.total_training_steps={steps}", "trainer.val_before_train=false",
                                     "trainer.test_freq=-1", "trainer.save_freq=-1", "trainer.logger=[]",
@@ -53,7 +65,16 @@ def run_mode(mode: str, steps: int, overrides: list[str]) -> dict[str, float]:
         trainer.tracker.log = recording
         trainer.fit()
         trainer.tracker.close()
-    return {key: statistics.median(m.get(key, 0.0) for m in per_step) for key in COLUMNS}
+    row = {key: statistics.median(m.get(key, 0.0) for m in per_step) for key in COLUMNS}
+    if cuda and config.trainer.device == "cuda":  # the process's peak: actor, reference and the engine ahead
+        from rlvr.trainer.memory_plan import plan_memory, read_model_config
+
+        plan = plan_memory(config, read_model_config(config.actor_rollout_ref.model.path))
+        row["peak_gib"] = (torch.cuda.max_memory_allocated() - base) / 2**30
+        row["plan_gib"] = plan.peak / 2**30
+        print(f"{mode}: peak allocated {row['peak_gib']:.2f} GiB, plan {row['plan_gib']:.2f} GiB "
+              f"({plan.peak_phase})", flush=True)
+    return row
 
 
 def run_on_a_pool(mode: str, steps: int, overrides: list[str]) -> dict[str, float]:
@@ -93,6 +114,8 @@ def main() -> None:
         name = mode if not mode[0].isdigit() else f"ahead={mode}"
         ratio = f"{row['timing_s/step'] / sync:>10.2f}" if sync else ""
         print(f"{name:<10}" + "".join(f"{row[c]:>19.2f}" for c in COLUMNS) + ratio)
+        if "peak_gib" in row:
+            print(f"{'':<10}peak allocated {row['peak_gib']:.2f} GiB, memory plan {row['plan_gib']:.2f} GiB")
 
 
 if __name__ == "__main__":
