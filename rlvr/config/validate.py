@@ -246,6 +246,9 @@ def _run_length(cfg: RLVRConfig) -> list[str]:
     if trainer.total_training_steps is None and trainer.total_epochs < 1:
         errors.append(f"trainer.total_epochs = {trainer.total_epochs} (with total_training_steps null): a run trains "
                       "at least 1 epoch; set total_epochs >= 1 or total_training_steps >= 1")
+    if trainer.freshness_check_freq == 0 or trainer.freshness_check_freq < -1:
+        errors.append(f"trainer.freshness_check_freq = {trainer.freshness_check_freq}: set a number of steps >= 1, "
+                      "or -1 to never probe the rollout engine's weights")
     return errors
 
 
@@ -331,6 +334,19 @@ def _rollout_correction(cfg: RLVRConfig) -> list[str]:
         errors.append(f"{key}.rollout_is = {rc.rollout_is!r} with bypass_mode and loss_type=ppo_clip: the clipped "
                       "ratio is already pi / pi_rollout, so weights would count the correction twice (verl computes "
                       "them for metrics only); set loss_type=reinforce to apply them, or rollout_is=null")
+    rollout = cfg.actor_rollout_ref.rollout
+    truncated = [f"{name}={value}" for name, value, on in (("top_p", rollout.top_p, rollout.top_p < 1),
+                                                           ("top_k", rollout.top_k, rollout.top_k > 0),
+                                                           ("min_p", rollout.min_p, rollout.min_p > 0)) if on]
+    reads = [name for name, on in (("rollout_is", rc.rollout_is is not None), ("rollout_rs", rc.rollout_rs is not None),
+                                   ("bypass_mode", rc.bypass_mode)) if on]
+    if truncated and reads:  # TRL #6789
+        errors.append(f"{key}.{reads[0]} with truncated sampling (actor_rollout_ref.rollout.{', '.join(truncated)}): "
+                      "the rollout's log-probs are of the kept tokens, renormalised (what was sampled from), the "
+                      "actor's of the whole vocabulary, so every ratio between them is off by the kept mass S (0.90 "
+                      "at top_p 0.9 on a distribution whose kept tokens hold 90%), which the correction would "
+                      "read as policy drift; rlvr does not compute the actor's log-probs over the kept support. "
+                      "Sample untruncated (top_p=1.0, top_k=-1, min_p=0.0) or leave rollout correction off")
     return errors
 
 

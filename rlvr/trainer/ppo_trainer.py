@@ -42,6 +42,8 @@ from rlvr.trainer.rollout_ahead import BroadcastWeights, CopyWeights, Dispatched
 from rlvr.trainer.tracking import Tracking
 
 
+PROBE_TOKENS = 16  # the freshness probe: greedy tokens per prompt compared with the actor's
+GAP_TEMPERATURE = 1e-4  # -T log softmax(z / T)[token] is max(z) - z[token], to within T ln V (0.0011 at V = 50k)
 AHEAD_FILE = "rollouts_ahead.pt"  # async: the batches generated ahead of the checkpoint's step
 
 
@@ -57,6 +59,29 @@ def needs_old_log_prob_pass(config: RLVRConfig) -> bool:
     one_update = actor.ppo_epochs == 1 and actor.ppo_mini_batch_size == config.data.train_batch_size
     read_before_update = algo.use_kl_in_reward or is_active(algo.rollout_correction)
     return actor.recompute_old_log_prob or not one_update or read_before_update
+
+
+def freshness_tolerance(config: RLVRConfig) -> float:
+    """How far (in logits) the engine's greedy token may trail the actor's own greedy token and
+    still be two precisions disagreeing on a near-tie rather than stale weights: 0.01 when actor
+    and engine both compute in fp32, 0.25 when either computes in 16 bits."""
+    arr = config.actor_rollout_ref
+    dtypes = (arr.actor.dtype, arr.rollout.dtype, arr.actor.fsdp_config.mixed_precision.param_dtype)
+    return 0.01 if all(d in ("float32", "auto") for d in dtypes) else 0.25
+
+
+def check_groups(uids: np.ndarray, n: int, step: int) -> None:
+    """Every group reaches the advantage estimator whole: ``n`` rows per prompt (AReaL #1419: a
+    group that lost rows to a filter or a collection across ranks is normalised over the wrong
+    mean and std, silently). Rows left out of the update stay in the batch (``train_mask``), so
+    a group short of rows, or with more, is a bug upstream: stopped here, named."""
+    groups, counts = np.unique(uids, return_counts=True)
+    wrong = counts != n
+    if wrong.any():
+        named = ", ".join(f"{g!r}: {c} rows" for g, c in zip(groups[wrong][:3], counts[wrong][:3]))
+        raise StopTraining(f"step {step}: {int(wrong.sum())} of {len(groups)} groups do not have "
+                           f"actor_rollout_ref.rollout.n = {n} rows before their advantages ({named}); a group "
+                           "normalised over fewer or more samples than it has gets a wrong baseline")
 
 
 def narrow_train_mask(batch: DataProto, keep: torch.Tensor) -> None:
@@ -276,6 +301,9 @@ class RLTrainer:
         metrics: dict[str, float] = {"training/global_step": float(self.global_step)}
         timings: dict[str, float] = {}
         with timer("step", timings):
+            if self._freshness_due():
+                with timer("freshness_probe", timings):
+                    metrics.update(self._check_freshness())
             if cfg.algorithm.filter_groups.enable:
                 batch = self._dynamic_sampling(batch, more_batches, metrics, timings)
                 reward = None  # scored and filtered already
@@ -346,6 +374,49 @@ class RLTrainer:
         gen_batch = generation_batch(batch).repeat(n, interleave=True)
         gen_batch.meta_info["seed"] = self._seed("train", gen_index, step)
         return batch.repeat(n, interleave=True), gen_batch
+
+    def _freshness_due(self) -> bool:
+        """At step 2 (the first whose engine must have received an update) and every
+        ``trainer.freshness_check_freq`` steps: a function of the step, so a resumed run probes
+        where the uninterrupted one did."""
+        freq = self.config.trainer.freshness_check_freq
+        return freq > 0 and (self.global_step == 2 or self.global_step % freq == 0)
+
+    def _check_freshness(self) -> dict[str, float]:
+        """The rollout engine holds the actor's weights (verl #7495, ms-swift #9855: a sampler that
+        never receives the new policy trains on silently). The training data's first prompts (a
+        batch's worth) are decoded greedily by the engine, with the actor's current version (async: after
+        its queued work, loading that version); the actor then scores those tokens at a near-zero
+        temperature, which gives each token's logit gap to the actor's own argmax. A fresh engine's
+        tokens are the actor's greedy tokens: every gap is 0, or within ``freshness_tolerance`` where
+        two precisions split a near-tie. A larger gap stops the run, naming what was found."""
+        dataset = self.loader.dataset  # its first rows: the same prompts in every process, the stream untouched
+        prompts = dataset.collate([dataset[i] for i in range(min(len(dataset), self.config.data.train_batch_size))])
+        prompts.non_tensor_batch["uid"] = np.array([f"probe-{i}" for i in range(len(prompts))], dtype=object)
+        probe = generation_batch(prompts)
+        probe.meta_info.update(do_sample=False, seed=self._seed("greedy"),
+                               max_new_tokens=min(PROBE_TOKENS, self.config.data.max_response_length))
+        version = self.global_step - 1  # the actor's, before this step's update
+        if self.ahead is None:
+            out = self.rollout_wg.generate_sequences(probe)
+        else:
+            out = self.ahead.run(lambda: self.rollout_wg.generate_sequences(probe), version)
+        out.meta_info["temperature"] = GAP_TEMPERATURE
+        log_probs = self.wg.compute_log_prob(out).batch["old_log_probs"]
+        mask = out.batch["response_mask"].bool()  # the engine's own tokens (tool output apart)
+        gaps = torch.where(mask, -GAP_TEMPERATURE * log_probs.float(), torch.zeros(())).clamp_min(0.0)
+        worst, tolerance = float(gaps.max()), freshness_tolerance(self.config)
+        if worst > tolerance:
+            row, col = divmod(int(gaps.argmax()), gaps.shape[1])
+            token = int(out.batch["responses"][row, col])
+            raise StopTraining(
+                f"step {self.global_step}: the rollout engine does not hold the actor's weights (version {version}): "
+                f"its greedy token {col + 1} of prompt {row + 1} ({self.tokenizer.decode([token])!r}) trails the actor's "
+                f"own greedy token by {worst:.3g} logits (tolerance {tolerance}, from the actor's and the engine's "
+                f"dtypes); {int((gaps > tolerance).sum())} of {int(mask.sum())} probe tokens differ. The weight sync "
+                "to the engine did not take effect: the run stops before training on a stale policy's samples "
+                "(trainer.freshness_check_freq=-1 turns this probe off)")
+        return {"training/freshness/greedy_gap_max": worst, "training/freshness/probe_tokens": float(mask.sum())}
 
     def _rollout_ahead(self, timings: dict[str, float]):
         """Async: dispatch the batches up to step + k (the actor holds version step - 1, what the
@@ -489,6 +560,7 @@ class RLTrainer:
             batch.batch["token_level_rewards"] = rewards
         else:
             batch.batch["token_level_rewards"] = scores
+        check_groups(batch.non_tensor_batch["uid"], self.config.actor_rollout_ref.rollout.n, self.global_step)
         compute_advantage(batch, algo)
         return metrics
 

@@ -79,6 +79,7 @@ def test_batch_g_is_generated_by_the_weights_after_update_g_minus_1_minus_k(tiny
     (one-step-off, k = 1: the weights before update g-1; step 1 on-policy), and differ from the
     actor's newer ones; every sample says which version and dispatch step it came from."""
     config = tiny_config(*BASE, *ASYNC, f"trainer.v1.colocate_async.num_warmup_batches={ahead}",
+                         "trainer.freshness_check_freq=-1",  # its greedy generation would be counted below
                          f"trainer.default_local_dir={tmp_path / 'run'}")
     trainer = build_trainer(config, progress_bar=False)
     versions = [actor_weights(trainer)]  # version v: the actor's weights after v updates

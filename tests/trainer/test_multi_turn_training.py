@@ -38,7 +38,10 @@ def tool_config(tiny_config, tool_data):
                            "actor_rollout_ref.rollout.multi_turn.enable=true",
                            "actor_rollout_ref.rollout.multi_turn.tool_config_path=calculator",
                            "actor_rollout_ref.rollout.multi_turn.format=tag",
-                           "actor_rollout_ref.rollout.multi_turn.max_assistant_turns=2", *overrides)
+                           "actor_rollout_ref.rollout.multi_turn.max_assistant_turns=2",
+                           # the scripted calls are not the model's greedy tokens: the freshness probe would
+                           # (rightly) find an engine that does not sample from the actor's weights
+                           "trainer.freshness_check_freq=-1", *overrides)
     return make
 
 

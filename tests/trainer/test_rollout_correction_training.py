@@ -40,7 +40,9 @@ def test_decoupled_weights_and_rejection_reach_the_update(tiny_config, tmp_path)
 
 def test_bypass_mode_takes_pi_old_from_the_rollout(tiny_config, monkeypatch, tmp_path):
     trainer = build_trainer(tiny_config(*BF16_ROLLOUT, "algorithm.rollout_correction.bypass_mode=true",
-                                        "actor_rollout_ref.actor.ppo_epochs=2"), progress_bar=False)
+                                        "actor_rollout_ref.actor.ppo_epochs=2",
+                                        # the freshness probe scores its greedy tokens with the actor: not pi_old
+                                        "trainer.freshness_check_freq=-1"), progress_bar=False)
 
     def no_pass(*args, **kwargs):
         raise AssertionError("bypass mode computed old_log_probs")
