@@ -495,10 +495,12 @@ class RLTrainer:
 
     def _drop_groups(self, batch: DataProto, rows: np.ndarray) -> int:
         """Leave every group with a row in ``rows`` (bool) out of the update: its tokens carry no
-        loss (``train_mask``), so its placeholder scores never become a gradient; returns how many."""
+        loss (``train_mask``) and the advantage estimator does not see them, so its placeholder
+        scores never become a gradient nor shift another group's; returns how many."""
         uids = batch.non_tensor_batch["uid"]
         groups = np.unique(uids[rows])
         narrow_train_mask(batch, torch.as_tensor(~np.isin(uids, groups), dtype=batch.batch["response_mask"].dtype)[:, None])
+        batch.meta_info["dropped_groups"] = groups.tolist()  # nor do they reach the advantage estimator
         return len(groups)
 
     def _dynamic_sampling(self, batch: DataProto, more_batches: Iterator[DataProto], metrics: dict[str, float],
@@ -515,9 +517,10 @@ class RLTrainer:
             for key, value in self._attach_scores(batch, reward).items():
                 reward_metrics[key].append(value)
             keep = filter_groups(batch.non_tensor_batch["uid"], self._filter_metric(batch))  # (bs,)
-            if "train_mask" in batch.batch:  # groups dropped for an invalid reward are never kept
-                dropped = batch.batch.pop("train_mask").sum(-1).eq(0) & batch.batch["response_mask"].sum(-1).gt(0)
-                keep = keep & ~dropped.to(keep.device)
+            # groups dropped for an invalid reward are never kept (their train_mask goes with them)
+            dropped = np.isin(batch.non_tensor_batch["uid"], batch.meta_info.pop("dropped_groups", []))
+            keep = keep & ~torch.as_tensor(dropped, device=keep.device)
+            batch.batch.pop("train_mask", None)
             kept.append(batch.select_idxs(keep.numpy()))
             kept_groups += int(keep.sum()) // n
             seen_groups += len(batch) // n
@@ -560,8 +563,21 @@ class RLTrainer:
             batch.batch["token_level_rewards"] = rewards
         else:
             batch.batch["token_level_rewards"] = scores
-        check_groups(batch.non_tensor_batch["uid"], self.config.actor_rollout_ref.rollout.n, self.global_step)
-        compute_advantage(batch, algo)
+        uids = batch.non_tensor_batch["uid"]
+        check_groups(uids, self.config.actor_rollout_ref.rollout.n, self.global_step)
+        dropped = np.isin(uids, batch.meta_info.get("dropped_groups", []))
+        if not dropped.any():
+            compute_advantage(batch, algo)
+            return metrics
+        # the estimator sees the kept groups only: a batch-wide whitening (REINFORCE++, GAE) over
+        # the dropped groups' placeholder scores would shift, even flip, the kept groups' advantages
+        kept = batch.select_idxs(~dropped)
+        compute_advantage(kept, algo)
+        rows = torch.as_tensor(~dropped)
+        for key in ("advantages", "returns"):
+            full = kept.batch[key].new_zeros((len(batch), *kept.batch[key].shape[1:]))
+            full[rows] = kept.batch[key]
+            batch.batch[key] = full
         return metrics
 
     def _correct_rollout(self, batch: DataProto) -> dict[str, float]:

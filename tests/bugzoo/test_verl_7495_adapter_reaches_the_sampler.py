@@ -1,0 +1,64 @@
+"""verl #7495 (https://github.com/verl-project/verl/issues/7495) and ms-swift #9855
+(https://github.com/modelscope/ms-swift/issues/9855): with LoRA, the rollout engine never received
+the trained adapter (verl's sync pushed the frozen base weights, "0 of them lora_"; swift's async
+vLLM server kept sampling from the base model), and the runs trained on silently, on samples of
+the initial policy.
+
+Here a LoRA run on the tiny model, with a learning rate that moves its greedy tokens within two
+updates: with the adapter reaching the engine, the freshness probe passes at every step;
+with either of the two ways rlvr's native engine receives the adapter cut off, the run stops.
+"""
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+import rlvr.rollout.lean
+from rlvr.errors import StopTraining
+from rlvr.rollout.engine import NativeRollout
+from rlvr.trainer.main import build_trainer
+from rlvr.trainer.ppo_trainer import freshness_tolerance
+
+LORA = ["actor_rollout_ref.model.lora_rank=4", "actor_rollout_ref.model.lora_alpha=8",
+        "actor_rollout_ref.actor.optim.lr=0.05", "trainer.total_training_steps=3", "trainer.freshness_check_freq=1",
+        "trainer.val_before_train=false", "data.val_files=[]"]
+
+
+def base_weights_only(self, version=None):
+    """The sync of verl #7495: every tensor of the model but the adapter's."""
+    with torch.no_grad():
+        for (name, dst), src in zip(self.model.named_parameters(), self.actor_model.parameters()):
+            if "lora_" not in name:
+                dst.copy_(src)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_a_lora_run_whose_engine_gets_the_adapter_passes_the_probe(tiny_config, dtype):
+    """float32: the engine shares the actor's peft model (its lean step adds the adapter's term);
+    bfloat16: the engine holds a copy, adapter included, refreshed at every sync.
+    fails when the adapter's way to the engine is cut: ``lora_delta`` (rlvr/models/lora.py) returning
+    None in the lean step, or ``NativeRollout.sync_weights`` skipping the ``lora_`` tensors."""
+    config = tiny_config(*LORA, f"actor_rollout_ref.rollout.dtype={dtype}")
+    trainer = build_trainer(config, progress_bar=False)
+    trainer.fit()
+    trainer.tracker.close()
+    records = [json.loads(line) for line in open(Path(config.trainer.default_local_dir) / "metrics.jsonl")]
+    probed = [r for r in records if r.get("training/freshness/probe_tokens", 0) > 0]
+    assert {2, 3} <= {r["step"] for r in probed}  # after one and two updates of the adapter
+    assert max(r["training/freshness/greedy_gap_max"] for r in probed) <= freshness_tolerance(config)
+
+
+@pytest.mark.parametrize("dtype, cut", [
+    ("bfloat16", lambda monkeypatch: monkeypatch.setattr(NativeRollout, "sync_weights", base_weights_only)),
+    ("float32", lambda monkeypatch: monkeypatch.setattr(rlvr.rollout.lean, "lora_delta", lambda proj, x: None)),
+], ids=["copy-synced-without-the-adapter", "shared-model-decoded-without-the-adapter"])
+def test_a_lora_run_whose_engine_misses_the_adapter_stops(tiny_config, monkeypatch, dtype, cut):
+    """fails when the freshness probe (``_check_freshness`` in rlvr/trainer/ppo_trainer.py, called at
+    the start of ``train_step``) is removed: the run then trains on the base model's samples."""
+    cut(monkeypatch)
+    trainer = build_trainer(tiny_config(*LORA, f"actor_rollout_ref.rollout.dtype={dtype}"), progress_bar=False)
+    with pytest.raises(StopTraining, match=r"step [23]: the rollout engine does not hold the actor's weights"):
+        trainer.fit()
+    trainer.tracker.close()
