@@ -71,8 +71,14 @@ def main() -> None:
           f"max_response_length={config.data.max_response_length}, actor dtype={config.actor_rollout_ref.actor.dtype}, "
           f"rollout dtype={config.actor_rollout_ref.rollout.dtype}, threads={torch.get_num_threads()}")
     print(f"time per step: {step_s:.2f} s (mean of {args.steps} steps after one warm-up step)")
-    for key in sorted(k for k in mean if k.startswith("timing_s/") and k != "timing_s/step"):
+    every_step = [k for k in mean if k.startswith("timing_s/") and k != "timing_s/step" and len(sums[k]) == args.steps]
+    for key in sorted(every_step):
         print(f"  {key:<28} {mean[key]:7.2f} s  {100 * mean[key] / step_s:5.1f}%")
+    if "timing_s/freshness_probe" in mean:  # step 2 and every freshness_check_freq steps: its share of a step, amortised
+        freq = config.trainer.freshness_check_freq
+        probe_s = mean["timing_s/freshness_probe"]
+        print(f"  freshness probe: {probe_s:.2f} s when it runs (step 2 and every {freq} steps): "
+              f"{100 * probe_s / freq / step_s:.2f}% of a step over a run")
     gen_tokens = mean["response_length/mean"] * config.data.train_batch_size * config.actor_rollout_ref.rollout.n
     print(f"generated tokens/s: {gen_tokens / mean['timing_s/gen']:.1f} ({gen_tokens:.0f} tokens per step)")
     fwd_tokens, resp_tokens = mean["perf/actor_forward_tokens"], mean["perf/actor_response_tokens"]

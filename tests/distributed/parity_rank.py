@@ -96,6 +96,9 @@ def main(spec_path: str, out_dir: str) -> None:
         g = torch.Generator().manual_seed(step)
         advantages = torch.randn(len(batch), generator=g)[:, None] * batch.batch["response_mask"]
         batch.batch["advantages"] = advantages
+        modes = spec.get("loss_agg_modes")
+        if modes:  # one aggregation mode per step, in turn
+            worker.actor.config.loss_agg_mode = modes[(step - spec.get("first_step", 0)) % len(modes)]
         out = worker.update_actor(batch)
         for key in ("responses", "old_log_probs", "ref_log_prob"):
             if key in batch.batch:

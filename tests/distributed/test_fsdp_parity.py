@@ -19,6 +19,7 @@ import torch
 from safetensors.torch import load_file
 
 import rlvr
+from rlvr.algos.losses import LOSS_AGG_MODES
 from rlvr.distributed.worker import free_port
 
 RANK_SCRIPT = Path(__file__).with_name("parity_rank.py")
@@ -37,12 +38,13 @@ def base_overrides(model_dir, world, strategy, *extra):
             STOP_EARLY, *extra]
 
 
-def run_ranks(tmp, name, world, overrides, steps, first_step=0, resume_from=None):
+def run_ranks(tmp, name, world, overrides, steps, first_step=0, resume_from=None, loss_agg_modes=None):
     out = Path(tmp) / name
     out.mkdir(parents=True)
     spec = out / "spec.json"
     spec.write_text(json.dumps({"overrides": overrides, "steps": steps, "first_step": first_step,
-                                "resume_from": str(resume_from) if resume_from else None}))
+                                "resume_from": str(resume_from) if resume_from else None,
+                                "loss_agg_modes": loss_agg_modes}))
     port = str(free_port())
     procs = []
     for rank in range(world):
@@ -119,6 +121,22 @@ def test_two_fsdp2_ranks_equal_one_process(tiny_model_dir, tmp_path, extra):
     moved = max(float((two[1][k] - initial[k]).abs().max()) for k in initial if k in two[1])
     assert moved > 1e-3
     assert len(two[0]["metrics"]) == 2 and two[0]["metrics"][0]["actor/grad_norm"] > 0
+
+
+@pytest.mark.slow
+def test_every_loss_agg_mode_is_the_same_over_1_2_and_4_ranks(tiny_model_dir, tmp_path):
+    """miles #3231: a loss normalised by each rank's own tokens makes the gradient depend on the
+    number of ranks. One step per loss_agg_mode (8 prompts x 2, mini-batches of 4 prompts: 2 optimizer
+    steps a step, each rank of 4 holding one group of each); the 2- and 4-rank runs equal one process."""
+    extra = ("data.train_batch_size=8", "actor_rollout_ref.actor.ppo_mini_batch_size=4", "actor_rollout_ref.actor.ppo_epochs=1")
+    one = run_ranks(tmp_path, "one", 1, base_overrides(tiny_model_dir, 1, "local", *extra), steps=4,
+                    loss_agg_modes=list(LOSS_AGG_MODES))
+    grad_norms = [m["actor/grad_norm"] for m in one[0]["metrics"]]
+    assert len(set(grad_norms)) == 4 and min(grad_norms) > 0
+    for world in (2, 4):
+        got = run_ranks(tmp_path, f"ranks{world}", world, base_overrides(tiny_model_dir, world, "fsdp2", *extra),
+                        steps=4, loss_agg_modes=list(LOSS_AGG_MODES))
+        assert_same_run(got, one)
 
 
 @pytest.mark.slow
