@@ -78,7 +78,9 @@ def filter_probs(probs: torch.Tensor, params: SamplingParams) -> torch.Tensor:
         sorted_probs, order = torch.sort(probs, dim=-1, descending=True)
         total = sorted_probs.sum(dim=-1, keepdim=True)
         before = sorted_probs.cumsum(dim=-1) - sorted_probs  # mass strictly before each token
-        drop_sorted = before > params.top_p * total  # keep the smallest prefix reaching top_p
+        # keep the smallest prefix reaching top_p: a token goes once the mass before it does (at an
+        # exact tie too, as transformers' and vLLM's "cumulative from the tail <= 1 - top_p")
+        drop_sorted = before >= params.top_p * total
         probs = probs.masked_fill(torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted), 0.0)
     return probs
 

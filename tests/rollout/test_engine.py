@@ -241,6 +241,19 @@ def test_top_k_and_top_p_are_respected():
     assert chi_square(counts, torch.where(kept, probs, 0) / probs[kept].sum()) < 13.8  # chi-square(2) 99.9%
 
 
+def test_top_p_at_an_exact_tie_keeps_what_transformers_and_vllm_keep():
+    """Probabilities 1/2, 1/4, 1/8, 1/8 (exact in binary) at top_p 0.75: the mass before the third
+    token is exactly 0.75, so the first two already reach top_p and the rest go (transformers'
+    warper drops tokens whose cumulative mass from the tail is <= 1 - top_p = 0.25: the two 1/8s).
+    A rule that waits for the mass before a token to pass top_p keeps three."""
+    from transformers.generation.logits_process import TopPLogitsWarper
+
+    logits = torch.tensor([[0.5, 0.25, 0.125, 0.125]]).log()
+    ours = filter_probs(logits.softmax(-1), SamplingParams(max_new_tokens=1, top_p=0.75))[0] > 0
+    theirs = TopPLogitsWarper(top_p=0.75)(None, logits.clone())[0] > float("-inf")
+    assert ours.tolist() == theirs.tolist() == [True, True, False, False]
+
+
 def test_min_p_and_filter_keeps_at_least_one():
     probs = torch.softmax(LOGITS, -1)
     filtered = filter_probs(probs, SamplingParams(max_new_tokens=1, min_p=0.3))
