@@ -84,6 +84,22 @@ def check_groups(uids: np.ndarray, n: int, step: int) -> None:
                            "normalised over fewer or more samples than it has gets a wrong baseline")
 
 
+def check_masks(batch: DataProto, step: int) -> None:
+    """Loss only where a token was sampled, and a token only where it is present: the loss mask
+    (``train_mask``, else ``response_mask``) within ``response_mask`` (tool output and padding are
+    0 there), within the attention mask's response part (truncation included). A token outside
+    would train on padding or on text the model did not write, silently."""
+    response, loss = batch.batch["response_mask"].bool(), loss_mask(batch).bool()
+    present = batch.batch["attention_mask"][:, -response.shape[1]:].bool()
+    for inner, outer, what in ((loss, response, "the loss mask is outside response_mask"),
+                               (response, present, "response_mask marks tokens the attention mask does not hold")):
+        outside = inner & ~outer
+        if outside.any():
+            row, col = (int(i) for i in outside.nonzero()[0])
+            raise StopTraining(f"step {step}: {what} at {int(outside.sum())} token(s), first at row {row}, response "
+                               f"token {col}; the update would train on tokens the model did not sample")
+
+
 def narrow_train_mask(batch: DataProto, keep: torch.Tensor) -> None:
     """Tokens where ``keep`` is 0 carry no loss: ``train_mask`` (``response_mask`` until a first
     narrowing) times ``keep``; the actor and the critic read it (``protocol.loss_mask``)."""
@@ -565,6 +581,7 @@ class RLTrainer:
             batch.batch["token_level_rewards"] = scores
         uids = batch.non_tensor_batch["uid"]
         check_groups(uids, self.config.actor_rollout_ref.rollout.n, self.global_step)
+        check_masks(batch, self.global_step)
         dropped = np.isin(uids, batch.meta_info.get("dropped_groups", []))
         if not dropped.any():
             compute_advantage(batch, algo)
