@@ -26,6 +26,10 @@ def test_default_job_runs_a_few_steps(tmp_path, capsys):
         assert key in first, key
     # default job: GRPO with n = 4 and the KL loss on; one update per batch, so pi_old is the policy itself
     assert first["actor/ppo_kl"] == 0.0 and first["actor/kl_loss"] == pytest.approx(0.0, abs=1e-6)
+    # the guardrails run and are quiet: the freshness probe at step 2 finds the engine's greedy tokens
+    # the actor's own (the hybrid engine shares its tensors: every gap 0), nothing is dropped or invalid
+    assert last["training/freshness/probe_tokens"] > 0 and last["training/freshness/greedy_gap_max"] <= 1e-6
+    assert all(r.get("reward/num_invalid", 0) == 0 and "training/dropped_groups" not in r for r in records)
     assert 0.0 <= records[0]["val-core/arithmetic/reward/mean@1"] <= 1.0
     assert "val-core/arithmetic/reward/mean@1" in last
     assert (run_dir / "config.yaml").exists()

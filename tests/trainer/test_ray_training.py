@@ -187,6 +187,58 @@ def test_one_step_off_on_rollout_workers_of_their_own_equals_the_in_process_run(
     assert_same_weights(final_weights(ray_dir, 3), final_weights(local_dir, 3))
 
 
+SCRIPTED_POOL_ENGINE = '''
+"""In each process of the Ray run (its driver, the TaskRunner, the rollout pool's workers), the
+native engine is the teacher-forced one of tests/conftest.py, scripted as in
+tests/trainer/test_multi_turn_training.py: the first turn calls the calculator."""
+import sys
+
+sys.path.insert(0, {root!r})
+from rlvr.rollout.base import ROLLOUTS
+from tests.conftest import _TeacherForcedEngine
+from tests.trainer.test_multi_turn_training import script
+
+ROLLOUTS._entries["native"] = _TeacherForcedEngine.make(script, ROLLOUTS.get("native"))
+'''
+
+
+def test_one_step_off_multi_turn_on_rollout_workers_of_their_own_equals_the_in_process_run(
+        tiny_config, tmp_path, scripted_engine):
+    """separate_async with tools: the rollout pool's workers run each conversation (model turns,
+    calculator calls) with the weights broadcast to them; the run equals colocate_async in one
+    process, tool calls, masks, staleness and weights alike."""
+    from rlvr.data.prepare import prepare_calculator
+    from tests.trainer.test_multi_turn_training import script
+
+    data = prepare_calculator(tmp_path / "calc", train_size=16, test_size=4)
+    tools = [f"data.train_files=[{data['train']}]", f"data.val_files=[{data['test']}]", "data.max_prompt_length=320",
+             "data.max_response_length=40", "data.return_raw_chat=true", "actor_rollout_ref.rollout.multi_turn.enable=true",
+             "actor_rollout_ref.rollout.multi_turn.tool_config_path=calculator",
+             "actor_rollout_ref.rollout.multi_turn.format=tag", "actor_rollout_ref.rollout.multi_turn.max_assistant_turns=2",
+             "trainer.freshness_check_freq=-1",  # scripted calls are not the model's greedy tokens
+             "trainer.v1.colocate_async.num_warmup_batches=1", "trainer.total_training_steps=3",
+             "trainer.val_before_train=false", "trainer.save_freq=3", "data.train_batch_size=4",
+             "actor_rollout_ref.actor.ppo_mini_batch_size=2"]
+    local_dir, ray_dir = tmp_path / "local", tmp_path / "ray"
+    scripted_engine(script)
+    run_training(tiny_config(*tools, "trainer.v1.trainer_mode=colocate_async", f"trainer.default_local_dir={local_dir}"))
+    config = tiny_config(*tools, "trainer.v1.trainer_mode=separate_async", "trainer.device=cpu",
+                         "actor_rollout_ref.hybrid_engine=false", "actor_rollout_ref.rollout.n_gpus_per_node=2",
+                         "ray_kwargs.ray_init.num_cpus=3", f"trainer.default_local_dir={ray_dir}")
+    module = tmp_path / "scripted_pool_engine.py"
+    module.write_text(SCRIPTED_POOL_ENGINE.format(root=str(Path(__file__).parents[2])))
+    config_file = tmp_path / "config.yaml"  # the module only in the Ray run's processes, never in this one
+    config_file.write_text(to_yaml(config).replace("custom_modules: []", f"custom_modules: [{module}]"))
+    command = loopback_only([sys.executable, "-m", "rlvr.cli", "train", "--config", str(config_file)])
+    done = subprocess.run(command, capture_output=True, text=True, timeout=400)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    got = records(ray_dir)
+    assert all(r["multi_turn/tool_calls"] == 1.0 and r["multi_turn/tool_tokens/mean"] > 0 for r in got)
+    assert [r["training/off_policy/trajectory_staleness/max"] for r in got] == [0, 1, 1]
+    assert_same_metrics(got, records(local_dir))
+    assert_same_weights(final_weights(ray_dir, 3), final_weights(local_dir, 3))
+
+
 def test_vllm_on_rollout_workers_of_their_own_equals_the_in_process_engine(tiny_config, tmp_path, tiny_vllm_model_dir):
     """hybrid_engine=false with rollout.name=vllm: each of two Ray rollout workers runs a vLLM
     engine on the weights broadcast to it; one-step-off there equals colocate_async with vLLM in
