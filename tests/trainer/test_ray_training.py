@@ -30,7 +30,8 @@ pytest.importorskip("ray")
 
 VOLATILE = ("timing_s/", "timing_per_token_ms/", "perf/time_per_step", "perf/throughput", "time",
             "training/rollout_probs_diff", "perf/cpu_max_rss_gb", "perf/max_memory_allocated_gb",
-            "perf/trainer_idle_ratio", "perf/rollout_idle_ratio")
+            "perf/trainer_idle_ratio", "perf/rollout_idle_ratio", "multi_turn/tool_latency",
+            "val-aux/multi_turn/tool_latency")
 RAY_2_CPU = ["trainer.device=cpu", "trainer.n_gpus_per_node=2", "actor_rollout_ref.actor.strategy=fsdp2"]
 STEPS = ["trainer.total_training_steps=3", "trainer.save_freq=3", "data.train_batch_size=4",
          "actor_rollout_ref.actor.ppo_mini_batch_size=2", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=3",
