@@ -230,6 +230,20 @@ def test_staleness_zero_equals_the_synchronous_trainer_on_vllm(tiny_config, tmp_
     assert one.rollout_wg.worker.rollout.engine.holds[1] == 1  # vLLM holds the version it was sent
 
 
+@pytest.mark.slow
+def test_two_bounded_staleness_runs_on_vllm_agree(tiny_config, tmp_path, tiny_vllm_model_dir):
+    """Promise 2 on vLLM: two runs of k = 2 generate every group with the same version and agree
+    on every metric and weight (vLLM's engine ahead, in its thread)."""
+    common = (*BASE, f"actor_rollout_ref.model.path={tiny_vllm_model_dir}", "actor_rollout_ref.rollout.name=vllm",
+              *ASYNC, "trainer.v1.colocate_async.num_warmup_batches=2")
+    first = run(tiny_config, tmp_path / "first", *common)
+    second = run(tiny_config, tmp_path / "second", *common)
+    assert [stable(r) for r in records(tmp_path / "first")] == [stable(r) for r in records(tmp_path / "second")]
+    assert [r["training/off_policy/trajectory_staleness/max"] for r in records(tmp_path / "first")] == [0, 1, 2, 2]
+    assert all(torch.equal(a, b) for a, b in zip(actor_weights(first), actor_weights(second)))
+    assert [dumped(tmp_path / "first", g) for g in range(1, 5)] == [dumped(tmp_path / "second", g) for g in range(1, 5)]
+
+
 def test_a_batch_past_the_off_policy_threshold_stops_the_run(tiny_config, tmp_path):
     """The fixed schedule keeps every span at k + 1 (the load refuses a lower threshold); a batch
     that would span more is a bug, stopped before it is trained on."""
