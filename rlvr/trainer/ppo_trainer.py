@@ -36,14 +36,13 @@ from rlvr.rewards.manager import TRAJECTORY_KEYS
 from rlvr.errors import StopTraining, TrainingInterrupted
 from rlvr.trainer import checkpoint
 from rlvr.trainer.evaluate import evaluate, generation_batch
+from rlvr.trainer.guards import GAP_TEMPERATURE, PROBE_TOKENS, check_groups, check_masks, freshness_tolerance
 from rlvr.trainer.metrics import (compute_data_metrics, compute_off_policy_metrics, compute_throughput_metrics,
                                   compute_timing_metrics, reduce_metrics, timer)
 from rlvr.trainer.rollout_ahead import BroadcastWeights, CopyWeights, Dispatched, RolloutAhead
 from rlvr.trainer.tracking import Tracking
 
 
-PROBE_TOKENS = 16  # the freshness probe: greedy tokens per prompt compared with the actor's
-GAP_TEMPERATURE = 1e-4  # -T log softmax(z / T)[token] is max(z) - z[token], to within T ln V (0.0011 at V = 50k)
 AHEAD_FILE = "rollouts_ahead.pt"  # async: the batches generated ahead of the checkpoint's step
 
 
@@ -59,45 +58,6 @@ def needs_old_log_prob_pass(config: RLVRConfig) -> bool:
     one_update = actor.ppo_epochs == 1 and actor.ppo_mini_batch_size == config.data.train_batch_size
     read_before_update = algo.use_kl_in_reward or is_active(algo.rollout_correction)
     return actor.recompute_old_log_prob or not one_update or read_before_update
-
-
-def freshness_tolerance(config: RLVRConfig) -> float:
-    """How far (in logits) the engine's greedy token may trail the actor's own greedy token and
-    still be two precisions disagreeing on a near-tie rather than stale weights: 0.01 when actor
-    and engine both compute in fp32, 0.25 when either computes in 16 bits."""
-    arr = config.actor_rollout_ref
-    dtypes = (arr.actor.dtype, arr.rollout.dtype, arr.actor.fsdp_config.mixed_precision.param_dtype)
-    return 0.01 if all(d in ("float32", "auto") for d in dtypes) else 0.25
-
-
-def check_groups(uids: np.ndarray, n: int, step: int) -> None:
-    """Every group reaches the advantage estimator whole: ``n`` rows per prompt (AReaL #1419: a
-    group that lost rows to a filter or a collection across ranks is normalised over the wrong
-    mean and std, silently). Rows left out of the update stay in the batch (``train_mask``), so
-    a group short of rows, or with more, is a bug upstream: stopped here, named."""
-    groups, counts = np.unique(uids, return_counts=True)
-    wrong = counts != n
-    if wrong.any():
-        named = ", ".join(f"{g!r}: {c} rows" for g, c in zip(groups[wrong][:3], counts[wrong][:3]))
-        raise StopTraining(f"step {step}: {int(wrong.sum())} of {len(groups)} groups do not have "
-                           f"actor_rollout_ref.rollout.n = {n} rows before their advantages ({named}); a group "
-                           "normalised over fewer or more samples than it has gets a wrong baseline")
-
-
-def check_masks(batch: DataProto, step: int) -> None:
-    """Loss only where a token was sampled, and a token only where it is present: the loss mask
-    (``train_mask``, else ``response_mask``) within ``response_mask`` (tool output and padding are
-    0 there), within the attention mask's response part (truncation included). A token outside
-    would train on padding or on text the model did not write, silently."""
-    response, loss = batch.batch["response_mask"].bool(), loss_mask(batch).bool()
-    present = batch.batch["attention_mask"][:, -response.shape[1]:].bool()
-    for inner, outer, what in ((loss, response, "the loss mask is outside response_mask"),
-                               (response, present, "response_mask marks tokens the attention mask does not hold")):
-        outside = inner & ~outer
-        if outside.any():
-            row, col = (int(i) for i in outside.nonzero()[0])
-            raise StopTraining(f"step {step}: {what} at {int(outside.sum())} token(s), first at row {row}, response "
-                               f"token {col}; the update would train on tokens the model did not sample")
 
 
 def narrow_train_mask(batch: DataProto, keep: torch.Tensor) -> None:
@@ -401,11 +361,12 @@ class RLTrainer:
     def _check_freshness(self) -> dict[str, float]:
         """The rollout engine holds the actor's weights (verl #7495, ms-swift #9855: a sampler that
         never receives the new policy trains on silently). The training data's first prompts (a
-        batch's worth) are decoded greedily by the engine, with the actor's current version (async: after
-        its queued work, loading that version); the actor then scores those tokens at a near-zero
-        temperature, which gives each token's logit gap to the actor's own argmax. A fresh engine's
-        tokens are the actor's greedy tokens: every gap is 0, or within ``freshness_tolerance`` where
-        two precisions split a near-tie. A larger gap stops the run, naming what was found."""
+        batch's worth) are decoded greedily by the engine, with the actor's current version
+        (async: after its queued work, loading that version); the actor then scores those tokens
+        at a near-zero temperature, which gives each token's logit gap to the actor's own argmax.
+        A fresh engine's tokens are the actor's greedy tokens: every gap is 0, or within
+        ``freshness_tolerance`` where two precisions split a near-tie. A larger gap stops the
+        run, naming what was found."""
         dataset = self.loader.dataset  # its first rows: the same prompts in every process, the stream untouched
         prompts = dataset.collate([dataset[i] for i in range(min(len(dataset), self.config.data.train_batch_size))])
         prompts.non_tensor_batch["uid"] = np.array([f"probe-{i}" for i in range(len(prompts))], dtype=object)

@@ -13,7 +13,7 @@ import torch
 import rlvr.trainer.ppo_trainer as ppo_trainer
 from rlvr.errors import StopTraining
 from rlvr.trainer.main import build_trainer
-from rlvr.trainer.ppo_trainer import check_groups
+from rlvr.trainer.guards import check_groups
 
 
 def test_whole_groups_pass_and_a_short_or_long_group_is_named():

@@ -10,9 +10,8 @@ as in verl); the cut is ``rlvr.rollout.multi_turn.truncate_text``.
 import pytest
 
 from rlvr.config import load_config
-from rlvr.models import load_model
-from rlvr.rollout import Completion, NativeRollout
 from rlvr.rollout.multi_turn import truncate_text
+from tests.bugzoo.conftest import ScriptOnly
 from tests.rollout.test_multi_turn import echo_text, make_rollout, prompts_for
 
 LIMIT = 20
@@ -20,18 +19,6 @@ DIGITS = "0123456789" * 3  # character i is str(i % 10): a cut shows which chara
 # one character over the limit, middle cut: 20 - len("...(truncated)") = 6 characters are kept,
 # 3 from the head ("012") and 3 from the tail of the 21 characters (positions 18-20: "890")
 CUT = "012...(truncated)890"
-
-
-class ScriptOnly(NativeRollout):
-    """Samples nothing: every turn here is scripted (the teacher-forced engine fills it in)."""
-
-    def generate(self, prompts, params, groups=None, max_new_tokens=None):
-        return [Completion([], [], "stop") for _ in prompts]
-
-
-@pytest.fixture(scope="module")
-def tiny(tiny_model_dir, tokenizer):
-    return load_model(tiny_model_dir, "float32", "cpu"), tokenizer
 
 
 def shown_to_the_model(tiny, teacher_forced_engine, payload: str) -> str:

@@ -14,25 +14,13 @@ import pytest
 
 from rlvr.config.schema import MultiTurnConfig, RolloutConfig
 from rlvr.data.chat_template import TOOL_CHAT_TEMPLATE, ChatFormat
-from rlvr.models import load_model
-from rlvr.rollout import Completion, MultiTurnRollout, NativeRollout
+from rlvr.rollout import MultiTurnRollout
+from tests.bugzoo.conftest import ScriptOnly
 from tests.data.test_chat_template import QWEN25
 from tests.rollout.test_multi_turn import QUESTION, echo_text, prompts_for
 
 CALL = '<tool_call>\n{"name": "echo_text", "arguments": {"text": "408"}}\n</tool_call>'
 ANSWER = "The answer is 408.<|im_end|>"
-
-
-class ScriptOnly(NativeRollout):
-    """Samples nothing: every turn here is scripted (the teacher-forced engine fills it in)."""
-
-    def generate(self, prompts, params, groups=None, max_new_tokens=None):
-        return [Completion([], [], "stop") for _ in prompts]
-
-
-@pytest.fixture(scope="module")
-def tiny(tiny_model_dir, tokenizer):
-    return load_model(tiny_model_dir, "float32", "cpu"), tokenizer
 
 
 # After the call, each template renders (written by hand from its text) the end of the assistant

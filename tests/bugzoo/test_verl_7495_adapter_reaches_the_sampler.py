@@ -19,7 +19,7 @@ import rlvr.rollout.lean
 from rlvr.errors import StopTraining
 from rlvr.rollout.engine import NativeRollout
 from rlvr.trainer.main import build_trainer
-from rlvr.trainer.ppo_trainer import freshness_tolerance
+from rlvr.trainer.guards import freshness_tolerance
 
 LORA = ["actor_rollout_ref.model.lora_rank=4", "actor_rollout_ref.model.lora_alpha=8",
         "actor_rollout_ref.actor.optim.lr=0.05", "trainer.total_training_steps=3", "trainer.freshness_check_freq=1",

@@ -11,7 +11,7 @@ from rlvr.config.validate import ConfigError
 from rlvr.errors import StopTraining
 from rlvr.rollout.engine import NativeRollout
 from rlvr.trainer.main import build_trainer
-from rlvr.trainer.ppo_trainer import GAP_TEMPERATURE, freshness_tolerance
+from rlvr.trainer.guards import GAP_TEMPERATURE, freshness_tolerance
 
 # a learning rate that moves the tiny model's greedy tokens within one update
 MOVING = ["actor_rollout_ref.actor.optim.lr=0.05", "trainer.total_training_steps=3", "trainer.freshness_check_freq=1",

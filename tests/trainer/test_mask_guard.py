@@ -8,7 +8,7 @@ import torch
 from rlvr.errors import StopTraining
 from rlvr.protocol import DataProto
 from rlvr.trainer.main import build_trainer
-from rlvr.trainer.ppo_trainer import check_masks
+from rlvr.trainer.guards import check_masks
 
 
 def masks(response, attention_tail, train=None):
