@@ -30,6 +30,7 @@ def test_default_job_runs_a_few_steps(tmp_path, capsys):
     # the actor's own (the hybrid engine shares its tensors: every gap 0), nothing is dropped or invalid
     assert last["training/freshness/probe_tokens"] > 0 and last["training/freshness/greedy_gap_max"] <= 1e-6
     assert all(r.get("reward/num_invalid", 0) == 0 and "training/dropped_groups" not in r for r in records)
+    assert "rows dropped: their prompt is longer" not in out.out + out.err  # no prompt filtered at load
     assert 0.0 <= records[0]["val-core/arithmetic/reward/mean@1"] <= 1.0
     assert "val-core/arithmetic/reward/mean@1" in last
     assert (run_dir / "config.yaml").exists()
