@@ -29,7 +29,8 @@ peak resident memory on a 0.31B synthetic model at 1, 2 and 4 ranks) next to thi
 - The native engine's KV cache holds the rows of one wave (rows per rank, from
   ``data.gen_batch_size`` when set, or the whole groups that fit in ``rollout.max_num_seqs``)
   of (longest prompt + max_response_length) positions in the rollout dtype; decoding on a CPU,
-  the lean step keeps a prepacked copy of the vocabulary projection.
+  the lean step keeps a prepacked copy of every projection (the layers' and the vocabulary's)
+  while it generates.
 - vLLM on a GPU reserves ``gpu_memory_utilization`` (0.5 when unset) x the device's memory for
   its weights, KV cache and workspace while awake, from init on; with ``free_cache_engine`` it
   sleeps at level 2 between rollouts (weights and KV cache discarded), so the update holds none
@@ -380,7 +381,7 @@ def read_terms(run: Run, t: dict[str, Term], critic: ModelShape | None) -> None:
 
 def native_engine_terms(run: Run, t: dict[str, Term]) -> None:
     """The native engine: its weights (gathered under fsdp2, a kept copy or shared under local), the
-    CPU decode's prepacked head, and a KV cache of one wave of whole groups."""
+    CPU decode's prepacked projections, and a KV cache of one wave of whole groups."""
     arr, shape, P = run.arr, run.shape, run.shape.params()
     if run.sharded:  # gathered from the shards when a rollout starts, freed when it ends
         t["engine_weights"] = Term(f"rollout weights ({arr.rollout.dtype}, unsharded)", run.roll_b * P, True,
@@ -390,9 +391,10 @@ def native_engine_terms(run: Run, t: dict[str, Term]) -> None:
         t["engine_weights"] = Term(f"rollout weights ({arr.rollout.dtype})", copy, True,
                                    "a copy, kept" if copy else "shares the fp32 weights")
     lean_packed = arr.rollout.lean_decode and not run.gpu and shape.family in ("llama", "mistral", "qwen2", "qwen3")
-    t["packed_head"] = Term("prepacked vocabulary projection (CPU decode)",
-                            shape.vocab * shape.hidden * run.roll_b if lean_packed else 0.0, True,
-                            "" if lean_packed else "none on this device")
+    attention = shape.attention_params() - shape.qk_norm  # the 4 projections (with their biases)
+    packed = (shape.layers * (attention + shape.mlp_params(False)) + shape.vocab * shape.hidden) * run.roll_b
+    t["packed_weights"] = Term("prepacked projections (CPU decode)", packed if lean_packed else 0.0, True,
+                               "only while generating" if lean_packed else "none on this device")
     rows = run.rows(run.config.data.gen_batch_size or run.config.data.train_batch_size)
     # the largest wave the engine decodes at once: whole groups of n rows, at most max_num_seqs
     waves = group_waves([r // arr.rollout.n for r in range(rows)], arr.rollout.max_num_seqs)
@@ -558,7 +560,7 @@ def phases(run: Run, t: dict[str, Term]) -> dict[str, list[str]]:
         engine_kept = [] if run.sharded and not run.ahead else ["engine_weights"]
         engine_init = engine_kept
     # colocate_async: the engine generates while the actor updates, so the update holds its whole working set
-    overlap = [n for n in ("packed_head", "kv_cache", "pending_weights") if n not in engine_kept] if run.ahead else []
+    overlap = [n for n in ("packed_weights", "kv_cache", "pending_weights") if n not in engine_kept] if run.ahead else []
     critic = ["critic_weights", "critic_optimizer"]  # never offloaded
     init = ["weights", "reference", "init_read"] + engine_init + ["critic_weights"]
     named = {"init": init}
@@ -566,7 +568,7 @@ def phases(run: Run, t: dict[str, Term]) -> dict[str, list[str]]:
         named["resume"] = ([n for n in init if n not in ("init_read", *engine_init)] + engine_kept
                            + ["optimizer", "critic_optimizer", "resume_read"])
     named["generation"] = ([n for n in ("weights", "master", "reference", "optimizer") if not offloaded.get(n)]
-                           + ["engine_weights", "packed_head", "kv_cache", "pending_weights"] + critic)
+                           + ["engine_weights", "packed_weights", "kv_cache", "pending_weights"] + critic)
     named["update"] = (["weights", "master", "reference", "gradients", "optimizer", "activations", "logits",
                         "gathered"] + engine_kept + overlap + critic)
     if "critic_weights" in t:  # its own update: the actor's gradients are freed by then
@@ -623,7 +625,7 @@ def term_fix(name: str, config: RLVRConfig) -> str:
     if name == "gathered" and not actor.fsdp_config.reshard_after_forward:
         return ("set actor_rollout_ref.actor.fsdp_config.reshard_after_forward=true (then one layer at a time is "
                 "gathered)")
-    if name in ("init_read", "resume_read", "engine_weights", "packed_head", "gathered", "critic_gathered"):
+    if name in ("init_read", "resume_read", "engine_weights", "packed_weights", "gathered", "critic_gathered"):
         return ("it is unsharded, so more GPUs do not shrink it: "
                 + ("actor_rollout_ref.rollout.dtype=bfloat16 halves it, " if name == "engine_weights"
                    and rollout.dtype == "float32" else "")

@@ -43,7 +43,9 @@ def test_tiny_plan_by_hand(tiny_folder):
     # part, lookup part, sum and reduce-scatter copy (4 x 264), the layer's gradient and copy (2 x 592):
     # (1056 + 1184) x 4 = 8960
     assert b["gathered"] == 3424 + 8960 == 12384
-    assert b["packed_head"] == 32 * 8 * 2  # 512: the CPU decode's prepacked bf16 vocabulary projection
+    # the CPU decode's prepacked bf16 projections: each layer's q, k, v, o and MLP (128 + 64 + 384 = 576)
+    # x 2 layers + the vocabulary's 32 x 8 = 256 -> 1408 x 2 bytes
+    assert b["packed_weights"] == (2 * 576 + 256) * 2 == 2816
     # rows per rank 4 x 2 / 2 = 4; K and V: 2 x 2 layers x 1 kv head x dim 4 x 4 rows x (6 + 10) x 2 bytes
     assert plan.rows_per_rank == 4 and b["kv_cache"] == 2048
     # micro-batch 2 rows x 16 tokens = 32; (8x8 + 4x16 = 128) per token and layer x 2 layers x 4 bytes
@@ -51,8 +53,8 @@ def test_tiny_plan_by_hand(tiny_folder):
     # fp32 log-softmax of 2 x 10 response tokens kept, plus two chunks in flight (20 tokens each), x vocab 32
     assert b["logits"] == 4 * 32 * (20 + 2 * 20) == 7680
     assert plan.phase_bytes("init") == 5792 + 2896 + 2896 == 11584  # the read, actor and reference shards
-    # weights + reference + AdamW state + engine weights + packed head + KV = 2896 x 3 + 5792 + 512 + 2048
-    assert plan.phase_bytes("generation") == 17040
+    # weights + reference + AdamW state + engine weights + packed projections + KV = 2896 x 3 + 5792 + 2816 + 2048
+    assert plan.phase_bytes("generation") == 19344
     # 2896 x 3 (weights, reference, gradients) + 5792 + 32768 + 7680 + 12384: no engine weights
     assert plan.phase_bytes("update") == 67312
     assert plan.peak_phase == "update"
@@ -72,13 +74,13 @@ def test_local_strategy_keeps_its_copies(tiny_folder):
 def test_offload_leaves_generation(tiny_folder, monkeypatch):
     import rlvr.trainer.memory_plan
 
-    monkeypatch.setattr(rlvr.trainer.memory_plan, "on_gpu", lambda config: False)  # the packed head counts
+    monkeypatch.setattr(rlvr.trainer.memory_plan, "on_gpu", lambda config: False)  # the packed projections count
     # offload moves GPU memory: a CPU device refuses it, so the device is left to find
     overrides = tiny_overrides(tiny_folder) + ["trainer.device=auto","actor_rollout_ref.actor.fsdp_config.param_offload=true",
                                                "actor_rollout_ref.actor.fsdp_config.optimizer_offload=true",
                                                "actor_rollout_ref.ref.fsdp_config.param_offload=true"]
     plan = plan_memory(load_config(None, overrides), TINY)
-    assert plan.phase_bytes("generation") == 17040 - 2896 - 5792 - 2896  # no actor or reference shards, no AdamW
+    assert plan.phase_bytes("generation") == 19344 - 2896 - 5792 - 2896  # no actor or reference shards, no AdamW
     assert plan.phase_bytes("update") == 67312  # all back on the device
 
 
@@ -154,7 +156,7 @@ def test_on_a_gpu_the_load_is_in_host_memory(tiny_folder):
     """Rank 0 reads the full state into host RAM, then broadcasts it to the devices' shards."""
     plan = plan_memory(load_config(None, tiny_overrides(tiny_folder) + ["trainer.device=cuda"]), TINY, 80)
     assert plan.phase_bytes("init") == 2896 + 2896  # the shards only
-    assert plan.terms["packed_head"].bytes == 0  # the CPU decode's packed projection: not on a GPU
+    assert plan.terms["packed_weights"].bytes == 0  # the CPU decode's packed projections: not on a GPU
 
 
 def test_vllm_keeps_its_weights_and_kv_cache_on_a_cpu(tiny_folder):
@@ -442,9 +444,9 @@ def test_colocate_async_holds_the_engines_own_model_and_the_versions_sent_throug
     s = {name: term.bytes for name, term in sync.terms.items()}
     assert "pending_weights" not in s and s["engine_weights"] == 2896
     # the update now also holds the engine's own model (+ 8688 - 2896), its KV cache (8 rows x 16 positions:
-    # 2 x 2 layers x 4 x 8 x 16 x 2 bytes = 4096), its packed head (512) and the pending versions (11584)
-    assert b["kv_cache"] == 4096 and b["packed_head"] == 512
-    assert plan.phase_bytes("update") - sync.phase_bytes("update") == (8688 - 2896) + 4096 + 512 + 11584
+    # 2 x 2 layers x 4 x 8 x 16 x 2 bytes = 4096), its packed projections (2816) and the pending versions (11584)
+    assert b["kv_cache"] == 4096 and b["packed_weights"] == 2816
+    assert plan.phase_bytes("update") - sync.phase_bytes("update") == (8688 - 2896) + 4096 + 2816 + 11584
     # sharded (fsdp2): the engine's model is its own, never gathered from the shards and freed
     sharded = plan_memory(load_config(None, overrides + ["actor_rollout_ref.actor.strategy=fsdp2"]), TINY)
     assert "engine_weights" in sharded.phases["update"] and "engine_weights" in sharded.phases["init"]
