@@ -17,8 +17,8 @@ runs the same arithmetic straight from the model's own parameters (shared, never
   their version counters) and freed with the KV cache (``release``). MKL's plain sgemm
   re-packs a weight on every call when the row count is small; on this project's 2-core CPU
   the packed step decodes the default workload at 1.15x the per-projection one (median of 6
-  seeds; most of its steps have few live rows). Elsewhere (no oneDNN, a GPU, bf16 without the CPU's bf16
-  units) each projection runs on its own, as before.
+  seeds; most of its steps have few live rows). Elsewhere (no oneDNN, a GPU, bf16 without
+  the CPU's bf16 units) each projection runs on its own, as before.
 
 Prefill (many tokens per row, once per call) stays with the model's own forward, which
 fills the same cache. Anything outside the family, or with features this step does not
