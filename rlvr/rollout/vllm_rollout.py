@@ -38,6 +38,7 @@ top-p / min-p, renormalised over the kept tokens.
 from __future__ import annotations
 
 import contextlib
+import glob
 import hashlib
 import itertools
 import os
@@ -166,6 +167,14 @@ def _start_engine(config, tokenizer, args: dict, device: torch.device):
     tokenizer (the weights come by ``sync_weights``)."""
     with _environment_kept():
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # in this process: its weights are reachable
+        if args.get("tensor_parallel_size", 1) > 1 and device.type == "cpu":
+            # vLLM's CPU collectives under the external launcher name their shared memory the same in
+            # every run ("/dev/shm/-tp:0-[0-1]-cpushm_<rank>") and do not remove it at exit, so the next
+            # run on the machine failed with "create shm in SHMManager failed. errno: 17": each rank
+            # removes its own stale segment first (a live engine keeps its mapping of an unlinked one)
+            for stale in glob.glob(f"/dev/shm/*-cpushm_{dist.get_rank() % args['tensor_parallel_size']}"):
+                with contextlib.suppress(OSError):
+                    os.unlink(stale)
         if args.get("distributed_executor_backend") == "external_launcher" and device.type == "cuda":
             # the external launcher takes its device index from LOCAL_RANK, which a worker group sets to
             # the process's place on the node; the worker's device is the index it sees (Ray: 0 of 1)
