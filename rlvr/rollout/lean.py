@@ -137,8 +137,7 @@ class PackedLinear:
         outs = y.split(self.sizes, dim=-1) if len(self.sizes) > 1 else [y]
         if not self.adapted:
             return outs
-        deltas = [lora_delta(linear, x) if linear in self.adapted else None for linear in self.linears]
-        return [y if delta is None else y + delta for y, delta in zip(outs, deltas)]
+        return [y + delta if (delta := lora_delta(linear, x)) is not None else y for y, linear in zip(outs, self.linears)]
 
     def release(self) -> None:
         self._packed = self._bias = self._key = None

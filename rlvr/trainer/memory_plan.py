@@ -61,6 +61,7 @@ from rlvr.config import ConfigError
 from rlvr.config.schema import RLVRConfig
 from rlvr.models.loader import check_weight_files, read_config_json
 from rlvr.rollout.engine import group_waves
+from rlvr.rollout.lean import LLAMA_FAMILY
 from rlvr.rollout.vllm_rollout import CPU_KV_CACHE_CAP, GPU_MEMORY_UTILIZATION, cpu_kv_cache_bytes
 from rlvr.workers.forward import LOGIT_CHUNK_TOKENS
 
@@ -390,7 +391,7 @@ def native_engine_terms(run: Run, t: dict[str, Term]) -> None:
         copy = run.roll_b * P if arr.rollout.dtype != "float32" else 0.0
         t["engine_weights"] = Term(f"rollout weights ({arr.rollout.dtype})", copy, True,
                                    "a copy, kept" if copy else "shares the fp32 weights")
-    lean_packed = arr.rollout.lean_decode and not run.gpu and shape.family in ("llama", "mistral", "qwen2", "qwen3")
+    lean_packed = arr.rollout.lean_decode and not run.gpu and shape.family in LLAMA_FAMILY
     attention = shape.attention_params() - shape.qk_norm  # the 4 projections (with their biases)
     packed = (shape.layers * (attention + shape.mlp_params(False)) + shape.vocab * shape.hidden) * run.roll_b
     t["packed_weights"] = Term("prepacked projections (CPU decode)", packed if lean_packed else 0.0, True,
