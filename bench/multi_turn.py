@@ -5,7 +5,9 @@
 
 Prints, per repeat and as medians: the model's generated tokens/s, tokens/s counting the
 tool and template tokens appended between turns too, the tool-call rate, and where the
-rollout's time goes (generation vs tools). The reference in the same run is the single-turn
+rollout's time goes (generation vs tools); then the same rollout with every turn prefilling
+its whole conversation (the engine's kept turn cache off: what rlvr did before), and the
+prompt tokens each prefilled. The reference in the same run is the single-turn
 engine on the same prompts without tools (the same number of samples; a model that does
 not call a tool answers in one turn), so the ratio shows what the turn structure costs.
 Last, the latency of one sandboxed ``python`` call (a fresh process in its own namespaces)
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import statistics
 import time
 from pathlib import Path
@@ -38,6 +41,22 @@ def batch_of(dataset, prompts: int, n: int, seed: int):
     batch = batch.repeat(n, interleave=True)
     batch.meta_info["seed"] = seed
     return batch
+
+
+def timed_multi_turn(multi, batch, keep_turns: bool):
+    """(output, wall seconds, prompt tokens prefilled, the loop's timings) of one multi-turn
+    rollout; without ``keep_turns`` each turn prefills its whole conversation."""
+    engine = multi.engine
+    if not keep_turns:
+        engine.turn_cache = contextlib.nullcontext  # the instance's, over the class's method
+    before = engine.prefill_tokens["computed"]
+    try:
+        start = time.perf_counter()
+        out = multi.generate_sequences(batch)
+        wall = time.perf_counter() - start
+    finally:
+        vars(engine).pop("turn_cache", None)
+    return out, wall, engine.prefill_tokens["computed"] - before, dict(multi.timings)
 
 
 def tool_call_latency(tool_name: str, arguments: dict, calls: int) -> float:
@@ -68,12 +87,14 @@ def main() -> None:
     dataset = RLHFDataset([DATA], tokenizer, data_cfg, setup.chat)
     engine = NativeRollout(model, tokenizer, rollout_cfg, args.max_response_length)
     multi = MultiTurnRollout(engine, setup.tools, rollout_cfg.multi_turn, setup.chat, args.max_response_length)
-    ratios, rows = [], []
+    ratios, rows, keep_ratios = [], [], []
     for r in range(args.repeats):
         batch = batch_of(dataset, args.prompts, args.n, seed=r)
-        start = time.perf_counter()
-        out = multi.generate_sequences(batch)
-        wall = time.perf_counter() - start
+        first, second = (True, False) if r % 2 == 0 else (False, True)  # alternate which runs first
+        runs = {keep: timed_multi_turn(multi, batch, keep) for keep in (first, second)}
+        out, wall, prefilled, timings = runs[True]
+        _, wall_full, prefilled_full, _ = runs[False]
+        keep_ratios.append(wall_full / wall)
         R = out.batch["responses"].shape[1]
         model_tokens = int(out.batch["response_mask"].sum())
         all_tokens = int(out.batch["attention_mask"][:, -R:].sum())
@@ -85,15 +106,18 @@ def main() -> None:
         ratio = (model_tokens / wall) / (single_tokens / single_wall)
         ratios.append(ratio)
         rows.append((model_tokens / wall, all_tokens / wall, single_tokens / single_wall, calls,
-                     multi.timings["generate_s"], multi.timings["tools_s"], wall))
+                     timings["generate_s"], timings["tools_s"], wall))
         print(f"repeat {r}: multi-turn {model_tokens / wall:.1f} model tok/s ({all_tokens / wall:.1f} incl. tool "
-              f"tokens), tool-call rate {calls:.2f}, generation {multi.timings['generate_s']:.2f} s, tools "
-              f"{multi.timings['tools_s'] * 1000:.1f} ms of {wall:.2f} s | single-turn {single_tokens / single_wall:.1f} "
-              f"tok/s | ratio {ratio:.2f}")
+              f"tokens), tool-call rate {calls:.2f}, generation {timings['generate_s']:.2f} s, tools "
+              f"{timings['tools_s'] * 1000:.1f} ms of {wall:.2f} s | single-turn {single_tokens / single_wall:.1f} "
+              f"tok/s | ratio {ratio:.2f} | each turn prefilling its whole conversation: {wall_full:.2f} s, "
+              f"{prefilled_full} prompt tokens prefilled against {prefilled} ({wall_full / wall:.2f}x the time)")
     med = [statistics.median(col) for col in zip(*rows)]
     print(f"median: multi-turn {med[0]:.1f} model tok/s ({med[1]:.1f} incl. tool tokens), single-turn {med[2]:.1f} "
           f"tok/s, ratio {statistics.median(ratios):.2f}; time in generation {med[4]:.2f} s, in tools "
-          f"{med[5] * 1000:.1f} ms ({100 * med[5] / med[6]:.2f}% of the rollout)")
+          f"{med[5] * 1000:.1f} ms ({100 * med[5] / med[6]:.2f}% of the rollout); kept turn cache: the rollout "
+          f"{statistics.median(keep_ratios):.2f}x faster than prefilling each turn's whole conversation "
+          f"(range {min(keep_ratios):.2f}-{max(keep_ratios):.2f})")
     if args.python_calls:
         calc = tool_call_latency("calculator", {"expression": "347 * 28 + 915"}, args.python_calls)
         py = tool_call_latency("python", {"code": "print(347 * 28 + 915)"}, args.python_calls)

@@ -18,6 +18,7 @@ off the device).
 
 from __future__ import annotations
 
+import contextlib
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import ClassVar, Hashable, Sequence
@@ -115,6 +116,13 @@ class BaseRollout(ABC):
 
     def free_cache(self) -> None:
         """Release what generation holds once a rollout is over (default: nothing)."""
+
+    @contextlib.contextmanager
+    def turn_cache(self):
+        """Inside, an engine may keep the KV cache of each completion that stopped, so that the
+        next turn of its conversation (the same tokens, then the tool's) prefills only what is
+        new; all of it is dropped on exit. Default: nothing kept (vLLM has its own prefix cache)."""
+        yield
 
     def wake_up(self, tags: Sequence[str]) -> None:
         """Take back the memory of ``tags`` that ``free_cache`` released (default: nothing)."""

@@ -12,6 +12,9 @@ What makes it faster than ``model.generate`` on that workload:
   batch at once (the cache copy that costs is a few ms, less than decoding a dead row),
   and the loop ends when every row is done.
 - **Cheap sampling**: inverse-CDF sampling, one random number per row per step.
+- **Turns continue their cache** (inside ``turn_cache()``, which the multi-turn loop enters):
+  a completion that stopped keeps its keys and values until the next call, and a prompt that
+  continues it (its tokens, then the tool's) prefills only the new tokens on top of them.
 
 ``generate`` is the request-level entry point (token ids in; token ids, log-probs and a
 finish reason out) that a multi-turn loop can call to continue a conversation without
@@ -25,7 +28,7 @@ import copy
 import ctypes
 import ctypes.util
 import sys
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Hashable, Sequence
 
 import torch
@@ -34,7 +37,7 @@ from rlvr.config.schema import RolloutConfig
 from rlvr.data.dataset import left_pad
 from rlvr.models.loader import DTYPES
 from rlvr.rollout.base import BaseRollout, Completion, register_rollout
-from rlvr.rollout.kv_cache import make_cache
+from rlvr.rollout.kv_cache import make_cache, supports_preallocated
 from rlvr.rollout.lean import LeanDecoder, supports_lean_decode
 from rlvr.rollout.sampling import SamplingParams, sample_tokens
 
@@ -107,6 +110,27 @@ def group_waves(keys: Sequence[Hashable], max_rows: int) -> list[list[int]]:
     return waves
 
 
+@dataclass
+class KeptTurn:
+    """A stopped completion's context — its prompt and every sampled token but the last, which was
+    never fed to the model — and that context's keys and values, (H, L, D) per layer."""
+
+    ids: tuple[int, ...]
+    keys: list[torch.Tensor]
+    values: list[torch.Tensor]
+
+
+def take_longest_prefix(kept: list[KeptTurn], prompt: Sequence[int]) -> KeptTurn | None:
+    """The longest of ``kept`` whose ids are a strict prefix of ``prompt``, removed from ``kept``
+    (a strict prefix leaves at least one token to prefill, whose logits start the turn)."""
+    best = None
+    for i, turn in enumerate(kept):
+        n = len(turn.ids)
+        if n < len(prompt) and (best is None or n > len(kept[best].ids)) and tuple(prompt[:n]) == turn.ids:
+            best = i
+    return kept.pop(best) if best is not None else None
+
+
 @register_rollout("native")
 class NativeRollout(BaseRollout):
     """Generates responses with a model it shares with the actor (or with the worker that gathers its
@@ -125,6 +149,22 @@ class NativeRollout(BaseRollout):
         else:
             self.model = model  # shared: no copy, always the actor's (or the worker's gathered) weights
         self.lean = LeanDecoder(self.model) if config.lean_decode and supports_lean_decode(self.model) else None
+        self._kept: list[KeptTurn] | None = None  # inside turn_cache(): the last call's stopped rows
+        self.prefill_tokens = {"computed": 0, "reused": 0}  # prompt tokens prefilled, and taken from kept turns
+
+    @contextlib.contextmanager
+    def turn_cache(self):
+        """Keep each stopped completion's keys and values for one call: a prompt in the next call
+        that continues it prefills only its new tokens. Models with transformers' own cache
+        (sliding windows, hybrids) keep nothing."""
+        if not supports_preallocated(self.model.config):
+            yield
+            return
+        self._kept = []
+        try:
+            yield
+        finally:
+            self._kept = None
 
     def sync_weights(self, version: int | None = None) -> None:
         """Copy the actor's weights into the rollout copy (only when the rollout has its own dtype)."""
@@ -155,6 +195,7 @@ class NativeRollout(BaseRollout):
             rows = params.row_ids or tuple(range(params.row_offset, params.row_offset + len(prompts)))
             params = replace(params, row_ids=rows, total_rows=max(len(prompts), params.total_rows, max(rows) + 1))
         completions: list[Completion | None] = [None] * len(prompts)
+        kept, self._kept = self._kept, ([] if self._kept is not None else None)  # the last call's turns: used now or dropped
         for wave in waves:
             first: dict[Hashable, int] = {}
             unique, row_to_unique = [], []
@@ -165,26 +206,76 @@ class NativeRollout(BaseRollout):
                 row_to_unique.append(first[keys[r]])
             wave_params = replace(params, row_ids=tuple(params.row_ids[r] for r in wave)) if params.row_ids else params
             with decode_attention(self.model.device):
-                decoded = self._decode(unique, torch.tensor(row_to_unique), wave_params, budgets[wave])
+                pasts = [take_longest_prefix(kept, u) for u in unique] if kept else None
+                decoded = self._decode(unique, torch.tensor(row_to_unique), wave_params, budgets[wave], pasts)
             for r, completion in zip(wave, decoded):
                 completions[r] = completion
             trim_heap()  # the wave's cache is gone now
         return completions
 
-    def _prefill(self, unique: list[list[int]], capacity: int):
-        input_ids, mask, positions = left_pad(unique, self.pad_id)
+    def _prefill(self, unique: list[list[int]], max_new: int, pasts: list[KeptTurn | None] | None = None):
+        """Prefill the distinct prompts -> the cache, each prompt's last logits, the (U, L) key mask
+        and each prompt's last position. With ``pasts``, a prompt that continues a kept turn
+        prefills only its new tokens."""
+        if pasts is not None and any(p is not None for p in pasts):
+            input_ids, mask, positions, cache = self._continue_kept(unique, pasts, max_new)
+        else:
+            input_ids, mask, positions = left_pad(unique, self.pad_id)
+            cache = make_cache(self.model.config, input_ids.shape[1] + max_new)
+        reused = sum(len(p.ids) for p in pasts if p is not None) if pasts is not None else 0
+        self.prefill_tokens["reused"] += reused
+        self.prefill_tokens["computed"] += sum(len(u) for u in unique) - reused
         device = self.model.device
-        cache = make_cache(self.model.config, capacity)
         out = self.model(input_ids=input_ids.to(device), attention_mask=mask.to(device),
                          position_ids=positions.to(device), past_key_values=cache, use_cache=True, logits_to_keep=1)
         return cache, out.logits[:, -1], mask.to(device), positions[:, -1].to(device)
 
+    def _continue_kept(self, unique: list[list[int]], pasts: list[KeptTurn | None], max_new: int):
+        """The cache of the kept turns, each right-aligned at columns [S - L_i, S) for S the
+        longest, and the rest of each prompt left-padded after them: a (U, S + T) key mask with
+        holes that attention skips, and position ids that continue each row's own context."""
+        kept = torch.tensor([len(p.ids) if p is not None else 0 for p in pasts])  # (U,)
+        S = int(kept.max())
+        input_ids, rest_mask, rest_pos = left_pad([u[int(n):] for u, n in zip(unique, kept)], self.pad_id)
+        U, T = input_ids.shape
+        columns = torch.arange(S)
+        mask = torch.cat([(columns >= S - kept[:, None]).long(), rest_mask], dim=1)  # (U, S + T)
+        positions = rest_pos + kept[:, None]
+        cache = make_cache(self.model.config, S + T + max_new)
+        first = next(p for p in pasts if p is not None)
+        for layer_index, layer in enumerate(cache.layers):
+            k0, v0 = first.keys[layer_index], first.values[layer_index]  # (H, L, D)
+            keys = k0.new_empty(U, k0.shape[0], layer.capacity, k0.shape[-1])
+            values = v0.new_empty(U, v0.shape[0], layer.capacity, v0.shape[-1])
+            keys[:, :, :S] = 0  # holes stay finite: a masked key still meets a 0 weight in attention
+            values[:, :, :S] = 0
+            for row, past in enumerate(pasts):
+                if past is not None:
+                    n = len(past.ids)
+                    keys[row, :, S - n:S] = past.keys[layer_index]
+                    values[row, :, S - n:S] = past.values[layer_index]
+            layer.restore(keys, values, S)
+        return input_ids, mask, positions, cache
+
+    def _keep_turns(self, cache, mask: torch.Tensor, stopped: torch.Tensor, live: torch.Tensor, tokens: torch.Tensor,
+                    lengths: torch.Tensor, prompt_of_row) -> None:
+        """Keep the context of each row that stopped this step (its cached columns, where ``mask``
+        is 1) for the next call's turns."""
+        for j in stopped.nonzero().squeeze(-1).tolist():
+            r = int(live[j])
+            columns = mask[j].bool()
+            ids = tuple(prompt_of_row(r)) + tuple(tokens[r, :int(lengths[r]) - 1].tolist())
+            if len(ids) != int(columns.sum()):
+                raise RuntimeError(f"kept turn of row {r}: {len(ids)} tokens but {int(columns.sum())} cached positions")
+            self._kept.append(KeptTurn(ids, [layer.keys[j][:, columns] for layer in cache.layers],
+                                       [layer.values[j][:, columns] for layer in cache.layers]))
+
     def _decode(self, unique: list[list[int]], row_to_unique: torch.Tensor, params: SamplingParams,
-                budgets: torch.Tensor):
+                budgets: torch.Tensor, pasts: list[KeptTurn | None] | None = None):
         device = self.model.device
         B = len(row_to_unique)
         max_new = int(budgets.max())
-        cache, logits, mask, last_pos = self._prefill(unique, max(len(p) for p in unique) + max_new)
+        cache, logits, mask, last_pos = self._prefill(unique, max_new, pasts)
         rows = row_to_unique.to(device)
         cache.batch_select_indices(rows)  # repeat each prompt's cache to its n rows
         logits, mask, last_pos = logits[rows], mask[rows], last_pos[rows]
@@ -213,6 +304,8 @@ class NativeRollout(BaseRollout):
                 stopped |= active & self._hit_stop(tokens, live, lengths, params.stop)
             for r in live[stopped].tolist():
                 finish[r] = "stop"
+            if self._kept is not None and bool(stopped.any()):
+                self._keep_turns(cache, mask, stopped, live, tokens, lengths, lambda r: unique[int(row_to_unique[r])])
             done |= stopped
             if uneven:  # a row whose own budget is spent ends ("length") before the batch's longest
                 done |= active & (lengths[live_cpu] >= budgets[live_cpu]).to(device)

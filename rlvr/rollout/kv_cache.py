@@ -48,6 +48,13 @@ class PreallocatedLayer(DynamicLayer):
     def get_seq_length(self) -> int:
         return self.length
 
+    def restore(self, keys: torch.Tensor, values: torch.Tensor, length: int) -> None:
+        """Start from (B, H, capacity, D) buffers whose first ``length`` positions are filled (a
+        conversation's earlier turns, kept by the engine)."""
+        self._k, self._v, self.length = keys, values, length
+        self.dtype, self.device, self.is_initialized = keys.dtype, keys.device, True
+        self._views()
+
     def batch_select_indices(self, indices: torch.Tensor) -> None:
         """Keep (or repeat) rows ``indices``.
 

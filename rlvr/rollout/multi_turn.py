@@ -215,7 +215,8 @@ class MultiTurnRollout:
         loop = asyncio.new_event_loop()
         try:
             loop.run_until_complete(self._create(requests))
-            self._run_turns(loop, requests, params, uids)
+            with self.engine.turn_cache():  # each turn prefills only what the last turn did not see
+                self._run_turns(loop, requests, params, uids)
             loop.run_until_complete(self._finish(requests))
         finally:
             self._close(loop, requests)

@@ -202,6 +202,55 @@ def test_request_level_continuation(tiny):
     assert turn2.token_ids == expected
 
 
+def test_turns_continue_from_the_kept_cache(tiny):
+    """Inside turn_cache(), a prompt that continues a stopped completion (its tokens, then a tool's)
+    prefills only the new tokens; the turn it samples equals a full prefill's: the same tokens,
+    log-probs within float rounding. Rows of one call keep turns of other lengths (holes in the
+    key mask), a fresh prompt runs beside them, a context that continues no kept turn reuses
+    nothing, and nothing is kept outside."""
+    model, tokenizer = tiny
+    engine, reference = (NativeRollout(model, tokenizer, RolloutConfig(), max_response_length=12) for _ in range(2))
+    ids = prompt_ids(tokenizer)
+    first = SamplingParams(max_new_tokens=12, seed=0, stop=("e", "a"))  # common letters: rows stop early, at other lengths
+    then = SamplingParams(max_new_tokens=10, seed=1)
+    tools = [tokenizer.encode(f"<|im_start|>tool\nresult: {'7' * (1 + 3 * i)}<|im_end|>\n<|im_start|>assistant\n",
+                              add_special_tokens=False) for i in range(8)]
+    with engine.turn_cache():
+        turn1 = engine.generate([p for p in ids for _ in range(2)], first, groups=[i for i in range(4) for _ in range(2)])
+        stopped = [r for r, c in enumerate(turn1) if c.finish_reason == "stop"]
+        assert len(stopped) >= 6 and len({len(turn1[r].token_ids) for r in stopped}) > 1
+        contexts = [ids[r // 2] + c.token_ids + tools[r] for r, c in enumerate(turn1)]
+        # a context that leaves its conversation inside the prompt: no kept turn is a prefix of it
+        contexts[7] = ids[3][:-3] + tokenizer.encode(" scripted", add_special_tokens=False) + tools[7]
+        before = dict(engine.prefill_tokens)
+        turn2 = engine.generate(contexts + [ids[0]], then)
+        reused = engine.prefill_tokens["reused"] - before["reused"]
+        assert reused == sum(len(ids[r // 2]) + len(turn1[r].token_ids) - 1 for r in stopped if r != 7)
+        assert engine.prefill_tokens["computed"] - before["computed"] == sum(map(len, contexts + [ids[0]])) - reused
+    assert engine._kept is None
+    full = reference.generate(contexts + [ids[0]], then)
+    assert reference.prefill_tokens["reused"] == 0
+    for got, want in zip(turn2, full):
+        assert got.token_ids == want.token_ids
+        torch.testing.assert_close(torch.tensor(got.log_probs), torch.tensor(want.log_probs), atol=1e-5, rtol=0)
+
+
+def test_a_kept_turn_lasts_one_call(tiny):
+    """A conversation continues in the very next call or not at all: the call after drops the
+    turns it did not use, so a rollout never holds more than one turn's stopped rows."""
+    model, tokenizer = tiny
+    engine = NativeRollout(model, tokenizer, RolloutConfig(), max_response_length=8)
+    ids = prompt_ids(tokenizer)[:1]
+    params = SamplingParams(max_new_tokens=8, seed=0, stop=("e", "a"))
+    with engine.turn_cache():
+        turn1 = engine.generate(ids, params)
+        assert turn1[0].finish_reason == "stop" and len(engine._kept) == 1
+        engine.generate(prompt_ids(tokenizer)[1:2], params)  # another conversation: turn 1's is dropped
+        assert all(k.ids[:len(ids[0])] != tuple(ids[0]) for k in engine._kept)
+        engine.generate([ids[0] + turn1[0].token_ids], params)
+    assert engine.prefill_tokens["reused"] == 0
+
+
 # ------------------------------------------------------------------ the sampler itself
 def chi_square(counts: torch.Tensor, probs: torch.Tensor) -> float:
     expected = probs * counts.sum()
@@ -369,8 +418,8 @@ def test_waves_of_max_num_seqs_equal_one_wave(tiny, max_num_seqs, monkeypatch):
     engine = NativeRollout(model, tokenizer, RolloutConfig(max_num_seqs=max_num_seqs), max_response_length=24)
     prefills, decode_rows = [], []
     prefill, decode = engine._prefill, engine._decode
-    monkeypatch.setattr(engine, "_prefill", lambda unique, cap: prefills.append(len(unique)) or prefill(unique, cap))
-    monkeypatch.setattr(engine, "_decode", lambda u, rows, p, b: decode_rows.append(len(rows)) or decode(u, rows, p, b))
+    monkeypatch.setattr(engine, "_prefill", lambda unique, *rest: prefills.append(len(unique)) or prefill(unique, *rest))
+    monkeypatch.setattr(engine, "_decode", lambda u, rows, *rest: decode_rows.append(len(rows)) or decode(u, rows, *rest))
     waves = engine.generate(ids, params, groups)
     assert [c.token_ids for c in waves] == [c.token_ids for c in one]
     # log-probs to float32 rounding: a matmul's kernel (and its sums' order) follows the batch size

@@ -312,6 +312,24 @@ def test_multi_turn_metrics_aggregate_counters(tiny, teacher_forced_engine):
     assert metrics["multi_turn/tool_call_rate"] == 1.0 and metrics["multi_turn/tool_tokens/mean"] > 0
 
 
+def test_each_turn_reads_the_cache_the_last_turn_kept(tiny, teacher_forced_engine):
+    """The loop calls the engine inside its turn_cache() (whose reuse of a kept turn is tested
+    against a full prefill in test_engine.py), and nothing stays kept after the rollout."""
+    model, tokenizer = tiny
+    rollout, chat = make_rollout(tiny, teacher_forced_engine, lambda ctx: None, max_len=40, max_assistant_turns=2)
+    engine = rollout.engine
+    seen = []
+    generate = engine.generate
+
+    def spy(prompts, params, groups=None, max_new_tokens=None):
+        seen.append(engine._kept is not None)
+        return generate(prompts, params, groups, max_new_tokens)
+
+    engine.generate = spy
+    rollout.generate_sequences(prompts_for(rollout, chat, n=2))
+    assert seen and all(seen) and engine._kept is None
+
+
 def test_engine_caps_each_row_at_its_own_budget(tiny):
     """Requests with different budgets left share one decode batch; each stops at its own."""
     from rlvr.rollout import NativeRollout
