@@ -12,7 +12,7 @@ from rlvr.data import left_pad
 from rlvr.models import load_model, load_tokenizer
 from rlvr.protocol import DataProto
 from rlvr.rollout import NativeRollout, SamplingParams, filter_probs, sample_tokens
-from rlvr.rollout.engine import group_waves
+from rlvr.rollout.engine import common_prefix_length, group_waves
 from rlvr.rollout.sampling import inverse_cdf
 
 QUESTIONS = ["Hi", "What is 12 + 7? Answer with a number.", "Tell me a very long story about a dragon and a knight.",
@@ -202,12 +202,14 @@ def test_request_level_continuation(tiny):
     assert turn2.token_ids == expected
 
 
-def test_turns_continue_from_the_kept_cache(tiny):
+def test_turns_continue_from_the_kept_cache(tiny, monkeypatch):
     """Inside turn_cache(), a prompt that continues a stopped completion (its tokens, then a tool's)
     prefills only the new tokens; the turn it samples equals a full prefill's: the same tokens,
     log-probs within float rounding. Rows of one call keep turns of other lengths (holes in the
     key mask), a fresh prompt runs beside them, a context that continues no kept turn reuses
-    nothing, and nothing is kept outside."""
+    nothing, and nothing is kept outside. (The prompts' common opening, prefilled once in any
+    batch, is turned off here to count the turns' reuse alone.)"""
+    monkeypatch.setattr("rlvr.rollout.engine.SHARED_PREFIX_MIN_TOKENS", 10 ** 9)
     model, tokenizer = tiny
     engine, reference = (NativeRollout(model, tokenizer, RolloutConfig(), max_response_length=12) for _ in range(2))
     ids = prompt_ids(tokenizer)
@@ -235,9 +237,43 @@ def test_turns_continue_from_the_kept_cache(tiny):
         torch.testing.assert_close(torch.tensor(got.log_probs), torch.tensor(want.log_probs), atol=1e-5, rtol=0)
 
 
-def test_a_kept_turn_lasts_one_call(tiny):
+def test_a_common_opening_is_prefilled_once_and_samples_as_a_full_prefill(tiny, monkeypatch):
+    """The chat template's system prompt opens every prompt: it is prefilled once for the wave,
+    and the rows sample what prompts prefilled whole sample (tokens equal, log-probs within
+    float rounding), greedy and at T = 1 with groups."""
+    import rlvr.rollout.engine as engine_module
+
+    model, tokenizer = tiny
+    ids = prompt_ids(tokenizer)
+    opening = engine_module.common_prefix_length(ids)
+    assert opening >= engine_module.SHARED_PREFIX_MIN_TOKENS  # the template's system prompt
+    runs = {}
+    for share in (True, False):
+        if not share:
+            monkeypatch.setattr(engine_module, "SHARED_PREFIX_MIN_TOKENS", 10 ** 9)
+        engine = NativeRollout(model, tokenizer, RolloutConfig(), max_response_length=16)
+        greedy = engine.generate(ids, SamplingParams(max_new_tokens=16, do_sample=False))
+        sampled = engine.generate([p for p in ids for _ in range(3)], SamplingParams(max_new_tokens=16, seed=5),
+                                  groups=[i for i in range(4) for _ in range(3)])
+        runs[share] = (greedy + sampled, dict(engine.prefill_tokens))
+    (shared, counts), (full, full_counts) = runs[True], runs[False]
+    assert counts["computed"] == full_counts["computed"] - 2 * 3 * opening  # 4 prompts, 3 of 4 openings saved, twice
+    assert full_counts["reused"] == 0
+    for got, want in zip(shared, full):
+        assert got.token_ids == want.token_ids
+        torch.testing.assert_close(torch.tensor(got.log_probs), torch.tensor(want.log_probs), atol=1e-5, rtol=0)
+
+
+def test_common_prefix_length():
+    assert common_prefix_length([[1, 2, 3], [1, 2, 4], [1, 2]]) == 2
+    assert common_prefix_length([[5], [6]]) == 0
+    assert common_prefix_length([[1, 2], [1, 2]]) == 2
+
+
+def test_a_kept_turn_lasts_one_call(tiny, monkeypatch):
     """A conversation continues in the very next call or not at all: the call after drops the
     turns it did not use, so a rollout never holds more than one turn's stopped rows."""
+    monkeypatch.setattr("rlvr.rollout.engine.SHARED_PREFIX_MIN_TOKENS", 10 ** 9)
     model, tokenizer = tiny
     engine = NativeRollout(model, tokenizer, RolloutConfig(), max_response_length=8)
     ids = prompt_ids(tokenizer)[:1]

@@ -1,0 +1,79 @@
+"""Where a model stands on the built-in arithmetic task, by class of problem: greedy accuracy on
+the 300 test problems for +, x, - with a result >= 0 and - with a negative result; then how
+often sampling at T = 1 finds the answer of a negative-result subtraction (the signal GRPO's
+groups can carry for that class).
+
+    .venv/bin/python bench/arithmetic_classes.py [MODEL ...] [--negative-problems 24] [--n 16]
+
+MODEL: ``builtin`` (default) or a checkpoint's actor folder, such as
+``runs/rlvr/arithmetic_grpo/checkpoints/global_step_24/actor``. Run ``rlvr prepare arithmetic``
+(or the default job once) first.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections import Counter
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import torch
+
+from rlvr.config.schema import RolloutConfig
+from rlvr.models import load_model_and_tokenizer
+from rlvr.rewards.scorers.arithmetic import compute_score
+from rlvr.rollout import NativeRollout, SamplingParams
+
+DATA = Path("~/data/arithmetic").expanduser()
+
+
+def problem_class(question: str, answer: int) -> str:
+    """'+', 'x', '-' (result >= 0) or '- < 0' for a two-operand problem's text."""
+    if " * " in question:
+        return "x"
+    if " - " in question:
+        return "- < 0" if answer < 0 else "-"
+    return "+"
+
+
+def encode(tokenizer, rows) -> list[list[int]]:
+    return [tokenizer.encode(tokenizer.apply_chat_template(r["prompt"], add_generation_prompt=True, tokenize=False),
+                             add_special_tokens=False) for r in rows]
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("models", nargs="*", default=["builtin"])
+    p.add_argument("--negative-problems", type=int, default=24, help="training problems with a negative result")
+    p.add_argument("--n", type=int, default=16, help="samples of each at T = 1 (0: skip)")
+    args = p.parse_args()
+    torch.set_num_threads(max(1, torch.get_num_threads()))
+    test = pq.read_table(DATA / "test.parquet").to_pylist()
+    train = pq.read_table(DATA / "train.parquet").to_pylist()
+    for path in args.models:
+        model, tokenizer = load_model_and_tokenizer(path)
+        engine = NativeRollout(model, tokenizer, RolloutConfig(), 64)
+        greedy = engine.generate(encode(tokenizer, test), SamplingParams(max_new_tokens=64, do_sample=False))
+        right, total = Counter(), Counter()
+        for row, c in zip(test, greedy):
+            truth = row["reward_model"]["ground_truth"]
+            cls = problem_class(row["prompt"][-1]["content"], int(truth))
+            total[cls] += 1
+            right[cls] += compute_score("arithmetic", tokenizer.decode(c.token_ids, skip_special_tokens=True), truth)
+        classes = ", ".join(f"{cls} {right[cls]:.0f}/{total[cls]}" for cls in ("+", "x", "-", "- < 0"))
+        print(f"{path}: greedy {sum(right.values()) / len(test):.3f} ({classes}); "
+              f"mean response {sum(len(c.token_ids) for c in greedy) / len(greedy):.1f} tokens")
+        if args.n:
+            negative = [r for r in train if int(r["reward_model"]["ground_truth"]) < 0][:args.negative_problems]
+            prompts = [ids for ids in encode(tokenizer, negative) for _ in range(args.n)]
+            samples = engine.generate(prompts, SamplingParams(max_new_tokens=64, temperature=1.0, seed=0),
+                                      groups=[i // args.n for i in range(len(prompts))])
+            hits = [compute_score("arithmetic", tokenizer.decode(c.token_ids, skip_special_tokens=True),
+                                  negative[i // args.n]["reward_model"]["ground_truth"]) for i, c in enumerate(samples)]
+            solved = sum(any(hits[i * args.n:(i + 1) * args.n]) for i in range(len(negative)))
+            print(f"  negative-result subtractions sampled at T = 1: {sum(hits):.0f} right of {len(hits)} "
+                  f"({len(negative)} training problems x {args.n}); {solved} problems with a right sample")
+
+
+if __name__ == "__main__":
+    main()
