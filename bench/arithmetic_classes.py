@@ -16,10 +16,10 @@ import argparse
 from collections import Counter
 from pathlib import Path
 
-import pyarrow.parquet as pq
 import torch
 
 from rlvr.config.schema import RolloutConfig
+from rlvr.data import RLHFDataset
 from rlvr.models import load_model_and_tokenizer
 from rlvr.rewards.scorers.arithmetic import compute_score
 from rlvr.rollout import NativeRollout, SamplingParams
@@ -36,11 +36,6 @@ def problem_class(question: str, answer: int) -> str:
     return "+"
 
 
-def encode(tokenizer, rows) -> list[list[int]]:
-    return [tokenizer.encode(tokenizer.apply_chat_template(r["prompt"], add_generation_prompt=True, tokenize=False),
-                             add_special_tokens=False) for r in rows]
-
-
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("models", nargs="*", default=["builtin"])
@@ -48,24 +43,24 @@ def main() -> None:
     p.add_argument("--n", type=int, default=16, help="samples of each at T = 1 (0: skip)")
     args = p.parse_args()
     torch.set_num_threads(max(1, torch.get_num_threads()))
-    test = pq.read_table(DATA / "test.parquet").to_pylist()
-    train = pq.read_table(DATA / "train.parquet").to_pylist()
     for path in args.models:
         model, tokenizer = load_model_and_tokenizer(path)
+        test, train = (RLHFDataset([DATA / f"{split}.parquet"], tokenizer) for split in ("test", "train"))
         engine = NativeRollout(model, tokenizer, RolloutConfig(), 64)
-        greedy = engine.generate(encode(tokenizer, test), SamplingParams(max_new_tokens=64, do_sample=False))
+        greedy = engine.generate(test.prompt_ids, SamplingParams(max_new_tokens=64, do_sample=False))
         right, total = Counter(), Counter()
-        for row, c in zip(test, greedy):
+        for row, c in zip(test.rows, greedy):
             truth = row["reward_model"]["ground_truth"]
             cls = problem_class(row["prompt"][-1]["content"], int(truth))
             total[cls] += 1
             right[cls] += compute_score("arithmetic", tokenizer.decode(c.token_ids, skip_special_tokens=True), truth)
         classes = ", ".join(f"{cls} {right[cls]:.0f}/{total[cls]}" for cls in ("+", "x", "-", "- < 0"))
-        print(f"{path}: greedy {sum(right.values()) / len(test):.3f} ({classes}); "
+        print(f"{path}: greedy {sum(right.values()) / len(test.rows):.3f} ({classes}); "
               f"mean response {sum(len(c.token_ids) for c in greedy) / len(greedy):.1f} tokens")
         if args.n:
-            negative = [r for r in train if int(r["reward_model"]["ground_truth"]) < 0][:args.negative_problems]
-            prompts = [ids for ids in encode(tokenizer, negative) for _ in range(args.n)]
+            picked = [i for i, r in enumerate(train.rows) if int(r["reward_model"]["ground_truth"]) < 0]
+            negative = [train.rows[i] for i in picked[:args.negative_problems]]
+            prompts = [train.prompt_ids[i] for i in picked[:args.negative_problems] for _ in range(args.n)]
             samples = engine.generate(prompts, SamplingParams(max_new_tokens=64, temperature=1.0, seed=0),
                                       groups=[i // args.n for i in range(len(prompts))])
             hits = [compute_score("arithmetic", tokenizer.decode(c.token_ids, skip_special_tokens=True),

@@ -15,11 +15,11 @@ import statistics
 import time
 from pathlib import Path
 
-import pyarrow.parquet as pq
 import torch
 
 import rlvr.rollout.engine as engine_module
 from rlvr.config.schema import RolloutConfig
+from rlvr.data import RLHFDataset
 from rlvr.data.prepare import prepare_arithmetic
 from rlvr.models import load_model_and_tokenizer
 from rlvr.rollout import NativeRollout, SamplingParams
@@ -35,9 +35,7 @@ def main() -> None:
     if not (DATA / "test.parquet").exists():
         prepare_arithmetic(DATA)
     model, tokenizer = load_model_and_tokenizer("builtin")
-    rows = pq.read_table(DATA / "test.parquet").to_pylist()
-    ids = [tokenizer.encode(tokenizer.apply_chat_template(r["prompt"], add_generation_prompt=True, tokenize=False),
-                            add_special_tokens=False) for r in rows]
+    ids = RLHFDataset([DATA / "test.parquet"], tokenizer).prompt_ids  # as validation tokenises them
     print(f"{len(ids)} prompts of {sum(map(len, ids)) / len(ids):.1f} tokens, "
           f"{engine_module.common_prefix_length(ids)} of them common to all")
     minimum = engine_module.SHARED_PREFIX_MIN_TOKENS

@@ -248,16 +248,16 @@ class NativeRollout(BaseRollout):
         shared = KeptTurn(tuple(ids), [layer.keys[0] for layer in cache.layers], [layer.values[0] for layer in cache.layers])
         return [p if p is not None and len(p.ids) >= n else shared for p in pasts]
 
-    def _prefill(self, unique: list[list[int]], max_new: int, pasts: list[KeptTurn | None] | None = None):
+    def _prefill(self, unique: list[list[int]], max_new: int, pasts: list[KeptTurn | None]):
         """Prefill the distinct prompts -> the cache, each prompt's last logits, the (U, L) key mask
-        and each prompt's last position. With ``pasts``, a prompt that continues a kept turn
-        prefills only its new tokens."""
-        if pasts is not None and any(p is not None for p in pasts):
+        and each prompt's last position. A prompt whose ``pasts`` entry is a kept turn (or the
+        shared opening) prefills only the tokens after it."""
+        reused = sum(len(p.ids) for p in pasts if p is not None)
+        if reused:
             input_ids, mask, positions, cache = self._continue_kept(unique, pasts, max_new)
         else:
             input_ids, mask, positions = left_pad(unique, self.pad_id)
             cache = make_cache(self.model.config, input_ids.shape[1] + max_new)
-        reused = sum(len(p.ids) for p in pasts if p is not None) if pasts is not None else 0
         self.prefill_tokens["reused"] += reused
         self.prefill_tokens["computed"] += sum(len(u) for u in unique) - reused
         device = self.model.device
@@ -306,7 +306,7 @@ class NativeRollout(BaseRollout):
                                        [layer.values[j][:, columns] for layer in cache.layers]))
 
     def _decode(self, unique: list[list[int]], row_to_unique: torch.Tensor, params: SamplingParams,
-                budgets: torch.Tensor, pasts: list[KeptTurn | None] | None = None):
+                budgets: torch.Tensor, pasts: list[KeptTurn | None]):
         device = self.model.device
         B = len(row_to_unique)
         max_new = int(budgets.max())
