@@ -9,13 +9,17 @@ Two layouts give the same numbers (up to float rounding):
   prompt, so a group is packed as one row ``[prompt, response_1, ..., response_n]``. A 4-D
   attention mask lets each response see the prompt and its own past only, and position ids
   restart after the prompt, so each response sees exactly what it sees in the plain layout.
-  The prompt is computed once per group: P + n*R tokens instead of n*(P + R).
+  The prompt is computed once per group: P + n*R tokens instead of n*(P + R). With SDPA
+  attention the groups' rows lie back to back in a single row, without padding, and attention
+  runs group by group on its span (``segment_attention``): every projection sees only real
+  tokens, where padded rows would feed each group up to the longest group's length (at the
+  default job's lengths 1.3-1.4x the real tokens).
 
 In both layouts the vocabulary projection runs only at the positions that predict a
 response token (never a (B, T, V) logits tensor), in row chunks.
 
-Departure from verl: verl removes padding with flash-attention varlen kernels; here the
-saving comes from trimming and prompt sharing, which also works with CPU SDPA attention.
+Departure from verl: verl removes padding with flash-attention varlen kernels on a GPU; here
+the same saving comes from the flat packing above, which works with CPU SDPA attention.
 Models that post-process logits (e.g. Gemma-2's soft-capping) are not supported by the
 hidden-state path.
 """
@@ -33,12 +37,25 @@ LOGIT_CHUNK_TOKENS = 1024  # rows of (tokens, V) logits alive at once in the voc
 
 
 @dataclass
-class PackedGroups:
-    """Groups packed one per row, and where each response token's prediction sits."""
+class Segments:
+    """How one flat packed row splits for attention: each group's span of ``lengths`` tokens attends
+    only within itself, under its own (1, 1, L, L) prompt-once mask."""
 
-    input_ids: torch.Tensor  # (G, L)
-    position_ids: torch.Tensor  # (G, L)
-    attention_mask: torch.Tensor  # (G, 1, L, L) bool, True = may attend
+    lengths: list[int]
+    masks: list[torch.Tensor]
+
+
+@dataclass
+class PackedGroups:
+    """Groups packed for one forward, and where each response token's prediction sits.
+
+    Padded: one row per group, ``attention_mask`` (G, 1, L, L). Flat: every group back to back in
+    one row with no padding, ``segments`` saying where each group's attention begins and ends."""
+
+    input_ids: torch.Tensor  # (G, L), or (1, T) flat
+    position_ids: torch.Tensor  # (G, L), or (1, T) flat
+    attention_mask: torch.Tensor | None  # (G, 1, L, L) bool, True = may attend; None when flat
+    segments: Segments | None  # flat only
     gather_row: torch.Tensor  # (N,) packed row of each predicted response token
     gather_pos: torch.Tensor  # (N,) position in that row whose output predicts the token
     labels: torch.Tensor  # (N,) the response token
@@ -60,10 +77,12 @@ def group_rows(uids) -> list[list[int]]:
 
 
 def pack_groups(prompts: torch.Tensor, prompt_mask: torch.Tensor, responses: torch.Tensor,
-                resp_lengths: torch.Tensor, groups: list[list[int]], pad_id: int) -> PackedGroups:
-    """Pack each group's prompt (taken from its first row) and its responses into one row."""
+                resp_lengths: torch.Tensor, groups: list[list[int]], pad_id: int, flat: bool = False) -> PackedGroups:
+    """Pack each group's prompt (taken from its first row) and its responses into one row; with
+    ``flat``, those rows back to back in a single row (see ``PackedGroups``)."""
     rows, positions, segments = [], [], []
     gather_row, gather_pos, labels, out_row, out_col = [], [], [], [], []
+    offset = 0  # where this group's row starts in the flat row
     for g, members in enumerate(groups):
         prompt = prompts[members[0]][prompt_mask[members[0]].bool()]
         P = len(prompt)
@@ -77,8 +96,8 @@ def pack_groups(prompts: torch.Tensor, prompt_mask: torch.Tensor, responses: tor
             # token t is predicted by the output at the previous position: the prompt's last
             # token for t = 0, the response's own token t-1 after that
             predictor = torch.cat([torch.tensor([P - 1]), start + torch.arange(L - 1)]) if L else torch.empty(0, dtype=torch.long)
-            gather_row.append(torch.full((L,), g, dtype=torch.long))
-            gather_pos.append(predictor)
+            gather_row.append(torch.full((L,), 0 if flat else g, dtype=torch.long))
+            gather_pos.append(predictor + (offset if flat else 0))
             labels.append(responses[row, :L])
             out_row.append(torch.full((L,), row, dtype=torch.long))
             out_col.append(torch.arange(L))
@@ -86,6 +105,11 @@ def pack_groups(prompts: torch.Tensor, prompt_mask: torch.Tensor, responses: tor
         rows.append(torch.cat(parts))
         positions.append(torch.cat(pos))
         segments.append(torch.cat(seg))
+        offset += start
+    gathered = (torch.cat(gather_row), torch.cat(gather_pos), torch.cat(labels), torch.cat(out_row), torch.cat(out_col))
+    if flat:
+        layout = Segments([len(r) for r in rows], [segment_mask(s[None]) for s in segments])
+        return PackedGroups(torch.cat(rows)[None], torch.cat(positions)[None], None, layout, *gathered)
     width = max(len(r) for r in rows)
     G = len(groups)
     input_ids = torch.full((G, width), pad_id, dtype=torch.long)
@@ -93,8 +117,7 @@ def pack_groups(prompts: torch.Tensor, prompt_mask: torch.Tensor, responses: tor
     segment = torch.full((G, width), -1, dtype=torch.long)  # -1 marks padding
     for g, (r, p, s) in enumerate(zip(rows, positions, segments)):
         input_ids[g, :len(r)], position_ids[g, :len(p)], segment[g, :len(s)] = r, p, s
-    return PackedGroups(input_ids, position_ids, segment_mask(segment), torch.cat(gather_row), torch.cat(gather_pos),
-                        torch.cat(labels), torch.cat(out_row), torch.cat(out_col))
+    return PackedGroups(input_ids, position_ids, segment_mask(segment), None, *gathered)
 
 
 def segment_mask(segment: torch.Tensor) -> torch.Tensor:
@@ -113,9 +136,40 @@ def segment_mask(segment: torch.Tensor) -> torch.Tensor:
 
 def _attention_mask_for(model, mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """Boolean masks work with SDPA; other attention implementations take an additive mask."""
-    if getattr(model.config, "_attn_implementation", "sdpa") == "sdpa":
+    if _uses_sdpa(model):
         return mask
     return torch.zeros(mask.shape, dtype=dtype).masked_fill(~mask, torch.finfo(dtype).min)
+
+
+def _uses_sdpa(model) -> bool:
+    return getattr(model.config, "_attn_implementation", "sdpa") == "sdpa"
+
+
+def segment_attention(module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attention_mask,
+                      segments: Segments | None = None, **kwargs):
+    """transformers' SDPA attention; for a flat packed row (``segments`` given) SDPA within each
+    group's span under that group's mask, the outputs side by side: (1, T, heads, D).
+
+    Registered as transformers' ``"sdpa"`` attention (``_register_segment_attention``): every call
+    without ``segments`` is transformers' own function, unchanged."""
+    if segments is None:
+        return _SDPA[0](module, query, key, value, attention_mask, **kwargs)
+    spans = zip(query.split(segments.lengths, dim=2), key.split(segments.lengths, dim=2),
+                value.split(segments.lengths, dim=2), segments.masks)
+    outs = [_SDPA[0](module, q, k, v, mask.to(q.device), **kwargs)[0] for q, k, v, mask in spans]
+    return torch.cat(outs, dim=1), None
+
+
+_SDPA: list = []  # transformers' own SDPA attention, once segment_attention has taken its name
+
+
+def _register_segment_attention() -> None:
+    if not _SDPA:
+        from transformers import AttentionInterface
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+        _SDPA.append(sdpa_attention_forward)
+        AttentionInterface.register("sdpa", segment_attention)
 
 
 def token_log_probs(model, hidden: torch.Tensor, labels: torch.Tensor, temperature: float,
@@ -153,7 +207,9 @@ def token_log_probs(model, hidden: torch.Tensor, labels: torch.Tensor, temperatu
 def _chunk_log_probs(head, hidden: torch.Tensor, labels: torch.Tensor, temperature: float, calculate_entropy: bool,
                      entropy_grad: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
     """One chunk: (n, H) states -> (n,) log-probs of ``labels``, and (n,) entropies or None."""
-    logits = head(hidden).float() / temperature  # (n, V)
+    logits = head(hidden).float()  # (n, V)
+    if temperature != 1.0:  # the common T = 1 skips a pass over the (n, V) logits, forward and backward
+        logits = logits / temperature
     logp = torch.log_softmax(logits, dim=-1)
     log_probs = logp.gather(-1, labels.unsqueeze(-1)).squeeze(-1)
     if not calculate_entropy:
@@ -195,16 +251,30 @@ def response_states_plain(model, batch: dict) -> ResponseStates:
 
 
 def response_states_packed(model, batch: dict, uids, pad_id: int) -> ResponseStates:
-    """Groups packed one per row with a prompt-once attention mask (see the module docstring)."""
+    """Groups packed with a prompt-once attention mask (see the module docstring).
+
+    With SDPA attention the groups lie back to back in one row (``flat``): the projections see no
+    padding, where one padded row per group feeds each group's row up to the longest group's
+    length through every layer (a third more tokens at the default job's lengths)."""
     responses = batch["responses"]
     P_total = batch["input_ids"].shape[1] - responses.shape[1]
+    flat = _uses_sdpa(unwrap(model).base_model)
     packed = pack_groups(batch["input_ids"][:, :P_total].cpu(), batch["attention_mask"][:, :P_total].cpu(),
-                         responses.cpu(), response_lengths(batch, P_total).cpu(), group_rows(uids), pad_id)
+                         responses.cpu(), response_lengths(batch, P_total).cpu(), group_rows(uids), pad_id, flat=flat)
     device = responses.device
-    hidden = _hidden_states(model, input_ids=packed.input_ids.to(device), position_ids=packed.position_ids.to(device),
-                            attention_mask=_attention_mask_for(model, packed.attention_mask.to(device), model.dtype))
+    inputs = dict(input_ids=packed.input_ids.to(device), position_ids=packed.position_ids.to(device))
+    if flat:
+        _register_segment_attention()
+        # a 4-D mask is passed through untouched (no (T, T) mask is built); segment_attention reads the spans
+        hidden = _hidden_states(model, **inputs, attention_mask=FLAT_MASK_PLACEHOLDER, segments=packed.segments)
+    else:
+        hidden = _hidden_states(model, **inputs,
+                                attention_mask=_attention_mask_for(model, packed.attention_mask.to(device), model.dtype))
     picked = hidden[packed.gather_row.to(device), packed.gather_pos.to(device)]  # (N, H)
     return ResponseStates(picked, packed.labels.to(device), packed.out_row.to(device), packed.out_col.to(device))
+
+
+FLAT_MASK_PLACEHOLDER = torch.ones(1, 1, 1, 1, dtype=torch.bool)
 
 
 def response_states(model, batch: dict, uids, share_prompt: bool, pad_id: int) -> ResponseStates:

@@ -35,6 +35,27 @@ def test_lr_schedule_warmup_then_cosine():
     assert lrs == pytest.approx(expected)
 
 
+def test_adamw_step_is_fused_and_exact():
+    """The optimizer is PyTorch's fused AdamW on CPU and its step is AdamW's, by hand.
+
+    lr 0.1, betas (0.9, 0.999), eps 1e-8, weight decay 0.5, w = [1, -2], g = [0.5, -4]:
+    decay first, w <- w (1 - lr wd) = [0.95, -1.9]; m = 0.1 g = [0.05, -0.4], v = 0.001 g^2 =
+    [0.00025, 0.016]; bias-corrected m^ = g, v^ = g^2, so the step is lr g / (|g| + eps) = ±0.1
+    (to 1e-7): w = [0.85, -1.8]."""
+    model = torch.nn.Linear(2, 1, bias=False)
+    model.weight.data = torch.tensor([[1.0, -2.0]])
+    opt, _ = build_optimizer(model, OptimConfig(lr=0.1, weight_decay=0.5), total_steps=1)
+    assert opt.param_groups[0]["fused"] is True
+    model.weight.grad = torch.tensor([[0.5, -4.0]])
+    opt.step()
+    assert model.weight.data[0].tolist() == pytest.approx([0.85, -1.8], abs=1e-6)
+    # a parameter the fused kernel does not take (an integer buffer made trainable cannot be, so a
+    # meta-device one stands in) keeps the default implementation rather than failing
+    meta = torch.nn.Linear(2, 1, device="meta")
+    opt, _ = build_optimizer(meta, OptimConfig(), total_steps=1)
+    assert not opt.param_groups[0]["fused"]
+
+
 def make_actor(model_dir, algorithm=None, **overrides):
     model = load_model(model_dir)
     settings = dict(ppo_mini_batch_size=2, ppo_micro_batch_size_per_gpu=6, use_kl_loss=True, kl_loss_coef=0.1,
