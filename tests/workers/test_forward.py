@@ -34,6 +34,45 @@ def test_pack_groups_layout():
     assert list(zip(packed.out_row.tolist(), packed.out_col.tolist())) == [(0, 0), (0, 1), (1, 0)]
 
 
+def test_pack_groups_flat_layout():
+    """Flat: the groups' rows back to back in one row, no padding; each group keeps its own mask."""
+    prompts = torch.tensor([[0, 5, 6], [0, 5, 6], [3, 4, 2]])
+    prompt_mask = torch.tensor([[0, 1, 1], [0, 1, 1], [1, 1, 1]])
+    responses = torch.tensor([[7, 8], [9, 0], [1, 0]])
+    packed = pack_groups(prompts, prompt_mask, responses, torch.tensor([2, 1, 1]), [[0, 1], [2]], pad_id=0, flat=True)
+    # group 0: [5, 6 | 7, 8 | 9] (5 tokens), group 1: [3, 4, 2 | 1] (4 tokens); nothing padded to 5
+    assert packed.input_ids.tolist() == [[5, 6, 7, 8, 9, 3, 4, 2, 1]]
+    assert packed.position_ids.tolist() == [[0, 1, 2, 3, 2, 0, 1, 2, 3]]
+    # predictors: 7 <- 6 (pos 1), 8 <- 7 (2), 9 <- 6 (1); group 1 starts at 5: 1 <- 2 (5 + 2)
+    assert packed.gather_pos.tolist() == [1, 2, 1, 7] and packed.gather_row.tolist() == [0, 0, 0, 0]
+    assert packed.attention_mask is None and packed.segments.lengths == [5, 4]
+    assert torch.equal(packed.segments.masks[0], segment_mask(torch.tensor([[0, 0, 1, 1, 2]])))
+    assert torch.equal(packed.segments.masks[1], segment_mask(torch.tensor([[0, 0, 0, 1]])))
+
+
+def test_flat_packing_feeds_only_real_tokens(batch, tiny_model_dir):
+    """The prompt-once forward feeds the model the groups' real tokens in one row: prompt + its
+    responses per group (7 + 3 + 5 and 2 + 7 + 1 response tokens), where a padded row per group would
+    feed 2 x the longer group. Its log-probs are the padded layout's (each group attends only to itself)."""
+    from rlvr.workers import forward
+
+    model = load_model(tiny_model_dir)
+    b, uids = batch.batch, batch.non_tensor_batch["uid"]
+    P = b["input_ids"].shape[1] - b["responses"].shape[1]
+    p0, p1 = int(b["attention_mask"][0, :P].sum()), int(b["attention_mask"][3, :P].sum())
+    assert p0 + 15 != p1 + 10  # the groups differ in length: padding would show
+    shapes = []
+    hook = model.model.embed_tokens.register_forward_hook(lambda m, args, out: shapes.append(tuple(args[0].shape)))
+    with torch.no_grad():
+        flat, _ = forward_log_probs(model, b, uids, 1.0, share_prompt=True)
+    hook.remove()
+    assert shapes == [(1, p0 + 15 + p1 + 10)]
+    with torch.no_grad(), pytest.MonkeyPatch.context() as mp:
+        mp.setattr(forward, "_uses_sdpa", lambda model: False)  # the padded layout, as for other attentions
+        padded, _ = forward_log_probs(model, b, uids, 1.0, share_prompt=True)
+    assert (flat - padded).abs().max() < 1e-5 and flat.abs().sum() > 0
+
+
 def test_group_rows_keeps_first_appearance_order():
     assert group_rows(["b", "a", "b", "a"]) == [[0, 2], [1, 3]]
 
