@@ -1,4 +1,4 @@
-"""Time per GRPO step of the default job (built-in model, arithmetic, 8 prompts x n=4) and its split.
+"""Time per GRPO step of the default job (built-in model, arithmetic, 8 prompts x n=8) and its split.
 
     .venv/bin/python bench/step.py [--steps 3] [overrides ...]
 

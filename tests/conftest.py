@@ -1,5 +1,7 @@
 """Shared fixtures: the built-in model's converted folder and a tiny model with its tokenizer."""
 
+import signal
+
 import pytest
 
 from rlvr.models import load_tokenizer, model_folder, save_tiny_model
@@ -117,3 +119,13 @@ def tiny_moe_model_dir(tmp_path_factory, builtin_dir):
     make_tiny_moe(tokenizer).save_pretrained(out)
     tokenizer.save_pretrained(out)
     return out
+
+
+@pytest.fixture
+def ctrl_c_raises():
+    """Ctrl-C raises KeyboardInterrupt during the test, in this process and in the processes it
+    starts, as in a terminal: a shell that starts pytest in the background (``make test &``) hands
+    it SIGINT ignored, and the tests that press Ctrl-C would then wait on a signal never seen."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)

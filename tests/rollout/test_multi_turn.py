@@ -413,7 +413,7 @@ class Stuck(Recorder):
             self.cleaned += 1
 
 
-def test_ctrl_c_mid_tool_turn_cancels_and_drains_the_calls_and_releases(tiny, teacher_forced_engine):
+def test_ctrl_c_mid_tool_turn_cancels_and_drains_the_calls_and_releases(tiny, teacher_forced_engine, ctrl_c_raises):
     tool = Stuck()
     rollout, chat = make_rollout(tiny, teacher_forced_engine, lambda ctx: "<echo>1</echo>", tools={"echo": tool},
                                  max_len=24, max_assistant_turns=2)
@@ -481,7 +481,7 @@ def test_a_stuck_sync_tool_refuses_new_calls_and_counts_them(tiny, teacher_force
     assert second.non_tensor_batch["messages"][0][1]["content"].startswith("Error: echo has 2 earlier calls")
 
 
-def test_ctrl_c_mid_python_call_leaves_no_sandbox_behind(tiny, teacher_forced_engine, tmp_path):
+def test_ctrl_c_mid_python_call_leaves_no_sandbox_behind(tiny, teacher_forced_engine, tmp_path, ctrl_c_raises):
     """The issue's report: Ctrl-C inside a tool turn left the sandbox running with ppid 1 and
     its folder behind, because the loop closed without cancelling the call."""
     from pathlib import Path

@@ -454,7 +454,7 @@ asyncio.run(tool.execute("i", {"code": "import time\\ntime.sleep(60)"}))
 
 
 @pytest.mark.parametrize("how", [signal.SIGINT, signal.SIGKILL])
-def test_nothing_outlives_an_interrupted_trainer(how):
+def test_nothing_outlives_an_interrupted_trainer(how, ctrl_c_raises):
     """Ctrl-C in the middle of a call cancels it (the process group is killed, the mount point
     removed); SIGKILL runs no cleanup, so the parent-death signal ends the sandbox and the next
     tool start removes the empty mount point."""
