@@ -30,6 +30,8 @@ from dataclasses import dataclass
 
 import torch
 import torch.utils.checkpoint
+from transformers import AttentionInterface
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from rlvr.models.lora import unwrap
 
@@ -153,26 +155,23 @@ def segment_attention(module, query: torch.Tensor, key: torch.Tensor, value: tor
     Registered as transformers' ``"sdpa"`` attention (``_register_segment_attention``): every call
     without ``segments`` is transformers' own function, unchanged."""
     if segments is None:
-        return _SDPA[0](module, query, key, value, attention_mask, **kwargs)
+        return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
     _SEGMENT_CALLS[0] += 1
     spans = zip(query.split(segments.lengths, dim=2), key.split(segments.lengths, dim=2),
                 value.split(segments.lengths, dim=2), segments.masks)
-    outs = [_SDPA[0](module, q, k, v, mask.to(q.device), **kwargs)[0] for q, k, v, mask in spans]
+    outs = [sdpa_attention_forward(module, q, k, v, mask.to(q.device), **kwargs)[0] for q, k, v, mask in spans]
     return torch.cat(outs, dim=1), None
 
 
-_SDPA: list = []  # transformers' own SDPA attention, once segment_attention has taken its name
 # calls that read a layout, counted here rather than on the layout: FSDP2 copies a forward's arguments
 _SEGMENT_CALLS = [0]
+_REGISTERED = [False]
 
 
 def _register_segment_attention() -> None:
-    if not _SDPA:
-        from transformers import AttentionInterface
-        from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
-        _SDPA.append(sdpa_attention_forward)
+    if not _REGISTERED[0]:
         AttentionInterface.register("sdpa", segment_attention)
+        _REGISTERED[0] = True
 
 
 def token_log_probs(model, hidden: torch.Tensor, labels: torch.Tensor, temperature: float,
@@ -265,21 +264,25 @@ def response_states_packed(model, batch: dict, uids, pad_id: int) -> ResponseSta
     flat = _uses_sdpa(backbone) and type(backbone) not in _BYPASSES_SEGMENTS
     args = (batch["input_ids"][:, :P_total].cpu(), batch["attention_mask"][:, :P_total].cpu(), responses.cpu(),
             response_lengths(batch, P_total).cpu(), group_rows(uids), pad_id)
-    packed = pack_groups(*args, flat=flat)
     device = responses.device
-    hidden = None
+
+    def run(packed: PackedGroups) -> torch.Tensor:
+        inputs = dict(input_ids=packed.input_ids.to(device), position_ids=packed.position_ids.to(device))
+        if packed.segments is None:
+            mask = _attention_mask_for(model, packed.attention_mask.to(device), model.dtype)
+            return _hidden_states(model, **inputs, attention_mask=mask)
+        # a 4-D mask is passed through untouched (no (T, T) mask is built); segment_attention reads the spans
+        return _hidden_states(model, **inputs, attention_mask=FLAT_MASK_PLACEHOLDER, segments=packed.segments)
+
+    packed = pack_groups(*args, flat=flat)
     if flat:
         _register_segment_attention()
-        calls = _SEGMENT_CALLS[0]
-        # a 4-D mask is passed through untouched (no (T, T) mask is built); segment_attention reads the spans
-        hidden = _hidden_states(model, input_ids=packed.input_ids.to(device), position_ids=packed.position_ids.to(device),
-                                attention_mask=FLAT_MASK_PLACEHOLDER, segments=packed.segments)
-        if _SEGMENT_CALLS[0] == calls:  # attention of its own (remote code): it saw one unmasked row, so
-            _BYPASSES_SEGMENTS.add(type(backbone))  # its output is thrown away and the padded layout used
-            packed, hidden = pack_groups(*args), None
-    if hidden is None:
-        hidden = _hidden_states(model, input_ids=packed.input_ids.to(device), position_ids=packed.position_ids.to(device),
-                                attention_mask=_attention_mask_for(model, packed.attention_mask.to(device), model.dtype))
+    calls = _SEGMENT_CALLS[0]
+    hidden = run(packed)
+    if flat and _SEGMENT_CALLS[0] == calls:  # attention of its own (remote code): it saw one unmasked row, so
+        _BYPASSES_SEGMENTS.add(type(backbone))  # its output is thrown away and the padded layout used
+        packed = pack_groups(*args)
+        hidden = run(packed)
     picked = hidden[packed.gather_row.to(device), packed.gather_pos.to(device)]  # (N, H)
     return ResponseStates(picked, packed.labels.to(device), packed.out_row.to(device), packed.out_col.to(device))
 
