@@ -1,7 +1,7 @@
 """rlvr on one CUDA device: the default job with FSDP2, the measured peak of each phase next to
 the memory plan, and the native engine's tokens/s.
 
-    python bench/gpu.py [--model builtin] [--parts phases,rollout,train] [--steps 24] [--out DIR]
+    python bench/gpu.py [--model builtin] [--parts parity,phases,rollout,train] [--steps 24] [--out DIR]
 
 - ``phases``: the hybrid worker of the default job (8 prompts x n = 8 from the arithmetic
   task, 64-token responses, GRPO with the k3 KL loss) built in this process with
@@ -15,6 +15,11 @@ the memory plan, and the native engine's tokens/s.
   ``cuda``, 8 arithmetic prompts x n = 8, up to 128 new tokens, temperature 1.0, bf16 and
   fp32, against transformers' ``model.generate`` with the same prompts (bench/rollout.py's
   workload and counting), three seeds each, alternating; the median of the ratios.
+- ``parity``: the prompt-once forward's flat layout (groups back to back in one row, attention
+  span by span through transformers' SDPA entry) against the padded layout and the plain
+  per-row forward on this device: response log-probs, entropy and the gradient of the built-in
+  model on 8 arithmetic prompts x n = 8 with responses the native engine sampled, in fp32 and
+  bf16 autocast. The CPU tests check the same equalities; CUDA's SDPA picks other kernels.
 - ``train``: ``rlvr train`` of the default job on ``trainer.device=cuda`` with
   ``actor_rollout_ref.actor.strategy=fsdp2`` (and ``local`` with ``--strategies``), validation
   included: greedy accuracy at each validation, wall time, the median step split.
@@ -151,6 +156,51 @@ def rollout_speed(model_path: str, repeats: int) -> list[dict]:
     return rows
 
 
+def parity(model_path: str) -> list[dict]:
+    """Flat vs padded vs plain prompt-once forward on this device (see the module docstring)."""
+    from rlvr.config.schema import RolloutConfig
+    from rlvr.models import load_model_and_tokenizer
+    from rlvr.rollout import NativeRollout
+    from rlvr.workers import forward
+    from rollout import make_batch
+
+    model, tokenizer = load_model_and_tokenizer(model_path, device=DEVICE)
+    prompts = make_batch(tokenizer, 8, 8)
+    prompts.meta_info["seed"] = 0
+    engine = NativeRollout(model, tokenizer, RolloutConfig(temperature=1.0, lean_decode=False), 64)
+    out = engine.generate_sequences(prompts)
+    del engine
+    b = {k: out.batch[k].to(DEVICE) for k in ("input_ids", "attention_mask", "position_ids", "responses")}
+    uids = prompts.non_tensor_batch["uid"]
+    model.train()
+    real = forward._uses_sdpa
+
+    def run(layout: str, dtype: str):
+        forward._uses_sdpa = (lambda m: False) if layout == "padded" else real
+        try:
+            model.zero_grad()
+            lp, ent = forward.forward_log_probs(model, b, uids, 1.0, calculate_entropy=True, entropy_grad=True,
+                                                share_prompt=layout != "plain", pad_id=tokenizer.pad_token_id,
+                                                dtype=dtype)
+            (lp.sum() + 0.1 * ent.sum()).backward()
+        finally:
+            forward._uses_sdpa = real
+        grad = torch.cat([p.grad.flatten().float() for p in model.parameters() if p.grad is not None])
+        return lp.detach().float(), ent.detach().float(), grad
+
+    rows = []
+    for dtype in ("float32", "bfloat16"):
+        plain = run("plain", dtype)
+        for layout in ("padded", "flat"):
+            got = run(layout, dtype)
+            rows.append({"dtype": dtype, "layout": layout, "tokens": int(out.batch["response_mask"].sum()),
+                         "log_prob_max_diff": float((got[0] - plain[0]).abs().max()),
+                         "entropy_max_diff": float((got[1] - plain[1]).abs().max()),
+                         "grad_rel_diff": float((got[2] - plain[2]).norm() / plain[2].norm())})
+            print(f"  {rows[-1]}", flush=True)
+    return rows
+
+
 def profile_engine(model_path: str, out: Path) -> str:
     """One bf16 engine call under torch's profiler: where a decode step's time goes on this device."""
     from torch.profiler import ProfilerActivity, profile
@@ -200,7 +250,7 @@ def train(model: str, strategy: str, steps: int | None, out: Path) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="builtin")
-    parser.add_argument("--parts", default="phases,rollout,train")
+    parser.add_argument("--parts", default="parity,phases,rollout,train")
     parser.add_argument("--strategies", default="fsdp2")
     parser.add_argument("--steps", type=int, default=None, help="training steps (default: the recipe's 24)")
     parser.add_argument("--repeats", type=int, default=3)
@@ -223,6 +273,9 @@ def main() -> None:
     if "rollout" in parts:
         report["rollout"] = rollout_speed(args.model, args.repeats)
         (out / "gpu.json").write_text(json.dumps(report, indent=1))
+    if "parity" in parts:
+        report["parity"] = parity(args.model)
+        (out / "gpu.json").write_text(json.dumps(report, indent=1))
     if "profile" in parts:
         print(profile_engine(args.model, out), flush=True)
     if "train" in parts:
@@ -242,6 +295,12 @@ def main() -> None:
         for r in report["rollout"]:
             print(f"| {r['dtype']} | {r['engine']:.0f} | {r['generate']:.0f} | {r['ratio']:.2f}x "
                   f"({r['range'][0]:.2f}-{r['range'][1]:.2f}) |")
+    if "parity" in report:
+        print("\nprompt-once forward against the plain per-row forward (max |diff| of log-probs and entropy, "
+              "relative gradient difference)\n| dtype | layout | log-probs | entropy | gradient |\n|---|---|---|---|---|")
+        for r in report["parity"]:
+            print(f"| {r['dtype']} | {r['layout']} | {r['log_prob_max_diff']:.1e} | {r['entropy_max_diff']:.1e} | "
+                  f"{r['grad_rel_diff']:.1e} |")
     for r in report.get("train", []):
         acc = ", ".join(f"step {s}: {a:.3f}" for s, a in sorted(r["accuracy"].items()))
         split = ", ".join(f"{k.split('/')[1]} {v:.2f} s" for k, v in r["median"].items())
