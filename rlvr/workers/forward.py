@@ -140,7 +140,7 @@ def _attention_mask_for(model, mask: torch.Tensor, dtype: torch.dtype) -> torch.
     """Boolean masks work with SDPA; other attention implementations take an additive mask."""
     if _uses_sdpa(model):
         return mask
-    return torch.zeros(mask.shape, dtype=dtype).masked_fill(~mask, torch.finfo(dtype).min)
+    return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(~mask, torch.finfo(dtype).min)
 
 
 def _uses_sdpa(model) -> bool:

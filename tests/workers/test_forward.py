@@ -188,3 +188,19 @@ def test_chunked_log_probs_recompute_keeps_one_chunk_and_equal_gradients(tiny_mo
     assert torch.allclose(gh_r, gh_k, rtol=1e-6, atol=1e-8) and torch.allclose(gw_r, gw_k, rtol=1e-6, atol=1e-8)
     assert biggest_k >= 4 * V * 4  # kept: a chunk's (4, V) fp32 log-softmax at least
     assert biggest_r < 4 * V  # recomputed: nothing of vocabulary width is held
+
+
+def test_additive_mask_is_built_where_the_boolean_mask_lies():
+    """Attention other than SDPA (eager) takes an additive mask: 0 where a key is visible, the
+    dtype's minimum where not. It was built on the CPU whatever the mask's device, and the padded
+    layout failed on CUDA (found by bench/gpu.py --parts parity on a lent H100); the meta device
+    stands in for CUDA here."""
+    from types import SimpleNamespace
+
+    from rlvr.workers.forward import _attention_mask_for
+
+    eager = SimpleNamespace(config=SimpleNamespace(_attn_implementation="eager"))
+    mask = torch.tensor([[True, False], [True, True]]).view(1, 1, 2, 2)
+    additive = _attention_mask_for(eager, mask, torch.float32)
+    assert additive[0, 0].tolist() == [[0.0, torch.finfo(torch.float32).min], [0.0, 0.0]]
+    assert _attention_mask_for(eager, mask.to("meta"), torch.float32).device.type == "meta"
