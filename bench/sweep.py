@@ -1,0 +1,84 @@
+"""Recipe variants x seeds of the default job, every run its own ``rlvr train`` process, all at once.
+
+    python bench/sweep.py [--device cuda] [--deadline 345] [--steps 24] [--out outputs/sweep]
+
+Meant for one GPU (each run holds ~5 GB and one CPU core; fp32 as on the CPU, ``actor.strategy=
+local``); on a 2-core CPU run one variant at a time instead. Runs still going at ``--deadline``
+seconds are stopped: their last validation (step 0, 12, ...) is what they report. Prints and
+writes ``sweep.json``: each run's greedy accuracy at each validation, last entropy and KL loss.
+The README's sweep ran this on a lent H200 (seeds 0/1, 1/2, 2/3 = ``rollout.seed``/``data.seed``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+FP32 = ["actor_rollout_ref.actor.dtype=float32", "actor_rollout_ref.rollout.dtype=float32"]
+VARIANTS = {
+    "recipe": [],
+    "n16x4": ["data.train_batch_size=4", "actor_rollout_ref.actor.ppo_mini_batch_size=4", "actor_rollout_ref.rollout.n=16"],
+    "lr2e-5": ["actor_rollout_ref.actor.optim.lr=2e-5"],
+    "T1.2": ["actor_rollout_ref.rollout.temperature=1.2"],
+    "drgrpo": ["algorithm.norm_adv_by_std_in_grpo=false"],
+}
+
+
+def read_run(run_dir: Path) -> dict:
+    val, last = {}, {}
+    metrics = run_dir / "metrics.jsonl"
+    for line in open(metrics) if metrics.exists() else []:
+        record = json.loads(line)
+        val.update({record["step"]: v for k, v in record.items() if k.startswith("val-core/") and k.endswith("mean@1")})
+        last = record if "actor/entropy" in record else last
+    return {"val": val, "entropy": last.get("actor/entropy"), "kl": last.get("actor/kl_loss"), "steps": last.get("step")}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--deadline", type=float, default=345.0, help="seconds before unfinished runs are stopped")
+    parser.add_argument("--steps", type=int, default=None, help="training steps (default: the recipe's 24)")
+    parser.add_argument("--variants", default=",".join(VARIANTS))
+    parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--out", default="outputs/sweep")
+    args = parser.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    procs = {}
+    for name in args.variants.split(","):
+        for seed in range(args.seeds):
+            tag = f"{name}_s{seed}"
+            command = [sys.executable, "-m", "rlvr.cli", "train", f"trainer.device={args.device}",
+                       "actor_rollout_ref.actor.strategy=local", f"actor_rollout_ref.rollout.seed={seed}",
+                       f"data.seed={seed + 1}", f"trainer.default_local_dir={out / tag}", "trainer.resume_mode=disable",
+                       "trainer.save_freq=-1", "trainer.logger=[jsonl]", *FP32, *VARIANTS[name]]
+            command += [f"trainer.total_training_steps={args.steps}"] if args.steps else []
+            env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+            procs[tag] = subprocess.Popen(command, stdout=open(out / f"{tag}.log", "w"), stderr=subprocess.STDOUT, env=env)
+    start = time.time()
+    while any(p.poll() is None for p in procs.values()) and time.time() - start < args.deadline:
+        time.sleep(2)
+    results = {}
+    for tag, proc in procs.items():
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        results[tag] = {"returncode": proc.returncode, **read_run(out / tag)}
+        print(tag, results[tag], flush=True)
+    print(f"wall {time.time() - start:.0f} s")
+    for name in args.variants.split(","):
+        at12 = [r["val"][12] for tag, r in results.items() if tag.rsplit("_s", 1)[0] == name and 12 in r["val"]]
+        if at12:
+            print(f"{name}: step 12 median {statistics.median(at12):.3f} ({min(at12):.3f}-{max(at12):.3f})")
+    (out / "sweep.json").write_text(json.dumps(results, indent=1))
+
+
+if __name__ == "__main__":
+    main()
