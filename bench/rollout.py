@@ -4,8 +4,9 @@ this process, eager, prefix caching on) vs transformers' ``model.generate`` on G
 
     .venv/bin/python bench/rollout.py [--prompts 8] [--n 8] [--max-new-tokens 128] [--dtypes float32,bfloat16] [--repeats 3]
 
-Prints generated tokens/s for each engine and the ratios to ``generate``, per dtype, and the
-peak resident memory of the process. ``generate`` is timed with the same prompts, the same sampling
+Prints generated tokens/s for each engine and the ratios to ``generate``, per dtype, the fp32
+compute ceiling (the projections' FLOPs a token against a ``torch.mm`` peak measured after each
+setting) and the fraction of it each engine reached, and the peak resident memory of the process. ``generate`` is timed with the same prompts, the same sampling
 settings and its padded rows not counted as generated tokens. Shared machines are noisy and
 tokens/s depends on the lengths drawn (a batch decodes until its longest row ends), so the two
 alternate ``--repeats`` times, repeat r sampling with seed r in both, and the median of the
@@ -27,6 +28,7 @@ from rlvr.data.tasks import arithmetic
 from rlvr.models import load_model_and_tokenizer
 from rlvr.protocol import DataProto
 from rlvr.rollout import NativeRollout, VLLMRollout, response_mask_from_eos
+from step import matmul_peak_gflops, parameter_counts
 
 QUESTIONS = ["What is 17 + 25? Explain step by step.", "Write a short poem about the sea.",
              "What is the capital of France, and why is it famous?", "Compute 12 * 13 and show your work.",
@@ -129,6 +131,12 @@ def main() -> None:
             if vllm_rates:
                 summary += f" | vLLM / generate median {statistics.median(v / g for v, g in zip(vllm_rates, gen_rates)):.2f}x"
         print(summary, flush=True)
+        if dtype == "float32":  # the projections' FLOPs a token against the machine's fp32 matmul peak, measured now
+            body, head = parameter_counts(model)
+            ceiling = matmul_peak_gflops() * 1e9 / (2 * (body + head))
+            line = (f"    fp32 compute ceiling {ceiling:.0f} tokens/s ({2 * (body + head) / 1e9:.2f} GFLOP a token at the "
+                    f"torch.mm peak measured now): rlvr engine {statistics.median(rates) / ceiling:.0%}")
+            print(line + (f", vLLM {statistics.median(vllm_rates) / ceiling:.0%}" if vllm_rates else ""), flush=True)
         peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
         print(f"    peak resident memory of the process so far: {peak_mb:.0f} MB", flush=True)
 
