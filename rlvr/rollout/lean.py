@@ -30,7 +30,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from rlvr.models.lora import lora_delta
+from rlvr.models.lora import active_adapters, lora_delta
 from rlvr.rollout.kv_cache import supports_preallocated
 
 LLAMA_FAMILY = ("llama", "mistral", "qwen2", "qwen3")
@@ -77,11 +77,13 @@ class PackedLinear:
     """``x @ W.T + b`` for one projection, or several that read the same input with their outputs
     side by side (``W`` their weights stacked), through a oneDNN-prepacked copy re-packed when
     any weight or bias changes (each is read from its module at every call: an engine's weights
-    may be replaced or get their storage after construction). A LoRA layer's base weight is
-    packed; the adapters' term is the caller's (``lora_delta``).
+    may be replaced or get their storage after construction). A LoRA layer's active adapters are
+    merged into the packed copy (``W + scaling * B @ A``, as vLLM merges them), so a decode step
+    pays no low-rank products; the copy follows the adapters' weights, their switching on and off
+    and which are active, like the base's.
 
-    Falls back to ``F.linear`` where oneDNN is absent (non-x86 builds) or the weight is not a
-    CPU float32/bfloat16 matrix.
+    Falls back to ``F.linear`` (plus the adapters' term) where oneDNN is absent (non-x86 builds)
+    or the weight is not a CPU float32/bfloat16 matrix.
     """
 
     def __init__(self, *linears: torch.nn.Module):
@@ -106,24 +108,49 @@ class PackedLinear:
         return (weight.device.type == "cpu" and dtype_ok and torch.backends.mkldnn.is_available()
                 and hasattr(torch.ops.mkldnn, "_linear_pointwise"))
 
+    def _merged_weight(self, linear: torch.nn.Module, base: torch.nn.Module) -> torch.Tensor:
+        weight = base.weight.detach()
+        names = active_adapters(linear) if linear in self.adapted else []
+        if not names:
+            return weight
+        merged = weight.float()
+        for name in names:
+            update = linear.lora_B[name].weight.detach().float() @ linear.lora_A[name].weight.detach().float()
+            merged = merged + update * linear.scaling[name]
+        return merged.to(weight.dtype)
+
     def _stacked(self) -> tuple[torch.Tensor, torch.Tensor | None]:
         bases = self.bases
         self.sizes = [base.weight.shape[0] for base in bases]
-        weight = torch.cat([base.weight.detach() for base in bases]) if len(bases) > 1 else bases[0].weight.detach()
+        weights = [self._merged_weight(linear, base) for linear, base in zip(self.linears, bases)]
+        weight = torch.cat(weights) if len(weights) > 1 else weights[0]
         if all(base.bias is None for base in bases):
             return weight, None
         return weight, torch.cat([base.bias.detach() if base.bias is not None else weight.new_zeros(base.weight.shape[0])
                                   for base in bases])
 
+    def _version_key(self) -> list:
+        """What the packed copy was made from: every weight and bias (storage and version) and, for
+        a LoRA layer, its active adapters, their scaling and their A and B weights."""
+        key = [(t.data_ptr(), t._version) for base in self.bases for t in (base.weight, base.bias) if t is not None]
+        for linear in self.adapted:
+            for name in active_adapters(linear):
+                a, b = linear.lora_A[name].weight, linear.lora_B[name].weight
+                key.append((name, linear.scaling[name], a.data_ptr(), a._version, b.data_ptr(), b._version))
+        return key
+
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if not self.enabled:
-            weight, bias = self._stacked()
-            return F.linear(x, weight, bias)
-        return self.packed(x)
+        """One projection's output, its adapters' term included."""
+        if self.enabled:
+            return self.packed(x)
+        base = self.bases[0]
+        y = F.linear(x, base.weight, base.bias)
+        delta = lora_delta(self.linears[0], x)
+        return y if delta is None else y + delta
 
     def packed(self, x: torch.Tensor) -> torch.Tensor:
-        """The oneDNN path (the caller has checked ``enabled``)."""
-        key = [(t.data_ptr(), t._version) for base in self.bases for t in (base.weight, base.bias) if t is not None]
+        """The oneDNN path (the caller has checked ``enabled``), adapters merged."""
+        key = self._version_key()
         if key != self._key:
             weight, self._bias = self._stacked()
             self._packed = torch.ops.mkldnn._reorder_linear_weight(weight.contiguous(), 32)
@@ -131,13 +158,9 @@ class PackedLinear:
         return torch.ops.mkldnn._linear_pointwise(x, self._packed, self._bias, "none", [], "")
 
     def split(self, x: torch.Tensor) -> list[torch.Tensor]:
-        """Each projection's output by the oneDNN path, its adapter's term added (a LoRA layer's, as
-        peft's forward)."""
+        """Each projection's output by the oneDNN path (the adapters merged into it)."""
         y = self.packed(x)
-        outs = y.split(self.sizes, dim=-1) if len(self.sizes) > 1 else [y]
-        if not self.adapted:
-            return outs
-        return [y + delta if (delta := lora_delta(linear, x)) is not None else y for y, linear in zip(outs, self.linears)]
+        return y.split(self.sizes, dim=-1) if len(self.sizes) > 1 else [y]
 
     def release(self) -> None:
         self._packed = self._bias = self._key = None
@@ -212,9 +235,7 @@ class LeanDecoder:
             gate, up = gate_up.split(x) if packed else (_linear(mlp.gate_proj, x, wf), _linear(mlp.up_proj, x, wf))
             act = F.silu(gate) * up
             h = h + (down.split(act)[0] if packed else _linear(mlp.down_proj, act, wf))
-        h = _norm(inner.norm, h)
-        delta = lora_delta(self.model.lm_head, h)  # an adapter on the head, as on any projection
-        return self.head(h) if delta is None else self.head(h) + delta
+        return self.head(_norm(inner.norm, h))  # an adapter on the head counts, as on any projection
 
     def release(self) -> None:
         self.head.release()

@@ -34,12 +34,20 @@ def base_weights_only(self, version=None):
                 dst.copy_(src)
 
 
+def decode_without_adapters(monkeypatch):
+    """The lean step blind to the adapter both ways it sees one: merged into the packed projections
+    (``active_adapters``) and added per projection (``lora_delta``)."""
+    monkeypatch.setattr(rlvr.rollout.lean, "active_adapters", lambda layer: [])
+    monkeypatch.setattr(rlvr.rollout.lean, "lora_delta", lambda proj, x: None)
+
+
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_a_lora_run_whose_engine_gets_the_adapter_passes_the_probe(tiny_config, dtype):
-    """float32: the engine shares the actor's peft model (its lean step adds the adapter's term);
-    bfloat16: the engine holds a copy, adapter included, refreshed at every sync.
-    fails when the adapter's way to the engine is cut: ``lora_delta`` (rlvr/models/lora.py) returning
-    None in the lean step, or ``NativeRollout.sync_weights`` skipping the ``lora_`` tensors."""
+    """float32: the engine shares the actor's peft model (its lean step merges the adapter into its
+    packed projections, or adds the adapter's term where nothing is packed); bfloat16: the engine
+    holds a copy, adapter included, refreshed at every sync.
+    fails when the adapter's way to the engine is cut: the lean step blind to the adapter
+    (``decode_without_adapters``), or ``NativeRollout.sync_weights`` skipping the ``lora_`` tensors."""
     config = tiny_config(*LORA, f"actor_rollout_ref.rollout.dtype={dtype}")
     trainer = build_trainer(config, progress_bar=False)
     trainer.fit()
@@ -52,7 +60,7 @@ def test_a_lora_run_whose_engine_gets_the_adapter_passes_the_probe(tiny_config, 
 
 @pytest.mark.parametrize("dtype, cut", [
     ("bfloat16", lambda monkeypatch: monkeypatch.setattr(NativeRollout, "sync_weights", base_weights_only)),
-    ("float32", lambda monkeypatch: monkeypatch.setattr(rlvr.rollout.lean, "lora_delta", lambda proj, x: None)),
+    ("float32", lambda monkeypatch: decode_without_adapters(monkeypatch)),
 ], ids=["copy-synced-without-the-adapter", "shared-model-decoded-without-the-adapter"])
 def test_a_lora_run_whose_engine_misses_the_adapter_stops(tiny_config, monkeypatch, dtype, cut):
     """fails when the freshness probe (``_check_freshness`` in rlvr/trainer/ppo_trainer.py, called at

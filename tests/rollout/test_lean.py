@@ -119,3 +119,24 @@ def test_fused_projections_split_back_with_their_biases_and_follow_updates():
             assert got.shape == (3, proj.out_features) and (got - proj(x)).abs().max() < 1e-5
         with torch.no_grad():
             k.weight.add_(1.0)  # in place: bumps its version counter
+
+
+def test_packed_lora_projection_merges_its_adapter_and_follows_it():
+    """A LoRA layer's packed copy holds W + scaling * B @ A, so a decode step runs no low-rank
+    products: its output is peft's forward, also after an optimizer step on the adapter, with the
+    adapter switched off (the base alone) and on again."""
+    model = with_lora(tiny(LlamaForCausalLM, LlamaConfig))
+    proj = model.model.layers[0].self_attn.q_proj
+    packed, x = PackedLinear(proj), torch.randn(3, 32)
+    if not packed.enabled:
+        pytest.skip("no oneDNN in this torch: the projections run one by one")
+    base = torch.nn.functional.linear(x, proj.base_layer.weight)
+    with torch.no_grad():
+        assert (packed(x) - proj(x)).abs().max() < 1e-5
+        assert (proj(x) - base).abs().max() > 1e-2  # the adapter changes the output: a copy without it would fail
+        proj.lora_A["default"].weight.add_(0.5)  # an optimizer step: in place, bumps the version counter
+        assert (packed(x) - proj(x)).abs().max() < 1e-5
+        proj.enable_adapters(False)
+        assert (packed(x) - base).abs().max() < 1e-5
+        proj.enable_adapters(True)
+        assert (packed(x) - proj(x)).abs().max() < 1e-5 and (packed(x) - base).abs().max() > 1e-2
