@@ -247,6 +247,12 @@ def train(model: str, strategy: str, steps: int | None, out: Path) -> dict:
     return {"strategy": strategy, "wall_s": wall, "accuracy": accuracy, "median": median, "peak_gib": peak}
 
 
+def print_table(title: str, columns: list[str], rows: list[list[str]]) -> None:
+    print(f"\n{title}\n| " + " | ".join(columns) + " |\n|" + "---|" * len(columns))
+    for row in rows:
+        print("| " + " | ".join(row) + " |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="builtin")
@@ -284,23 +290,20 @@ def main() -> None:
 
     print(f"\n{device}")
     if "phases" in report:
-        print("\nper-phase peak of the default job's worker (FSDP2, world size 1), second step\n"
-              "| phase | max allocated GB | max reserved GB | plan GB | plan / allocated |\n|---|---|---|---|---|")
-        for r in report["phases"]:
-            print(f"| {r['phase']} | {r['allocated'] / GB:.2f} | {r['reserved'] / GB:.2f} | {r['plan'] / GB:.2f} | "
-                  f"{r['plan'] / max(r['allocated'], 1):.2f} |")
+        print_table("per-phase peak of the default job's worker (FSDP2, world size 1), second step",
+                    ["phase", "max allocated GB", "max reserved GB", "plan GB", "plan / allocated"],
+                    [[r["phase"], f"{r['allocated'] / GB:.2f}", f"{r['reserved'] / GB:.2f}", f"{r['plan'] / GB:.2f}",
+                      f"{r['plan'] / max(r['allocated'], 1):.2f}"] for r in report["phases"]])
     if "rollout" in report:
-        print("\nnative engine on cuda, 8 arithmetic prompts x n = 8, <= 128 tokens, T = 1.0\n"
-              "| dtype | engine tokens/s | model.generate tokens/s | ratio (median, range) |\n|---|---|---|---|")
-        for r in report["rollout"]:
-            print(f"| {r['dtype']} | {r['engine']:.0f} | {r['generate']:.0f} | {r['ratio']:.2f}x "
-                  f"({r['range'][0]:.2f}-{r['range'][1]:.2f}) |")
+        print_table("native engine on cuda, 8 arithmetic prompts x n = 8, <= 128 tokens, T = 1.0",
+                    ["dtype", "engine tokens/s", "model.generate tokens/s", "ratio (median, range)"],
+                    [[r["dtype"], f"{r['engine']:.0f}", f"{r['generate']:.0f}",
+                      f"{r['ratio']:.2f}x ({r['range'][0]:.2f}-{r['range'][1]:.2f})"] for r in report["rollout"]])
     if "parity" in report:
-        print("\nprompt-once forward against the plain per-row forward (max |diff| of log-probs and entropy, "
-              "relative gradient difference)\n| dtype | layout | log-probs | entropy | gradient |\n|---|---|---|---|---|")
-        for r in report["parity"]:
-            print(f"| {r['dtype']} | {r['layout']} | {r['log_prob_max_diff']:.1e} | {r['entropy_max_diff']:.1e} | "
-                  f"{r['grad_rel_diff']:.1e} |")
+        print_table("prompt-once forward against the plain per-row forward (max |diff| of log-probs and entropy, "
+                    "relative gradient difference)", ["dtype", "layout", "log-probs", "entropy", "gradient"],
+                    [[r["dtype"], r["layout"], f"{r['log_prob_max_diff']:.1e}", f"{r['entropy_max_diff']:.1e}",
+                      f"{r['grad_rel_diff']:.1e}"] for r in report["parity"]])
     for r in report.get("train", []):
         acc = ", ".join(f"step {s}: {a:.3f}" for s, a in sorted(r["accuracy"].items()))
         split = ", ".join(f"{k.split('/')[1]} {v:.2f} s" for k, v in r["median"].items())
