@@ -140,13 +140,11 @@ class PackedLinear:
         return key
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        """One projection's output, its adapters' term included."""
+        """The projections' outputs side by side, their adapters' terms included."""
         if self.enabled:
             return self.packed(x)
-        base = self.bases[0]
-        y = F.linear(x, base.weight, base.bias)
-        delta = lora_delta(self.linears[0], x)
-        return y if delta is None else y + delta
+        outs = [_linear(linear, x, weight_first=False) for linear in self.linears]
+        return torch.cat(outs, dim=-1) if len(outs) > 1 else outs[0]
 
     def packed(self, x: torch.Tensor) -> torch.Tensor:
         """The oneDNN path (the caller has checked ``enabled``), adapters merged."""

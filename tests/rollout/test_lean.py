@@ -140,3 +140,16 @@ def test_packed_lora_projection_merges_its_adapter_and_follows_it():
         assert (packed(x) - base).abs().max() < 1e-5
         proj.enable_adapters(True)
         assert (packed(x) - proj(x)).abs().max() < 1e-5 and (packed(x) - base).abs().max() > 1e-2
+
+
+def test_unpacked_projections_add_their_adapters_terms(monkeypatch):
+    """Where nothing is packed (no oneDNN, a GPU, bf16 without the CPU's bf16 units) the fused
+    projections run one by one, each with its adapter's term: q, k and v side by side equal peft's."""
+    model = with_lora(tiny(LlamaForCausalLM, LlamaConfig))
+    attn = model.model.layers[0].self_attn
+    monkeypatch.setattr(PackedLinear, "enabled", property(lambda self: False))
+    fused, x = PackedLinear(attn.q_proj, attn.k_proj, attn.v_proj), torch.randn(3, 32)
+    with torch.no_grad():
+        expected = torch.cat([attn.q_proj(x), attn.k_proj(x), attn.v_proj(x)], dim=-1)
+        bases = torch.cat([p.base_layer(x) for p in (attn.q_proj, attn.k_proj, attn.v_proj)], dim=-1)
+        assert (fused(x) - expected).abs().max() < 1e-5 and (expected - bases).abs().max() > 1e-2
