@@ -6,8 +6,9 @@ this process, eager, prefix caching on) vs transformers' ``model.generate`` on G
 
 Prints generated tokens/s for each engine and the ratios to ``generate``, per dtype, the fp32
 compute ceiling (the projections' FLOPs a token against a ``torch.mm`` peak measured after each
-setting) and the fraction of it each engine reached, and the peak resident memory of the process. ``generate`` is timed with the same prompts, the same sampling
-settings and its padded rows not counted as generated tokens. Shared machines are noisy and
+setting) and the fraction of it each engine reached, and the peak resident memory of the
+process. ``generate`` is timed with the same prompts, the same sampling settings and its padded
+rows not counted as generated tokens. Shared machines are noisy and
 tokens/s depends on the lengths drawn (a batch decodes until its longest row ends), so the two
 alternate ``--repeats`` times, repeat r sampling with seed r in both, and the median of the
 per-repeat ratios is reported.

@@ -110,7 +110,7 @@ class PackedLinear:
 
     def _merged_weight(self, linear: torch.nn.Module, base: torch.nn.Module) -> torch.Tensor:
         weight = base.weight.detach()
-        names = active_adapters(linear) if linear in self.adapted else []
+        names = active_adapters(linear) if hasattr(linear, "lora_A") else []
         if not names:
             return weight
         merged = weight.float()
