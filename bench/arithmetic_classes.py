@@ -1,9 +1,11 @@
 """Where a model stands on the built-in arithmetic task, by class of problem: greedy accuracy on
 the 300 test problems for +, x, - with a result >= 0 and - with a negative result; then how
 often sampling at T = 1 finds the answer of a negative-result subtraction (the signal GRPO's
-groups can carry for that class).
+groups can carry for that class); with ``--pass-at K``, each test problem sampled K times at T = 1,
+by class: pass@K (a right answer among the K, what GRPO can reinforce into the greedy answer) and
+mean@K.
 
-    .venv/bin/python bench/arithmetic_classes.py [MODEL ...] [--negative-problems 24] [--n 16]
+    .venv/bin/python bench/arithmetic_classes.py [MODEL ...] [--negative-problems 24] [--n 16] [--pass-at 16]
 
 MODEL: ``builtin`` (default) or a checkpoint's actor folder, such as
 ``runs/rlvr/arithmetic_grpo/checkpoints/global_step_24/actor``. Run ``rlvr prepare arithmetic``
@@ -41,6 +43,7 @@ def main() -> None:
     p.add_argument("models", nargs="*", default=["builtin"])
     p.add_argument("--negative-problems", type=int, default=24, help="training problems with a negative result")
     p.add_argument("--n", type=int, default=16, help="samples of each at T = 1 (0: skip)")
+    p.add_argument("--pass-at", type=int, default=0, help="samples of each test problem at T = 1 (0: skip)")
     args = p.parse_args()
     torch.set_num_threads(max(1, torch.get_num_threads()))
     for path in args.models:
@@ -57,6 +60,22 @@ def main() -> None:
         classes = ", ".join(f"{cls} {right[cls]:.0f}/{total[cls]}" for cls in ("+", "x", "-", "- < 0"))
         print(f"{path}: greedy {sum(right.values()) / len(test.rows):.3f} ({classes}); "
               f"mean response {sum(len(c.token_ids) for c in greedy) / len(greedy):.1f} tokens")
+        if args.pass_at:
+            k = args.pass_at
+            prompts = [ids for ids in test.prompt_ids for _ in range(k)]
+            samples = engine.generate(prompts, SamplingParams(max_new_tokens=64, temperature=1.0, seed=0),
+                                      groups=[i // k for i in range(len(prompts))])
+            passed, mean = Counter(), Counter()
+            for i, row in enumerate(test.rows):
+                truth = row["reward_model"]["ground_truth"]
+                hits = [compute_score("arithmetic", tokenizer.decode(c.token_ids, skip_special_tokens=True), truth)
+                        for c in samples[i * k:(i + 1) * k]]
+                cls = problem_class(row["prompt"][-1]["content"], int(truth))
+                passed[cls] += any(hits)
+                mean[cls] += sum(hits) / k
+            classes = ", ".join(f"{cls} {passed[cls]}/{total[cls]}" for cls in ("+", "x", "-", "- < 0"))
+            print(f"  T = 1, {k} samples a problem: pass@{k} {sum(passed.values()) / len(test.rows):.3f} ({classes}); "
+                  f"mean@{k} {sum(mean.values()) / len(test.rows):.3f}")
         if args.n:
             picked = [i for i, r in enumerate(train.rows) if int(r["reward_model"]["ground_truth"]) < 0]
             negative = [train.rows[i] for i in picked[:args.negative_problems]]
