@@ -7,7 +7,7 @@ built-in model alone, then wrapped with a LoRA adapter on every linear layer (B 
 non-zero, so the adapter changes the output), alternating, seed r in both at repeat r. Prints
 tokens/s of each and the median of the per-repeat ratios. The decode step merges the adapter into
 its packed projections, so the ratio is near 1 (0.97x and 0.92x in two runs); computing the
-low-rank term in every projection of every step instead measured 0.74x (README, LoRA).
+low-rank term in every projection of every step instead measured 0.74x (docs/recipe.md, "With LoRA").
 """
 
 from __future__ import annotations

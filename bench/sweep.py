@@ -6,7 +6,7 @@ Meant for one GPU (each run holds ~5 GB and one CPU core; fp32 as on the CPU, ``
 local``); on a 2-core CPU run one variant at a time instead. Runs still going at ``--deadline``
 seconds are stopped: their last validation (step 0, 12, ...) is what they report. Prints and
 writes ``sweep.json``: each run's greedy accuracy at each validation, last entropy and KL loss.
-The README's sweep ran this on a lent H200 (seeds 0/1, 1/2, 2/3 = ``rollout.seed``/``data.seed``).
+docs/recipe.md's sweeps ran this on lent H200s (seed S: ``rollout.seed=S``, ``data.seed=S+1``).
 """
 
 from __future__ import annotations
