@@ -47,8 +47,8 @@ def llama_run(llama_bin: Path, gguf: Path, args) -> dict:
     """One llama-batched-bench call: its JSONL record (t_pp, t_tg, t in seconds)."""
     command = [str(llama_bin / "llama-batched-bench"), "-m", str(gguf), "-t", str(args.threads),
                "-c", str(args.prompt_tokens + args.rows * args.tokens + 16), "-b", "2048", "-ub", "512", "-pps",
-               "-ctk", args.kv_type, "-ctv", args.kv_type, "-npp", str(args.prompt_tokens), "-ntg", str(args.tokens), "-npl", str(args.rows),
-               "--output-format", "jsonl"]
+               "-ctk", args.kv_type, "-ctv", args.kv_type, "-npp", str(args.prompt_tokens), "-ntg", str(args.tokens),
+               "-npl", str(args.rows), "--output-format", "jsonl"]
     out = subprocess.run(command, check=True, capture_output=True, text=True).stdout
     return [json.loads(line) for line in out.splitlines() if line.startswith("{")][-1]
 
@@ -74,6 +74,9 @@ def main() -> None:
     p.add_argument("--kv-type", default="f32", help="llama.cpp's KV cache type (its own default is f16; rlvr's is the "
                    "model's dtype, float32 here)")
     args = p.parse_args()
+    missing = [name for name in ("llama-batched-bench", "llama-quantize") if not (args.llama_bin / name).is_file()]
+    if missing:
+        p.error(f"--llama-bin {args.llama_bin} has no {' or '.join(missing)}: build them as this script's help says")
     gguf = f32_gguf(args.llama_bin)
     model, tokenizer = load_model_and_tokenizer("builtin")
     engine = NativeRollout(model, tokenizer, RolloutConfig(dtype="float32"), args.tokens)

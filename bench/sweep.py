@@ -61,6 +61,9 @@ def main() -> None:
     procs = {}
     runs = args.runs.split(",") if args.runs else [f"{name}_s{seed}" for name in args.variants.split(",")
                                                    for seed in range(args.seeds)]
+    unknown = [tag for tag in runs if tag.rsplit("_s", 1)[0] not in VARIANTS or not tag.rsplit("_s", 1)[-1].isdigit()]
+    if unknown:
+        parser.error(f"unknown runs {unknown}: each is VARIANT_sSEED, VARIANT one of {', '.join(VARIANTS)}")
     for tag in runs:
         name, seed = tag.rsplit("_s", 1)[0], int(tag.rsplit("_s", 1)[1])
         command = [sys.executable, "-m", "rlvr.cli", "train", f"trainer.device={args.device}",
