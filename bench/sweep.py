@@ -59,13 +59,14 @@ def main() -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     procs = {}
-    runs = args.runs.split(",") if args.runs else [f"{name}_s{seed}" for name in args.variants.split(",")
+    tags = args.runs.split(",") if args.runs else [f"{name}_s{seed}" for name in args.variants.split(",")
                                                    for seed in range(args.seeds)]
-    unknown = [tag for tag in runs if tag.rsplit("_s", 1)[0] not in VARIANTS or not tag.rsplit("_s", 1)[-1].isdigit()]
+    parts = {tag: tag.rsplit("_s", 1) for tag in tags}
+    unknown = [tag for tag, (name, *seed) in parts.items() if name not in VARIANTS or not "".join(seed).isdigit()]
     if unknown:
         parser.error(f"unknown runs {unknown}: each is VARIANT_sSEED, VARIANT one of {', '.join(VARIANTS)}")
-    for tag in runs:
-        name, seed = tag.rsplit("_s", 1)[0], int(tag.rsplit("_s", 1)[1])
+    runs = {tag: (name, int(seed)) for tag, (name, seed) in parts.items()}  # tag -> (variant, seed)
+    for tag, (name, seed) in runs.items():
         command = [sys.executable, "-m", "rlvr.cli", "train", f"trainer.device={args.device}",
                    "actor_rollout_ref.actor.strategy=local", f"actor_rollout_ref.rollout.seed={seed}",
                    f"data.seed={seed + 1}", f"trainer.default_local_dir={out / tag}", "trainer.resume_mode=disable",
@@ -84,8 +85,8 @@ def main() -> None:
         results[tag] = {"returncode": proc.returncode, **read_run(out / tag)}
         print(tag, results[tag], flush=True)
     print(f"wall {time.time() - start:.0f} s")
-    for name in dict.fromkeys(tag.rsplit("_s", 1)[0] for tag in runs):
-        mine = [r["val"] for tag, r in results.items() if tag.rsplit("_s", 1)[0] == name]
+    for name in dict.fromkeys(name for name, _ in runs.values()):
+        mine = [r["val"] for tag, r in results.items() if runs[tag][0] == name]
         for step in sorted({s for val in mine for s in val}):
             at = [val[step] for val in mine if step in val]
             print(f"{name}: step {step} median {statistics.median(at):.3f} ({min(at):.3f}-{max(at):.3f}), {len(at)} runs")

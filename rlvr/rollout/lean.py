@@ -108,21 +108,20 @@ class PackedLinear:
         return (weight.device.type == "cpu" and dtype_ok and torch.backends.mkldnn.is_available()
                 and hasattr(torch.ops.mkldnn, "_linear_pointwise"))
 
-    def _merged_weight(self, linear: torch.nn.Module, base: torch.nn.Module) -> torch.Tensor:
-        weight = base.weight.detach()
+    @staticmethod
+    def _merged_weight(linear: torch.nn.Module) -> torch.Tensor:
+        """The layer's weight with its active adapters' ``scaling * B @ A`` (peft's own delta) added."""
+        weight = getattr(linear, "base_layer", linear).weight.detach()
         names = active_adapters(linear) if hasattr(linear, "lora_A") else []
         if not names:
             return weight
-        merged = weight.float()
-        for name in names:
-            update = linear.lora_B[name].weight.detach().float() @ linear.lora_A[name].weight.detach().float()
-            merged = merged + update * linear.scaling[name]
+        merged = weight.float() + sum(linear.get_delta_weight(name).detach().float() for name in names)
         return merged.to(weight.dtype)
 
     def _stacked(self) -> tuple[torch.Tensor, torch.Tensor | None]:
         bases = self.bases
         self.sizes = [base.weight.shape[0] for base in bases]
-        weights = [self._merged_weight(linear, base) for linear, base in zip(self.linears, bases)]
+        weights = [self._merged_weight(linear) for linear in self.linears]
         weight = torch.cat(weights) if len(weights) > 1 else weights[0]
         if all(base.bias is None for base in bases):
             return weight, None
