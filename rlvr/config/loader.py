@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import fnmatch
 import importlib
 import math
 import os
@@ -26,87 +27,21 @@ import yaml
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from rlvr.config.schema import RLVRConfig
+from rlvr.config.schema import RayInitConfig, RLVRConfig
+from rlvr.config.verl_keys import VERL_ALIASES, VERL_NO_EFFECT, VERL_RENAMED
 from rlvr.registry import import_file
 from rlvr.config.validate import ConfigError, validate
 
 RECIPES_DIR = Path(__file__).parent
 DEFAULT_RECIPE = RECIPES_DIR / "grpo.yaml"
 
-_FSDP = "activation offload is not implemented; actor_rollout_ref.model.enable_gradient_checkpointing saves activations"
-# verl key (or section) -> (why it has no effect in rlvr, the values that are harmless or None for any)
-VERL_NO_EFFECT: dict[str, tuple[str, tuple | None]] = {
-    "actor_rollout_ref.model.use_remove_padding": (
-        "rlvr trims each micro-batch to its own longest sequence and packs each group around one prompt "
-        "(actor.share_prompt_forward), with no separate padding-removal switch", None),
-    "actor_rollout_ref.model.use_fused_kernels": ("the vocabulary projection already runs only where a response "
-                                                  "token is predicted, in chunks", None),
-    "actor_rollout_ref.model.use_liger": ("rlvr uses the transformers modelling code as is", None),
-    "actor_rollout_ref.model.enable_activation_offload": (_FSDP, (False,)),
-    "actor_rollout_ref.actor.fsdp_config.wrap_policy": ("FSDP2 shards each decoder layer, then the root", None),
-    "actor_rollout_ref.ref.fsdp_config.wrap_policy": ("FSDP2 shards each decoder layer, then the root", None),
-    "actor_rollout_ref.actor.fsdp_config.fsdp_size": ("the actor is sharded over all data-parallel ranks", (-1,)),
-    "actor_rollout_ref.actor.fsdp_config.forward_prefetch": ("FSDP2 prefetches the next layer by default", None),
-    "actor_rollout_ref.actor.fsdp_config.offload_policy": (
-        "offload is between phases (fsdp_config.param_offload, optimizer_offload), not inside a step", (False,)),
-    "critic.model.fsdp_config": ("the critic is sharded like the actor (actor.strategy, its mixed precision) and "
-                                 "never offloaded; its own fsdp_config is not read", None),
-    "actor_rollout_ref.actor.ulysses_sequence_parallel_size": ("sequence parallelism is not implemented", (1,)),
-    "actor_rollout_ref.actor.checkpoint": ("a checkpoint always holds the model, optimizer, scheduler and RNG", None),
-    "actor_rollout_ref.model.fused_kernel_options": (
-        "the vocabulary projection already runs only where a response token is predicted, in chunks", None),
-    "critic.model.use_remove_padding": ("the critic packs each group around one prompt, with no separate "
-                                        "padding-removal switch", None),
-    "critic.use_dynamic_bsz": ("the critic's micro-batches are critic.ppo_micro_batch_size_per_gpu rows, packed "
-                               "around each prompt; the update does not depend on the split", None),
-    "critic.ppo_max_token_len_per_gpu": ("the critic's micro-batches are critic.ppo_micro_batch_size_per_gpu rows, "
-                                         "packed around each prompt; the update does not depend on the split", None),
-    "critic.strategy": ("the critic is sharded as actor_rollout_ref.actor.strategy says", None),
-    "actor_rollout_ref.ref.strategy": ("the reference is sharded as actor_rollout_ref.actor.strategy says", None),
-    "actor_rollout_ref.rollout.mode": (
-        "the engine generates in each worker's process when the step calls it; verl's sync and async (server) "
-        "modes sample the same batch", ("sync", "async")),
-    "actor_rollout_ref.rollout.load_format": ("the native engine uses the actor's weights in place; vLLM starts "
-                                              "empty (dummy) and gets them streamed before each rollout", None),
-    "actor_rollout_ref.rollout.enable_chunked_prefill": (
-        "vLLM's V1 engine always chunks prefills (by max_num_batched_tokens); the native engine prefills a wave "
-        "at once", None),
-    "actor_rollout_ref.rollout.calculate_log_probs": (
-        "both engines always return the sampled tokens' log-probs (rollout_log_probs)", None),
-    "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz": ("log-prob passes follow actor.use_dynamic_bsz", None),
-    "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu": (
-        "log-prob passes follow actor.ppo_max_token_len_per_gpu", None),
-    "actor_rollout_ref.ref.log_prob_use_dynamic_bsz": ("log-prob passes follow actor.use_dynamic_bsz", None),
-    "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu": (
-        "log-prob passes follow actor.ppo_max_token_len_per_gpu", None),
-    "trainer.balance_batch": ("each data-parallel rank takes a contiguous share of each mini-batch's groups, "
-                              "not reordered to even out tokens (the same update; only the ranks' load differs)", None),
-    "trainer.use_legacy_worker_impl": ("rlvr has one worker implementation", None),
-    "trainer.ray_wait_register_center_timeout": ("rlvr's Ray workers are created directly (no register center); "
-                                                 "a worker that does not start fails the run with Ray's error", None),
-    "ray_kwargs.timeline_json_file": ("no Ray timeline is written", (None,)),
-    "trainer.critic_warmup": ("a critic warm-up (no actor update for the first steps) is not implemented", (0,)),
-    "trainer.val_only": ("validation alone is `rlvr eval`", (False,)),
-    "trainer.default_hdfs_dir": ("checkpoints go to trainer.default_local_dir", None),
-    "trainer.log_val_generations": ("validation generations are not logged to trackers", (0,)),
-}
-# verl key (or section) -> the rlvr key to use instead
-VERL_RENAMED: dict[str, str] = {
-    "actor_rollout_ref.actor.ppo_micro_batch_size": "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu",
-    "actor_rollout_ref.rollout.log_prob_micro_batch_size": "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu",
-    "actor_rollout_ref.ref.log_prob_micro_batch_size": "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu",
-    "critic.ppo_micro_batch_size": "critic.ppo_micro_batch_size_per_gpu",
-    "custom_reward_function": "reward.custom_reward_function (path, name, reward_kwargs)",
-    "reward_model.enable": "reward.reward_model.enable",
-    "reward_model.model.path": "reward.reward_model.path",
-    "reward_model.micro_batch_size_per_gpu": "reward.reward_model.micro_batch_size_per_gpu",
-    "reward_model.reward_manager": "reward.functions or reward.custom_reward_function (rlvr has one reward manager)",
-    "reward_model.overlong_buffer": "reward.overlong_buffer",
-    "reward_model": "reward.reward_model (enable, path, micro_batch_size_per_gpu, weight)",
-    "data.tokenizer": "actor_rollout_ref.model.tokenizer_path",
-    "actor_rollout_ref.rollout.multi_turn.max_turns": "actor_rollout_ref.rollout.multi_turn.max_assistant_turns",
-    "trainer.resume_from_path": "trainer.resume_mode (auto, disable, or the checkpoint folder itself)",
-}
+# verl's keys that are not schema keys (no effect, read under rlvr's name, or renamed): rlvr/config/verl_keys.py
+# ray.init's keyword arguments (ray 2.x): verl's ``ray_kwargs.ray_init.<name>`` keys are passed through to it
+RAY_INIT_KWARGS = ("num_gpus", "resources", "labels", "object_store_memory", "local_mode", "ignore_reinit_error",
+                   "include_dashboard", "dashboard_host", "dashboard_port", "job_config", "configure_logging",
+                   "logging_level", "logging_format", "logging_config", "log_to_driver", "namespace",
+                   "enable_resource_isolation", "cgroup_path", "system_reserved_cpu", "system_reserved_memory",
+                   "_temp_dir", "_system_config", "_node_ip_address", "_plasma_directory")
 
 
 def _field_types(cls: type) -> dict[str, Any]:
@@ -205,25 +140,115 @@ def _drop(nested: dict[str, Any], dotted: str) -> None:
     del nested[last]
 
 
-def _verl_keys(data: dict[str, Any], source: str) -> None:
-    """Refuse verl keys that rlvr names differently; drop verl keys that have no effect in rlvr's
-    design, unless their value asks for something rlvr would not do, and say so in one notice (keys
-    that share a reason on one line: a verl script sets a dozen of them)."""
-    dropped: dict[str, list[str]] = {}  # why -> the keys it explains
-    for key, value in list(_flatten(data).items()):
+def _verl_entry(key: str) -> tuple[str, tuple | None] | None:
+    """The ``VERL_NO_EFFECT`` entry of ``key``: its own, else the first pattern that matches it."""
+    if key in VERL_NO_EFFECT:
+        return VERL_NO_EFFECT[key]
+    return next((entry for pattern, entry in VERL_NO_EFFECT.items()
+                 if "*" in pattern and fnmatch.fnmatchcase(key, pattern)), None)
+
+
+def _verl_walk(node: dict[str, Any], prefix: str, schema: dict[str, Any], refused: list[str],
+               dropped: dict[str, list[str]], source: str) -> None:
+    """Drop the no-effect keys under ``node`` (a section's entry covers its sub-keys), note refusals."""
+    for name, value in list(node.items()):
+        key = f"{prefix}{name}"
         if key in VERL_RENAMED:
-            raise ConfigError(f"{key!r} (from {source}) is verl's name; rlvr's is {VERL_RENAMED[key]}")
-        if key in VERL_NO_EFFECT:
-            why, harmless = VERL_NO_EFFECT[key]
+            if isinstance(value, dict):  # sub-keys with entries of their own (read, or no effect) go first
+                _verl_walk(value, key + ".", schema, [], dropped, source)
+            if value != {}:
+                refused.append(f"{key!r} (from {source}) is verl's name; rlvr's is {VERL_RENAMED[key]}")
+            else:
+                del node[name]
+            continue
+        entry = None if key in schema else _verl_entry(key)
+        if entry is not None:
+            why, harmless = entry
             if harmless is not None and value not in harmless:
-                raise ConfigError(f"{key}={value!r} (from {source}) cannot be honoured: {why}; remove it or set "
-                                  f"{key}={harmless[0]!r}")
+                refused.append(f"{key}={value!r} (from {source}) cannot be honoured: {why}; remove it or set "
+                               f"{key}={harmless[0]!r}")
+                continue
             dropped.setdefault(why, []).append(key)
-            _drop(data, key)
+            del node[name]
+        elif isinstance(value, dict):
+            _verl_walk(value, key + ".", schema, refused, dropped, source)
+            if not value and _is_section(key, schema):  # emptied by the walk
+                del node[name]
+
+
+def _verl_keys(data: dict[str, Any], source: str) -> None:
+    """Refuse verl keys that rlvr names differently, or whose value asks for what rlvr does not do (all of
+    them at once, each with its reason); drop verl keys that have no effect in rlvr's design and say so
+    in one notice (keys that share a reason on one line: a verl script sets a dozen of them)."""
+    refused: list[str] = []
+    dropped: dict[str, list[str]] = {}  # why -> the keys it explains
+    _verl_walk(data, "", known_keys(), refused, dropped, source)
+    if len(refused) == 1:
+        raise ConfigError(refused[0])
+    if refused:
+        raise ConfigError(f"{len(refused)} verl settings rlvr cannot take:\n  - " + "\n  - ".join(refused))
     if dropped:
         lines = "".join(f"\n  {', '.join(keys)}: {why}" for why, keys in dropped.items())
         print(f"[rlvr] note: verl settings (from {source}) that have no effect in rlvr:{lines}",
               file=sys.stderr, flush=True)
+
+
+def _verl_aliases(data: dict[str, Any], source: str) -> None:
+    """Move verl's spelling of a key rlvr reads (``VERL_ALIASES``) onto rlvr's key, with one notice.
+    The key rlvr reads wins where both are given in one layer and differ: that is refused."""
+    flat = _flatten(data)
+    end, limit = flat.get("reward_model.reward_kwargs.max_resp_len"), flat.get("data.max_response_length")
+    if end is not None and limit is not None and end != limit:
+        raise ConfigError(f"reward_model.reward_kwargs.max_resp_len={end!r} (from {source}) differs from "
+                          f"data.max_response_length={limit!r}: rlvr's overlong penalty (reward.overlong_buffer) "
+                          "ends at data.max_response_length; make them equal")
+    moved = []
+    for verl_key, rlvr_key in VERL_ALIASES.items():
+        if verl_key not in flat or isinstance(flat[verl_key], dict):
+            continue
+        value = flat[verl_key]
+        if rlvr_key in flat and flat[rlvr_key] != value:
+            raise ConfigError(f"{verl_key}={value!r} and {rlvr_key}={flat[rlvr_key]!r} (from {source}) are the same "
+                              f"setting (verl's name and rlvr's) with different values; keep one")
+        _drop(data, verl_key)
+        node = data
+        for part in rlvr_key.split(".")[:-1]:
+            node = node.setdefault(part, {})
+        node[rlvr_key.rsplit(".", 1)[-1]] = value
+        moved.append(f"{verl_key} -> {rlvr_key}")
+    _prune_empty(data, "", known_keys())
+    if moved:
+        print(f"[rlvr] note: verl keys (from {source}) read under rlvr's names: {', '.join(moved)}",
+              file=sys.stderr, flush=True)
+
+
+def _prune_empty(node: dict[str, Any], prefix: str, schema: dict[str, Any]) -> None:
+    """Remove the sections that moving keys out of left empty (not schema keys, whose {} is a value)."""
+    for name, value in list(node.items()):
+        if isinstance(value, dict) and _is_section(f"{prefix}{name}", schema):
+            _prune_empty(value, f"{prefix}{name}.", schema)
+            if not value:
+                del node[name]
+
+
+def _is_section(key: str, schema: dict[str, Any]) -> bool:
+    """A section of keys (a schema section, or one that is not rlvr's), not a dict-valued key whose {} is a value."""
+    return key not in schema or dataclasses.is_dataclass(schema[key])
+
+
+def _ray_init_keys(data: dict[str, Any], source: str) -> None:
+    """verl passes ``ray_kwargs.ray_init`` to ``ray.init`` whole; rlvr reads ``address``, ``num_cpus`` and
+    ``runtime_env`` by name and carries ray.init's other keyword arguments in ``ray_init.kwargs``."""
+    ray_init = (data.get("ray_kwargs") or {}).get("ray_init")
+    if not isinstance(ray_init, dict):
+        return
+    named = set(_field_types(RayInitConfig))
+    for name in [n for n in ray_init if n not in named]:
+        if name not in RAY_INIT_KWARGS:
+            near = difflib.get_close_matches(name, [*named, *RAY_INIT_KWARGS], n=1)
+            raise ConfigError(f"ray_kwargs.ray_init.{name} (from {source}) is not a keyword argument of ray.init"
+                              + (f"; did you mean {near[0]!r}?" if near else ""))
+        ray_init.setdefault("kwargs", {})[name] = ray_init.pop(name)
 
 
 def _fully_async_keys(data: dict[str, Any], source: str) -> None:
@@ -369,7 +394,9 @@ def load_config(config_file: str | Path | None = None, overrides: Iterable[str] 
     for data, source in layers:
         _fully_async_keys(data, source)
         _rollout_is_keys(data, source)
+        _verl_aliases(data, source)
         _verl_keys(data, source)
+        _ray_init_keys(data, source)
         _check_keys(data, source)
         try:
             merged = OmegaConf.merge(merged, OmegaConf.create(data))

@@ -554,6 +554,12 @@ class RayInitConfig:
     127.0.0.1 for the run."""
     num_cpus: Optional[int] = None
     """CPUs of the local Ray (None: all of this machine's)."""
+    runtime_env: dict[str, Any] = field(default_factory=dict)
+    """Ray's runtime environment for the run (``env_vars``, ``working_dir``, ``pip``, ...), passed to
+    ``ray.init`` as verl passes it; every worker inherits it (their own ``env_vars`` added)."""
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    """Other keyword arguments of ``ray.init`` (``num_gpus``, ``namespace``, ``object_store_memory``, ...):
+    verl's ``ray_kwargs.ray_init.<name>`` keys land here at load and reach ``ray.init`` unchanged."""
 
 
 @dataclass

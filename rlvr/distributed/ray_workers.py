@@ -56,13 +56,17 @@ class WorkerError(StopTraining):
     """A worker raised or its process died; the message names the rank."""
 
 
-def init_ray(address: str | None, num_cpus: int | None, run_dir: Path) -> bool:
+def init_ray(address: str | None, num_cpus: int | None, run_dir: Path, runtime_env: dict | None = None,
+             kwargs: dict | None = None) -> bool:
     """Connect to the cluster at ``address``, or start a local Ray bound to 127.0.0.1 whose logs
-    are reachable as ``run_dir/ray``. Returns whether this call started it."""
+    are reachable as ``run_dir/ray``. Returns whether this call started it. ``runtime_env`` and
+    ``kwargs`` (verl's ``ray_kwargs.ray_init``) reach ``ray.init`` as given; rlvr's own settings give
+    way to them, except the local Ray's address, which stays 127.0.0.1."""
     if ray.is_initialized():
         return False
+    given = {**(kwargs or {}), **({"runtime_env": runtime_env} if runtime_env else {})}
     if address is not None:
-        ray.init(address=address, include_dashboard=False, log_to_driver=True)
+        ray.init(**{"include_dashboard": False, "log_to_driver": True, **given, "address": address})
         return True
     temp = Path(tempfile.mkdtemp(prefix="rlvr-ray-"))  # short: Ray's socket paths must stay under 108 bytes
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -70,8 +74,8 @@ def init_ray(address: str | None, num_cpus: int | None, run_dir: Path) -> bool:
     if link.is_symlink() or link.exists():
         link.unlink()
     link.symlink_to(temp, target_is_directory=True)
-    ray.init(num_cpus=num_cpus, _node_ip_address=LOOPBACK, include_dashboard=False, _temp_dir=str(temp),
-             log_to_driver=True, configure_logging=False)
+    ray.init(**{"num_cpus": num_cpus, "include_dashboard": False, "_temp_dir": str(temp), "log_to_driver": True,
+                "configure_logging": False, **given, "_node_ip_address": LOOPBACK})
     return True
 
 

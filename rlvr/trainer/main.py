@@ -278,7 +278,7 @@ def fit_on_ray(config: RLVRConfig) -> dict[str, float]:
 
     run_dir = Path(config.trainer.default_local_dir).expanduser().resolve()
     ray_init = config.ray_kwargs.ray_init
-    started = init_ray(ray_init.address, ray_init.num_cpus, run_dir)
+    started = init_ray(ray_init.address, ray_init.num_cpus, run_dir, ray_init.runtime_env, ray_init.kwargs)
     rollout = "" if config.actor_rollout_ref.hybrid_engine else \
         f" + {config.actor_rollout_ref.rollout.n_gpus_per_node} rollout workers"
     print(f"[rlvr] Ray: {config.trainer.n_gpus_per_node * config.trainer.nnodes} workers{rollout}; Ray's logs: "

@@ -242,8 +242,9 @@ def test_verl_keys_without_effect_get_a_notice_and_renamed_ones_the_rlvr_name(tm
     with pytest.raises(ConfigError, match=r"'actor_rollout_ref.actor.ppo_micro_batch_size' \(from the command line\) "
                                           r"is verl's name; rlvr's is actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu"):
         load_config(overrides=["actor_rollout_ref.actor.ppo_micro_batch_size=4"])
-    with pytest.raises(ConfigError, match=r"'custom_reward_function' .* rlvr's is reward.custom_reward_function"):
-        load_config(overrides=["custom_reward_function.path=my.py"])
+    # verl's custom_reward_function is read as reward.custom_reward_function (issue 48; refused before)
+    cfg = load_config(overrides=["custom_reward_function.path=my.py", "custom_reward_function.name=score"])
+    assert (cfg.reward.custom_reward_function.path, cfg.reward.custom_reward_function.name) == ("my.py", "score")
 
 
 def test_recipe_by_name():

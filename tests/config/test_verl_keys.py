@@ -1,0 +1,190 @@
+"""Every key of verl's generated trainer config is known to rlvr (issue 48 §3).
+
+``verl_generated_keys.txt`` is the key list of verl's ``_generated_ppo_trainer.yaml`` (its commit in
+the header). Each key is read (a schema key, or verl's spelling of one), accepted with a notice as
+having no effect, refused with the reason and what to use, or passed to Ray. None is unknown.
+"""
+
+import sys
+import types
+from pathlib import Path
+
+import pytest
+
+from rlvr.config import ConfigError, load_config
+from rlvr.config.loader import _verl_entry, _verl_keys, known_keys
+from rlvr.config.verl_keys import VERL_ALIASES, VERL_NO_EFFECT, VERL_RENAMED
+
+KEYS_FILE = Path(__file__).parent / "verl_generated_keys.txt"
+VERL_KEYS = [line for line in KEYS_FILE.read_text().splitlines() if line and not line.startswith("#")]
+
+
+def _ancestors(key: str) -> list[str]:
+    parts = key.split(".")
+    return [".".join(parts[:i]) for i in range(len(parts), 0, -1)]
+
+
+def classify(key: str) -> str:
+    schema = known_keys()
+    if key in schema:
+        return "read"
+    if key in VERL_ALIASES:
+        return "read as " + VERL_ALIASES[key]
+    if key.startswith("ray_kwargs.ray_init."):
+        return "passed to ray.init"
+    for node in reversed(_ancestors(key)):  # outermost first, as the loader walks
+        if node in VERL_RENAMED:
+            return "refused: " + VERL_RENAMED[node]
+        if node not in schema and _verl_entry(node) is not None:
+            return "no effect: " + _verl_entry(node)[0]
+    return "unknown"
+
+
+def test_the_key_list_is_verls_whole_generated_config():
+    # 556 keys at the commit in the header; a few that anyone would look for are there
+    assert len(VERL_KEYS) == 556 and "b178a3cd56f58b2d502255daba591e92833930a7" in KEYS_FILE.read_text()
+    for key in ("actor_rollout_ref.actor.optim.lr", "reward_model.enable", "ray_kwargs.ray_init.num_cpus",
+                "actor_rollout_ref.rollout.multi_stage_wake_up", "global_profiler.steps"):
+        assert key in VERL_KEYS
+
+
+def test_no_key_of_verls_generated_config_is_unknown():
+    unknown = [key for key in VERL_KEYS if classify(key) == "unknown"]
+    assert unknown == []
+
+
+def test_the_classification_is_not_all_no_effect():
+    # the walk means something only if most keys are read: 137 were schema keys before this table
+    kinds = [classify(key).split(":")[0].split(" ")[0] for key in VERL_KEYS]
+    assert kinds.count("read") >= 145  # 137 schema keys + verl spellings read
+    assert classify("reward_model.enable") == "read as reward.reward_model.enable"
+    assert classify("actor_rollout_ref.actor.ppo_micro_batch_size").startswith("refused")
+
+
+def _nested(key: str, value) -> dict:
+    *parents, last = key.split(".")
+    data = node = {}
+    for part in parents:
+        node = node.setdefault(part, {})
+    node[last] = value
+    return data
+
+
+def _harmless_value_drops_and_other_value_is_refused(key: str) -> str:
+    """The key (under the entry that covers it) is dropped at a harmless value and refused at another;
+    returns the key the entry names."""
+    schema = known_keys()  # the walk meets the outermost entry first: a section's covers its sub-keys
+    entry_key = next(node for node in reversed(_ancestors(key)) if node not in schema and _verl_entry(node))
+    why, harmless = _verl_entry(entry_key)
+    data = _nested(entry_key, harmless[0]) if harmless else _nested(key, "anything")
+    _verl_keys(data, "the test")
+    assert data == {}, key  # dropped, and the sections it emptied with it
+    if harmless:
+        with pytest.raises(ConfigError, match=f"{entry_key}='a value verl would act on' \\(from the test\\) cannot be honoured: "
+                                              ".*; remove it"):
+            _verl_keys(_nested(entry_key, "a value verl would act on"), "the test")
+    return entry_key
+
+
+@pytest.mark.parametrize("key", [k for k in VERL_KEYS if classify(k).startswith("no effect")])
+def test_each_no_effect_key_drops_with_a_notice_or_is_refused_with_the_reason(key, capsys):
+    entry_key = _harmless_value_drops_and_other_value_is_refused(key)
+    assert entry_key in capsys.readouterr().err  # the notice names it
+
+
+@pytest.mark.parametrize("key, value", [
+    ("actor_rollout_ref.actor.use_torch_compile", False),
+    ("actor_rollout_ref.actor.fsdp_config.use_torch_compile", True),
+    ("actor_rollout_ref.rollout.layered_summon", True),
+    ("actor_rollout_ref.model.use_shm", True),
+    ("data.use_shm", True),
+    ("actor_rollout_ref.ref.ulysses_sequence_parallel_size", 1),
+    ("actor_rollout_ref.actor.fsdp_config.fsdp_size", 32),
+    ("actor_rollout_ref.rollout.multi_stage_wake_up", True),
+    ("global_profiler.tool", "torch_memory"),
+])
+def test_harmless_verl_keys_load_with_a_notice(key, value, capsys):
+    # refused before issue 48 (unknown keys, or fsdp_size != -1)
+    cfg = load_config(None, [f"{key}={value}"])
+    assert cfg.data.train_batch_size == 8  # the recipe's, untouched
+    assert key in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("key, value, reason", [
+    ("actor_rollout_ref.ref.ulysses_sequence_parallel_size", 2, "sequence parallelism"),
+    ("actor_rollout_ref.actor.ulysses_sequence_parallel_size", 4, "sequence parallelism"),
+    ("trainer.log_val_generations", 10, "rlvr rollout"),
+    ("actor_rollout_ref.rollout.over_sample_rate", 0.1, "biased to short responses"),
+    ("global_profiler.steps", "[1,2]", "no profiler hooks"),
+])
+def test_verl_settings_rlvr_cannot_honour_are_refused_with_the_reason(key, value, reason):
+    with pytest.raises(ConfigError, match=reason):
+        load_config(None, [f"{key}={value}"])
+
+
+def test_every_refusal_of_a_layer_is_reported_at_once():
+    with pytest.raises(ConfigError) as err:
+        load_config(None, ["actor_rollout_ref.actor.ulysses_sequence_parallel_size=4", "trainer.log_val_generations=10"])
+    assert "ulysses_sequence_parallel_size=4" in str(err.value) and "log_val_generations=10" in str(err.value)
+
+
+def test_dapo_overlong_keys_are_read_as_rlvrs(capsys):
+    # verl's DAPO scripts: +reward_model.reward_kwargs.overlong_buffer_cfg.* (and the recipe's reward_model.overlong_buffer.*)
+    cfg = load_config(None, ["reward_model.reward_manager=dapo",
+                             "+reward_model.reward_kwargs.overlong_buffer_cfg.enable=True",
+                             "+reward_model.reward_kwargs.overlong_buffer_cfg.len=32",
+                             "+reward_model.reward_kwargs.overlong_buffer_cfg.penalty_factor=0.5",
+                             "+reward_model.reward_kwargs.overlong_buffer_cfg.log=False",
+                             "+reward_model.reward_kwargs.max_resp_len=64"])
+    assert (cfg.reward.overlong_buffer.enable, cfg.reward.overlong_buffer.len,
+            cfg.reward.overlong_buffer.penalty_factor) == (True, 32, 0.5)
+    cfg = load_config(None, ["reward_model.overlong_buffer.enable=True", "reward_model.overlong_buffer.len=16"])
+    assert cfg.reward.overlong_buffer.enable and cfg.reward.overlong_buffer.len == 16
+    with pytest.raises(ConfigError, match="max_resp_len=128 .* differs from data.max_response_length=64"):
+        load_config(None, ["data.max_response_length=64", "+reward_model.reward_kwargs.max_resp_len=128"])
+
+
+def test_verls_reward_model_section_is_read():
+    cfg = load_config(None, ["reward_model.enable=True", "reward_model.model.path=/models/rm",
+                             "reward_model.micro_batch_size_per_gpu=4", "reward_model.use_reward_loop=True",
+                             "reward_model.rollout.name=vllm", "reward_model.rollout.tensor_model_parallel_size=1",
+                             "reward_model.num_workers=8"])
+    rm = cfg.reward.reward_model
+    assert (rm.enable, rm.path, rm.micro_batch_size_per_gpu) == (True, "/models/rm", 4)
+    with pytest.raises(ConfigError, match="reward_model.max_length=512 cannot be honoured"):
+        load_config(None, ["reward_model.max_length=512"])
+
+
+def test_ray_init_keys_reach_ray_init(monkeypatch, tmp_path):
+    """verl's ``ray_kwargs.ray_init.*`` (runtime_env and ray.init's other arguments) are passed to ray.init."""
+    cfg = load_config(None, ["+ray_kwargs.ray_init.runtime_env.env_vars.MY_FLAG=1",
+                             "+ray_kwargs.ray_init.runtime_env.working_dir=/tmp/job",
+                             "+ray_kwargs.ray_init.namespace=rl", "ray_kwargs.ray_init.num_cpus=3"])
+    assert cfg.ray_kwargs.ray_init.runtime_env == {"env_vars": {"MY_FLAG": 1}, "working_dir": "/tmp/job"}
+    calls = []
+    fake = types.SimpleNamespace(is_initialized=lambda: False, init=lambda **kw: calls.append(kw))
+    import rlvr.distributed.ray_workers as ray_workers
+
+    monkeypatch.setattr(ray_workers, "ray", fake)
+    ray_init = cfg.ray_kwargs.ray_init
+    assert ray_workers.init_ray(ray_init.address, ray_init.num_cpus, tmp_path, ray_init.runtime_env, ray_init.kwargs)
+    (kwargs,) = calls
+    assert kwargs["runtime_env"] == {"env_vars": {"MY_FLAG": 1}, "working_dir": "/tmp/job"}
+    assert kwargs["namespace"] == "rl" and kwargs["num_cpus"] == 3
+    assert kwargs["_node_ip_address"] == "127.0.0.1"  # the local Ray still listens on loopback only
+
+
+def test_a_ray_init_key_ray_does_not_take_is_refused():
+    with pytest.raises(ConfigError, match="ray_kwargs.ray_init.namespce .* not a keyword argument of ray.init; "
+                                          "did you mean 'namespace'"):
+        load_config(None, ["+ray_kwargs.ray_init.namespce=rl"])
+
+
+def test_the_passed_ray_init_names_are_ray_inits_own():
+    import inspect
+
+    ray = pytest.importorskip("ray")
+    from rlvr.config.loader import RAY_INIT_KWARGS
+
+    params = set(inspect.signature(ray.init).parameters)
+    assert {name for name in RAY_INIT_KWARGS if not name.startswith("_")} <= params
