@@ -59,21 +59,22 @@ def _cmd_train(args: argparse.Namespace) -> None:
     if args.explain:
         from rlvr.trainer.explain import objective_card
 
-        print(objective_card(load_config(args.config, args.overrides)))
+        print(objective_card(_load(args)))
         return
     if args.dry_run:
         _cmd_plan(args)
         return
     torch.set_num_threads(max(1, torch.get_num_threads()))
     signal.signal(signal.SIGTERM, _terminate_as_interrupt)
-    run_training(load_config(args.config, args.overrides))
+    run_training(_load(args))
 
 
 def _cmd_plan(args: argparse.Namespace) -> None:
     """Per-device memory of the run from the model's config.json alone; refuses a plan over the device."""
     from rlvr.trainer.memory_plan import check_plan, format_plan, plan_memory, read_model_config
 
-    config = load_config(args.config, args.overrides)
+    # a device of a given size is a GPU: trainer.device=auto plans it as cuda (docs/configuration.md)
+    config = _load(args, device_hint="cuda" if args.device_memory_gb is not None else None)
     plan = plan_memory(config, read_model_config(config.actor_rollout_ref.model.path), args.device_memory_gb)
     print(format_plan(plan))
     check_plan(plan, config)
@@ -162,7 +163,7 @@ def _cmd_plot(args: argparse.Namespace) -> None:
 
 
 def _cmd_config(args: argparse.Namespace) -> None:
-    print(to_yaml(load_config(args.config, args.overrides)), end="")
+    print(to_yaml(_load(args)), end="")
 
 
 def _cmd_rollout(args: argparse.Namespace) -> None:
@@ -175,7 +176,7 @@ def _cmd_rollout(args: argparse.Namespace) -> None:
     from rlvr.rewards.manager import with_trajectory_info
     from rlvr.rollout import ToolSetup, build_rollout
 
-    cfg = load_config(args.config, args.overrides)
+    cfg = _load(args)
     torch.set_num_threads(max(1, torch.get_num_threads()))
     model, tokenizer = load_model_and_tokenizer(cfg.actor_rollout_ref.model.path)
     tools = ToolSetup.from_config(tokenizer, cfg.actor_rollout_ref.rollout)
@@ -328,9 +329,35 @@ _positive_float.__name__ = "float"
 
 def _add_config_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", help="a YAML file layered over the GRPO recipe, or a shipped recipe: "
-                                    "grpo (the default), dapo, gsm8k_zh")
+                                    "grpo (the default), dapo, gsm8k_zh, calculator; verl: verl's defaults")
+    p.add_argument("--config-path", help="Hydra's (verl's scripts): the folder of --config-name")
+    p.add_argument("--config-name", help="Hydra's (verl's scripts): a YAML in --config-path; one whose defaults "
+                                         "list names ppo_trainer starts from verl's defaults")
+    p.add_argument("--base", choices=["grpo", "verl"], default=None,
+                   help="what the config starts from: grpo (rlvr's recipe) or verl (verl's defaults, as "
+                        "python -m rlvr.trainer.main_ppo); default: verl for a YAML of verl's shape, else grpo")
     p.add_argument("overrides", nargs="*", help="key=value overrides, e.g. data.train_batch_size=16; also "
                                                 "+key=value, ++key=value and ~key (back to the schema default)")
+
+
+def _config_file(args: argparse.Namespace) -> str | None:
+    """--config, or Hydra's --config-path/--config-name as verl's scripts pass them."""
+    if args.config_name is None:
+        if args.config_path is not None:
+            raise ConfigError("--config-path names the folder of --config-name; give --config-name too")
+        return args.config
+    if args.config is not None:
+        raise ConfigError("--config and --config-name both name the config file; keep one")
+    name = args.config_name if args.config_name.endswith((".yaml", ".yml")) else f"{args.config_name}.yaml"
+    path = Path(args.config_path or ".").expanduser() / name
+    if not path.is_file():
+        raise ConfigError(f"--config-name {args.config_name!r}: {path} does not exist (looked in --config-path "
+                          f"{args.config_path or '.'!r})")
+    return str(path)
+
+
+def _load(args: argparse.Namespace, device_hint: str | None = None):
+    return load_config(_config_file(args), args.overrides, base=args.base, device_hint=device_hint)
 
 
 def _add_plan_args(p: argparse.ArgumentParser) -> None:

@@ -34,6 +34,7 @@ from rlvr.config.validate import ConfigError, validate
 
 RECIPES_DIR = Path(__file__).parent
 DEFAULT_RECIPE = RECIPES_DIR / "grpo.yaml"
+VERL_BASE = RECIPES_DIR / "verl.yaml"  # verl's defaults: the base of a verl script instead of the GRPO recipe
 
 # verl's keys that are not schema keys (no effect, read under rlvr's name, or renamed): rlvr/config/verl_keys.py
 # ray.init's keyword arguments (ray 2.x): verl's ``ray_kwargs.ray_init.<name>`` keys are passed through to it
@@ -375,16 +376,35 @@ def _read_yaml(path: Path) -> dict[str, Any]:
     return data
 
 
-def load_config(config_file: str | Path | None = None, overrides: Iterable[str] = ()) -> RLVRConfig:
-    """Schema defaults, then the GRPO recipe (``grpo.yaml``), then ``config_file`` (a partial
-    file changes only what it sets; a recipe name like ``dapo`` finds a shipped recipe), then
-    the overrides; ``~key`` overrides restore schema defaults last."""
+def load_config(config_file: str | Path | None = None, overrides: Iterable[str] = (), *, base: str | None = None,
+                device_hint: str | None = None) -> RLVRConfig:
+    """Schema defaults, then a base: the GRPO recipe (``grpo.yaml``), or verl's defaults (``verl.yaml``)
+    for a verl script; then ``config_file`` (a partial file changes only what it sets; a recipe name
+    like ``dapo`` finds a shipped recipe); then the overrides; ``~key`` overrides restore schema
+    defaults last.
+
+    ``base``: ``grpo`` or ``verl``; None chooses verl's when ``config_file`` is ``verl`` or a YAML of
+    verl's shape (a Hydra ``defaults`` list naming ``ppo_trainer``), else the GRPO recipe.
+    ``device_hint``: ``cuda`` when the command plans a GPU (``rlvr plan --device-memory-gb``), so that
+    ``trainer.device=auto`` resolves to it on a machine without one."""
     sets, deletions = split_overrides(overrides)
-    layers = [(_read_yaml(DEFAULT_RECIPE), f"the recipe {str(DEFAULT_RECIPE)!r}")]
+    file_layer, verl_shaped = None, False
     if config_file:
         path = recipe_path(config_file)
-        if path.resolve() != DEFAULT_RECIPE.resolve():
-            layers.append((_read_yaml(path), f"file {str(path)!r}"))
+        data = _read_yaml(path)
+        verl_shaped = _hydra_keys(data, f"file {str(path)!r}")
+        if path.resolve() == VERL_BASE.resolve():
+            verl_shaped = True
+        elif path.resolve() != DEFAULT_RECIPE.resolve():
+            file_layer = (data, f"file {str(path)!r}")
+    if base is None:
+        base = "verl" if verl_shaped else "grpo"
+    if base not in ("grpo", "verl"):
+        raise ConfigError(f"base {base!r}: choose grpo (rlvr's recipe) or verl (verl's defaults)")
+    base_path = VERL_BASE if base == "verl" else DEFAULT_RECIPE
+    layers = [(_read_yaml(base_path), f"{'verl defaults' if base == 'verl' else 'the recipe'} {str(base_path)!r}")]
+    if file_layer:
+        layers.append(file_layer)
     layers.append((parse_overrides(sets), "the command line"))
     merged = OmegaConf.structured(RLVRConfig)
     defaults = OmegaConf.structured(RLVRConfig)
@@ -415,16 +435,59 @@ def load_config(config_file: str | Path | None = None, overrides: Iterable[str] 
     # files by absolute path: Ray's TaskRunner and workers import them again, from their own folder
     cfg.custom_modules = [os.path.abspath(Path(e).expanduser()) if e.endswith(".py") else e for e in cfg.custom_modules]
     import_custom_modules(cfg.custom_modules)
+    resolve_device(cfg, device_hint)
     resolve_precision(cfg)
     resolve_strategy(cfg)
     resolve_critic_batches(cfg)
     validate(cfg)
+    _check_tools(cfg)
     if engine_set_by and cfg.actor_rollout_ref.hybrid_engine:
         print(f"[rlvr] note: actor_rollout_ref.rollout.checkpoint_engine (from {', '.join(engine_set_by)}) has no "
               "effect with hybrid_engine=true: the engine shares the actor's process and gets the weights in place "
               "(vLLM: streamed one tensor at a time); it sets the broadcast to a rollout pool of its own "
               "(hybrid_engine=false)", file=sys.stderr, flush=True)
     return cfg
+
+
+def _check_tools(cfg: RLVRConfig) -> None:
+    """The tools YAML's classes import and are tools (verl's mapped to rlvr's, or refused by name), before
+    anything loads: ``rlvr plan`` and ``--explain`` see what training would."""
+    mt = cfg.actor_rollout_ref.rollout.multi_turn
+    if mt.enable and mt.tool_config_path:
+        from rlvr.tools.config import load_tools
+
+        load_tools(mt.tool_config_path, instantiate=False)
+
+
+def _hydra_keys(data: dict[str, Any], source: str) -> bool:
+    """A YAML of verl's shape (``--config-path``/``--config-name``) carries Hydra's own keys: ``hydra``
+    (search paths and run folders, Hydra's business) is dropped with a notice, and the ``defaults`` list
+    may name verl's ``ppo_trainer`` (and ``_self_``): returns whether it does, which makes verl's defaults
+    the base. Another entry would compose a config group rlvr does not have: refused."""
+    hydra, entries = data.pop("hydra", None), data.pop("defaults", None)
+    if hydra is None and entries is None:
+        return False
+    if not isinstance(entries, (list, type(None))):
+        raise ConfigError(f"defaults (from {source}) must be Hydra's defaults list, e.g. [ppo_trainer, _self_]")
+    other = [e for e in entries or [] if e not in ("ppo_trainer", "_self_")]
+    if other:
+        raise ConfigError(f"defaults (from {source}) entry {other[0]!r}: rlvr composes no Hydra config groups; "
+                          "verl's ppo_trainer (its defaults) and _self_ are the entries it reads; put the group's "
+                          "keys in this file")
+    verl = "ppo_trainer" in (entries or [])
+    named = [key for key, value in (("hydra", hydra), ("defaults", entries)) if value is not None]
+    print(f"[rlvr] note: {' and '.join(named)} (from {source}): Hydra's own settings, no rlvr keys"
+          + ("; the defaults list names verl's ppo_trainer, so verl's defaults (rlvr/config/verl.yaml) are the "
+             "base" if verl else ""), file=sys.stderr, flush=True)
+    return verl
+
+
+def resolve_device(cfg: RLVRConfig, hint: str | None) -> None:
+    """``trainer.device=auto`` is cuda wherever a GPU is present, at run time; a command that plans a GPU
+    (``rlvr plan --device-memory-gb``: a device of that size is a GPU's) resolves it to cuda here, so the
+    plan holds vLLM's KV cache and the precisions on the device, not in host memory."""
+    if cfg.trainer.device == "auto" and hint == "cuda":
+        cfg.trainer.device = "cuda"
 
 
 PRECISION_KEYS = ("actor_rollout_ref.actor.dtype", "actor_rollout_ref.rollout.dtype",

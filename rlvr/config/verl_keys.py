@@ -176,8 +176,8 @@ VERL_NO_EFFECT: dict[str, tuple[str, tuple | None]] = {
     "actor_rollout_ref.rollout.scheduling_policy": ("requests are served first come, first served", ("fcfs",)),
     "actor_rollout_ref.rollout.disable_log_stats": ("rlvr logs its own generation metrics", None),
     "actor_rollout_ref.rollout.over_sample_rate": (
-        "rlvr waits for every row of the batch: cutting the slowest rows would train on a batch biased to short "
-        "responses", (0, 0.0)),
+        "verl declares it (abort the slowest requests) but no verl code reads it at b178a3cd; rlvr waits for "
+        "every row of the batch", None),
     "actor_rollout_ref.rollout.multi_stage_wake_up": (
         "rlvr's vLLM always wakes in two stages (its weights, then the KV cache once the actor has moved off)", None),
     "actor_rollout_ref.rollout.engine_kwargs.vllm": (

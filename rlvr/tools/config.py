@@ -29,6 +29,18 @@ from rlvr.tools.schema import OpenAIFunctionToolSchema, SchemaError
 
 SHIPPED = Path(__file__).parent / "configs"  # calculator.yaml, python.yaml: usable by name
 BUILTIN_TOOLS = {"calculator": "rlvr.tools.calculator.CalculatorTool", "python": "rlvr.tools.python.PythonTool"}
+# verl's tool classes (verl/tools/): rlvr's own where it has one, else why not (a verl script's tools YAML names them)
+VERL_TOOLS = {"verl.tools.gsm8k_tool.Gsm8kTool": "rlvr.tools.gsm8k.Gsm8kTool"}
+VERL_TOOLS_REFUSED = {
+    "verl.tools.sandbox_fusion_tools.SandboxFusionTool": (
+        "it calls a SandboxFusion service; rlvr runs code in a local sandbox: class_name rlvr.tools.python.PythonTool "
+        "(its config: timeout_s, memory_mb, ...; see rlvr/tools/configs/python.yaml)"),
+    "verl.tools.search_tool.SearchTool": "retrieval tools (a search service) are not implemented",
+    "verl.tools.mcp_search_tool.MCPSearchTool": "MCP tools are not implemented",
+    "verl.tools.mcp_base_tool.MCPBaseTool": "MCP tools are not implemented",
+    "verl.tools.geo3k_tool.Geo3kTool": "rlvr trains text models (geo3k is a vision task)",
+    "verl.tools.image_zoom_in_tool.ImageZoomInTool": "rlvr trains text models (the tool crops images)",
+}
 
 
 class ToolConfigError(ConfigError):
@@ -39,7 +51,12 @@ class ToolConfigError(ConfigError):
 def _import(class_name: str, where: str, base: Path) -> Any:
     """``module.Class``, or ``path/to/file.py:Name`` (a relative path is looked up next to the
     tools YAML first, then from the working directory)."""
-    class_name = BUILTIN_TOOLS.get(class_name, class_name)
+    class_name = BUILTIN_TOOLS.get(class_name, VERL_TOOLS.get(class_name, class_name))
+    if class_name.startswith("verl."):
+        why = VERL_TOOLS_REFUSED.get(class_name, "verl's tool classes are not rlvr tools")
+        raise ToolConfigError(f"{where}: {class_name!r} is verl's tool class, and rlvr has none like it: {why}; "
+                              f"rlvr's: {sorted(BUILTIN_TOOLS)}, {sorted(VERL_TOOLS)} (read as rlvr's own), or "
+                              "your BaseTool subclass / @function_tool function")
     try:
         if ":" in class_name:  # path/to/file.py:Name
             path, _, attr = class_name.rpartition(":")
@@ -62,8 +79,9 @@ def _import(class_name: str, where: str, base: Path) -> Any:
     return getattr(module, attr)
 
 
-def build_tool(entry: Any, where: str, base: Path = Path(".")) -> BaseTool:
-    """One ``tools:`` entry -> a tool instance."""
+def build_tool(entry: Any, where: str, base: Path = Path("."), instantiate: bool = True) -> BaseTool | None:
+    """One ``tools:`` entry -> a tool instance (``instantiate=False``: only check the entry, its class
+    and schema, building nothing: what config load does)."""
     if not isinstance(entry, dict) or "class_name" not in entry:
         raise ToolConfigError(f"{where}: each tool needs a class_name (and optional config, tool_schema)")
     unknown = set(entry) - {"class_name", "config", "tool_schema"}
@@ -82,21 +100,24 @@ def build_tool(entry: Any, where: str, base: Path = Path(".")) -> BaseTool:
         except SchemaError as err:
             raise ToolConfigError(str(err)) from None
     target = _import(str(entry["class_name"]), f"{where}.class_name", base)
+    if not (isinstance(target, FunctionTool) or isinstance(target, type) and issubclass(target, BaseTool)):
+        raise ToolConfigError(f"{where}.class_name: {entry['class_name']!r} is neither a BaseTool subclass nor a "
+                              "@function_tool function")
+    if not instantiate:
+        return None
     try:
         if isinstance(target, FunctionTool):
             return FunctionTool(target.fn, config, schema or target.tool_schema)
-        if isinstance(target, type) and issubclass(target, BaseTool):
-            return target(config, schema)
+        return target(config, schema)
     except ToolConfigError:
         raise
     except Exception as err:
         raise ToolConfigError(f"{where}: building {entry['class_name']!r} failed: {err}") from None
-    raise ToolConfigError(f"{where}.class_name: {entry['class_name']!r} is neither a BaseTool subclass nor a "
-                          "@function_tool function")
 
 
-def load_tools(path: str | Path) -> dict[str, BaseTool]:
-    """The tools of a tools YAML (a path, or the name of a shipped file: calculator, python), by name."""
+def load_tools(path: str | Path, instantiate: bool = True) -> dict[str, BaseTool]:
+    """The tools of a tools YAML (a path, or the name of a shipped file: calculator, python), by name.
+    ``instantiate=False`` checks every entry (its class imports and is a tool) and builds none."""
     path = Path(path).expanduser()
     if not path.exists() and (SHIPPED / f"{path}.yaml").exists():  # a shipped tools file by name
         path = SHIPPED / f"{path}.yaml"
@@ -110,7 +131,9 @@ def load_tools(path: str | Path) -> dict[str, BaseTool]:
         raise ToolConfigError(f"{path}: must hold a non-empty list under 'tools:'")
     tools: dict[str, BaseTool] = {}
     for i, entry in enumerate(data["tools"]):
-        tool = build_tool(entry, f"{path}: tools[{i}]", path.parent)
+        tool = build_tool(entry, f"{path}: tools[{i}]", path.parent, instantiate)
+        if tool is None:
+            continue
         if tool.name in tools:
             raise ToolConfigError(f"{path}: tools[{i}]: a second tool named {tool.name!r}")
         tools[tool.name] = tool

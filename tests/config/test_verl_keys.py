@@ -102,6 +102,7 @@ def test_each_no_effect_key_drops_with_a_notice_or_is_refused_with_the_reason(ke
     ("actor_rollout_ref.actor.fsdp_config.fsdp_size", 32),
     ("actor_rollout_ref.rollout.multi_stage_wake_up", True),
     ("global_profiler.tool", "torch_memory"),
+    ("actor_rollout_ref.rollout.over_sample_rate", 0.1),
 ])
 def test_harmless_verl_keys_load_with_a_notice(key, value, capsys):
     # refused before issue 48 (unknown keys, or fsdp_size != -1)
@@ -114,7 +115,6 @@ def test_harmless_verl_keys_load_with_a_notice(key, value, capsys):
     ("actor_rollout_ref.ref.ulysses_sequence_parallel_size", 2, "sequence parallelism"),
     ("actor_rollout_ref.actor.ulysses_sequence_parallel_size", 4, "sequence parallelism"),
     ("trainer.log_val_generations", 10, "rlvr rollout"),
-    ("actor_rollout_ref.rollout.over_sample_rate", 0.1, "biased to short responses"),
     ("global_profiler.steps", "[1,2]", "no profiler hooks"),
 ])
 def test_verl_settings_rlvr_cannot_honour_are_refused_with_the_reason(key, value, reason):
