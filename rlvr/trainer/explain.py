@@ -70,9 +70,11 @@ def objective_card(cfg: RLVRConfig) -> str:
     prompts, n = data.train_batch_size, rollout.n
     minis = max(1, -(-prompts // actor.ppo_mini_batch_size))  # the last may be smaller
     updates = actor.ppo_epochs * minis
+    micro = (f"micro-batches of up to {actor.ppo_max_token_len_per_gpu} tokens per device (use_dynamic_bsz)"
+             if actor.use_dynamic_bsz else f"micro-batches of {actor.ppo_micro_batch_size_per_gpu} rows per device")
     card.add(f"batch: {prompts} prompts x n={n} = {prompts * n} rows a step; {minis} mini-batch(es) of "
              f"{actor.ppo_mini_batch_size} prompts x {actor.ppo_epochs} epoch(s) = {updates} optimizer step(s) per "
-             f"rollout; micro-batches of {actor.ppo_micro_batch_size_per_gpu} rows per device")
+             f"rollout; {micro}")
     if algo.filter_groups.enable:
         card.add(f"dynamic sampling (DAPO): groups whose {algo.filter_groups.metric} does not vary are dropped and "
                  "more prompts drawn until the batch is full")

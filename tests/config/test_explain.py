@@ -62,3 +62,12 @@ def test_rollout_correction_is_on_the_card():
     assert "importance sampling: pi_old / pi_rollout, token weights at 2.0, rejection seq_mean_k1 at 0.9_1.1" in card
     bypass = objective_card(load_config(None, ["algorithm.rollout_correction.bypass_mode=true"]))
     assert "bypass mode, pi_old = the rollout's log-probs (ppo_clip)" in bypass
+
+
+def test_the_card_gives_the_token_budget_under_dynamic_batch_size():
+    # use_dynamic_bsz: micro-batches are cut by tokens, so a row count would be a number rlvr never uses
+    card = objective_card(load_config(None, ["actor_rollout_ref.actor.use_dynamic_bsz=true",
+                                             "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=4096"]))
+    assert "micro-batches of up to 4096 tokens per device (use_dynamic_bsz)" in card
+    assert "rows per device" not in card
+    assert "micro-batches of 16 rows per device" in objective_card(load_config(None, []))
