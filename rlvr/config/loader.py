@@ -252,10 +252,12 @@ def _ray_init_keys(data: dict[str, Any], source: str) -> None:
         ray_init.setdefault("kwargs", {})[name] = ray_init.pop(name)
 
 
-def _fully_async_keys(data: dict[str, Any], source: str) -> None:
+def _fully_async_keys(data: dict[str, Any], source: str, merged=None) -> None:
     """verl's fully-async recipe spells async training ``async_training.*``; rlvr reads it onto
     its one mechanism (``trainer.v1.trainer_mode``, ``colocate_async.num_warmup_batches``) and
-    says so, or refuses what that mechanism cannot hold, with the reason."""
+    says so, or refuses what that mechanism cannot hold, with the reason. Keys left out take verl's
+    defaults (``use_rollout_log_probs`` true, ``trigger_parameter_sync_step`` 4); ``merged`` is the
+    config of the earlier layers (where the actor's mini-batch may be set)."""
     section = data.pop("async_training", None)
     if section is None:
         return
@@ -263,16 +265,14 @@ def _fully_async_keys(data: dict[str, Any], source: str) -> None:
     if not isinstance(section, dict):
         raise ConfigError(f"async_training {where} must be a section (verl's fully-async recipe keys)")
     refused = {
-        "trigger_parameter_sync_step": (1, "rlvr loads the engine's weights after every step; to update K times "
-                                           "between two loads, make data.train_batch_size K x "
-                                           "actor_rollout_ref.actor.ppo_mini_batch_size"),
         "require_batches": (1, "a step trains data.train_batch_size prompts; set that instead"),
         "partial_rollout": (False, "rlvr loads new weights between two generations, never during one, so no "
                                    "request spans two weight versions"),
         "compute_prox_log_prob": (False, "the update's pi_old is recomputed by the actor for every step"),
         "use_trainer_do_validate": (False, "validation runs on the rollout engine, after the batches queued before it"),
     }
-    unknown = sorted(set(section) - set(refused) - {"staleness_threshold", "checkpoint_engine", "use_rollout_log_probs"})
+    unknown = sorted(set(section) - set(refused) - {"staleness_threshold", "checkpoint_engine", "use_rollout_log_probs",
+                                                    "trigger_parameter_sync_step"})
     if unknown:
         raise ConfigError(f"async_training.{unknown[0]} {where}: not a key of verl's fully-async recipe that rlvr "
                           f"reads; rlvr's async keys are trainer.v1.trainer_mode and "
@@ -281,8 +281,10 @@ def _fully_async_keys(data: dict[str, Any], source: str) -> None:
         if key in section and section[key] != allowed:
             raise ConfigError(f"async_training.{key}={section[key]!r} {where} cannot be honoured: {why}; remove it "
                               f"or set it to {allowed!r}")
-    if section.get("use_rollout_log_probs"):  # pi_old = the rollout's log-probs: verl's bypass mode
+    use_rollout_log_probs = section.get("use_rollout_log_probs", True)  # verl's default
+    if use_rollout_log_probs:  # pi_old = the rollout's log-probs: verl's bypass mode
         data.setdefault("algorithm", {}).setdefault("rollout_correction", {}).setdefault("bypass_mode", True)
+    steps_note = _updates_between_loads(data, section, where, merged)
     staleness = section.get("staleness_threshold", 1)
     if not isinstance(staleness, (int, float)) or staleness < 0:
         raise ConfigError(f"async_training.staleness_threshold={staleness!r} {where} must be a number >= 0")
@@ -300,8 +302,36 @@ def _fully_async_keys(data: dict[str, Any], source: str) -> None:
           + ("; async_training.checkpoint_engine has no effect: the weights go to a rollout pool by "
              "actor_rollout_ref.rollout.checkpoint_engine (a broadcast per version sent)"
              if "checkpoint_engine" in section else "")
-          + ("; use_rollout_log_probs=true read as algorithm.rollout_correction.bypass_mode=true (pi_old is the "
-             "rollout's log-probs)" if section.get("use_rollout_log_probs") else ""), file=sys.stderr, flush=True)
+          + ("; use_rollout_log_probs=true" + ("" if "use_rollout_log_probs" in section else " (verl's default)")
+             + " read as algorithm.rollout_correction.bypass_mode=true (pi_old is the rollout's log-probs)"
+             if use_rollout_log_probs else "") + steps_note, file=sys.stderr, flush=True)
+
+
+def _updates_between_loads(data: dict[str, Any], section: dict[str, Any], where: str, merged) -> str:
+    """verl's fully-async trainer takes an optimizer step per ppo_mini_batch_size prompts and loads the
+    rollout's weights every ``trigger_parameter_sync_step`` (K) of them; it reads no data.train_batch_size.
+    rlvr loads after every step, so a step is K mini-batches: data.train_batch_size = K x ppo_mini_batch_size.
+    Returns the notice's clause."""
+    given = "trigger_parameter_sync_step" in section
+    trigger = section.get("trigger_parameter_sync_step", 4)  # verl's default
+    if isinstance(trigger, bool) or not isinstance(trigger, int) or trigger < 1:
+        raise ConfigError(f"async_training.trigger_parameter_sync_step={trigger!r} {where} must be an integer >= 1 "
+                          "(optimizer steps between two weight loads)")
+    mini = _flatten(data).get("actor_rollout_ref.actor.ppo_mini_batch_size")
+    if mini is None and merged is not None:
+        mini = OmegaConf.select(merged, "actor_rollout_ref.actor.ppo_mini_batch_size")
+    if not isinstance(mini, int) or mini < 1:
+        raise ConfigError(f"async_training {where}: verl's fully-async trainer updates per "
+                          "actor_rollout_ref.actor.ppo_mini_batch_size prompts; set it (>= 1)")
+    batch = data.setdefault("data", {})
+    before = batch.get("train_batch_size")
+    batch["train_batch_size"] = trigger * mini
+    default = "" if given else " (verl's default)"
+    return (f"; trigger_parameter_sync_step={trigger}{default}: {trigger} "
+            f"updates of ppo_mini_batch_size={mini} prompts between two weight loads, read as "
+            f"data.train_batch_size={trigger * mini}"
+            + (f" (the {before} given is not read by verl's fully-async trainer)"
+               if before is not None and before != trigger * mini else ""))
 
 
 def _rollout_is_keys(data: dict[str, Any], source: str) -> None:
@@ -412,7 +442,7 @@ def load_config(config_file: str | Path | None = None, overrides: Iterable[str] 
     engine_set_by = [source for data, source in layers
                      if "checkpoint_engine" in (data.get("actor_rollout_ref") or {}).get("rollout", {})]
     for data, source in layers:
-        _fully_async_keys(data, source)
+        _fully_async_keys(data, source, merged)
         _rollout_is_keys(data, source)
         _verl_aliases(data, source)
         _verl_keys(data, source)

@@ -188,3 +188,25 @@ def test_the_passed_ray_init_names_are_ray_inits_own():
 
     params = set(inspect.signature(ray.init).parameters)
     assert {name for name in RAY_INIT_KWARGS if not name.startswith("_")} <= params
+
+
+def test_fully_async_keys_left_out_take_verls_defaults(capsys):
+    """verl's fully-async recipe: use_rollout_log_probs defaults to true (pi_old = the rollout's log-probs,
+    rlvr's bypass mode) and trigger_parameter_sync_step to 4 (4 optimizer steps between weight loads)."""
+    cfg = load_config(None, ["async_training.staleness_threshold=1", "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+                             "data.train_batch_size=0"])  # verl's fully-async scripts set 0: it reads no batch size
+    assert cfg.algorithm.rollout_correction.bypass_mode is True
+    # 4 updates of 4 prompts between two loads: a step of 4 x 4 = 16 prompts, 16 / 4 = 4 mini-batches
+    assert cfg.data.train_batch_size == 16 and cfg.actor_rollout_ref.actor.ppo_mini_batch_size == 4
+    assert "trigger_parameter_sync_step=4 (verl's default)" in capsys.readouterr().err
+    off = load_config(None, ["async_training.staleness_threshold=1", "async_training.use_rollout_log_probs=false",
+                             "async_training.trigger_parameter_sync_step=2"])
+    # the recipe's mini-batch of 8 prompts: 2 x 8 = 16
+    assert off.algorithm.rollout_correction.bypass_mode is False and off.data.train_batch_size == 16
+
+
+def test_fully_async_trigger_reads_the_mini_batch_of_an_earlier_layer(tmp_path):
+    f = tmp_path / "run.yaml"
+    f.write_text("actor_rollout_ref:\n  actor:\n    ppo_mini_batch_size: 2\n")
+    cfg = load_config(f, ["async_training.staleness_threshold=1", "async_training.trigger_parameter_sync_step=3"])
+    assert cfg.data.train_batch_size == 6  # 3 updates x 2 prompts
