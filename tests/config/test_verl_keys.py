@@ -151,7 +151,7 @@ def test_verls_reward_model_section_is_read():
                              "reward_model.num_workers=8"])
     rm = cfg.reward.reward_model
     assert (rm.enable, rm.path, rm.micro_batch_size_per_gpu) == (True, "/models/rm", 4)
-    with pytest.raises(ConfigError, match="reward_model.max_length=512 cannot be honoured"):
+    with pytest.raises(ConfigError, match=r"reward_model.max_length=512 \(from the command line\) cannot be honoured"):
         load_config(None, ["reward_model.max_length=512"])
 
 
