@@ -186,3 +186,14 @@ def test_refused_verl_scripts_are_refused_only_for_their_stated_reasons(path, tm
     else:
         assert "sequence parallelism (Ulysses) is not implemented" in message
         assert "trainer.log_val_generations=10" in message and "fsdp_size" not in message
+
+
+def test_config_verl_is_verls_defaults_and_the_recipe_is_not(capsys):
+    verl, recipe = load_config("verl"), load_config(None)
+    for key, value in VERL_DEFAULTS.items():
+        assert _get(verl, key) == value, key
+    # the GRPO recipe's: KL loss on, lr 1e-5, groups of 8, validation and checkpoints every 12 steps
+    assert (recipe.actor_rollout_ref.actor.use_kl_loss, recipe.actor_rollout_ref.actor.optim.lr,
+            recipe.actor_rollout_ref.rollout.n, recipe.trainer.test_freq, recipe.trainer.save_freq) == (True, 1e-5, 8, 12, 12)
+    assert main(["config", "show", "--base", "verl"]) == 0
+    assert "project_name: verl_examples" in capsys.readouterr().out
