@@ -171,7 +171,7 @@ def _verl_walk(node: dict[str, Any], prefix: str, schema: dict[str, Any], refuse
                 continue
             dropped.setdefault(why, []).append(key)
             del node[name]
-        elif isinstance(value, dict):
+        elif isinstance(value, dict) and _is_section(key, schema):  # a dict-valued key's entries are its value
             _verl_walk(value, key + ".", schema, refused, dropped, source)
             if not value and _is_section(key, schema):  # emptied by the walk
                 del node[name]

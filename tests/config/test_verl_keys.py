@@ -210,3 +210,10 @@ def test_fully_async_trigger_reads_the_mini_batch_of_an_earlier_layer(tmp_path):
     f.write_text("actor_rollout_ref:\n  actor:\n    ppo_mini_batch_size: 2\n")
     cfg = load_config(f, ["async_training.staleness_threshold=1", "async_training.trigger_parameter_sync_step=3"])
     assert cfg.data.train_batch_size == 6  # 3 updates x 2 prompts
+
+
+def test_a_dict_valued_keys_entries_are_its_value_not_verl_keys():
+    # reward_kwargs is the scorer's: a kwarg that happens to share a verl key's name (use_shm) is passed on
+    cfg = load_config(None, ["+reward.custom_reward_function.reward_kwargs.use_shm=true",
+                             "+reward.custom_reward_function.reward_kwargs._target_=x"])
+    assert cfg.reward.custom_reward_function.reward_kwargs == {"use_shm": True, "_target_": "x"}
