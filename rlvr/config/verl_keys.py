@@ -24,6 +24,8 @@ _CHUNKED = "the vocabulary projection already runs only where a response token i
 _PROFILER = "rlvr has no profiler hooks (verl profiles only the steps listed in global_profiler.steps)"
 _SP = ("sequence parallelism (Ulysses) is not implemented: each device holds whole sequences; bound a "
        "micro-batch's tokens with actor_rollout_ref.actor.use_dynamic_bsz and ppo_max_token_len_per_gpu")
+_CRITIC_FSDP = ("the critic is sharded like the actor (actor.strategy, its mixed precision) and never offloaded; "
+                "its own FSDP settings are not read")
 _VERL_COPY = "verl's copy of another key, filled in by verl itself; rlvr reads the original"
 _RM_SERVER = ("rlvr scores with the reward model as a transformers sequence classifier in the trainer "
               "(reward.reward_model); verl's reward-model server and worker settings do not apply")
@@ -93,8 +95,13 @@ VERL_NO_EFFECT: dict[str, tuple[str, tuple | None]] = {
     "*.fsdp_config.strategy": ("every model is sharded as actor_rollout_ref.actor.strategy says", ("fsdp", "fsdp2")),
     "*.fsdp_config.dtype": ("compute precision is actor_rollout_ref.actor.dtype (auto: bfloat16 on GPUs, "
                             "verl's); set that", ("bfloat16", "bf16")),
-    "critic.model.fsdp_config": ("the critic is sharded like the actor (actor.strategy, its mixed precision) and "
-                                 "never offloaded; its own fsdp_config is not read", None),
+    # the critic's engine config: critic.model.fsdp_config, and critic.fsdp in verl's newer layout
+    "critic.model.fsdp_config.param_offload": (_CRITIC_FSDP, (False,)),
+    "critic.model.fsdp_config.optimizer_offload": (_CRITIC_FSDP, (False,)),
+    "critic.model.fsdp_config.*": (_CRITIC_FSDP, None),
+    "critic.fsdp.param_offload": (_CRITIC_FSDP, (False,)),
+    "critic.fsdp.optimizer_offload": (_CRITIC_FSDP, (False,)),
+    "critic.fsdp.*": (_CRITIC_FSDP, None),
     # actor
     "actor_rollout_ref.actor.ulysses_sequence_parallel_size": (_SP, (1,)),
     "actor_rollout_ref.ref.ulysses_sequence_parallel_size": (_SP, (1,)),

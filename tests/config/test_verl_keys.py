@@ -217,3 +217,13 @@ def test_a_dict_valued_keys_entries_are_its_value_not_verl_keys():
     cfg = load_config(None, ["+reward.custom_reward_function.reward_kwargs.use_shm=true",
                              "+reward.custom_reward_function.reward_kwargs._target_=x"])
     assert cfg.reward.custom_reward_function.reward_kwargs == {"use_shm": True, "_target_": "x"}
+
+
+def test_the_critics_fsdp_section_in_both_of_verls_layouts(capsys):
+    # verl's newer scripts write critic.fsdp.*, older ones critic.model.fsdp_config.*
+    load_config(None, ["critic.fsdp.param_offload=false", "critic.fsdp.optimizer_offload=false",
+                       "critic.fsdp.use_torch_compile=false", "critic.model.fsdp_config.param_offload=false"])
+    assert "critic.fsdp.param_offload" in capsys.readouterr().err
+    with pytest.raises(ConfigError, match=r"critic.fsdp.param_offload=True \(from the command line\) cannot be "
+                                          r"honoured: the critic is sharded like the actor .* never offloaded"):
+        load_config(None, ["critic.fsdp.param_offload=true"])
