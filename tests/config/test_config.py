@@ -470,7 +470,7 @@ def test_verl_script_keys_are_noticed_once_with_what_rlvr_does_instead(capsys):
     for item in VERL_SCRIPT_KEYS:  # each key, or the section it belongs to, is named in the notice
         key = item.split("=")[0]
         assert any(key == entry or key.startswith(entry + ".") for entry in VERL_NO_EFFECT if entry in err), key
-    assert "critic.model.fsdp_config: the critic is sharded like the actor" in err  # not "replicated"
+    assert "critic.model.fsdp_config.param_offload: the critic is sharded like the actor" in err  # not "replicated"
     # one line per reason: the two critic micro-batch keys share theirs
     assert "critic.use_dynamic_bsz, critic.ppo_max_token_len_per_gpu: the critic's micro-batches" in err
     assert len(err.strip().splitlines()) < len(VERL_SCRIPT_KEYS)
