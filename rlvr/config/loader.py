@@ -173,7 +173,7 @@ def _verl_walk(node: dict[str, Any], prefix: str, schema: dict[str, Any], refuse
             del node[name]
         elif isinstance(value, dict) and _is_section(key, schema):  # a dict-valued key's entries are its value
             _verl_walk(value, key + ".", schema, refused, dropped, source)
-            if not value and _is_section(key, schema):  # emptied by the walk
+            if not value:  # emptied by the walk
                 del node[name]
 
 
@@ -196,7 +196,7 @@ def _verl_keys(data: dict[str, Any], source: str) -> None:
 
 def _verl_aliases(data: dict[str, Any], source: str) -> None:
     """Move verl's spelling of a key rlvr reads (``VERL_ALIASES``) onto rlvr's key, with one notice.
-    The key rlvr reads wins where both are given in one layer and differ: that is refused."""
+    Both spellings in one layer with different values are refused (neither would be what the user meant)."""
     flat = _flatten(data)
     end, limit = flat.get("reward_model.reward_kwargs.max_resp_len"), flat.get("data.max_response_length")
     if end is not None and limit is not None and end != limit:
