@@ -5,7 +5,6 @@ the header). Each key is read (a schema key, or verl's spelling of one), accepte
 having no effect, refused with the reason and what to use, or passed to Ray. None is unknown.
 """
 
-import sys
 import types
 from pathlib import Path
 
@@ -13,7 +12,7 @@ import pytest
 
 from rlvr.config import ConfigError, load_config
 from rlvr.config.loader import _verl_entry, _verl_keys, known_keys
-from rlvr.config.verl_keys import VERL_ALIASES, VERL_NO_EFFECT, VERL_RENAMED
+from rlvr.config.verl_keys import VERL_ALIASES, VERL_RENAMED
 
 KEYS_FILE = Path(__file__).parent / "verl_generated_keys.txt"
 VERL_KEYS = [line for line in KEYS_FILE.read_text().splitlines() if line and not line.startswith("#")]
