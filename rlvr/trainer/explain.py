@@ -97,6 +97,10 @@ def objective_card(cfg: RLVRConfig) -> str:
         card.add(f"KL: subtracted from the reward, {algo.kl_penalty}, {algo.kl_ctrl.type} coef {algo.kl_ctrl.kl_coef}")
     else:
         card.add("KL: none (no reference model)")
+    clip = actor.grad_clip
+    card.add(f"gradient clip: each optimizer step scales the gradients by min(1, {clip} / global norm), so no step's "
+             f"norm passes {clip} (grad_norm is logged before the clip)" if clip != float("inf")
+             else "gradient clip: none (grad_clip=inf)")
     # off-policy degree
     mode, ahead = cfg.trainer.v1.trainer_mode, cfg.trainer.v1.colocate_async.num_warmup_batches
     stale = ahead if mode != "sync" else 0

@@ -62,3 +62,13 @@ def test_rollout_correction_is_on_the_card():
     assert "importance sampling: pi_old / pi_rollout, token weights at 2.0, rejection seq_mean_k1 at 0.9_1.1" in card
     bypass = objective_card(load_config(None, ["algorithm.rollout_correction.bypass_mode=true"]))
     assert "bypass mode, pi_old = the rollout's log-probs (ppo_clip)" in bypass
+
+
+def test_the_card_says_what_the_gradient_clip_does():
+    """grad_clip was on no card: a user could not see that 1.0 rescales any step whose global
+    gradient norm passes 1 (the console's grad_norm is the norm before that), or that .inf is off."""
+    card = objective_card(load_config(None, ["actor_rollout_ref.actor.grad_clip=0.5"]))
+    assert ("gradient clip: each optimizer step scales the gradients by min(1, 0.5 / global norm), so no step's "
+            "norm passes 0.5 (grad_norm is logged before the clip)") in card
+    off = objective_card(load_config(None, ["actor_rollout_ref.actor.grad_clip=.inf"]))
+    assert "gradient clip: none (grad_clip=inf)" in off
