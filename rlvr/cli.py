@@ -36,6 +36,9 @@ def _cmd_prepare(args: argparse.Namespace) -> None:
     elif args.task == "countdown":
         paths = prepare.prepare_countdown(out, args.train_size or 10000, args.test_size or 300, args.seed)
     else:
+        if args.train_size or args.test_size:
+            raise DatasetError("--train-size/--test-size do not apply to gsm8k: it writes the dataset's own train "
+                               "and test splits (filter the written files to take fewer rows)")
         if not args.src:
             raise DatasetError("rlvr prepare gsm8k needs --src PATH: the folder with GSM8K's train/test files")
         paths = prepare.prepare_gsm8k(out, Path(args.src), args.system_prompt)
@@ -275,8 +278,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--system-prompt", help="gsm8k: a system prompt (text, or think-answer / think-answer-zh: the "
                                            "<think>/<answer> format of the gsm8k_zh recipe); the question then goes "
                                            "bare, without the '####' instruction")
-    p.add_argument("--train-size", type=int, default=0, help="rows in train (default 1000; countdown 10000)")
-    p.add_argument("--test-size", type=int, default=0, help="rows in test (default 300)")
+    p.add_argument("--train-size", type=_at_least(1), default=None,
+                   help="rows in train (default 1000; countdown 10000)")
+    p.add_argument("--test-size", type=_at_least(1), default=None, help="rows in test (default 300; calculator 100)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--digits", type=int, default=2, help="arithmetic: digits of the largest operand")
     p.add_argument("--max-operand", type=int, default=20, help="arithmetic: largest operand (0: by --digits)")

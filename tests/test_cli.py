@@ -99,3 +99,34 @@ def test_a_run_directory_that_is_a_file_is_refused_at_load(tmp_path, capsys):
     assert "rollout_data_dir" not in err and "Traceback" not in err
     assert main(["config", "show", f"trainer.default_local_dir={file / 'run'}"]) == 2
     assert f"is under {file}, which is a file" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("size", ["-5", "0"])
+@pytest.mark.parametrize("option", ["--train-size", "--test-size"])
+def test_prepare_refuses_a_split_of_no_rows(tmp_path, capsys, option, size):
+    """--train-size -5 wrote an empty train file and exited 0 (0 silently meant the default)."""
+    with pytest.raises(SystemExit) as exit_:
+        main(["prepare", "arithmetic", "--out", str(tmp_path), option, size])
+    assert exit_.value.code == 2
+    assert f"argument {option}: must be >= 1, got {size}" in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())
+
+
+def test_prepare_gsm8k_refuses_sizes_it_would_ignore(tmp_path, capsys):
+    """gsm8k writes the dataset's own splits: a size would be silently ignored."""
+    assert main(["prepare", "gsm8k", "--src", str(tmp_path), "--train-size", "10"]) == 2
+    assert "--train-size/--test-size do not apply to gsm8k" in capsys.readouterr().err
+
+
+def test_an_empty_validation_set_with_validation_asked_for_is_said(tmp_path, capsys):
+    """data.val_files=[] with test_freq=12 and val_before_train (the recipe's) skipped validation
+    without a word; now the run says so before anything loads (here the model path stops it next)."""
+    code = main(["train", "data.val_files=[]", f"actor_rollout_ref.model.path={tmp_path / 'no_model'}",
+                 f"trainer.default_local_dir={tmp_path / 'run'}"])
+    err = capsys.readouterr().err
+    assert code == 2 and "does not exist" in err
+    assert ("data.val_files is empty: this run validates never, so trainer.test_freq=12 and "
+            "trainer.val_before_train=true have no effect") in err
+    main(["train", "data.val_files=[]", "trainer.test_freq=-1", "trainer.val_before_train=false",
+          f"actor_rollout_ref.model.path={tmp_path / 'no_model'}", f"trainer.default_local_dir={tmp_path / 'run'}"])
+    assert "data.val_files is empty" not in capsys.readouterr().err

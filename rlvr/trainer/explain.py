@@ -166,6 +166,8 @@ def _inert(cfg: RLVRConfig) -> list[tuple[str, str]]:
     if actor.policy_loss.loss_mode != "vanilla" and actor.clip_ratio_c != 3.0:
         out.append(("actor_rollout_ref.actor.clip_ratio_c", f"dual clip belongs to the vanilla loss, not "
                                                             f"{actor.policy_loss.loss_mode}"))
+    if not cfg.data.val_files and (cfg.trainer.test_freq > 0 or cfg.trainer.val_before_train):
+        out.append(("trainer.test_freq / trainer.val_before_train", "data.val_files is empty (no validation runs)"))
     if algo.adv_estimator != "gae" and (algo.gamma != 1.0 or algo.lam != 1.0):
         out.append(("algorithm.gamma / algorithm.lam", f"they discount GAE; {algo.adv_estimator} does not read them"))
     return out

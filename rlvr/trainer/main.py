@@ -305,7 +305,24 @@ def fit_on_ray(config: RLVRConfig) -> dict[str, float]:
             ray.shutdown()
 
 
+def no_validation_notice(config: RLVRConfig) -> str | None:
+    """What an empty ``data.val_files`` turns off, when the config asks for validation (the GRPO
+    recipe's test_freq and val_before_train do): said before the run, not skipped in silence."""
+    trainer = config.trainer
+    asked = [f"trainer.test_freq={trainer.test_freq}" if trainer.test_freq > 0 else None,
+             "trainer.val_before_train=true" if trainer.val_before_train else None]
+    asked = [item for item in asked if item]
+    if config.data.val_files or not asked:
+        return None
+    return (f"[rlvr] note: data.val_files is empty: this run validates never, so {' and '.join(asked)} "
+            f"{'have' if len(asked) > 1 else 'has'} no effect (set data.val_files to validate, or trainer.test_freq=-1 "
+            "and trainer.val_before_train=false to say no validation)")
+
+
 def run_training(config: RLVRConfig) -> dict[str, float]:
+    notice = no_validation_notice(config)
+    if notice:
+        print(notice, file=sys.stderr, flush=True)
     config = claim_run_folder(config)  # one run per folder: this one's, before anything is written
     run_dir = Path(config.trainer.default_local_dir).expanduser().resolve()
     print(f"[rlvr] run directory: {run_dir}", flush=True)

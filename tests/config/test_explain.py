@@ -42,6 +42,8 @@ WARNINGS = [
     (["actor_rollout_ref.actor.policy_loss.loss_mode=gspo", "actor_rollout_ref.actor.clip_ratio_c=5"],
      "actor_rollout_ref.actor.clip_ratio_c is set but has no effect: dual clip belongs to the vanilla loss"),
     (["algorithm.gamma=0.9"], "algorithm.gamma / algorithm.lam is set but has no effect"),
+    (["data.val_files=[]"], "trainer.test_freq / trainer.val_before_train is set but has no effect: data.val_files is "
+                            "empty (no validation runs)"),
 ]
 
 
