@@ -35,7 +35,7 @@ from rlvr.errors import StopTraining, TrainingInterrupted
 from rlvr.trainer import checkpoint
 from rlvr.trainer.ppo_trainer import RLTrainer
 from rlvr.trainer.memory_plan import on_gpu
-from rlvr.trainer.run_folder import claim_run_folder
+from rlvr.trainer.run_folder import claim_run_folder, lock_run_folder
 from rlvr.trainer.tracking import Tracking
 from rlvr.workers.critic import CriticWorker
 from rlvr.workers.hybrid import ActorRolloutRefWorker, resolve_device
@@ -325,5 +325,6 @@ def run_training(config: RLVRConfig) -> dict[str, float]:
         print(notice, file=sys.stderr, flush=True)
     config = claim_run_folder(config)  # one run per folder: this one's, before anything is written
     run_dir = Path(config.trainer.default_local_dir).expanduser().resolve()
-    print(f"[rlvr] run directory: {run_dir}", flush=True)
-    return fit_on_ray(config) if uses_ray(config) else fit(config)
+    with lock_run_folder(run_dir):  # and one process per folder, for as long as it runs
+        print(f"[rlvr] run directory: {run_dir}", flush=True)
+        return fit_on_ray(config) if uses_ray(config) else fit(config)

@@ -124,3 +124,65 @@ def test_each_save_says_what_it_takes_on_disk(tiny_config, tmp_path, capsys):
     line = f"saved {kept[0]} ({size / 1e6:.2f} MB); 1 checkpoint take {size / 1e6:.2f} MB " \
            "(trainer.max_actor_ckpt_to_keep=1 keeps the newest 1)"
     assert line in out.out + out.err
+
+
+HOLD = """
+import sys, time
+from pathlib import Path
+from rlvr.trainer.run_folder import lock_run_folder
+lock = lock_run_folder(Path(sys.argv[1]))
+print("locked", flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_run_folder_belongs_to_one_process_and_a_killed_one_does_not_keep_it(tmp_path, capsys):
+    """Two `rlvr train` in one folder both wrote it (metrics.jsonl ending 4,4,5,5,...; checkpoints
+    saved twice). Now the folder is locked by the process that runs in it: a second process is
+    refused with the first one's pid, before it loads anything, and once the first is killed
+    (kill -9 leaves its lock file behind) the next run goes ahead."""
+    import subprocess
+    import sys
+
+    from rlvr.cli import main
+    from rlvr.trainer.run_folder import LOCK_NAME, lock_run_folder
+
+    folder = tmp_path / "run"
+    argv = ["train", f"trainer.default_local_dir={folder}", f"actor_rollout_ref.model.path={tmp_path / 'none'}"]
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])}
+    holder = subprocess.Popen([sys.executable, "-c", HOLD, str(folder)], stdout=subprocess.PIPE, env=env)
+    try:
+        assert holder.stdout.readline() == b"locked\n"
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert f"{folder} is in use by process {holder.pid} (its lock: {folder / LOCK_NAME})" in err
+        assert "model path" not in err  # refused before anything loads
+        with pytest.raises(ConfigError, match=rf"in use by process {holder.pid}"):  # two starting at once
+            lock_run_folder(folder)
+    finally:
+        holder.kill()
+        holder.wait()
+    assert (folder / LOCK_NAME).read_text().strip() == str(holder.pid)  # what kill -9 leaves behind
+    assert main(argv) == 2  # the stale lock does not block: this run gets as far as the missing model
+    assert "model path" in capsys.readouterr().err
+    assert not (folder / LOCK_NAME).exists()  # a run that ends removes its lock
+
+
+def test_run_training_holds_the_lock_while_it_trains(tiny_config, tmp_path, monkeypatch):
+    """The lock is held for the whole run (a second run_training from inside fit is refused, naming
+    this process), and an ended run that wrote nothing leaves no folder behind."""
+    import rlvr.trainer.main as main_module
+
+    folder = tmp_path / "run"
+    config = tiny_config(f"trainer.default_local_dir={folder}")
+    seen = []
+
+    def fit_that_starts_another(cfg, *args, **kwargs):
+        with pytest.raises(ConfigError, match=rf"{folder} is in use by process {os.getpid()}"):
+            run_training(config)
+        seen.append(True)
+        return {}
+
+    monkeypatch.setattr(main_module, "fit", fit_that_starts_another)
+    run_training(config)
+    assert seen == [True] and not folder.exists()
