@@ -245,8 +245,7 @@ def fit(config: RLVRConfig, progress_bar: bool = True, stop_requested=None) -> d
     except StopTraining as err:
         if uses_ray(config):  # a worker failed: say where to resume from
             last = checkpoint.latest_checkpoint(checkpoint.checkpoint_root(config))
-            raise type(err)(f"{err}\nlast checkpoint: {last or 'none yet'}; run the same command again to resume "
-                            "from it") from None
+            raise type(err)(f"{err}\n{resume_hint(last)}") from None
         raise
     finally:
         trainer.tracker.close()
@@ -254,6 +253,13 @@ def fit(config: RLVRConfig, progress_bar: bool = True, stop_requested=None) -> d
         if trainer.val_reward_fn is not None:
             trainer.val_reward_fn.close()
         print(f"[rlvr] run directory: {run_dir} (config.yaml, metrics.jsonl)", flush=True)
+
+
+def resume_hint(last: Path | None) -> str:
+    """What running the same command again does: resume from ``last``, or (no checkpoint) start over."""
+    if last is None:
+        return "no checkpoint yet, so running the same command again starts from the beginning"
+    return f"last checkpoint: {last}; run the same command again to resume from it"
 
 
 class TaskRunner:
@@ -294,8 +300,7 @@ def fit_on_ray(config: RLVRConfig) -> dict[str, float]:
             ray.cancel(task, recursive=False)  # a flag the fit loop reads after its step; then it saves and returns
             ray.get(runner.finished.remote())  # an actor runs one task at a time: this one starts after ``run``
             last = checkpoint.latest_checkpoint(checkpoint.checkpoint_root(config))
-            raise TrainingInterrupted(f"interrupted; last checkpoint: {last or 'none'} (run the same command again "
-                                      "to resume from it)") from None
+            raise TrainingInterrupted(f"interrupted; {resume_hint(last)}") from None
     except ray.exceptions.RayTaskError as err:
         if isinstance(err.cause, Exception):
             raise err.cause from None

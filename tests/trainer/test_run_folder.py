@@ -186,3 +186,28 @@ def test_run_training_holds_the_lock_while_it_trains(tiny_config, tmp_path, monk
     monkeypatch.setattr(main_module, "fit", fit_that_starts_another)
     run_training(config)
     assert seen == [True] and not folder.exists()
+
+
+def test_a_second_ctrl_c_with_no_checkpoint_promises_no_resume(tiny_config, tmp_path, interrupt):
+    """With no checkpoint on disk, the message said "run the same command again to resume": the
+    same command starts over. It says so now (and so do the Ray driver's and a failed worker's)."""
+    folder = tmp_path / "run"
+    config = tiny_config("trainer.total_training_steps=2", "trainer.save_freq=-1", "trainer.test_freq=1",
+                         "trainer.val_before_train=false", f"trainer.default_local_dir={folder}")
+    trainer = build_trainer(config, progress_bar=False)
+    interrupt(trainer, trainer, "validate", 1)  # Ctrl-C in step 1's validation: its save starts...
+
+    def cut_short(path):
+        raise KeyboardInterrupt  # ...and Ctrl-C again in the middle of it
+
+    trainer.wg.save_checkpoint = cut_short
+    with pytest.raises(TrainingInterrupted) as stopped:
+        trainer.fit()
+    trainer.tracker.close()
+    assert str(stopped.value) == ("interrupted again while saving step 1: that save was discarded; no checkpoint "
+                                  "exists yet, so running the same command again starts from the beginning")
+    from rlvr.trainer.main import resume_hint
+
+    assert "resume" not in resume_hint(None) and "starts from the beginning" in resume_hint(None)
+    assert resume_hint(folder / "checkpoints" / "global_step_3") == \
+        f"last checkpoint: {folder / 'checkpoints' / 'global_step_3'}; run the same command again to resume from it"
