@@ -231,6 +231,15 @@ def build_trainer(config: RLVRConfig, progress_bar: bool = True) -> RLTrainer:
     return trainer
 
 
+RUN_FILES = ("config.yaml", "metrics.jsonl", "checkpoints/", "rollouts/", "tensorboard/", "wandb/")
+
+
+def written(run_dir: Path) -> list[str]:
+    """What the run's last line names: the run directory's usual entries that exist (metrics.jsonl
+    only with the jsonl logger, checkpoints/ only once one is saved)."""
+    return [name for name in RUN_FILES if (run_dir / name).exists()]
+
+
 def fit(config: RLVRConfig, progress_bar: bool = True, stop_requested=None) -> dict[str, float]:
     """Build the trainer and run it to the end (in this process, or in the TaskRunner actor)."""
     run_dir = Path(config.trainer.default_local_dir).expanduser().resolve()
@@ -252,7 +261,7 @@ def fit(config: RLVRConfig, progress_bar: bool = True, stop_requested=None) -> d
         trainer.reward_fn.close()
         if trainer.val_reward_fn is not None:
             trainer.val_reward_fn.close()
-        print(f"[rlvr] run directory: {run_dir} (config.yaml, metrics.jsonl)", flush=True)
+        print(f"[rlvr] run directory: {run_dir} ({', '.join(written(run_dir)) or 'nothing written yet'})", flush=True)
 
 
 def resume_hint(last: Path | None) -> str:

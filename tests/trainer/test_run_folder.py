@@ -211,3 +211,13 @@ def test_a_second_ctrl_c_with_no_checkpoint_promises_no_resume(tiny_config, tmp_
     assert "resume" not in resume_hint(None) and "starts from the beginning" in resume_hint(None)
     assert resume_hint(folder / "checkpoints" / "global_step_3") == \
         f"last checkpoint: {folder / 'checkpoints' / 'global_step_3'}; run the same command again to resume from it"
+
+
+def test_the_last_line_names_only_what_the_run_wrote(tiny_config, tmp_path, capsys):
+    """The last line named metrics.jsonl with the jsonl logger off, where there is none."""
+    folder = tmp_path / "run"
+    run_training(tiny_config("trainer.total_training_steps=1", "trainer.save_freq=-1", "trainer.logger=[console]",
+                             "trainer.val_before_train=false", f"trainer.default_local_dir={folder}"))
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert not (folder / "metrics.jsonl").exists()
+    assert last == f"[rlvr] run directory: {folder.resolve()} (config.yaml, rollouts/)"
