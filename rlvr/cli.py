@@ -93,6 +93,7 @@ def _cmd_eval(args: argparse.Namespace) -> None:
     from rlvr.rollout import build_rollout
     from rlvr.trainer.evaluate import evaluate
 
+    _refuse_an_adapter(args.model)
     torch.set_num_threads(max(1, torch.get_num_threads()))
     model, tokenizer = load_model_and_tokenizer(args.model)
     dataset = RLHFDataset([args.data], tokenizer, DataConfig(max_prompt_length=args.max_prompt_length))
@@ -114,10 +115,36 @@ def _cmd_eval(args: argparse.Namespace) -> None:
             continue
         name = key.removeprefix("val-core/")
         metric = name.split("/reward/", 1)[-1]
-        label = {"mean@1": "accuracy (greedy)", f"mean@{args.n}": f"mean accuracy of {args.n} samples",
-                 f"best@{args.n}/mean": f"pass@{args.n} (T={args.temperature}; bootstrapped as verl does)",
-                 f"maj@{args.n}/mean": f"majority vote of {args.n}"}.get(metric, "")
+        label = _eval_labels(args.n, args.temperature).get(metric, "")
         print(f"  {name:<40} {value:.4f}  {label}")
+
+
+def _eval_labels(n: int, temperature: float) -> dict[str, str]:
+    """What each printed metric is. mean@1 is the greedy pass's (with n = 1 there is no sampled pass,
+    and its mean@n label would have overwritten the greedy one)."""
+    sampled = {f"mean@{n}": f"mean accuracy of {n} samples",
+               f"best@{n}/mean": f"pass@{n} (T={temperature}; bootstrapped as verl does)",
+               f"maj@{n}/mean": f"majority vote of {n}"} if n > 1 else {}
+    return {**sampled, "mean@1": "accuracy (greedy)"}
+
+
+def _refuse_an_adapter(model: str) -> None:
+    """A LoRA checkpoint's actor/ (or the checkpoint folder holding it) is an adapter, not a model
+    transformers can load alone: say so, and that rlvr export merges it."""
+    import json
+
+    path = Path(model).expanduser()
+    actor = path / "actor" if (path / "actor" / "adapter_config.json").is_file() else path
+    config = actor / "adapter_config.json"
+    if not config.is_file():
+        return
+    try:
+        base = json.loads(config.read_text()).get("base_model_name_or_path") or "its base model"
+    except (OSError, ValueError, AttributeError):
+        base = "its base model"
+    checkpoint = actor.parent if actor.name == "actor" else actor
+    raise ConfigError(f"{actor} is a LoRA adapter (adapter_config.json), not a whole model: `rlvr export {checkpoint} "
+                      f"OUT` merges it into its base model ({base}); then evaluate OUT")
 
 
 def _cmd_export(args: argparse.Namespace) -> None:

@@ -1,4 +1,5 @@
 import os
+import re
 import shutil
 
 import pytest
@@ -130,3 +131,27 @@ def test_an_empty_validation_set_with_validation_asked_for_is_said(tmp_path, cap
     main(["train", "data.val_files=[]", "trainer.test_freq=-1", "trainer.val_before_train=false",
           f"actor_rollout_ref.model.path={tmp_path / 'no_model'}", f"trainer.default_local_dir={tmp_path / 'run'}"])
     assert "data.val_files is empty" not in capsys.readouterr().err
+
+
+def test_eval_labels_the_greedy_pass_as_greedy(tmp_path, tiny_model_dir, capsys):
+    """With --n 1 the greedy line read "mean accuracy of 1 samples" (the sampled pass's label for
+    mean@n overwrote the greedy one); there is no sampled pass then."""
+    main(["prepare", "arithmetic", "--out", str(tmp_path), "--train-size", "2", "--test-size", "2"])
+    assert main(["eval", "--model", str(tiny_model_dir), "--data", str(tmp_path / "test.parquet"),
+                 "--max-response-length", "2"]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"arithmetic/reward/mean@1 +\d\.\d{4}  accuracy \(greedy\)$", out, re.M), out
+    assert "samples" not in out
+
+
+def test_eval_on_a_lora_adapter_says_export_merges_it(tmp_path, capsys):
+    """A LoRA checkpoint's actor/ holds only the adapter: eval said nothing of it."""
+    actor = tmp_path / "global_step_4" / "actor"
+    actor.mkdir(parents=True)
+    (actor / "adapter_config.json").write_text('{"base_model_name_or_path": "/models/base", "r": 8}')
+    for model in (actor, actor.parent):
+        assert main(["eval", "--model", str(model), "--data", str(tmp_path / "never_read.parquet")]) == 2
+        err = capsys.readouterr().err
+        assert (f"rlvr eval: error: {actor} is a LoRA adapter (adapter_config.json), not a whole model: "
+                f"`rlvr export {actor.parent} OUT` merges it into its base model (/models/base); then evaluate "
+                "OUT") in err, err
