@@ -369,8 +369,21 @@ def _add_plan_args(p: argparse.ArgumentParser) -> None:
                    help="memory of one device for the plan (default: the GPU's, or on a CPU this machine's RAM)")
 
 
+def parse_args(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
+    """argparse reads a subcommand's ``overrides`` in one stretch: key=value words after an option
+    (``config show --config dapo k=v``, ``train a=1 --config dapo b=2``) come back unrecognised. They
+    are overrides where the command takes them, in the order typed; anything else is refused."""
+    args, extra = parser.parse_known_args(argv)
+    stray = [word for word in extra if word.startswith("-")]
+    if extra and (stray or not hasattr(args, "overrides")):
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    if extra:
+        args.overrides = [*args.overrides, *extra]
+    return args
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = parse_args(build_parser(), argv)
     try:
         args.func(args)
     except USER_ERRORS as err:

@@ -155,3 +155,28 @@ def test_eval_on_a_lora_adapter_says_export_merges_it(tmp_path, capsys):
         assert (f"rlvr eval: error: {actor} is a LoRA adapter (adapter_config.json), not a whole model: "
                 f"`rlvr export {actor.parent} OUT` merges it into its base model (/models/base); then evaluate "
                 "OUT") in err, err
+
+
+def test_overrides_go_before_and_after_config_in_any_order(capsys):
+    """`config show --config dapo k=v` and `train k=v --config dapo` ended in argparse's
+    "unrecognized arguments"; overrides on both sides of --config are read, in the order typed."""
+    assert main(["config", "show", "--config", "dapo", "trainer.experiment_name=after"]) == 0
+    out = capsys.readouterr().out
+    assert "experiment_name: after" in out and "enable: true" in out  # dapo's filter_groups, under the override
+    assert main(["config", "show", "trainer.experiment_name=first", "--config", "dapo",
+                 "trainer.experiment_name=last"]) == 0
+    assert "experiment_name: last" in capsys.readouterr().out  # the later one wins, as typed
+    assert main(["train", "actor_rollout_ref.actor.grad_clip=0.5", "--config", "dapo",
+                 "actor_rollout_ref.rollout.n=4", "--explain"]) == 0
+    card = capsys.readouterr().out
+    assert "min(1, 0.5 / global norm)" in card and "x n=4 =" in card and "dynamic sampling (DAPO)" in card
+    with pytest.raises(SystemExit) as exit_:  # what is not an override is still refused
+        main(["config", "show", "--config", "dapo", "--confg", "x"])
+    assert exit_.value.code == 2 and "unrecognized arguments: --confg x" in capsys.readouterr().err
+
+
+def test_a_misspelt_recipe_suggests_the_nearest(capsys):
+    assert main(["config", "show", "--config", "dapoo"]) == 2
+    err = capsys.readouterr().err
+    assert "'dapoo' is neither a file nor a shipped recipe; did you mean dapo? (recipes: " in err, err
+    assert "Traceback" not in err
