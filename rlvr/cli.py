@@ -36,6 +36,9 @@ def _cmd_prepare(args: argparse.Namespace) -> None:
     elif args.task == "countdown":
         paths = prepare.prepare_countdown(out, args.train_size or 10000, args.test_size or 300, args.seed)
     else:
+        if args.train_size or args.test_size:
+            raise DatasetError("--train-size/--test-size do not apply to gsm8k: it writes the dataset's own train "
+                               "and test splits (filter the written files to take fewer rows)")
         if not args.src:
             raise DatasetError("rlvr prepare gsm8k needs --src PATH: the folder with GSM8K's train/test files")
         paths = prepare.prepare_gsm8k(out, Path(args.src), args.system_prompt)
@@ -91,6 +94,7 @@ def _cmd_eval(args: argparse.Namespace) -> None:
     from rlvr.rollout import build_rollout
     from rlvr.trainer.evaluate import evaluate
 
+    _refuse_an_adapter(args.model)
     torch.set_num_threads(max(1, torch.get_num_threads()))
     model, tokenizer = load_model_and_tokenizer(args.model)
     dataset = RLHFDataset([args.data], tokenizer, DataConfig(max_prompt_length=args.max_prompt_length))
@@ -112,10 +116,36 @@ def _cmd_eval(args: argparse.Namespace) -> None:
             continue
         name = key.removeprefix("val-core/")
         metric = name.split("/reward/", 1)[-1]
-        label = {"mean@1": "accuracy (greedy)", f"mean@{args.n}": f"mean accuracy of {args.n} samples",
-                 f"best@{args.n}/mean": f"pass@{args.n} (T={args.temperature}; bootstrapped as verl does)",
-                 f"maj@{args.n}/mean": f"majority vote of {args.n}"}.get(metric, "")
+        label = _eval_labels(args.n, args.temperature).get(metric, "")
         print(f"  {name:<40} {value:.4f}  {label}")
+
+
+def _eval_labels(n: int, temperature: float) -> dict[str, str]:
+    """What each printed metric is. mean@1 is the greedy pass's (with n = 1 there is no sampled pass,
+    and its mean@n label would have overwritten the greedy one)."""
+    sampled = {f"mean@{n}": f"mean accuracy of {n} samples",
+               f"best@{n}/mean": f"pass@{n} (T={temperature}; bootstrapped as verl does)",
+               f"maj@{n}/mean": f"majority vote of {n}"} if n > 1 else {}
+    return {**sampled, "mean@1": "accuracy (greedy)"}
+
+
+def _refuse_an_adapter(model: str) -> None:
+    """A LoRA checkpoint's actor/ (or the checkpoint folder holding it) is an adapter, not a model
+    transformers can load alone: say so, and that rlvr export merges it."""
+    import json
+
+    path = Path(model).expanduser()
+    actor = path / "actor" if (path / "actor" / "adapter_config.json").is_file() else path
+    config = actor / "adapter_config.json"
+    if not config.is_file():
+        return
+    try:
+        base = json.loads(config.read_text()).get("base_model_name_or_path") or "its base model"
+    except (OSError, ValueError, AttributeError):
+        base = "its base model"
+    checkpoint = actor.parent if actor.name == "actor" else actor
+    raise ConfigError(f"{actor} is a LoRA adapter (adapter_config.json), not a whole model: `rlvr export {checkpoint} "
+                      f"OUT` merges it into its base model ({base}); then evaluate OUT")
 
 
 def _cmd_export(args: argparse.Namespace) -> None:
@@ -276,8 +306,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--system-prompt", help="gsm8k: a system prompt (text, or think-answer / think-answer-zh: the "
                                            "<think>/<answer> format of the gsm8k_zh recipe); the question then goes "
                                            "bare, without the '####' instruction")
-    p.add_argument("--train-size", type=int, default=0, help="rows in train (default 1000; countdown 10000)")
-    p.add_argument("--test-size", type=int, default=0, help="rows in test (default 300)")
+    p.add_argument("--train-size", type=_at_least(1), default=None,
+                   help="rows in train (default 1000; countdown 10000)")
+    p.add_argument("--test-size", type=_at_least(1), default=None, help="rows in test (default 300; calculator 100)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--digits", type=int, default=2, help="arithmetic: digits of the largest operand")
     p.add_argument("--max-operand", type=int, default=20, help="arithmetic: largest operand (0: by --digits)")
@@ -365,8 +396,21 @@ def _add_plan_args(p: argparse.ArgumentParser) -> None:
                    help="memory of one device for the plan (default: the GPU's, or on a CPU this machine's RAM)")
 
 
+def parse_args(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
+    """argparse reads a subcommand's ``overrides`` in one stretch: key=value words after an option
+    (``config show --config dapo k=v``, ``train a=1 --config dapo b=2``) come back unrecognised. They
+    are overrides where the command takes them, in the order typed; anything else is refused."""
+    args, extra = parser.parse_known_args(argv)
+    stray = [word for word in extra if word.startswith("-")]
+    if extra and (stray or not hasattr(args, "overrides")):
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    if extra:
+        args.overrides = [*args.overrides, *extra]
+    return args
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = parse_args(build_parser(), argv)
     try:
         args.func(args)
     except USER_ERRORS as err:

@@ -1,4 +1,5 @@
 import os
+import re
 import shutil
 
 import pytest
@@ -99,3 +100,83 @@ def test_a_run_directory_that_is_a_file_is_refused_at_load(tmp_path, capsys):
     assert "rollout_data_dir" not in err and "Traceback" not in err
     assert main(["config", "show", f"trainer.default_local_dir={file / 'run'}"]) == 2
     assert f"is under {file}, which is a file" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("size", ["-5", "0"])
+@pytest.mark.parametrize("option", ["--train-size", "--test-size"])
+def test_prepare_refuses_a_split_of_no_rows(tmp_path, capsys, option, size):
+    """--train-size -5 wrote an empty train file and exited 0 (0 silently meant the default)."""
+    with pytest.raises(SystemExit) as exit_:
+        main(["prepare", "arithmetic", "--out", str(tmp_path), option, size])
+    assert exit_.value.code == 2
+    assert f"argument {option}: must be >= 1, got {size}" in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())
+
+
+def test_prepare_gsm8k_refuses_sizes_it_would_ignore(tmp_path, capsys):
+    """gsm8k writes the dataset's own splits: a size would be silently ignored."""
+    assert main(["prepare", "gsm8k", "--src", str(tmp_path), "--train-size", "10"]) == 2
+    assert "--train-size/--test-size do not apply to gsm8k" in capsys.readouterr().err
+
+
+def test_an_empty_validation_set_with_validation_asked_for_is_said(tmp_path, capsys):
+    """data.val_files=[] with test_freq=12 and val_before_train (the recipe's) skipped validation
+    without a word; now the run says so before anything loads (here the model path stops it next)."""
+    code = main(["train", "data.val_files=[]", f"actor_rollout_ref.model.path={tmp_path / 'no_model'}",
+                 f"trainer.default_local_dir={tmp_path / 'run'}"])
+    err = capsys.readouterr().err
+    assert code == 2 and "does not exist" in err
+    assert ("data.val_files is empty: this run validates never, so trainer.test_freq=12 and "
+            "trainer.val_before_train=true have no effect") in err
+    main(["train", "data.val_files=[]", "trainer.test_freq=-1", "trainer.val_before_train=false",
+          f"actor_rollout_ref.model.path={tmp_path / 'no_model'}", f"trainer.default_local_dir={tmp_path / 'run'}"])
+    assert "data.val_files is empty" not in capsys.readouterr().err
+
+
+def test_eval_labels_the_greedy_pass_as_greedy(tmp_path, tiny_model_dir, capsys):
+    """With --n 1 the greedy line read "mean accuracy of 1 samples" (the sampled pass's label for
+    mean@n overwrote the greedy one); there is no sampled pass then."""
+    main(["prepare", "arithmetic", "--out", str(tmp_path), "--train-size", "2", "--test-size", "2"])
+    assert main(["eval", "--model", str(tiny_model_dir), "--data", str(tmp_path / "test.parquet"),
+                 "--max-response-length", "2"]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"arithmetic/reward/mean@1 +\d\.\d{4}  accuracy \(greedy\)$", out, re.M), out
+    assert "samples" not in out
+
+
+def test_eval_on_a_lora_adapter_says_export_merges_it(tmp_path, capsys):
+    """A LoRA checkpoint's actor/ holds only the adapter: eval said nothing of it."""
+    actor = tmp_path / "global_step_4" / "actor"
+    actor.mkdir(parents=True)
+    (actor / "adapter_config.json").write_text('{"base_model_name_or_path": "/models/base", "r": 8}')
+    for model in (actor, actor.parent):
+        assert main(["eval", "--model", str(model), "--data", str(tmp_path / "never_read.parquet")]) == 2
+        err = capsys.readouterr().err
+        assert (f"rlvr eval: error: {actor} is a LoRA adapter (adapter_config.json), not a whole model: "
+                f"`rlvr export {actor.parent} OUT` merges it into its base model (/models/base); then evaluate "
+                "OUT") in err, err
+
+
+def test_overrides_go_before_and_after_config_in_any_order(capsys):
+    """`config show --config dapo k=v` and `train k=v --config dapo` ended in argparse's
+    "unrecognized arguments"; overrides on both sides of --config are read, in the order typed."""
+    assert main(["config", "show", "--config", "dapo", "trainer.experiment_name=after"]) == 0
+    out = capsys.readouterr().out
+    assert "experiment_name: after" in out and "enable: true" in out  # dapo's filter_groups, under the override
+    assert main(["config", "show", "trainer.experiment_name=first", "--config", "dapo",
+                 "trainer.experiment_name=last"]) == 0
+    assert "experiment_name: last" in capsys.readouterr().out  # the later one wins, as typed
+    assert main(["train", "actor_rollout_ref.actor.grad_clip=0.5", "--config", "dapo",
+                 "actor_rollout_ref.rollout.n=4", "--explain"]) == 0
+    card = capsys.readouterr().out
+    assert "min(1, 0.5 / global norm)" in card and "x n=4 =" in card and "dynamic sampling (DAPO)" in card
+    with pytest.raises(SystemExit) as exit_:  # what is not an override is still refused
+        main(["config", "show", "--config", "dapo", "--confg", "x"])
+    assert exit_.value.code == 2 and "unrecognized arguments: --confg x" in capsys.readouterr().err
+
+
+def test_a_misspelt_recipe_suggests_the_nearest(capsys):
+    assert main(["config", "show", "--config", "dapoo"]) == 2
+    err = capsys.readouterr().err
+    assert "'dapoo' is neither a file nor a shipped recipe; did you mean dapo? (recipes: " in err, err
+    assert "Traceback" not in err

@@ -394,9 +394,19 @@ def import_custom_modules(entries: Iterable[str]) -> None:
             raise ConfigError(f"custom_modules: importing {entry!r} failed: {type(err).__name__}: {err}") from None
 
 
+def _missing(path: Path) -> str:
+    """A config that is not there; a bare name (``--config dapoo``) gets the nearest shipped recipe."""
+    if path.suffix or len(path.parts) > 1:
+        return f"config file {str(path)!r} does not exist"
+    recipes = sorted(p.stem for p in RECIPES_DIR.glob("*.yaml"))
+    near = difflib.get_close_matches(path.name, recipes, n=1, cutoff=0.6)
+    return (f"{str(path)!r} is neither a file nor a shipped recipe{f'; did you mean {near[0]}?' if near else ''} "
+            f"(recipes: {', '.join(recipes)})")
+
+
 def _read_yaml(path: Path) -> dict[str, Any]:
     if not path.is_file():
-        raise ConfigError(f"config file {str(path)!r} does not exist")
+        raise ConfigError(_missing(path))
     try:
         data = yaml.safe_load(path.read_text()) or {}
     except yaml.YAMLError as err:

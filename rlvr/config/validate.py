@@ -603,10 +603,56 @@ def _async_training(cfg: RLVRConfig) -> list[str]:
     return errors
 
 
+def _grad_clips(cfg: RLVRConfig) -> list[str]:
+    """torch's clip_grad_norm_ multiplies every gradient by min(1, grad_clip / norm): a negative clip
+    turns the step around (the run trains away from the reward), 0 zeroes every gradient, NaN makes
+    them NaN. verl hands the value to the same function (its dp_actor and dp_critic), so a value <= 0
+    has no verl meaning to follow."""
+    errors = []
+    for key, value in (("actor_rollout_ref.actor.grad_clip", cfg.actor_rollout_ref.actor.grad_clip),
+                       ("critic.grad_clip", cfg.critic.grad_clip)):
+        if value > 0:  # False for NaN too
+            continue
+        effect = ("0 zeroes them (nothing trains)" if value == 0 else
+                  "a negative one turns them around (the run trains away from the reward)" if value < 0 else
+                  "NaN makes them NaN")
+        errors.append(f"{key} = {value}: the update scales the gradients by min(1, grad_clip / norm), so {effect}; "
+                      "set a norm > 0 (1.0 as verl), or .inf to not clip")
+    return errors
+
+
+def _training_sampling(cfg: RLVRConfig) -> list[str]:
+    """Training rollouts must sample: the update's log-probs are of softmax(logits / temperature), and
+    a group whose n responses are one greedy response has tied rewards and zero advantages."""
+    rollout, key = cfg.actor_rollout_ref.rollout, "actor_rollout_ref.rollout"
+    greedy = [why for why, on in (
+        ("do_sample=false", not rollout.do_sample),
+        ("top_k=1 keeps only the likeliest token, so it", rollout.top_k == 1),
+        (f"min_p = {rollout.min_p} must be in [0, 1): min_p >= 1 keeps only the likeliest token (none above 1), "
+         "so it", rollout.min_p >= 1)) if on]
+    errors = [f"{key}.{why} decodes greedily: the n responses of a prompt are identical, so every group's rewards "
+              "tie, every advantage is 0 and nothing trains (and the samples are not drawn from the policy the update "
+              f"differentiates); sample ({key}.do_sample=true, top_k=-1 or >= 2, min_p < 1). For greedy validation "
+              f"set {key}.val_kwargs.do_sample=false instead" for why in greedy]
+    if rollout.min_p < 0:
+        errors.append(f"{key}.min_p = {rollout.min_p} must be in [0, 1) (0: off; p keeps the tokens at least p times "
+                      "as likely as the likeliest)")
+    return errors
+
+
+def _run_names(cfg: RLVRConfig) -> list[str]:
+    """The run's folder is runs/<project_name>/<experiment_name>: an empty name made it the parent of
+    every other run's folder (runs/rlvr/ itself)."""
+    return [f"trainer.{name} is empty: it names the run's folder (trainer.default_local_dir, "
+            "runs/<project_name>/<experiment_name>) and its tracker run; give it a name"
+            for name in ("project_name", "experiment_name") if not str(getattr(cfg.trainer, name)).strip()]
+
+
 def validate(cfg: RLVRConfig) -> None:
     """Raise ConfigError listing every broken invariant of ``cfg``."""
     errors = _not_implemented(cfg) + _batch_sizes(cfg) + _choices(cfg) + _rollout_engine(cfg) \
         + _registered_names(cfg) + _algorithm(cfg) + _multi_turn(cfg) + _distributed(cfg) + _run_management(cfg) \
         + _reward_model(cfg) + _async_training(cfg)
+    errors += _grad_clips(cfg) + _training_sampling(cfg) + _run_names(cfg)
     if errors:
         raise ConfigError("invalid config:\n  - " + "\n  - ".join(errors))

@@ -99,6 +99,10 @@ def objective_card(cfg: RLVRConfig) -> str:
         card.add(f"KL: subtracted from the reward, {algo.kl_penalty}, {algo.kl_ctrl.type} coef {algo.kl_ctrl.kl_coef}")
     else:
         card.add("KL: none (no reference model)")
+    clip = actor.grad_clip
+    card.add(f"gradient clip: each optimizer step scales the gradients by min(1, {clip} / global norm), so no step's "
+             f"norm passes {clip} (grad_norm is logged before the clip)" if clip != float("inf")
+             else "gradient clip: none (grad_clip=inf)")
     # off-policy degree
     mode, ahead = cfg.trainer.v1.trainer_mode, cfg.trainer.v1.colocate_async.num_warmup_batches
     stale = ahead if mode != "sync" else 0
@@ -164,6 +168,8 @@ def _inert(cfg: RLVRConfig) -> list[tuple[str, str]]:
     if actor.policy_loss.loss_mode != "vanilla" and actor.clip_ratio_c != 3.0:
         out.append(("actor_rollout_ref.actor.clip_ratio_c", f"dual clip belongs to the vanilla loss, not "
                                                             f"{actor.policy_loss.loss_mode}"))
+    if not cfg.data.val_files and (cfg.trainer.test_freq > 0 or cfg.trainer.val_before_train):
+        out.append(("trainer.test_freq / trainer.val_before_train", "data.val_files is empty (no validation runs)"))
     if algo.adv_estimator != "gae" and (algo.gamma != 1.0 or algo.lam != 1.0):
         out.append(("algorithm.gamma / algorithm.lam", f"they discount GAE; {algo.adv_estimator} does not read them"))
     return out

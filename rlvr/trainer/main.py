@@ -35,7 +35,7 @@ from rlvr.errors import StopTraining, TrainingInterrupted
 from rlvr.trainer import checkpoint
 from rlvr.trainer.ppo_trainer import RLTrainer
 from rlvr.trainer.memory_plan import on_gpu
-from rlvr.trainer.run_folder import claim_run_folder
+from rlvr.trainer.run_folder import claim_run_folder, lock_run_folder
 from rlvr.trainer.tracking import Tracking
 from rlvr.workers.critic import CriticWorker
 from rlvr.workers.hybrid import ActorRolloutRefWorker, resolve_device
@@ -231,6 +231,15 @@ def build_trainer(config: RLVRConfig, progress_bar: bool = True) -> RLTrainer:
     return trainer
 
 
+RUN_FILES = ("config.yaml", "metrics.jsonl", "checkpoints/", "rollouts/", "tensorboard/", "wandb/")
+
+
+def written(run_dir: Path) -> list[str]:
+    """What the run's last line names: the run directory's usual entries that exist (metrics.jsonl
+    only with the jsonl logger, checkpoints/ only once one is saved)."""
+    return [name for name in RUN_FILES if (run_dir / name).exists()]
+
+
 def fit(config: RLVRConfig, progress_bar: bool = True, stop_requested=None) -> dict[str, float]:
     """Build the trainer and run it to the end (in this process, or in the TaskRunner actor)."""
     run_dir = Path(config.trainer.default_local_dir).expanduser().resolve()
@@ -245,15 +254,21 @@ def fit(config: RLVRConfig, progress_bar: bool = True, stop_requested=None) -> d
     except StopTraining as err:
         if uses_ray(config):  # a worker failed: say where to resume from
             last = checkpoint.latest_checkpoint(checkpoint.checkpoint_root(config))
-            raise type(err)(f"{err}\nlast checkpoint: {last or 'none yet'}; run the same command again to resume "
-                            "from it") from None
+            raise type(err)(f"{err}\n{resume_hint(last)}") from None
         raise
     finally:
         trainer.tracker.close()
         trainer.reward_fn.close()
         if trainer.val_reward_fn is not None:
             trainer.val_reward_fn.close()
-        print(f"[rlvr] run directory: {run_dir} (config.yaml, metrics.jsonl)", flush=True)
+        print(f"[rlvr] run directory: {run_dir} ({', '.join(written(run_dir)) or 'nothing written yet'})", flush=True)
+
+
+def resume_hint(last: Path | None) -> str:
+    """What running the same command again does: resume from ``last``, or (no checkpoint) start over."""
+    if last is None:
+        return "no checkpoint yet, so running the same command again starts from the beginning"
+    return f"last checkpoint: {last}; run the same command again to resume from it"
 
 
 class TaskRunner:
@@ -294,8 +309,7 @@ def fit_on_ray(config: RLVRConfig) -> dict[str, float]:
             ray.cancel(task, recursive=False)  # a flag the fit loop reads after its step; then it saves and returns
             ray.get(runner.finished.remote())  # an actor runs one task at a time: this one starts after ``run``
             last = checkpoint.latest_checkpoint(checkpoint.checkpoint_root(config))
-            raise TrainingInterrupted(f"interrupted; last checkpoint: {last or 'none'} (run the same command again "
-                                      "to resume from it)") from None
+            raise TrainingInterrupted(f"interrupted; {resume_hint(last)}") from None
     except ray.exceptions.RayTaskError as err:
         if isinstance(err.cause, Exception):
             raise err.cause from None
@@ -305,8 +319,26 @@ def fit_on_ray(config: RLVRConfig) -> dict[str, float]:
             ray.shutdown()
 
 
+def no_validation_notice(config: RLVRConfig) -> str | None:
+    """What an empty ``data.val_files`` turns off, when the config asks for validation (the GRPO
+    recipe's test_freq and val_before_train do): said before the run, not skipped in silence."""
+    trainer = config.trainer
+    asked = [f"trainer.test_freq={trainer.test_freq}" if trainer.test_freq > 0 else None,
+             "trainer.val_before_train=true" if trainer.val_before_train else None]
+    asked = [item for item in asked if item]
+    if config.data.val_files or not asked:
+        return None
+    return (f"[rlvr] note: data.val_files is empty: this run validates never, so {' and '.join(asked)} "
+            f"{'have' if len(asked) > 1 else 'has'} no effect (set data.val_files to validate, or trainer.test_freq=-1 "
+            "and trainer.val_before_train=false to say no validation)")
+
+
 def run_training(config: RLVRConfig) -> dict[str, float]:
+    notice = no_validation_notice(config)
+    if notice:
+        print(notice, file=sys.stderr, flush=True)
     config = claim_run_folder(config)  # one run per folder: this one's, before anything is written
     run_dir = Path(config.trainer.default_local_dir).expanduser().resolve()
-    print(f"[rlvr] run directory: {run_dir}", flush=True)
-    return fit_on_ray(config) if uses_ray(config) else fit(config)
+    with lock_run_folder(run_dir):  # and one process per folder, for as long as it runs
+        print(f"[rlvr] run directory: {run_dir}", flush=True)
+        return fit_on_ray(config) if uses_ray(config) else fit(config)

@@ -127,9 +127,11 @@ class RLTrainer:
             try:
                 message = self._save_on_interrupt()
             except KeyboardInterrupt:  # Ctrl-C again while saving: stop now, that save discarded
-                kept = f"step {self._saved_step}" if self._saved_step else "none yet"
+                kept = (f"the last checkpoint is step {self._saved_step}; run the same command again to resume"
+                        if self._saved_step else
+                        "no checkpoint exists yet, so running the same command again starts from the beginning")
                 message = (f"interrupted again while saving step {self._completed['global_step']}: that save was "
-                           f"discarded; the last checkpoint is {kept}; run the same command again to resume")
+                           f"discarded; {kept}")
             raise TrainingInterrupted(message) from None
         finally:
             if self.ahead is not None:
@@ -210,10 +212,10 @@ class RLTrainer:
         step = self._completed["global_step"]
         resume = "run the same command again to resume (trainer.resume_mode=auto)"
         if self._updating:
-            kept = (f"the last checkpoint, step {self._saved_step}, is kept" if self._saved_step
-                    else "no checkpoint exists yet, so a new run starts from the beginning")
+            kept = (f"the last checkpoint, step {self._saved_step}, is kept; {resume}" if self._saved_step
+                    else "no checkpoint exists yet, so running the same command again starts from the beginning")
             return (f"interrupted inside step {self.global_step}'s update: the weights are partly updated and belong "
-                    f"to no step, so nothing was saved; {kept}; {resume}")
+                    f"to no step, so nothing was saved; {kept}")
         if step == 0:
             return "interrupted before the first step finished; nothing to save"
         where = f"step {step} was already saved" if step == self._saved_step else f"saved step {step} to {self.save_checkpoint()}"

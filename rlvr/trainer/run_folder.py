@@ -11,6 +11,11 @@ run before it, and running the same command again still resumes where that run s
 Temporary folders of a save cut short (``.tmp-global_step_*``) are removed from the folder a run
 resumes in, before it starts.
 
+A folder belongs to one process at a time: ``lock_run_folder`` takes an exclusive ``flock`` on
+``<run dir>/.rlvr.lock`` (holding the pid) for the whole run, and a second ``rlvr train`` that would
+write there is refused with that pid. The kernel drops the lock when its process dies, so a lock
+file left by ``kill -9`` blocks nothing. A run with other settings still goes to ``<dir>-2``.
+
 Where verl differs: verl writes every run with the same ``default_local_dir`` into one folder
 (checkpoints overwritten, logs appended); rlvr never writes into another run's folder.
 """
@@ -18,7 +23,9 @@ Where verl differs: verl writes every run with the same ``default_local_dir`` in
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 import json
+import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -63,6 +70,22 @@ def _same(a: dict[str, Any], b: dict[str, Any]) -> bool:
     return json.loads(json.dumps(a, default=str)) == json.loads(json.dumps(b, default=str))
 
 
+def _why_not(folder: Path, config: RLVRConfig) -> str | None:
+    """Why this run cannot write into ``folder``; raises when a live process holds it and it is this
+    run's folder: free for it, or holding these settings with no checkpoint yet (a run still starting)."""
+    if folder.exists() and not folder.is_dir():
+        return "is a file"
+    reason = why_not_here(folder, config)
+    if reason in (None, NO_CHECKPOINT_YET):
+        holder = lock_holder(folder)
+        if holder is not None:
+            raise _in_use(folder, holder)
+    return reason
+
+
+NO_CHECKPOINT_YET = "holds a run with these settings but no checkpoint to resume from"
+
+
 def why_not_here(folder: Path, config: RLVRConfig) -> str | None:
     """Why this run cannot write into ``folder`` (None: it can)."""
     if not holds_a_run(folder):
@@ -80,17 +103,98 @@ def why_not_here(folder: Path, config: RLVRConfig) -> str | None:
         differ = [k for k in now if not _same({k: saved.get(k)}, {k: now[k]})]
         return f"holds another run (its {', '.join(differ)} differ from this one's)"
     if checkpoint.latest_checkpoint(folder / "checkpoints") is None:
-        return "holds a run with these settings but no checkpoint to resume from"
+        return NO_CHECKPOINT_YET
     return None
+
+
+LOCK_NAME = ".rlvr.lock"
+
+
+def _in_use(folder: Path, pid: str) -> ConfigError:
+    return ConfigError(f"{folder} is in use by process {pid or '(pid not yet written)'} (its lock: "
+                       f"{folder / LOCK_NAME}): a run folder belongs to one process. Wait for that run to end, stop "
+                       f"it (Ctrl-C, or kill {pid or 'PID'}; it saves its step and the same command resumes), or give "
+                       "this run another trainer.experiment_name")
+
+
+def lock_holder(folder: Path) -> str | None:
+    """The pid written in ``folder``'s lock when a live process holds it (None: free). Probes
+    without creating anything: another run's folder is never written."""
+    try:
+        handle = open(folder / LOCK_NAME)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    with handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return handle.read().strip()
+        return None  # closing the file releases the probe's lock
+
+
+class RunFolderLock:
+    """An exclusive flock on ``<folder>/.rlvr.lock`` with this process's pid in it. ``release``
+    removes the file (and the folder, when this run made it and wrote nothing else)."""
+
+    def __init__(self, folder: Path):
+        self.folder, self.path = folder, folder / LOCK_NAME
+        self.made_folder = not folder.exists()
+        folder.mkdir(parents=True, exist_ok=True)
+        while True:
+            handle = open(self.path, "a+")
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                handle.seek(0)
+                holder = handle.read().strip()
+                handle.close()
+                raise _in_use(folder, holder) from None
+            # the file may have been removed by a run that ended between our open and our lock: then
+            # this lock is on a file no one else can see, so take the one at the path again
+            try:
+                same = os.stat(self.path).st_ino == os.fstat(handle.fileno()).st_ino
+            except FileNotFoundError:
+                same = False
+            if same:
+                break
+            handle.close()
+        handle.truncate(0)
+        handle.write(f"{os.getpid()}\n")
+        handle.flush()
+        self.handle = handle
+
+    def release(self) -> None:
+        if self.handle is None:
+            return
+        self.path.unlink(missing_ok=True)  # while still locked: no other run can hold this file
+        self.handle.close()
+        self.handle = None
+        if self.made_folder:
+            try:
+                self.folder.rmdir()  # only if empty: a run stopped before it wrote anything
+            except OSError:
+                pass
+
+    def __enter__(self) -> "RunFolderLock":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+
+def lock_run_folder(folder: Path) -> RunFolderLock:
+    """Lock ``folder`` for this process (made if missing), or raise naming the pid that holds it."""
+    return RunFolderLock(folder)
 
 
 def claim_run_folder(config: RLVRConfig) -> RLVRConfig:
     """``config`` with ``trainer.default_local_dir`` (and the paths under it) set to the folder this
-    run may write to; removes what a save cut short left in it."""
+    run may write to; removes what a save cut short left in it. A folder this run would write to
+    (or the running run's, before its first checkpoint) that another process holds is refused."""
     raw = config.trainer.default_local_dir.rstrip("/") or "/"
     wanted = Path(raw).expanduser()
     folder, suffix, first_reason = wanted, 1, None
-    while (reason := "is a file" if folder.exists() and not folder.is_dir() else why_not_here(folder, config)):
+    while (reason := _why_not(folder, config)):
         first_reason = first_reason or reason
         suffix += 1
         if suffix > MAX_SUFFIX:

@@ -532,3 +532,51 @@ def test_the_checkpoint_engine_acts_on_a_rollout_pool_and_is_noted_without_one(c
     with pytest.raises(ConfigError, match="nccl needs CUDA"):
         load_config(overrides=["actor_rollout_ref.rollout.checkpoint_engine.backend=nccl", "trainer.device=cpu",
                                "actor_rollout_ref.hybrid_engine=false"])
+
+
+@pytest.mark.parametrize("section", ["actor_rollout_ref.actor", "critic"])
+@pytest.mark.parametrize("value", ["-1", "0", "nan"])
+def test_a_gradient_clip_that_is_not_positive_is_refused(section, value):
+    """torch's clip_grad_norm_ scales every gradient by min(1, grad_clip / norm): at -1 the factor
+    is -1 / norm, so the step goes against the gradient (the update trains backwards, cosine -0.9997
+    to the step at 1.0 in the report); at 0 every gradient becomes 0; NaN makes them NaN. verl passes
+    the value to the same function, so it has no reading of <= 0 to follow: refused, with the way to
+    turn clipping off."""
+    with pytest.raises(ConfigError, match=rf"{section}.grad_clip = {value}.*scales the gradients by "
+                                          r"min\(1, grad_clip / norm\).*set a norm > 0 \(1.0 as verl\)"):
+        load_config(overrides=[f"{section}.grad_clip={value}", "algorithm.adv_estimator=gae"])
+    # infinity is how to turn clipping off: min(1, inf / norm) = 1, the gradients as they are
+    cfg = load_config(overrides=[f"{section}.grad_clip=.inf"])
+    assert (cfg.critic if section == "critic" else cfg.actor_rollout_ref.actor).grad_clip == float("inf")
+
+
+@pytest.mark.parametrize("override", ["actor_rollout_ref.rollout.do_sample=false", "actor_rollout_ref.rollout.top_k=1",
+                                      "actor_rollout_ref.rollout.min_p=1.0"])
+def test_sampling_that_makes_every_group_identical_is_refused(override):
+    """Greedy training rollouts (do_sample=false, top_k=1, min_p=1: only the likeliest token is
+    kept) give n identical responses per prompt, so every group's rewards tie, every advantage is
+    0 and nothing trains ("groups without signal 4" at every step); refused as temperature=0 is,
+    with greedy validation (val_kwargs.do_sample=false) named as the key that stays allowed."""
+    with pytest.raises(ConfigError, match=r"decodes greedily: the n responses of a prompt are identical, so every "
+                                          r"group's rewards tie.*nothing trains.*val_kwargs.do_sample=false"):
+        load_config(overrides=[override])
+
+
+@pytest.mark.parametrize("min_p", ["1.5", "-0.1"])
+def test_min_p_outside_its_range_is_refused(min_p):
+    with pytest.raises(ConfigError, match=rf"actor_rollout_ref.rollout.min_p = {min_p} must be in \[0, 1\)"):
+        load_config(overrides=[f"actor_rollout_ref.rollout.min_p={min_p}"])
+
+
+def test_greedy_validation_and_untruncated_sampling_stay_allowed():
+    cfg = load_config(overrides=["actor_rollout_ref.rollout.val_kwargs.do_sample=false",
+                                 "actor_rollout_ref.rollout.top_k=2", "actor_rollout_ref.rollout.min_p=0.5"])
+    assert (cfg.actor_rollout_ref.rollout.val_kwargs.do_sample, cfg.actor_rollout_ref.rollout.top_k) == (False, 2)
+
+
+@pytest.mark.parametrize("key", ["trainer.experiment_name", "trainer.project_name"])
+@pytest.mark.parametrize("value", ["''", "'  '"])
+def test_an_empty_run_name_is_refused(key, value):
+    """An empty experiment_name made the run folder runs/rlvr/ itself, the parent of every other run's."""
+    with pytest.raises(ConfigError, match=rf"{key} is empty: it names the run's folder"):
+        load_config(overrides=[f"{key}={value}"])

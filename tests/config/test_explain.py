@@ -42,6 +42,8 @@ WARNINGS = [
     (["actor_rollout_ref.actor.policy_loss.loss_mode=gspo", "actor_rollout_ref.actor.clip_ratio_c=5"],
      "actor_rollout_ref.actor.clip_ratio_c is set but has no effect: dual clip belongs to the vanilla loss"),
     (["algorithm.gamma=0.9"], "algorithm.gamma / algorithm.lam is set but has no effect"),
+    (["data.val_files=[]"], "trainer.test_freq / trainer.val_before_train is set but has no effect: data.val_files is "
+                            "empty (no validation runs)"),
 ]
 
 
@@ -71,3 +73,13 @@ def test_the_card_gives_the_token_budget_under_dynamic_batch_size():
     assert "micro-batches of up to 4096 tokens per device (use_dynamic_bsz)" in card
     assert "rows per device" not in card
     assert "micro-batches of 16 rows per device" in objective_card(load_config(None, []))
+
+
+def test_the_card_says_what_the_gradient_clip_does():
+    """grad_clip was on no card: a user could not see that 1.0 rescales any step whose global
+    gradient norm passes 1 (the console's grad_norm is the norm before that), or that .inf is off."""
+    card = objective_card(load_config(None, ["actor_rollout_ref.actor.grad_clip=0.5"]))
+    assert ("gradient clip: each optimizer step scales the gradients by min(1, 0.5 / global norm), so no step's "
+            "norm passes 0.5 (grad_norm is logged before the clip)") in card
+    off = objective_card(load_config(None, ["actor_rollout_ref.actor.grad_clip=.inf"]))
+    assert "gradient clip: none (grad_clip=inf)" in off

@@ -124,3 +124,100 @@ def test_each_save_says_what_it_takes_on_disk(tiny_config, tmp_path, capsys):
     line = f"saved {kept[0]} ({size / 1e6:.2f} MB); 1 checkpoint take {size / 1e6:.2f} MB " \
            "(trainer.max_actor_ckpt_to_keep=1 keeps the newest 1)"
     assert line in out.out + out.err
+
+
+HOLD = """
+import sys, time
+from pathlib import Path
+from rlvr.trainer.run_folder import lock_run_folder
+lock = lock_run_folder(Path(sys.argv[1]))
+print("locked", flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_run_folder_belongs_to_one_process_and_a_killed_one_does_not_keep_it(tmp_path, capsys):
+    """Two `rlvr train` in one folder both wrote it (metrics.jsonl ending 4,4,5,5,...; checkpoints
+    saved twice). Now the folder is locked by the process that runs in it: a second process is
+    refused with the first one's pid, before it loads anything, and once the first is killed
+    (kill -9 leaves its lock file behind) the next run goes ahead."""
+    import subprocess
+    import sys
+
+    from rlvr.cli import main
+    from rlvr.trainer.run_folder import LOCK_NAME, lock_run_folder
+
+    folder = tmp_path / "run"
+    argv = ["train", f"trainer.default_local_dir={folder}", f"actor_rollout_ref.model.path={tmp_path / 'none'}"]
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])}
+    holder = subprocess.Popen([sys.executable, "-c", HOLD, str(folder)], stdout=subprocess.PIPE, env=env)
+    try:
+        assert holder.stdout.readline() == b"locked\n"
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert f"{folder} is in use by process {holder.pid} (its lock: {folder / LOCK_NAME})" in err
+        assert "model path" not in err  # refused before anything loads
+        with pytest.raises(ConfigError, match=rf"in use by process {holder.pid}"):  # two starting at once
+            lock_run_folder(folder)
+    finally:
+        holder.kill()
+        holder.wait()
+    assert (folder / LOCK_NAME).read_text().strip() == str(holder.pid)  # what kill -9 leaves behind
+    assert main(argv) == 2  # the stale lock does not block: this run gets as far as the missing model
+    assert "model path" in capsys.readouterr().err
+    assert not (folder / LOCK_NAME).exists()  # a run that ends removes its lock
+
+
+def test_run_training_holds_the_lock_while_it_trains(tiny_config, tmp_path, monkeypatch):
+    """The lock is held for the whole run (a second run_training from inside fit is refused, naming
+    this process), and an ended run that wrote nothing leaves no folder behind."""
+    import rlvr.trainer.main as main_module
+
+    folder = tmp_path / "run"
+    config = tiny_config(f"trainer.default_local_dir={folder}")
+    seen = []
+
+    def fit_that_starts_another(cfg, *args, **kwargs):
+        with pytest.raises(ConfigError, match=rf"{folder} is in use by process {os.getpid()}"):
+            run_training(config)
+        seen.append(True)
+        return {}
+
+    monkeypatch.setattr(main_module, "fit", fit_that_starts_another)
+    run_training(config)
+    assert seen == [True] and not folder.exists()
+
+
+def test_a_second_ctrl_c_with_no_checkpoint_promises_no_resume(tiny_config, tmp_path, interrupt):
+    """With no checkpoint on disk, the message said "run the same command again to resume": the
+    same command starts over. It says so now (and so do the Ray driver's and a failed worker's)."""
+    folder = tmp_path / "run"
+    config = tiny_config("trainer.total_training_steps=2", "trainer.save_freq=-1", "trainer.test_freq=1",
+                         "trainer.val_before_train=false", f"trainer.default_local_dir={folder}")
+    trainer = build_trainer(config, progress_bar=False)
+    interrupt(trainer, trainer, "validate", 1)  # Ctrl-C in step 1's validation: its save starts...
+
+    def cut_short(path):
+        raise KeyboardInterrupt  # ...and Ctrl-C again in the middle of it
+
+    trainer.wg.save_checkpoint = cut_short
+    with pytest.raises(TrainingInterrupted) as stopped:
+        trainer.fit()
+    trainer.tracker.close()
+    assert str(stopped.value) == ("interrupted again while saving step 1: that save was discarded; no checkpoint "
+                                  "exists yet, so running the same command again starts from the beginning")
+    from rlvr.trainer.main import resume_hint
+
+    assert "resume" not in resume_hint(None) and "starts from the beginning" in resume_hint(None)
+    assert resume_hint(folder / "checkpoints" / "global_step_3") == \
+        f"last checkpoint: {folder / 'checkpoints' / 'global_step_3'}; run the same command again to resume from it"
+
+
+def test_the_last_line_names_only_what_the_run_wrote(tiny_config, tmp_path, capsys):
+    """The last line named metrics.jsonl with the jsonl logger off, where there is none."""
+    folder = tmp_path / "run"
+    run_training(tiny_config("trainer.total_training_steps=1", "trainer.save_freq=-1", "trainer.logger=[console]",
+                             "trainer.val_before_train=false", f"trainer.default_local_dir={folder}"))
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert not (folder / "metrics.jsonl").exists()
+    assert last == f"[rlvr] run directory: {folder.resolve()} (config.yaml, rollouts/)"
