@@ -314,8 +314,10 @@ class RLTrainer:
                 with timer("sync_weights", timings):  # to the rollout workers of their own
                     self.sync_rollout_weights()
             metrics.update(reduce_metrics(update.meta_info["metrics"]))
-            if not self.separate_old_log_prob:  # taken from the update's own forward
-                batch = batch.union(update)
+            if not self.separate_old_log_prob:  # taken from the update's own forward: assigned, not
+                # unioned, since the in-process worker fills the batch's own tensor and a diverged
+                # policy's NaN log-probs never compare equal to themselves
+                batch.batch["old_log_probs"] = update.batch["old_log_probs"]
         metrics.update(compute_data_metrics(batch, cfg.data.max_response_length, cfg.data.max_prompt_length))
         metrics.update(compute_timing_metrics(batch, timings))
         metrics.update(compute_throughput_metrics(batch, timings["step"], cfg.trainer.n_gpus_per_node * cfg.trainer.nnodes))

@@ -1,0 +1,35 @@
+"""Runs that end badly end with a message: a diverging run reaches the non-finite guard, a
+reward function that calls sys.exit() is named, a full disk during a save keeps the step's
+record. Each of these once ended in an internal error or a bare traceback (issue 47, §2)."""
+
+import errno
+import json
+from pathlib import Path
+
+import pytest
+
+from rlvr.cli import main
+from rlvr.errors import StopTraining
+from rlvr.trainer.main import build_trainer
+
+
+def records(config):
+    path = Path(config.trainer.default_local_dir) / "metrics.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+@pytest.mark.parametrize("lr", ["1e9", "1e30"])
+def test_a_diverging_run_reaches_the_non_finite_guard(tiny_config, lr):
+    """One optimizer step per batch (old log-probs from the update's own forward, as in the
+    default job): lr=1e9 blows the weights up at step 1, the log-probs turn NaN from step 2,
+    and the guard stops the run after max_consecutive_skipped_steps (here 2) skipped steps, naming
+    the cause; it once ended at step 2 in 'union conflict on batch['old_log_probs']' (NaN != NaN)."""
+    from rlvr.workers.actor import NonFiniteLossError
+
+    config = tiny_config(f"actor_rollout_ref.actor.optim.lr={lr}", "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+                         "actor_rollout_ref.actor.max_consecutive_skipped_steps=2", "trainer.total_training_steps=6",
+                         "trainer.val_before_train=false", "trainer.test_freq=-1", "trainer.save_freq=-1")
+    trainer = build_trainer(config, progress_bar=False)
+    with pytest.raises(NonFiniteLossError, match="2 optimizer steps in a row were skipped"):
+        trainer.fit()
+    trainer.tracker.close()
