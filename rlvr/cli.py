@@ -66,7 +66,26 @@ def _cmd_train(args: argparse.Namespace) -> None:
         return
     torch.set_num_threads(max(1, torch.get_num_threads()))
     signal.signal(signal.SIGTERM, _terminate_as_interrupt)
-    run_training(load_config(args.config, args.overrides))
+    config = load_config(args.config, args.overrides)
+    _check_plan_before_training(config, args.device_memory_gb)
+    run_training(config)
+
+
+def _check_plan_before_training(config, device_memory_gb: float | None) -> None:
+    """What ``rlvr plan`` refuses (a run over the device's memory), refused before anything loads:
+    ``data.max_response_length=100000`` once loaded and generated for minutes toward a crash.
+    Skipped where the plan has nothing to read: a GGUF file or a missing folder (the loader names
+    it), or CUDA asked of a machine without it (a Ray cluster's GPUs, or the device check's error)."""
+    import torch
+
+    from rlvr.trainer.memory_plan import check_plan, on_gpu, plan_memory, read_model_config
+
+    path = config.actor_rollout_ref.model.path
+    if path != "builtin" and not (Path(path).expanduser() / "config.json").is_file():
+        return
+    if on_gpu(config) and not torch.cuda.is_available() and not device_memory_gb:
+        return
+    check_plan(plan_memory(config, read_model_config(path), device_memory_gb), config)
 
 
 def _cmd_plan(args: argparse.Namespace) -> None:

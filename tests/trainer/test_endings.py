@@ -33,3 +33,16 @@ def test_a_diverging_run_reaches_the_non_finite_guard(tiny_config, lr):
     with pytest.raises(NonFiniteLossError, match="2 optimizer steps in a row were skipped"):
         trainer.fit()
     trainer.tracker.close()
+
+
+def test_train_refuses_what_the_memory_plan_refuses_before_loading(tmp_path, monkeypatch, capsys):
+    """data.max_response_length=100000: `rlvr plan` and `--dry-run` refuse it (2070 GB in the
+    update for the built-in model), but plain `train` once loaded everything and generated for
+    minutes toward a crash; it is refused first, with the plan's message, nothing loaded."""
+    import rlvr.trainer.main as trainer_main
+
+    monkeypatch.setattr(trainer_main, "build_trainer", lambda *args, **kwargs: pytest.fail("the run was built"))
+    assert main(["train", "data.max_response_length=100000", f"trainer.default_local_dir={tmp_path / 'run'}",
+                 "--device-memory-gb", "80"]) == 2
+    err = capsys.readouterr().err
+    assert "the memory plan needs" in err and "over the 80.00 GB available" in err and "Traceback" not in err, err
