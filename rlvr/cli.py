@@ -13,10 +13,16 @@ import sys
 import time
 from pathlib import Path
 
-from rlvr.config import ConfigError, load_config, to_yaml
-from rlvr.data.io import DatasetError
-from rlvr.models.loader import ModelLoadError
-from rlvr.errors import StopTraining, TrainingInterrupted
+try:  # torch loads here: the first seconds of every command
+    from rlvr.config import ConfigError, load_config, to_yaml
+    from rlvr.data.io import DatasetError
+    from rlvr.models.loader import ModelLoadError
+    from rlvr.errors import StopTraining, TrainingInterrupted
+except KeyboardInterrupt:
+    if Path(sys.argv[0]).name != "rlvr":  # imported by other code: its Ctrl-C is its own
+        raise
+    print("rlvr: interrupted while starting; nothing was done", file=sys.stderr)
+    raise SystemExit(130) from None
 
 USER_ERRORS = (ConfigError, DatasetError, ModelLoadError, StopTraining)
 
@@ -366,6 +372,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except TrainingInterrupted as err:
         print(f"rlvr {args.command}: {err}", file=sys.stderr)
+        return 130
+    except KeyboardInterrupt:  # before the fit loop (which saves and says so), or in any other command
+        what = "interrupted before training started; nothing was saved" if args.command == "train" else "interrupted"
+        print(f"rlvr {args.command}: {what}", file=sys.stderr)
         return 130
     return 0
 

@@ -46,3 +46,42 @@ def test_train_refuses_what_the_memory_plan_refuses_before_loading(tmp_path, mon
                  "--device-memory-gb", "80"]) == 2
     err = capsys.readouterr().err
     assert "the memory plan needs" in err and "over the 80.00 GB available" in err and "Traceback" not in err, err
+
+
+STARTING = """
+import sys
+
+class Interrupted:  # Ctrl-C while torch loads, the first seconds of `rlvr train`
+    def find_spec(self, name, path=None, target=None):
+        if name == "torch":
+            raise KeyboardInterrupt
+
+sys.meta_path.insert(0, Interrupted())
+sys.argv = ["rlvr", "train"]
+from rlvr.cli import main
+sys.exit(main())
+"""
+
+
+def test_ctrl_c_while_starting_is_one_line(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])}
+    done = subprocess.run([sys.executable, "-c", STARTING], capture_output=True, text=True, env=env, cwd=tmp_path,
+                          timeout=120)
+    assert done.returncode == 130 and done.stderr == "rlvr: interrupted while starting; nothing was done\n", done.stderr
+
+
+def test_ctrl_c_while_the_run_loads_is_one_line(tiny_config, monkeypatch, capsys, tmp_path):
+    """Ctrl-C while the model and data load (before the fit loop, which handles its own)."""
+    import rlvr.trainer.main as trainer_main
+
+    def loading(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(trainer_main, "build_trainer", loading)
+    assert main(["train", f"trainer.default_local_dir={tmp_path / 'run'}"]) == 130
+    err = capsys.readouterr().err
+    assert err.endswith("rlvr train: interrupted before training started; nothing was saved\n"), err
