@@ -33,8 +33,11 @@ def _cmd_prepare(args: argparse.Namespace) -> None:
 
     out = Path(args.out or prepare.DEFAULT_ROOT / args.task).expanduser()
     if args.task == "arithmetic":
-        spec = ArithmeticSpec(digits=args.digits, operators=args.operators, num_operands=args.num_operands,
-                              max_operand=None if args.max_operand == 0 else args.max_operand)
+        try:
+            spec = ArithmeticSpec(digits=args.digits, operators=args.operators, num_operands=args.num_operands,
+                                  max_operand=None if args.max_operand == 0 else args.max_operand)
+        except ValueError as err:  # the spec's messages open with its field: the option of that name
+            raise ConfigError("--" + str(err).replace("_", "-", 1)) from None
         paths = prepare.prepare_arithmetic(out, args.train_size or 1000, args.test_size or 300, args.seed, spec)
     elif args.task in ("calculator", "calculator_no_tool"):
         paths = prepare.prepare_calculator(out, args.train_size or 1000, args.test_size or 100, args.seed,
