@@ -8,6 +8,7 @@ are printed as one clear message, without a traceback, and exit with status 2.
 from __future__ import annotations
 
 import argparse
+import errno
 import math
 import sys
 import time
@@ -25,6 +26,10 @@ except KeyboardInterrupt:
     raise SystemExit(130) from None
 
 USER_ERRORS = (ConfigError, DatasetError, ModelLoadError, StopTraining)
+# what a disk refuses a write with (full, over quota, read-only, no permission): a message, not a traceback
+DISK_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM)
+DISK_ADVICE = ("write somewhere you can, with room (rlvr train writes under trainer.default_local_dir, "
+               "rlvr prepare under --out, rlvr export to its destination)")
 
 
 def _cmd_prepare(args: argparse.Namespace) -> None:
@@ -376,6 +381,11 @@ def main(argv: list[str] | None = None) -> int:
     except TrainingInterrupted as err:
         print(f"rlvr {args.command}: {err}", file=sys.stderr)
         return 130
+    except OSError as err:
+        if err.errno not in DISK_ERRNOS:
+            raise
+        print(f"rlvr {args.command}: error: {err.strerror}: {err.filename}; {DISK_ADVICE}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:  # before the fit loop (which saves and says so), or in any other command
         what = "interrupted before training started; nothing was saved" if args.command == "train" else "interrupted"
         print(f"rlvr {args.command}: {what}", file=sys.stderr)

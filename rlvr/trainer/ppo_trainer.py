@@ -241,7 +241,13 @@ class RLTrainer:
                 torch.save(self.ahead.drain(step + self.ahead.ahead), folder / AHEAD_FILE)
 
         root, keep = checkpoint.checkpoint_root(self.config), self.config.trainer.max_actor_ckpt_to_keep
-        path = checkpoint.save(root, step, write_parts, state, keep)
+        try:
+            path = checkpoint.save(root, step, write_parts, state, keep)
+        except checkpoint.CheckpointWriteError:  # a full disk: the record the checkpoint would carry is logged now
+            if self._pending is not None:
+                self.tracker.log(self._pending["metrics"], step=step)
+                self._pending = None
+            raise
         self._saved_step = step
         tqdm.write(checkpoint.describe_saved(root, path, keep))
         return path

@@ -85,3 +85,46 @@ def test_ctrl_c_while_the_run_loads_is_one_line(tiny_config, monkeypatch, capsys
     assert main(["train", f"trainer.default_local_dir={tmp_path / 'run'}"]) == 130
     err = capsys.readouterr().err
     assert err.endswith("rlvr train: interrupted before training started; nothing was saved\n"), err
+
+
+def test_a_full_disk_during_a_save_says_so_and_keeps_the_steps_record(tiny_config):
+    """The disk fills while step 2's checkpoint is written: the run stops with what happened and
+    what to do (not torch's 'PytorchStreamWriter failed writing file'), the partial folder is
+    gone, step 1's checkpoint stays the last, and step 2's record is in metrics.jsonl."""
+    config = tiny_config("trainer.save_freq=1", "trainer.val_before_train=false", "trainer.test_freq=-1")
+    trainer = build_trainer(config, progress_bar=False)
+    original, calls = trainer.wg.save_checkpoint, []
+
+    def filling(folder):
+        calls.append(folder)
+        if len(calls) == 2:
+            raise OSError(errno.ENOSPC, "No space left on device", str(folder / "actor" / "model.safetensors"))
+        return original(folder)
+
+    trainer.wg.save_checkpoint = filling
+    with pytest.raises(StopTraining, match=r"cannot save step 2 .*No space left on device.*the last complete "
+                                           r"checkpoint is .*global_step_1.*free space"):
+        trainer.fit()
+    trainer.tracker.close()
+    assert [r["step"] for r in records(config)] == [1, 2]
+    root = Path(config.trainer.default_local_dir) / "checkpoints"
+    assert sorted(p.name for p in root.iterdir() if p.is_dir()) == ["global_step_1"]
+
+
+def test_a_run_folder_that_cannot_be_written_is_one_message(tmp_path, monkeypatch, capsys):
+    """A read-only run folder (simulated: the tests run as root, for whom chmod does not bite)."""
+    import pathlib
+
+    blocked = tmp_path / "read-only"
+    original = pathlib.Path.mkdir
+
+    def mkdir(self, *args, **kwargs):
+        if str(self).startswith(str(blocked)):
+            raise OSError(errno.EROFS, "Read-only file system", str(self))
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(pathlib.Path, "mkdir", mkdir)
+    assert main(["train", f"trainer.default_local_dir={blocked / 'run'}"]) == 2
+    err = capsys.readouterr().err
+    assert f"rlvr train: error: Read-only file system: {blocked}" in err and "Traceback" not in err, err
+    assert "trainer.default_local_dir" in err
