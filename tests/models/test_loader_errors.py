@@ -40,3 +40,16 @@ def test_a_gguf_file_cut_short_is_named(tmp_path, monkeypatch):
     with pytest.raises(ModelLoadError, match=rf"{cut} could not be read as GGUF \(.*\); it is damaged or cut short"):
         load_tokenizer(cut)
     assert not any((tmp_path / "cache" / "models").glob("model*"))  # no half-converted folder left
+
+
+def test_lora_target_modules_that_match_nothing_name_the_modules_there_are(tiny_model_dir):
+    """peft's own error ('Target modules {...} not found in the base model') came as a traceback
+    and listed nothing to choose from; the tiny Llama's linear layers are q/k/v/o_proj,
+    gate/up/down_proj and lm_head."""
+    from rlvr.config import ConfigError
+    from rlvr.models.lora import apply_lora
+
+    with pytest.raises(ConfigError, match=r"target_modules \['qkv'\] match no module of the model; its linear "
+                                          r"layers are \['down_proj', 'gate_proj', 'k_proj', 'lm_head', 'o_proj', "
+                                          r"'q_proj', 'up_proj', 'v_proj'\]"):
+        apply_lora(load_model(tiny_model_dir), 4, 8, ["q_proj", "qkv"])
