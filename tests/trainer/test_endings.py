@@ -128,3 +128,14 @@ def test_a_run_folder_that_cannot_be_written_is_one_message(tmp_path, monkeypatc
     err = capsys.readouterr().err
     assert f"rlvr train: error: Read-only file system: {blocked}" in err and "Traceback" not in err, err
     assert "trainer.default_local_dir" in err
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="this machine has a GPU")
+def test_cuda_asked_of_a_machine_without_one_is_one_message(tiny_config, tmp_path, capsys):
+    from rlvr.config import to_yaml
+
+    (tmp_path / "tiny.yaml").write_text(to_yaml(tiny_config("trainer.device=cuda")))
+    assert main(["train", "--config", str(tmp_path / "tiny.yaml")]) == 2
+    err = capsys.readouterr().err
+    assert "trainer.device=cuda, but torch sees no CUDA device" in err and "trainer.device=cpu" in err, err
+    assert "Traceback" not in err
