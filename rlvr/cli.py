@@ -8,17 +8,28 @@ are printed as one clear message, without a traceback, and exit with status 2.
 from __future__ import annotations
 
 import argparse
+import errno
 import math
 import sys
 import time
 from pathlib import Path
 
-from rlvr.config import ConfigError, load_config, to_yaml
-from rlvr.data.io import DatasetError
-from rlvr.models.loader import ModelLoadError
-from rlvr.errors import StopTraining, TrainingInterrupted
+try:  # torch loads here: the first seconds of every command
+    from rlvr.config import ConfigError, load_config, to_yaml
+    from rlvr.data.io import DatasetError
+    from rlvr.models.loader import ModelLoadError
+    from rlvr.errors import StopTraining, TrainingInterrupted
+except KeyboardInterrupt:
+    if Path(sys.argv[0]).name != "rlvr":  # imported by other code: its Ctrl-C is its own
+        raise
+    print("rlvr: interrupted while starting; nothing was done", file=sys.stderr)
+    raise SystemExit(130) from None
 
 USER_ERRORS = (ConfigError, DatasetError, ModelLoadError, StopTraining)
+# what a disk refuses a write with (full, over quota, read-only, no permission): a message, not a traceback
+DISK_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM)
+DISK_ADVICE = ("write somewhere you can, with room (rlvr train writes under trainer.default_local_dir, "
+               "rlvr prepare under --out, rlvr export to its destination)")
 
 
 def _cmd_prepare(args: argparse.Namespace) -> None:
@@ -27,8 +38,11 @@ def _cmd_prepare(args: argparse.Namespace) -> None:
 
     out = Path(args.out or prepare.DEFAULT_ROOT / args.task).expanduser()
     if args.task == "arithmetic":
-        spec = ArithmeticSpec(digits=args.digits, operators=args.operators, num_operands=args.num_operands,
-                              max_operand=None if args.max_operand == 0 else args.max_operand)
+        try:
+            spec = ArithmeticSpec(digits=args.digits, operators=args.operators, num_operands=args.num_operands,
+                                  max_operand=None if args.max_operand == 0 else args.max_operand)
+        except ValueError as err:  # the spec's messages open with its field: the option of that name
+            raise ConfigError("--" + str(err).replace("_", "-", 1)) from None
         paths = prepare.prepare_arithmetic(out, args.train_size or 1000, args.test_size or 300, args.seed, spec)
     elif args.task in ("calculator", "calculator_no_tool"):
         paths = prepare.prepare_calculator(out, args.train_size or 1000, args.test_size or 100, args.seed,
@@ -69,7 +83,26 @@ def _cmd_train(args: argparse.Namespace) -> None:
         return
     torch.set_num_threads(max(1, torch.get_num_threads()))
     signal.signal(signal.SIGTERM, _terminate_as_interrupt)
-    run_training(_load(args))
+    config = _load(args)  # the run's own device: --device-memory-gb sizes the check, it does not pick cuda
+    _check_plan_before_training(config, args.device_memory_gb)
+    run_training(config)
+
+
+def _check_plan_before_training(config, device_memory_gb: float | None) -> None:
+    """What ``rlvr plan`` refuses (a run over the device's memory), refused before anything loads:
+    ``data.max_response_length=100000`` once loaded and generated for minutes toward a crash.
+    Skipped where the plan has nothing to read: a GGUF file or a missing folder (the loader names
+    it), or CUDA asked of a machine without it (a Ray cluster's GPUs, or the device check's error)."""
+    import torch
+
+    from rlvr.trainer.memory_plan import check_plan, on_gpu, plan_memory, read_model_config
+
+    path = config.actor_rollout_ref.model.path
+    if path != "builtin" and not (Path(path).expanduser() / "config.json").is_file():
+        return
+    if on_gpu(config) and not torch.cuda.is_available() and not device_memory_gb:
+        return
+    check_plan(plan_memory(config, read_model_config(path), device_memory_gb), config)
 
 
 def _cmd_plan(args: argparse.Namespace) -> None:
@@ -418,6 +451,15 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except TrainingInterrupted as err:
         print(f"rlvr {args.command}: {err}", file=sys.stderr)
+        return 130
+    except OSError as err:
+        if err.errno not in DISK_ERRNOS:
+            raise
+        print(f"rlvr {args.command}: error: {err.strerror}: {err.filename}; {DISK_ADVICE}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:  # before the fit loop (which saves and says so), or in any other command
+        what = "interrupted before training started; nothing was saved" if args.command == "train" else "interrupted"
+        print(f"rlvr {args.command}: {what}", file=sys.stderr)
         return 130
     return 0
 

@@ -426,8 +426,26 @@ def _algorithm(cfg: RLVRConfig) -> list[str]:
         errors.append(f"reward.max_failed_fraction must be in [0, 1], got {reward.max_failed_fraction}")
     if not 0 < rollout.top_p <= 1:
         errors.append(f"actor_rollout_ref.rollout.top_p must be in (0, 1], got {rollout.top_p}")
-    if actor.optim.lr <= 0:
-        errors.append(f"actor_rollout_ref.actor.optim.lr must be > 0, got {actor.optim.lr}")
+    errors += _optim("actor_rollout_ref.actor.optim", actor.optim) + _optim("critic.optim", cfg.critic.optim)
+    return errors
+
+
+def _optim(name: str, optim) -> list[str]:
+    """What AdamW can train with: an lr of NaN or inf turns the weights NaN at the first step,
+    beta2 = 1 divides by 1 - beta2 ** t = 0, a negative weight decay grows the weights."""
+    import math
+
+    errors = []
+    if not (math.isfinite(optim.lr) and optim.lr > 0):
+        errors.append(f"{name}.lr = {optim.lr} must be a finite number > 0 (the peak learning rate; 1e-6 is "
+                      "the default)")
+    betas = optim.betas
+    if not (isinstance(betas, (list, tuple)) and len(betas) == 2
+            and all(isinstance(b, (int, float)) and 0 <= b < 1 for b in betas)):
+        errors.append(f"{name}.betas = {betas!r} must be two numbers in [0, 1) (AdamW's decay rates of the "
+                      "gradient's mean and square; the default is [0.9, 0.999])")
+    if not optim.weight_decay >= 0:
+        errors.append(f"{name}.weight_decay = {optim.weight_decay} must be >= 0 (0: no decay)")
     return errors
 
 

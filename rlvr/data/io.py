@@ -36,8 +36,9 @@ def read_rows(path: str | Path) -> list[dict[str, Any]]:
 
 def _read_jsonl(path: Path) -> list[dict[str, Any]]:
     rows = []
-    with path.open(encoding="utf-8") as fh:
-        for line_no, line in enumerate(fh, start=1):
+    with path.open("rb") as fh:  # decoded line by line: an encoding error names its line
+        for line_no, raw in enumerate(fh, start=1):
+            line = _decode_line(path, line_no, raw)
             if not line.strip():
                 continue
             try:
@@ -48,6 +49,17 @@ def _read_jsonl(path: Path) -> list[dict[str, Any]]:
                 raise DatasetError(f"{path}: line {line_no} is a JSON {type(row).__name__}, not an object")
             rows.append(row)
     return rows
+
+
+def _decode_line(path: Path, line_no: int, raw: bytes) -> str:
+    """One line as UTF-8 (JSONL's encoding; a byte-order mark on the first line is dropped)."""
+    try:
+        return raw.decode("utf-8-sig" if line_no == 1 else "utf-8")
+    except UnicodeDecodeError as err:
+        raise DatasetError(
+            f"{path}: line {line_no} is not UTF-8 (byte {raw[err.start]:#04x} at column {err.start + 1}); JSONL is "
+            f"read as utf-8: convert the file, e.g. iconv -f latin1 -t utf-8 {path} > {path.stem}.utf8.jsonl "
+            "(if it is latin-1)") from None
 
 
 def write_parquet(rows: Iterable[dict[str, Any]], path: str | Path) -> Path:

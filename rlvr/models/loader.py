@@ -18,6 +18,7 @@ import importlib.util
 import json
 import os
 import shutil
+import struct
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -74,6 +75,10 @@ def resolve_model_source(path: str | os.PathLike) -> ModelSource:
         return ModelSource("gguf", builtin_gguf_path())
     local = Path(text).expanduser()
     if local.is_file() and local.suffix == ".gguf":
+        with open(local, "rb") as f:
+            if f.read(4) != b"GGUF":  # gguf's reader says so in a traceback
+                raise ModelLoadError(f"{local} is not a GGUF file: it does not start with GGUF's magic bytes; "
+                                     "download or copy it again, or give a Hugging Face model folder")
         return ModelSource("gguf", local)
     if local.is_dir():
         if not (local / "config.json").is_file():
@@ -172,7 +177,11 @@ def converted_gguf_dir(gguf: Path) -> Path:
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=target.name + ".tmp-", dir=target.parent))
     try:
-        _convert_gguf(gguf, tmp)
+        try:
+            _convert_gguf(gguf, tmp)
+        except (ValueError, KeyError, IndexError, EOFError, struct.error) as err:  # gguf's reader on bad bytes
+            raise ModelLoadError(f"{gguf} could not be read as GGUF ({type(err).__name__}: {err}); it is damaged or "
+                                 "cut short: download or copy it again") from None
         try:
             tmp.rename(target)
         except OSError:  # another process finished the same conversion first
@@ -211,11 +220,21 @@ def model_folder(path: str | os.PathLike) -> Path:
     return source.path if source.kind == "hf" else converted_gguf_dir(source.path)
 
 
+# the files a Hugging Face tokenizer is read from (fast, sentencepiece, BPE vocabularies)
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "spiece.model", "vocab.txt", "tokenizer.tiktoken")
+WEIGHT_FILES = ("*.safetensors", "pytorch_model*.bin", "model*.bin")
+
+
 def load_tokenizer(path: str | os.PathLike, trust_remote_code: bool = False):
     """The tokenizer of ``path``; a pad token is set (to EOS) when the tokenizer has none."""
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(model_folder(path), trust_remote_code=trust_remote_code)
+    folder = model_folder(path)
+    if not trust_remote_code and not any((folder / name).is_file() for name in TOKENIZER_FILES):
+        raise ModelLoadError(f"model folder {str(folder)!r} has no tokenizer (none of {', '.join(TOKENIZER_FILES)}): "
+                             "copy the tokenizer files of the model into it, or point "
+                             "actor_rollout_ref.model.tokenizer_path at a folder that has them")
+    tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=trust_remote_code)
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     tokenizer.padding_side = "left"  # prompts are left-padded throughout rlvr
@@ -236,6 +255,9 @@ def load_model(
     if dtype not in DTYPES:
         raise ModelLoadError(f"dtype {dtype!r} is not one of {sorted(DTYPES)}")
     folder = model_folder(path)
+    if not any(any(folder.glob(pattern)) for pattern in WEIGHT_FILES):
+        raise ModelLoadError(f"model folder {str(folder)!r} has no weights (model.safetensors, its shards, or "
+                             "pytorch_model.bin): copy them in, or point the path at the folder that has them")
     check_weight_files(folder)
     model = AutoModelForCausalLM.from_pretrained(
         folder,

@@ -30,11 +30,28 @@ def apply_lora(model, rank: int, alpha: float, target_modules, task_type: str = 
     from peft import LoraConfig, get_peft_model
 
     targets = target_modules if isinstance(target_modules, str) else list(target_modules)
+    if not isinstance(targets, str):
+        check_targets(model, targets)
     config = LoraConfig(r=rank, lora_alpha=alpha, target_modules=targets, lora_dropout=0.0, bias="none",
                         task_type=task_type, modules_to_save=modules_to_save)
     with warnings.catch_warnings():  # peft asks transformers a deprecated question; nothing for the user to do
         warnings.filterwarnings("ignore", category=FutureWarning, message=".*is_gradient_checkpointing")
         return get_peft_model(model, config)
+
+
+def check_targets(model, targets: list[str]) -> None:
+    """Every name in ``targets`` matches a module (peft's rule: the module's name, or its last
+    dotted parts). peft raises only when none matches, and then lists nothing to choose from; one
+    name among others that matches nothing is dropped silently."""
+    from rlvr.config import ConfigError
+
+    names = [name for name, _ in model.named_modules()]
+    unmatched = [t for t in targets if not any(n == t or n.endswith("." + t) for n in names)]
+    if unmatched:
+        linear = sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)})
+        raise ConfigError(f"target_modules {unmatched} match no module of the model; its linear layers are {linear} "
+                          "(set actor_rollout_ref.model.target_modules, or critic.model.target_modules, to some of "
+                          "them, or to all-linear)")
 
 
 def is_peft(model) -> bool:

@@ -11,7 +11,9 @@ update (``reward.on_invalid=drop``; ``raise`` stops the run). Every sample is sc
 time limit (``reward.timeout_s``). A function that raises or runs out of time gives that sample
 ``reward.failure_score`` and is counted in
 ``reward/num_errors`` / ``reward/num_timeouts`` (the first failure of a step is printed with
-its sample), or fails the step when ``reward.on_error=raise``. A batch where more than
+its sample), or fails the step when ``reward.on_error=raise``; a function that calls ``sys.exit()``
+has failed on that sample too. A score beyond ±1.8e19 (``MAX_SCORE``) is invalid, as NaN is: the
+scores are float32 and a group's variance of it would overflow. A batch where more than
 ``reward.max_failed_fraction`` of the samples failed stops the run with the first failure. With ``reward.num_workers > 0``
 samples are scored in a process pool; a worker stuck in C code that ignores the timer is
 killed with the pool, and the pool is rebuilt for the next call. The other samples keep
@@ -45,6 +47,9 @@ from rlvr.rewards.registry import REWARD_FNS, reward_fn_name_for
 
 
 POOL_GRACE_S = 10.0  # beyond the samples' own time limits, how long the pool may take before it counts as stuck
+# scores are float32, and a group's std squares them: beyond sqrt(float32 max) = 1.8e19 the variance is
+# inf and the group's advantages silently 0 (beyond 3.4e38 the score does not even fit the tensor)
+MAX_SCORE = math.sqrt(float(torch.finfo(torch.float32).max))
 
 
 class RewardError(StopTraining):
@@ -126,8 +131,9 @@ def score_sample(fns: tuple, data_source: str, solution_str: str, ground_truth: 
         previous = signal.signal(signal.SIGALRM, _on_alarm)
         signal.setitimer(signal.ITIMER_REAL, timeout_s)
     try:
-        total, extras = 0.0, {}
+        total, extras, name = 0.0, {}, None
         for ref, weight in fns:
+            name = ref.name
             result = ref.resolve()(data_source, solution_str, ground_truth, extra_info, **dict(ref.kwargs))
             if isinstance(result, dict):
                 if "score" not in result:
@@ -141,9 +147,14 @@ def score_sample(fns: tuple, data_source: str, solution_str: str, ground_truth: 
             if len(fns) > 1:
                 extras[ref.name] = value
             total += weight * value
+        if abs(total) > MAX_SCORE:
+            return {"status": "invalid", "error": f"reward function {name!r} returned {total:.4g}, beyond "
+                    f"±{MAX_SCORE:.2g}: a group's std of such scores overflows float32 (rescale the reward)"}
         return {"status": "ok", "score": total, "extras": extras}
     except _Timeout:
         return {"status": "timeout", "error": f"took longer than reward.timeout_s={timeout_s} s"}
+    except SystemExit as err:  # sys.exit() in user code would end the run (or a pool worker) silently
+        return {"status": "error", "error": f"reward function {name!r} called sys.exit({err.code!r})"}
     except Exception as err:  # reported with the sample by the manager, and counted
         return {"status": "error", "error": f"{type(err).__name__}: {err}"}
     finally:

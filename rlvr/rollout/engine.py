@@ -37,6 +37,7 @@ import torch
 from rlvr.config.schema import RolloutConfig
 from rlvr.data.dataset import left_pad
 from rlvr.models.loader import DTYPES
+from rlvr.progress import advance
 from rlvr.rollout.base import BaseRollout, Completion, register_rollout
 from rlvr.rollout.kv_cache import make_cache, supports_preallocated
 from rlvr.rollout.lean import LeanDecoder, supports_lean_decode
@@ -212,6 +213,7 @@ class NativeRollout(BaseRollout):
             params = replace(params, row_ids=rows, total_rows=max(len(prompts), params.total_rows, max(rows) + 1))
         completions: list[Completion | None] = [None] * len(prompts)
         kept, self._kept = self._kept, ([] if self._kept is not None else None)  # the last call's turns: used now or dropped
+        self._finished = (0, len(prompts))  # rows of the call finished in earlier waves, of all: for the progress
         for wave in waves:
             first: dict[Hashable, int] = {}
             unique, row_to_unique = [], []
@@ -227,6 +229,8 @@ class NativeRollout(BaseRollout):
                 decoded = self._decode(unique, torch.tensor(row_to_unique), wave_params, budgets[wave], pasts)
             for r, completion in zip(wave, decoded):
                 completions[r] = completion
+            self._finished = (self._finished[0] + len(wave), len(prompts))
+            advance("rows", *self._finished)  # the rows cut at their length too
             trim_heap()  # the wave's cache is gone now
         return completions
 
@@ -344,6 +348,8 @@ class NativeRollout(BaseRollout):
             done |= stopped
             if uneven:  # a row whose own budget is spent ends ("length") before the batch's longest
                 done |= active & (lengths[live_cpu] >= budgets[live_cpu]).to(device)
+            before, total = self._finished
+            advance("rows", before + B - len(live) + int(done.sum()), total)  # drawn by the listener at its own rate
             if bool(done.all()) or step == max_new - 1:
                 break
             if bool(done.any()):  # moving a few cache rows is cheaper than decoding dead rows

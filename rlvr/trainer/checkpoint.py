@@ -23,6 +23,7 @@ is refused before resuming, naming the file and the newest earlier checkpoint th
 
 from __future__ import annotations
 
+import errno
 import os
 import random
 import re
@@ -37,6 +38,7 @@ import torch
 from rlvr.config import ConfigError
 from rlvr.config.schema import RLVRConfig
 from rlvr.config.validate import resume_mode_problem
+from rlvr.errors import StopTraining
 from rlvr.models.loader import safetensors_problem
 
 
@@ -46,6 +48,36 @@ class DamagedCheckpointError(ConfigError):
 
 
 LATEST_FILE = "latest_checkpointed_iteration.txt"
+
+
+class CheckpointWriteError(StopTraining):
+    """The disk refused a checkpoint (full, read-only, no permission): the run stops, saying so."""
+
+
+# what the disk refuses with: full, over quota, read-only, no permission, an I/O error
+DISK_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EIO)
+
+
+def disk_refused(err: BaseException) -> bool:
+    """A write the disk refused: an OSError of ``DISK_ERRNOS``, or torch's own wording of one
+    (its zip writer raises RuntimeError 'PytorchStreamWriter failed writing file ...')."""
+    if isinstance(err, OSError):
+        return err.errno in DISK_ERRNOS
+    return isinstance(err, RuntimeError) and "PytorchStreamWriter failed" in str(err)
+
+
+def refused_save(root: Path, step: int, err: BaseException) -> CheckpointWriteError:
+    """The message for a save the disk refused: what, how much space is left, what is kept."""
+    what = f"{err.strerror}: {err.filename}" if isinstance(err, OSError) and err.strerror else str(err).splitlines()[0]
+    try:
+        free = f"{size(shutil.disk_usage(root if root.exists() else root.parent).free)} free on that disk"
+    except OSError:
+        free = "free space unknown"
+    last = latest_checkpoint(root) if root.is_dir() else None
+    return CheckpointWriteError(
+        f"cannot save step {step} under {root}: {what} ({free}). The partial checkpoint was removed; the last "
+        f"complete checkpoint is {last or 'none yet'}. free space (trainer.max_actor_ckpt_to_keep=N keeps only the "
+        "newest N) or set trainer.default_local_dir to a disk with room, then run the same command again to resume")
 STEP_DIR = re.compile(r"^global_step_(\d+)$")
 
 # (key, getter): a resumed run must agree on these, or its steps would not continue the saved run
@@ -107,18 +139,20 @@ def step_dirs(root: Path) -> list[Path]:
 def save(root: Path, step: int, write_parts, trainer_state: dict[str, Any], keep: int | None = None) -> Path:
     """Write a checkpoint atomically: ``write_parts(folder)`` fills a temporary folder that is
     renamed to ``global_step_<step>`` when complete; older ones beyond ``keep`` are removed."""
-    root.mkdir(parents=True, exist_ok=True)
     final = root / f"global_step_{step}"
-    for stale in root.glob(".tmp-global_step_*"):  # left by saves that were killed midway
-        shutil.rmtree(stale, ignore_errors=True)
     tmp = root / f".tmp-global_step_{step}"
-    tmp.mkdir()
     try:
+        root.mkdir(parents=True, exist_ok=True)
+        for stale in root.glob(".tmp-global_step_*"):  # left by saves that were killed midway
+            shutil.rmtree(stale, ignore_errors=True)
+        tmp.mkdir()
         write_parts(tmp)
         torch.save(trainer_state, tmp / "trainer_state.pt")
         fsync_tree(tmp)
-    except BaseException:  # a second Ctrl-C (or an error) mid-save: discard the partial folder, keep the others
+    except BaseException as err:  # a second Ctrl-C (or an error) mid-save: discard the partial folder, keep the others
         shutil.rmtree(tmp, ignore_errors=True)
+        if disk_refused(err):
+            raise refused_save(root, step, err) from None
         raise
     if final.exists():
         shutil.rmtree(final)

@@ -4,8 +4,9 @@
 (the worker group's during training, a bare rollout engine in ``rlvr eval``), scores them
 with a reward manager and reports ``val-core/<data_source>/reward/{mean,best,maj}@n``;
 ``best@n`` is pass@n for 0/1 rewards. A progress bar (stderr, as the training loop's) counts the
-prompts scored, batch by batch, and while a batch generates its elapsed time ticks every
-second (the default job validates in one batch of 40-50 s).
+prompts scored, batch by batch, and while a batch generates it shows the rows the engine has
+finished (``generating 37/300 rows``) with its elapsed time, redrawn every second (the default
+job validates in one batch of 40-50 s).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any, Callable, Iterator
 import numpy as np
 from tqdm import tqdm
 
+from rlvr.progress import listening
 from rlvr.protocol import DataProto
 from rlvr.trainer.metrics import multi_turn_stats, tool_tokens, validation_metrics
 
@@ -76,7 +78,8 @@ def evaluate(generate: Callable[[DataProto], DataProto], reward_fn, dataset, tok
         # of every batch would draw the same uniforms (native) or the same request seed (vLLM)
         gen.meta_info.update(sampling, validate=True, seed=seed + BATCH_SEED_STRIDE * start)
         bar.set_postfix_str("generating", refresh=False)
-        with ticking(bar):
+        with ticking(bar), listening(lambda unit, done, total: unit == "rows" and bar.set_postfix_str(
+                f"generating {done}/{total} rows", refresh=False)):  # the engine's count, drawn by the ticks
             batch = batch.repeat(n, interleave=True).union(generate(gen))
         result = reward_fn(batch)
         texts = [tokenizer.decode(r[m.bool()], skip_special_tokens=True).strip()

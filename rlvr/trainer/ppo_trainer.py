@@ -39,6 +39,7 @@ from rlvr.trainer.evaluate import evaluate, generation_batch
 from rlvr.trainer.guards import GAP_TEMPERATURE, PROBE_TOKENS, check_groups, check_masks, freshness_tolerance
 from rlvr.trainer.metrics import (compute_data_metrics, compute_off_policy_metrics, compute_throughput_metrics,
                                   compute_timing_metrics, reduce_metrics, timer)
+from rlvr.trainer.progress import StepProgress
 from rlvr.trainer.rollout_ahead import BroadcastWeights, CopyWeights, Dispatched, RolloutAhead
 from rlvr.trainer.tracking import Tracking
 
@@ -99,6 +100,7 @@ class RLTrainer:
         self.weights = (BroadcastWeights if broadcast else CopyWeights)(self.wg, self.rollout_wg)
         self.ahead = RolloutAhead(self.rollout_wg, ahead, self.weights) if config.trainer.v1.trainer_mode != "sync" else None
         self._prompt_batches = None  # async: the prompt stream the dispatches draw from
+        self.progress = StepProgress()  # the phase of the step under way (fit gives it the bar)
 
     # ------------------------------------------------------------------ the loop
     def fit(self) -> dict[str, float]:
@@ -120,6 +122,7 @@ class RLTrainer:
                 self.tracker.log(last, step=0)
             progress = tqdm(total=self.total_training_steps, initial=self.global_step, desc="training", unit="step",
                             dynamic_ncols=True, disable=not self.tracker.progress_bar)
+            self.progress = StepProgress(progress)
             last = self._loop(progress) or last
         except KeyboardInterrupt:
             if progress is not None:
@@ -134,6 +137,7 @@ class RLTrainer:
                            f"discarded; {kept}")
             raise TrainingInterrupted(message) from None
         finally:
+            self.progress.close()
             if self.ahead is not None:
                 self.ahead.close()
         progress.close()
@@ -145,6 +149,7 @@ class RLTrainer:
         more_batches = (batch for batch, _ in batches)  # the same stream, for dynamic sampling
         self._prompt_batches = batches
         while self.global_step < self.total_training_steps:
+            self.progress.start_step(self.global_step + 1)
             if self.ahead is None:
                 batch, epoch = next(batches)
                 self.global_step += 1
@@ -156,6 +161,7 @@ class RLTrainer:
             metrics["training/epoch"] = float(epoch)
             self._commit(metrics)
             last = self._finish_step(progress)
+            self.progress.end_step()
             if self.stop_requested():  # a Ctrl-C that reached the controller as a request: stop here
                 raise KeyboardInterrupt
         return last
@@ -194,7 +200,7 @@ class RLTrainer:
         if (not self._pending["validated"] and self.val_reward_fn is not None and trainer.test_freq > 0
                 and (final or step % trainer.test_freq == 0)):
             timings: dict[str, float] = {}
-            with timer("testing", timings):
+            with self.progress.stage("testing", timings):
                 metrics.update(self.validate())
             metrics["timing_s/testing"] = timings["testing"]
         self._pending["validated"] = True
@@ -226,6 +232,7 @@ class RLTrainer:
         """The last complete step: worker states, and the snapshot taken when its updates
         returned (sampler, KL controller, RNG), with its record if not logged yet."""
         step = self._completed["global_step"]
+        self.progress.phase("saving")
         state = {**self._completed, "pending": self._pending, "compatibility": checkpoint.compatibility(self.config)}
 
         def write_parts(folder: Path) -> None:
@@ -236,7 +243,13 @@ class RLTrainer:
                 torch.save(self.ahead.drain(step + self.ahead.ahead), folder / AHEAD_FILE)
 
         root, keep = checkpoint.checkpoint_root(self.config), self.config.trainer.max_actor_ckpt_to_keep
-        path = checkpoint.save(root, step, write_parts, state, keep)
+        try:
+            path = checkpoint.save(root, step, write_parts, state, keep)
+        except checkpoint.CheckpointWriteError:  # a full disk: the record the checkpoint would carry is logged now
+            if self._pending is not None:
+                self.tracker.log(self._pending["metrics"], step=step)
+                self._pending = None
+            raise
         self._saved_step = step
         tqdm.write(checkpoint.describe_saved(root, path, keep))
         return path
@@ -280,7 +293,7 @@ class RLTrainer:
         timings: dict[str, float] = {}
         with timer("step", timings):
             if self._freshness_due():
-                with timer("freshness_probe", timings):
+                with self.progress.stage("freshness_probe", timings):
                     metrics.update(self._check_freshness())
             if cfg.algorithm.filter_groups.enable:
                 batch = self._dynamic_sampling(batch, more_batches, metrics, timings)
@@ -290,34 +303,36 @@ class RLTrainer:
             else:
                 batch, reward = self._rollout(batch, 0, timings)
             if self.separate_old_log_prob:
-                with timer("old_log_prob", timings):
+                with self.progress.stage("old_log_prob", timings):
                     batch = batch.union(self.wg.compute_log_prob(batch))
             metrics.update(self._correct_rollout(batch))
             if self.use_reference:
-                with timer("ref", timings):
+                with self.progress.stage("ref", timings):
                     batch = batch.union(self.wg.compute_ref_log_prob(batch))
             if self.critic_wg is not None:
-                with timer("values", timings):
+                with self.progress.stage("values", timings):
                     batch = batch.union(self.critic_wg.compute_values(batch))
-            with timer("adv", timings):
+            with self.progress.stage("adv", timings):
                 if reward is not None:
                     metrics.update(self._attach_scores(batch, reward))
                 metrics.update(self._advantages(batch))
             if cfg.trainer.rollout_data_dir:  # before the updates: an interrupt here leaves the weights alone
-                with timer("dump_rollout", timings):
+                with self.progress.stage("dump_rollout", timings):
                     self._dump_rollouts(batch, Path(cfg.trainer.rollout_data_dir).expanduser())
             self._updating = True  # until _commit: an interrupt now finds the weights partly updated
             if self.critic_wg is not None:
-                with timer("update_critic", timings):
+                with self.progress.stage("update_critic", timings):
                     metrics.update(reduce_metrics(self.critic_wg.update_critic(batch).meta_info["metrics"]))
-            with timer("update_actor", timings):
+            with self.progress.stage("update_actor", timings):
                 update = self.wg.update_actor(batch)
             if self.rollout_wg is not self.wg and self.ahead is None:
-                with timer("sync_weights", timings):  # to the rollout workers of their own
+                with self.progress.stage("sync_weights", timings):  # to the rollout workers of their own
                     self.sync_rollout_weights()
             metrics.update(reduce_metrics(update.meta_info["metrics"]))
-            if not self.separate_old_log_prob:  # taken from the update's own forward
-                batch = batch.union(update)
+            if not self.separate_old_log_prob:  # taken from the update's own forward: assigned, not
+                # unioned, since the in-process worker fills the batch's own tensor and a diverged
+                # policy's NaN log-probs never compare equal to themselves
+                batch.batch["old_log_probs"] = update.batch["old_log_probs"]
         metrics.update(compute_data_metrics(batch, cfg.data.max_response_length, cfg.data.max_prompt_length))
         metrics.update(compute_timing_metrics(batch, timings))
         metrics.update(compute_throughput_metrics(batch, timings["step"], cfg.trainer.n_gpus_per_node * cfg.trainer.nnodes))
@@ -335,7 +350,7 @@ class RLTrainer:
     def _rollout(self, batch: DataProto, gen_index: int, timings: dict[str, float]):
         """n responses per prompt, scored (or being scored): (the batch, the reward or its future)."""
         batch, gen_batch = self._dispatch(batch, self.global_step, gen_index)
-        with timer("gen", timings):
+        with self.progress.stage("gen", timings):
             gen_out = self.rollout_wg.generate_sequences(gen_batch)
         if "policy_version" not in gen_out.non_tensor_batch:  # the hybrid engine: the actor's own weights
             gen_out.non_tensor_batch["policy_version"] = np.full(len(gen_out), self.global_step - 1, dtype=np.int64)
@@ -405,9 +420,9 @@ class RLTrainer:
         for step in range(max(self.ahead.pending, default=self.global_step - 1) + 1, last + 1):
             prompts, epoch = next(self._prompt_batches)
             batch, gen_batch = self._dispatch(prompts, step, 0)
-            with timer("sync_weights", timings):  # a new version is sent now: copied, or broadcast to a pool
+            with self.progress.stage("sync_weights", timings):  # a new version is sent now: copied, or broadcast to a pool
                 self.ahead.dispatch(Dispatched(step, batch, epoch), gen_batch, self.global_step - 1)
-        with timer("wait_gen", timings):
+        with self.progress.stage("wait_gen", timings):
             item = self.ahead.take(self.global_step)
         timings.update(item.timings)
         self._check_span(item)
@@ -446,12 +461,12 @@ class RLTrainer:
         cfg = self.config
         batch.meta_info["temperature"] = cfg.actor_rollout_ref.rollout.temperature
         if cfg.algorithm.adv_estimator == "remax":
-            with timer("gen_max", timings):
+            with self.progress.stage("gen_max", timings):
                 batch.batch["reward_baselines"] = self._greedy_baselines(gen_batch, batch, gen_index)
         if self.reward_model is not None:
-            with timer("reward_model", timings):
+            with self.progress.stage("reward_model", timings):
                 batch = batch.union(self.reward_model.compute_rm_score(batch))
-        with timer("reward", timings):
+        with self.progress.stage("reward", timings):
             reward = self.reward_fn.submit(batch) if cfg.reward.launch_reward_fn_async else self.reward_fn(batch)
         return batch, reward
 

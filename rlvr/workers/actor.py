@@ -24,6 +24,7 @@ the sharded model's collectives need, and metric contributions are summed over t
 
 from __future__ import annotations
 
+import itertools
 import math
 import warnings
 from collections import defaultdict
@@ -39,6 +40,7 @@ from rlvr.distributed.fsdp import full_tensor
 from rlvr.distributed.worker import SINGLE, DataParallel
 from rlvr.protocol import DataProto, loss_mask
 from rlvr.errors import StopTraining
+from rlvr.progress import advance
 from rlvr.workers.forward import forward_log_probs, group_rows
 
 FORWARD_KEYS = ("input_ids", "attention_mask", "position_ids", "responses")
@@ -243,9 +245,10 @@ class Actor:
                                  "ppo_mini_batch_size=train_batch_size); compute old_log_probs first")
             data.batch["old_log_probs"] = torch.zeros(data.batch["responses"].shape)  # filled per micro-batch
         forward_tokens = 0
-        for epoch_minis in minis:
-            for mini_rows in epoch_minis:
-                forward_tokens += self._optimizer_step(data, mini_rows, temperature, metrics, on_policy)
+        steps = sum(len(epoch_minis) for epoch_minis in minis)
+        for k, mini_rows in enumerate(itertools.chain.from_iterable(minis)):
+            advance("mini-batch", k + 1, steps)  # the one under way, k of K
+            forward_tokens += self._optimizer_step(data, mini_rows, temperature, metrics, on_policy)
         if on_policy:
             self.dp.sum_(data.batch["old_log_probs"])  # each rank filled its own rows
         metrics["perf/actor_forward_tokens"].append(forward_tokens)  # tokens through forward + backward

@@ -34,6 +34,7 @@ from pathlib import Path
 
 import torch
 
+from rlvr.config import ConfigError
 from rlvr.config.loader import import_custom_modules
 from rlvr.config.schema import RLVRConfig
 from rlvr.models.loader import empty_model, load_model, load_tokenizer
@@ -51,7 +52,11 @@ from rlvr.workers.actor import Actor, build_optimizer
 def resolve_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():  # torch's own words: 'Torch not compiled with CUDA'
+        raise ConfigError(f"trainer.device={name}, but torch sees no CUDA device here (no GPU, or a CPU-only torch "
+                          f"build: {torch.__version__}); use trainer.device=cpu, or auto to take a GPU when there is one")
+    return device
 
 
 def needs_reference(config: RLVRConfig) -> bool:
