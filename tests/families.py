@@ -70,8 +70,8 @@ FAMILIES = {
                                layer_types=ALTERNATING),
 }
 
-# families that rlvr refuses at load, and a phrase of the reason the refusal names
-REFUSED = {"gpt-oss": "no SDPA attention"}
+# families that rlvr refuses at load, and the start of the refusal (the family, then the reason)
+REFUSED = {"gpt-oss": "gpt_oss model, which rlvr does not support: transformers has no SDPA attention"}
 
 
 def tiny_model(name: str, seed: int = 0):

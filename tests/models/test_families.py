@@ -64,8 +64,8 @@ def own_log_probs(model, batch: DataProto) -> torch.Tensor:
 def training_log_probs(model, batch: DataProto, layout: str, monkeypatch) -> torch.Tensor:
     """rlvr's training forward in one layout: ``flat`` (groups back to back, SDPA per segment),
     ``padded`` (a row per group, 4-D mask) or ``plain`` (a row per sample)."""
-    if layout == "padded":  # the layout a backbone with attention of its own gets
-        monkeypatch.setattr(forward, "_BYPASSES_SEGMENTS", {type(model.base_model)})
+    if layout == "padded":  # the layout a non-SDPA attention gets
+        monkeypatch.setattr(forward, "PACK_FLAT", False)
     keys = {k: batch.batch[k] for k in ("input_ids", "attention_mask", "position_ids", "responses")}
     with torch.no_grad():
         lp, _ = forward.forward_log_probs(model, keys, batch.non_tensor_batch["uid"], 1.0,
@@ -161,3 +161,20 @@ def test_unsupported_family_is_refused_at_load(name, tmp_path):
     tf.AutoModelForCausalLM.from_config(config, attn_implementation="eager").save_pretrained(tmp_path)
     with pytest.raises(ModelLoadError, match=REFUSED[name]):
         load_model(tmp_path)
+
+
+def test_a_family_the_grouped_layout_cannot_express_runs_per_row_and_says_so_once(monkeypatch):
+    """Qwen3.5's linear-attention layers carry state along a row: packed groups would leak into each
+    other, so the forward runs one row per sample (its log-probs the model's own, above) and warns
+    once, naming the family and the reason."""
+    monkeypatch.setattr(forward, "_WARNED", set())
+    model, batch = tiny_model("qwen3.5"), family_batch()
+    with pytest.warns(UserWarning, match="Qwen3_5ForCausalLM: the training forward runs one row per sample.*"
+                                         "linear_attention layers carry state"):
+        training_log_probs(model, batch, "flat", monkeypatch)
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a second warning would raise
+        training_log_probs(model, batch, "flat", monkeypatch)
+    assert forward.grouped_layout_problem(tiny_model("gemma2-window")) is None  # windows: the grouped layout
