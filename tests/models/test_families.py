@@ -73,17 +73,26 @@ def training_log_probs(model, batch: DataProto, layout: str, monkeypatch) -> tor
     return lp
 
 
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Tiny matrices: a second thread only adds synchronisation on a busy 2-core machine."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="module", params=RUN)
 def family(request):
-    return request.param, tiny_model(request.param)
+    """A family's name, its tiny model, the test batch and the model's own log-probs of it."""
+    model, batch = tiny_model(request.param), family_batch()
+    return request.param, model, batch, own_log_probs(model, batch)
 
 
 @pytest.mark.parametrize("layout", ["flat", "padded", "plain"])
 def test_training_log_probs_are_the_models_own(family, layout, monkeypatch):
-    name, model = family
-    batch = family_batch()
+    name, model, batch, want = family
     mask = batch.batch["response_mask"].bool()
-    want = own_log_probs(model, batch)
     got = training_log_probs(model, batch, layout, monkeypatch)
     diff = float((got - want)[mask].abs().max())
     assert diff < TOL, f"{name} {layout}: max |log-prob difference| {diff:.3g}"
@@ -91,8 +100,7 @@ def test_training_log_probs_are_the_models_own(family, layout, monkeypatch):
 
 def test_critic_values_are_the_same_in_every_layout(family, monkeypatch):
     """The critic's values go through the same forward: the grouped layout's equal the per-row one's."""
-    name, model = family
-    batch = family_batch()
+    name, model, batch, _ = family
     keys = {k: batch.batch[k] for k in ("input_ids", "attention_mask", "position_ids", "responses")}
     torch.manual_seed(1)
     model.score = torch.nn.Linear(model.config.hidden_size, 1)  # a value head on the same backbone
@@ -118,14 +126,15 @@ class _Tokenizer(types.SimpleNamespace):
 
 
 def test_engine_greedy_equals_generate(family):
-    name, model = family
+    """Three prompts of different lengths decode together (left padding, windows passed by step 3)."""
+    name, model, _, _ = family
     g = torch.Generator().manual_seed(3)
-    prompts = [torch.randint(3, VOCAB, (length,), generator=g).tolist() for length in (5, 9, 12)]
-    engine = NativeRollout(model, _Tokenizer(), RolloutConfig(), max_response_length=12)
-    got = [c.token_ids for c in engine.generate(prompts, SamplingParams(max_new_tokens=12, do_sample=False))]
+    prompts = [torch.randint(3, VOCAB, (length,), generator=g).tolist() for length in (2, 5, 9)]
+    engine = NativeRollout(model, _Tokenizer(), RolloutConfig(), max_response_length=8)
+    got = [c.token_ids for c in engine.generate(prompts, SamplingParams(max_new_tokens=8, do_sample=False))]
     want = []
     for p in prompts:  # one unpadded row at a time: the model's own greedy
-        out = model.generate(torch.tensor([p]), do_sample=False, max_new_tokens=12, eos_token_id=1,
+        out = model.generate(torch.tensor([p]), do_sample=False, max_new_tokens=8, eos_token_id=1,
                              pad_token_id=0)[0, len(p):].tolist()
         want.append(out[:out.index(1) + 1] if 1 in out else out)
     assert got == want, name
@@ -135,10 +144,10 @@ def test_two_training_steps_on_policy(family):
     """Step 1 starts on-policy against the model's own log-probs: ratio 1 everywhere, so
     ppo_kl = 0, nothing clipped, and pg_loss = -token-mean(advantage)
     = -(8*1 - 3*.5 - 6*.5 + 2*.7 + 8*.7 - 5*1.4) / 32 = -3.5 / 32. Step 2 sees the moved weights."""
-    name, model = family
+    name, _, _, want = family
     model = tiny_model(name)  # its own copy: the steps change the weights
     batch = family_batch()
-    batch.batch["old_log_probs"] = own_log_probs(model, batch)
+    batch.batch["old_log_probs"] = want
     batch.batch["advantages"] = torch.tensor(ADVANTAGES)[:, None] * batch.batch["response_mask"]
     cfg = ActorConfig(ppo_mini_batch_size=2, ppo_micro_batch_size_per_gpu=6, use_kl_loss=False, entropy_coeff=0.0)
     opt, sched = build_optimizer(model, OptimConfig(lr=1e-2, weight_decay=0.0), total_steps=2)
