@@ -42,9 +42,8 @@ the same saving comes from the flat packing above, which works with CPU SDPA att
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import warnings
+from dataclasses import dataclass, field
 
 import torch
 import torch.utils.checkpoint
@@ -60,15 +59,25 @@ PACK_FLAT = True  # prompt-once groups back to back in one row where the attenti
 
 @dataclass
 class Segments:
-    """The prompt-once masks that ``segment_attention`` applies, one set per attention window.
+    """The prompt-once masks that ``segment_attention`` applies.
 
     Flat: one row split into each group's span of ``lengths`` tokens, which attends only within
     itself under its own (1, 1, L, L) mask. Padded (``lengths`` None): one (G, 1, L, L) mask for
-    the whole batch. ``masks[w]`` are the masks for a layer of sliding window ``w`` (None: full
-    attention)."""
+    the whole batch. ``masks`` are for full-attention layers, ``windowed[w]`` for layers of
+    sliding window ``w``."""
 
     lengths: list[int] | None
-    masks: dict[int | None, list[torch.Tensor]]
+    masks: list[torch.Tensor]
+    windowed: dict[int, list[torch.Tensor]] = field(default_factory=dict)
+
+    def for_window(self, window: int | None, module) -> list[torch.Tensor]:
+        """The masks of a layer whose attention has sliding ``window`` (None: full attention)."""
+        if window is None:
+            return self.masks
+        if window not in self.windowed:  # a window the config does not name: refuse rather than drop it
+            raise ValueError(f"{type(module).__name__} asks for a sliding window of {window}, which its config does "
+                             f"not name ({sorted(self.windowed)}); set actor.share_prompt_forward=false")
+        return self.windowed[window]
 
 
 @dataclass
@@ -137,7 +146,7 @@ def pack_groups(prompts: torch.Tensor, prompt_mask: torch.Tensor, responses: tor
     gathered = (torch.cat(gather_row), torch.cat(gather_pos), torch.cat(labels), torch.cat(out_row), torch.cat(out_col))
     if flat:
         masks = {w: [segment_mask(s[None], p[None], w) for s, p in zip(segments, positions)] for w in (None, *windows)}
-        layout = Segments([len(r) for r in rows], masks)
+        layout = Segments([len(r) for r in rows], masks.pop(None), masks)
         return PackedGroups(torch.cat(rows)[None], torch.cat(positions)[None], None, layout, *gathered)
     width = max(len(r) for r in rows)
     G = len(groups)
@@ -146,8 +155,9 @@ def pack_groups(prompts: torch.Tensor, prompt_mask: torch.Tensor, responses: tor
     segment = torch.full((G, width), -1, dtype=torch.long)  # -1 marks padding
     for g, (r, p, s) in enumerate(zip(rows, positions, segments)):
         input_ids[g, :len(r)], position_ids[g, :len(p)], segment[g, :len(s)] = r, p, s
-    masks = {w: [segment_mask(segment, position_ids, w)] for w in (None, *windows)}
-    return PackedGroups(input_ids, position_ids, masks[None][0], Segments(None, masks), *gathered)
+    full = segment_mask(segment)
+    windowed = {w: [segment_mask(segment, position_ids, w)] for w in windows}
+    return PackedGroups(input_ids, position_ids, full, Segments(None, [full], windowed), *gathered)
 
 
 def segment_mask(segment: torch.Tensor, positions: torch.Tensor | None = None, window: int | None = None) -> torch.Tensor:
@@ -192,11 +202,7 @@ def segment_attention(module, query: torch.Tensor, key: torch.Tensor, value: tor
     if segments is None:
         return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
     _SEGMENT_CALLS[0] += 1
-    window = kwargs.get("sliding_window")
-    if window not in segments.masks:  # a window the config did not announce: refuse rather than drop it
-        raise ValueError(f"{type(module).__name__} asks for a sliding window of {window} that its config does not "
-                         f"name ({sorted(w for w in segments.masks if w)}); set actor.share_prompt_forward=false")
-    masks = segments.masks[window]
+    masks = segments.for_window(kwargs.get("sliding_window"), module)
     if segments.lengths is None:  # padded rows: the whole batch under one mask
         return sdpa_attention_forward(module, query, key, value, masks[0].to(query.device), **kwargs)
     spans = zip(query.split(segments.lengths, dim=2), key.split(segments.lengths, dim=2),

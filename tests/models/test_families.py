@@ -187,3 +187,20 @@ def test_a_family_the_grouped_layout_cannot_express_runs_per_row_and_says_so_onc
         warnings.simplefilter("error")  # a second warning would raise
         training_log_probs(model, batch, "flat", monkeypatch)
     assert forward.grouped_layout_problem(tiny_model("gemma2-window")) is None  # windows: the grouped layout
+
+
+def test_window_mask_by_hand():
+    """Prompt of 3 (positions 0-2), response 1 of 2 (positions 3-4), response 2 of 2 (positions 3-4 again),
+    window 2: a token sees the keys at its own position and the one before, within its prompt-once mask."""
+    segment = torch.tensor([[0, 0, 0, 1, 1, 2, 2]])
+    positions = torch.tensor([[0, 1, 2, 3, 4, 3, 4]])
+    expected = torch.tensor([
+        [1, 0, 0, 0, 0, 0, 0],  # prompt 0: itself
+        [1, 1, 0, 0, 0, 0, 0],  # prompt 1: 0, 1
+        [0, 1, 1, 0, 0, 0, 0],  # prompt 2: 1, 2 (0 is 2 positions away)
+        [0, 0, 1, 1, 0, 0, 0],  # response 1 at 3: prompt 2 and itself
+        [0, 0, 0, 1, 1, 0, 0],  # response 1 at 4: 3, 4 (prompt 2 is 2 away)
+        [0, 0, 1, 0, 0, 1, 0],  # response 2 at 3: prompt 2 and itself, not response 1
+        [0, 0, 0, 0, 0, 1, 1],  # response 2 at 4: its own 3 and 4
+    ], dtype=torch.bool)
+    assert torch.equal(forward.segment_mask(segment, positions, 2)[0, 0], expected)
