@@ -66,6 +66,8 @@ FAMILIES = {
     "qwen3.5": lambda: _config(tf.Qwen3_5TextConfig, layer_types=["linear_attention", "full_attention"],
                                linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=8,
                                linear_value_head_dim=8),
+    "falcon-h1": lambda: _config(tf.FalconH1Config, mamba_d_ssm=32, mamba_n_heads=4, mamba_d_head=8, mamba_n_groups=1,
+                                 mamba_d_state=8, mamba_chunk_size=8, lm_head_multiplier=4.0),
     "gpt-oss": lambda: _config(tf.GptOssConfig, num_local_experts=4, num_experts_per_tok=2, sliding_window=WINDOW,
                                layer_types=ALTERNATING),
 }

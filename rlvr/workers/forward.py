@@ -42,6 +42,7 @@ the same saving comes from the flat packing above, which works with CPU SDPA att
 
 from __future__ import annotations
 
+import re
 import warnings
 from dataclasses import dataclass, field
 
@@ -265,11 +266,19 @@ class _BackboneOutput(MoeModelOutputWithPast):
 
 class _StatesAsBackbone(torch.nn.Module):
     """Stands in for a model's backbone inside the model's own ``forward``: returns the hidden
-    states it is given, as the backbone's output (no router logits: no auxiliary loss)."""
+    states it is given, as the backbone's output (no router logits: no auxiliary loss). Any other
+    attribute is the backbone's (Falcon-H1's ``forward`` reads ``self.model.lm_head_multiplier``)."""
 
-    def __init__(self, hidden: torch.Tensor):
+    def __init__(self, hidden: torch.Tensor, backbone: torch.nn.Module):
         super().__init__()
         self.hidden = hidden  # (1, n, H)
+        self.__dict__["_backbone"] = backbone  # not a submodule: nothing of it runs or registers here
+
+    def __getattr__(self, name: str):
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            return getattr(self.__dict__["_backbone"], name)
 
     def forward(self, *args, **kwargs) -> _BackboneOutput:
         return _BackboneOutput(last_hidden_state=self.hidden)
@@ -289,7 +298,7 @@ def model_logits(model, hidden: torch.Tensor) -> torch.Tensor:
         raise ValueError(f"{type(lm).__name__} keeps no backbone under its base_model_prefix {prefix!r}; rlvr's "
                          "training forward cannot run its vocabulary projection")
     backbone = lm._modules[prefix]
-    lm._modules[prefix] = _StatesAsBackbone(hidden.unsqueeze(0))
+    lm._modules[prefix] = _StatesAsBackbone(hidden.unsqueeze(0), backbone)
     try:  # input_ids only give the stand-in its length; labels None: no loss
         dummy = torch.zeros(1, hidden.shape[0], dtype=torch.long, device=hidden.device)
         logits = lm.forward(input_ids=dummy, use_cache=False).logits
@@ -386,6 +395,10 @@ def response_states_packed(model, batch: dict, uids, pad_id: int) -> ResponseSta
 FLAT_MASK_PLACEHOLDER = torch.ones(1, 1, 1, 1, dtype=torch.bool)
 _BYPASSES_SEGMENTS: set[type] = set()  # backbones whose attention does not go through transformers' "sdpa"
 ATTENTION_LAYER_TYPES = {"full_attention", "sliding_attention", "attention"}
+# token mixers that are not attention (state-space, linear attention, convolution, recurrence), by class name:
+# the net under layer_types, for hybrids whose config names none (Falcon-H1, Jamba, Zamba, Nemotron-H, ...)
+RECURRENT_MIXER = re.compile(r"Mamba\w*(Mixer|Layer)$|Mixer$|DeltaNet$|LinearAttention$|ShortConv\w*$|"
+                             r"LightningAttention$|RecurrentBlock$|Rglru$|RwkvSelfAttention$")
 _WARNED: set[type] = set()  # model classes already told that they run the plain layout
 
 
@@ -408,7 +421,8 @@ def grouped_layout_problem(model) -> str | None:
     backbone = unwrap(model).base_model
     config = backbone.config
     types = set(getattr(config, "layer_types", None) or getattr(config, "layers_block_type", None) or ())
-    recurrent = sorted(types - ATTENTION_LAYER_TYPES)
+    recurrent = sorted(types - ATTENTION_LAYER_TYPES) or sorted(
+        {type(m).__name__ for m in backbone.modules() if RECURRENT_MIXER.search(type(m).__name__)})
     if recurrent:
         return f"its {', '.join(recurrent)} layers carry state along the row, which would mix the packed groups"
     if getattr(config, "attention_chunk_size", None):
