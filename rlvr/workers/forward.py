@@ -161,7 +161,8 @@ def pack_groups(prompts: torch.Tensor, prompt_mask: torch.Tensor, responses: tor
     return PackedGroups(input_ids, position_ids, full, Segments(None, [full], windowed), *gathered)
 
 
-def segment_mask(segment: torch.Tensor, positions: torch.Tensor | None = None, window: int | None = None) -> torch.Tensor:
+def segment_mask(segment: torch.Tensor, positions: torch.Tensor | None = None,
+                 window: int | None = None) -> torch.Tensor:
     """(G, L) segment ids (0 prompt, i response i, -1 padding) -> (G, 1, L, L) attention mask.
 
     A query attends to earlier-or-same keys of the prompt or of its own segment; a padding
