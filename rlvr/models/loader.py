@@ -156,6 +156,24 @@ def check_weight_files(folder: Path) -> None:
             raise ModelLoadError(f"{file} {problem}; {DAMAGED}")
 
 
+# families rlvr cannot run right, by config.json model_type, and why (docs/training.md, "Model families")
+UNSUPPORTED_FAMILIES = {
+    "gpt_oss": "transformers has no SDPA attention for GPT-OSS (its attention sinks run in eager, flex or "
+               "flash-attention kernels only), and rlvr's training forward and native engine run on SDPA "
+               "(the prompt-once masks, the sliding windows)",
+}
+
+
+def check_family(folder: Path) -> None:
+    """Refuse a model whose family rlvr cannot train right (``UNSUPPORTED_FAMILIES``), naming it and why,
+    before transformers fails somewhere inside the load."""
+    config = read_config_json(folder)
+    for model_type in (config.get("model_type"), (config.get("text_config") or {}).get("model_type")):
+        if model_type in UNSUPPORTED_FAMILIES:
+            raise ModelLoadError(f"{folder} is a {model_type} model, which rlvr does not support: "
+                                 f"{UNSUPPORTED_FAMILIES[model_type]}")
+
+
 def _quiet_transformers() -> None:
     """No per-tensor progress bars: they bury rlvr's own output."""
     from transformers.utils import logging as hf_logging
@@ -255,6 +273,7 @@ def load_model(
     if dtype not in DTYPES:
         raise ModelLoadError(f"dtype {dtype!r} is not one of {sorted(DTYPES)}")
     folder = model_folder(path)
+    check_family(folder)
     if not any(any(folder.glob(pattern)) for pattern in WEIGHT_FILES):
         raise ModelLoadError(f"model folder {str(folder)!r} has no weights (model.safetensors, its shards, or "
                              "pytorch_model.bin): copy them in, or point the path at the folder that has them")
@@ -280,6 +299,7 @@ def empty_model(path: str | os.PathLike, dtype: str = "float32", trust_remote_co
 
     _quiet_transformers()
     folder = model_folder(path)
+    check_family(folder)
     config = AutoConfig.from_pretrained(folder, trust_remote_code=trust_remote_code, **(override_config or {}))
     with init_empty_weights(include_buffers=False):
         model = (model_class or AutoModelForCausalLM).from_config(

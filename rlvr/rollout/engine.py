@@ -33,6 +33,7 @@ from dataclasses import dataclass, replace
 from typing import Hashable, Sequence
 
 import torch
+from transformers.cache_utils import LinearAttentionCacheLayerMixin
 
 from rlvr.config.schema import RolloutConfig
 from rlvr.data.dataset import left_pad
@@ -80,6 +81,19 @@ def trim_heap() -> None:
     """
     if _LIBC is not None:
         _LIBC.malloc_trim(0)
+
+
+def select_cache_rows(cache, rows: torch.Tensor) -> None:
+    """Keep the cache's batch rows ``rows`` (in that order, repeats allowed), in every layer.
+
+    A linear-attention layer (Qwen3.5, Qwen3-Next) has no ``batch_select_indices``, and its
+    combined layers' one selects the attention keys only, leaving the recurrent state of the
+    old rows; its ``reorder_cache`` selects both (an ``index_select`` on the batch dimension)."""
+    for layer in cache.layers:
+        if isinstance(layer, LinearAttentionCacheLayerMixin):
+            layer.reorder_cache(rows)
+        else:
+            layer.batch_select_indices(rows)
 
 
 def fill_finished_slots(done: torch.Tensor) -> torch.Tensor:
@@ -316,7 +330,7 @@ class NativeRollout(BaseRollout):
         max_new = int(budgets.max())
         cache, logits, mask, last_pos = self._prefill(unique, max_new, pasts)
         rows = row_to_unique.to(device)
-        cache.batch_select_indices(rows)  # repeat each prompt's cache to its n rows
+        select_cache_rows(cache, rows)  # repeat each prompt's cache to its n rows
         logits, mask, last_pos = logits[rows], mask[rows], last_pos[rows]
         tokens = torch.full((B, max_new), self.pad_id, dtype=torch.long)
         log_probs = torch.zeros(B, max_new)
@@ -354,7 +368,7 @@ class NativeRollout(BaseRollout):
                 break
             if bool(done.any()):  # moving a few cache rows is cheaper than decoding dead rows
                 keep = fill_finished_slots(done)
-                cache.batch_select_indices(keep)
+                select_cache_rows(cache, keep)
                 live, next_tok, mask, last_pos, done = live[keep], next_tok[keep], mask[keep], last_pos[keep], done[keep]
             mask = torch.cat([mask, mask.new_ones(len(live), 1)], dim=1)
             last_pos = last_pos + 1

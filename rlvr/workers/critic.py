@@ -27,7 +27,7 @@ from rlvr.algos.utils import masked_mean
 from rlvr.config.schema import CriticConfig
 from rlvr.config.schema import MixedPrecisionConfig
 from rlvr.distributed import fsdp
-from rlvr.models.loader import DTYPES, ModelLoadError, check_weight_files, empty_model, model_folder
+from rlvr.models.loader import DTYPES, ModelLoadError, check_family, check_weight_files, empty_model, model_folder
 from rlvr.distributed.dispatch import Dispatch, register
 from rlvr.protocol import DataProto, loss_mask
 from rlvr.distributed.worker import Worker
@@ -44,6 +44,7 @@ def load_value_model(path: str, device: torch.device, trust_remote_code: bool = 
     from transformers.utils import logging as hf_logging
 
     folder = model_folder(path)
+    check_family(folder)
     check_weight_files(folder)
     level = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()  # the value head is new by design: no "newly initialized" report

@@ -18,33 +18,67 @@ Two layouts give the same numbers (up to float rounding):
 In both layouts the vocabulary projection runs only at the positions that predict a
 response token (never a (B, T, V) logits tensor), in row chunks.
 
+Each family's own code decides the rest, so that both layouts compute what ``model(ids).logits``
+computes (docs/training.md has the family table):
+
+- **after the vocabulary projection** (Cohere's ``logit_scale``, Granite's ``logits_scaling``,
+  Gemma's ``final_logit_softcapping``, and whatever a family's ``forward`` does after ``lm_head``):
+  each chunk's logits come from the model's own ``forward``, run with its backbone stood in for by
+  the hidden states already computed (``model_logits``); the temperature divides after that, as
+  in the rollout engine.
+- **sliding windows** (Mistral, Gemma-2/3/4, OLMo-3, Cohere-2, ...): the plain layout gets them
+  from the model's own masks. In the prompt-once layout each attention call names its layer's
+  window (``sliding_window``, the argument transformers passes to the attention function), and
+  the segment mask for that window is used: a token sees keys less than the window away in
+  *position*, as in the plain layout.
+- **layouts the prompt-once packing cannot express** (linear-attention or recurrent layers, which
+  would carry state from one group's tokens into the next; chunked attention; windows under a
+  non-SDPA attention): such a model runs the plain layout, with a warning once per family
+  (``grouped_layout_problem``).
+
 Departure from verl: verl removes padding with flash-attention varlen kernels on a GPU; here
 the same saving comes from the flat packing above, which works with CPU SDPA attention.
-Models that post-process logits (e.g. Gemma-2's soft-capping) are not supported by the
-hidden-state path.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import re
+import warnings
+from dataclasses import dataclass, field
 
 import torch
 import torch.utils.checkpoint
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.modeling_outputs import MoeModelOutputWithPast
 
 from rlvr.models.lora import unwrap
 
 LOGIT_CHUNK_TOKENS = 1024  # rows of (tokens, V) logits alive at once in the vocabulary projection
+PACK_FLAT = True  # prompt-once groups back to back in one row where the attention allows (else a padded row each)
 
 
 @dataclass
 class Segments:
-    """How one flat packed row splits for attention: each group's span of ``lengths`` tokens attends
-    only within itself, under its own (1, 1, L, L) prompt-once mask."""
+    """The prompt-once masks that ``segment_attention`` applies.
 
-    lengths: list[int]
+    Flat: one row split into each group's span of ``lengths`` tokens, which attends only within
+    itself under its own (1, 1, L, L) mask. Padded (``lengths`` None): one (G, 1, L, L) mask for
+    the whole batch. ``masks`` are for full-attention layers, ``windowed[w]`` for layers of
+    sliding window ``w``."""
+
+    lengths: list[int] | None
     masks: list[torch.Tensor]
+    windowed: dict[int, list[torch.Tensor]] = field(default_factory=dict)
+
+    def for_window(self, window: int | None, module) -> list[torch.Tensor]:
+        """The masks of a layer whose attention has sliding ``window`` (None: full attention)."""
+        if window is None:
+            return self.masks
+        if window not in self.windowed:  # a window the config does not name: refuse rather than drop it
+            raise ValueError(f"{type(module).__name__} asks for a sliding window of {window}, which its config does "
+                             f"not name ({sorted(self.windowed)}); set actor.share_prompt_forward=false")
+        return self.windowed[window]
 
 
 @dataclass
@@ -56,8 +90,8 @@ class PackedGroups:
 
     input_ids: torch.Tensor  # (G, L), or (1, T) flat
     position_ids: torch.Tensor  # (G, L), or (1, T) flat
-    attention_mask: torch.Tensor | None  # (G, 1, L, L) bool, True = may attend; None when flat
-    segments: Segments | None  # flat only
+    attention_mask: torch.Tensor | None  # (G, 1, L, L) bool, True = may attend, full attention; None when flat
+    segments: Segments  # the masks of each window, for segment_attention
     gather_row: torch.Tensor  # (N,) packed row of each predicted response token
     gather_pos: torch.Tensor  # (N,) position in that row whose output predicts the token
     labels: torch.Tensor  # (N,) the response token
@@ -79,9 +113,11 @@ def group_rows(uids) -> list[list[int]]:
 
 
 def pack_groups(prompts: torch.Tensor, prompt_mask: torch.Tensor, responses: torch.Tensor,
-                resp_lengths: torch.Tensor, groups: list[list[int]], pad_id: int, flat: bool = False) -> PackedGroups:
+                resp_lengths: torch.Tensor, groups: list[list[int]], pad_id: int, flat: bool = False,
+                windows: tuple[int, ...] = ()) -> PackedGroups:
     """Pack each group's prompt (taken from its first row) and its responses into one row; with
-    ``flat``, those rows back to back in a single row (see ``PackedGroups``)."""
+    ``flat``, those rows back to back in a single row (see ``PackedGroups``). ``windows``: the
+    sliding windows of the model's layers, each of which gets its masks."""
     rows, positions, segments = [], [], []
     gather_row, gather_pos, labels, out_row, out_col = [], [], [], [], []
     offset = 0  # where this group's row starts in the flat row
@@ -110,7 +146,8 @@ def pack_groups(prompts: torch.Tensor, prompt_mask: torch.Tensor, responses: tor
         offset += start
     gathered = (torch.cat(gather_row), torch.cat(gather_pos), torch.cat(labels), torch.cat(out_row), torch.cat(out_col))
     if flat:
-        layout = Segments([len(r) for r in rows], [segment_mask(s[None]) for s in segments])
+        masks = {w: [segment_mask(s[None], p[None], w) for s, p in zip(segments, positions)] for w in (None, *windows)}
+        layout = Segments([len(r) for r in rows], masks.pop(None), masks)
         return PackedGroups(torch.cat(rows)[None], torch.cat(positions)[None], None, layout, *gathered)
     width = max(len(r) for r in rows)
     G = len(groups)
@@ -119,19 +156,27 @@ def pack_groups(prompts: torch.Tensor, prompt_mask: torch.Tensor, responses: tor
     segment = torch.full((G, width), -1, dtype=torch.long)  # -1 marks padding
     for g, (r, p, s) in enumerate(zip(rows, positions, segments)):
         input_ids[g, :len(r)], position_ids[g, :len(p)], segment[g, :len(s)] = r, p, s
-    return PackedGroups(input_ids, position_ids, segment_mask(segment), None, *gathered)
+    full = segment_mask(segment)
+    windowed = {w: [segment_mask(segment, position_ids, w)] for w in windows}
+    return PackedGroups(input_ids, position_ids, full, Segments(None, [full], windowed), *gathered)
 
 
-def segment_mask(segment: torch.Tensor) -> torch.Tensor:
+def segment_mask(segment: torch.Tensor, positions: torch.Tensor | None = None,
+                 window: int | None = None) -> torch.Tensor:
     """(G, L) segment ids (0 prompt, i response i, -1 padding) -> (G, 1, L, L) attention mask.
 
     A query attends to earlier-or-same keys of the prompt or of its own segment; a padding
-    position attends to itself only (a fully masked row would give NaN in SDPA).
+    position attends to itself only (a fully masked row would give NaN in SDPA). With a sliding
+    ``window``, only to keys less than ``window`` away in ``positions`` (G, L): transformers'
+    ``kv_idx > q_idx - window``, measured in position ids, which in the plain layout are the
+    row's own indices (a response's segment starts at the position after its prompt).
     """
     L = segment.shape[1]
     causal = torch.ones(L, L, dtype=torch.bool).tril()  # (L, L) key <= query
     q, k = segment.unsqueeze(2), segment.unsqueeze(1)  # (G, L, 1), (G, 1, L)
     visible = causal & (k == 0) & (q >= 0) | causal & (k == q) & (q > 0)
+    if window is not None:
+        visible &= positions.unsqueeze(2) - positions.unsqueeze(1) < window  # (G, L, L)
     visible |= torch.eye(L, dtype=torch.bool) & (q < 0)
     return visible.unsqueeze(1)
 
@@ -149,16 +194,21 @@ def _uses_sdpa(model) -> bool:
 
 def segment_attention(module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attention_mask,
                       segments: Segments | None = None, **kwargs):
-    """transformers' SDPA attention; for a flat packed row (``segments`` given) SDPA within each
-    group's span under that group's mask, the outputs side by side: (1, T, heads, D).
+    """transformers' SDPA attention under the prompt-once masks of ``segments`` for this layer's
+    window (the ``sliding_window`` transformers passes; None for a full-attention layer). Padded
+    rows: one SDPA call under that mask. A flat packed row: SDPA within each group's span under
+    that group's mask, the outputs side by side: (1, T, heads, D).
 
     Registered as transformers' ``"sdpa"`` attention (``_register_segment_attention``): every call
     without ``segments`` is transformers' own function, unchanged."""
     if segments is None:
         return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
     _SEGMENT_CALLS[0] += 1
+    masks = segments.for_window(kwargs.get("sliding_window"), module)
+    if segments.lengths is None:  # padded rows: the whole batch under one mask
+        return sdpa_attention_forward(module, query, key, value, masks[0].to(query.device), **kwargs)
     spans = zip(query.split(segments.lengths, dim=2), key.split(segments.lengths, dim=2),
-                value.split(segments.lengths, dim=2), segments.masks)
+                value.split(segments.lengths, dim=2), masks)
     outs = [sdpa_attention_forward(module, q, k, v, mask.to(q.device), **kwargs)[0] for q, k, v, mask in spans]
     return torch.cat(outs, dim=1), None
 
@@ -186,11 +236,10 @@ def token_log_probs(model, hidden: torch.Tensor, labels: torch.Tensor, temperatu
     vocabulary projection per token. The entropy carries a gradient only with ``entropy_grad``
     (an entropy bonus in the loss); as a metric it is computed detached.
     """
-    head = model.get_output_embeddings()
     recompute = torch.is_grad_enabled() and hidden.requires_grad and hidden.shape[0] > LOGIT_CHUNK_TOKENS
     log_probs, entropies = [], []
     for start in range(0, hidden.shape[0], LOGIT_CHUNK_TOKENS):
-        args = (head, hidden[start:start + LOGIT_CHUNK_TOKENS], labels[start:start + LOGIT_CHUNK_TOKENS],
+        args = (model, hidden[start:start + LOGIT_CHUNK_TOKENS], labels[start:start + LOGIT_CHUNK_TOKENS],
                 temperature, calculate_entropy, entropy_grad)
         if recompute:
             lp, ent = torch.utils.checkpoint.checkpoint(_chunk_log_probs, *args, use_reentrant=False,
@@ -206,10 +255,64 @@ def token_log_probs(model, hidden: torch.Tensor, labels: torch.Tensor, temperatu
     return torch.cat(log_probs), entropy
 
 
-def _chunk_log_probs(head, hidden: torch.Tensor, labels: torch.Tensor, temperature: float, calculate_entropy: bool,
+class _BackboneOutput(MoeModelOutputWithPast):
+    """A backbone's output holding the last hidden states only; any other field a family's
+    ``forward`` passes on (router logits, Gemma-4's shared key-value states) reads as None."""
+
+    def __getattr__(self, name: str):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return None
+
+
+class _StatesAsBackbone(torch.nn.Module):
+    """Stands in for a model's backbone inside the model's own ``forward``: returns the hidden
+    states it is given, as the backbone's output (no router logits: no auxiliary loss). Any other
+    attribute is the backbone's (Falcon-H1's ``forward`` reads ``self.model.lm_head_multiplier``)."""
+
+    def __init__(self, hidden: torch.Tensor, backbone: torch.nn.Module):
+        super().__init__()
+        self.hidden = hidden  # (1, n, H)
+        self.__dict__["_backbone"] = backbone  # not a submodule: nothing of it runs or registers here
+
+    def __getattr__(self, name: str):
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            return getattr(self.__dict__["_backbone"], name)
+
+    def forward(self, *args, **kwargs) -> _BackboneOutput:
+        return _BackboneOutput(last_hidden_state=self.hidden)
+
+
+def model_logits(model, hidden: torch.Tensor) -> torch.Tensor:
+    """(n, H) last hidden states -> (n, V) logits, as the model's own ``forward`` makes them from its
+    backbone's output: the vocabulary projection and every transform the family applies after it
+    (Cohere's ``logit_scale``, Granite's ``logits_scaling``, Gemma's soft-cap, ...).
+
+    The model's ``forward`` runs with its backbone swapped, for this call, for a module returning
+    ``hidden``: the family's own code, not a re-implementation of it. ``forward`` is called as a
+    method, not through the module, so no hook (FSDP2's gathering) runs a second time."""
+    lm = unwrap(model)
+    prefix = lm.base_model_prefix
+    if prefix not in lm._modules:
+        raise ValueError(f"{type(lm).__name__} keeps no backbone under its base_model_prefix {prefix!r}; rlvr's "
+                         "training forward cannot run its vocabulary projection")
+    backbone = lm._modules[prefix]
+    lm._modules[prefix] = _StatesAsBackbone(hidden.unsqueeze(0), backbone)
+    try:  # input_ids only give the stand-in its length; labels None: no loss
+        dummy = torch.zeros(1, hidden.shape[0], dtype=torch.long, device=hidden.device)
+        logits = lm.forward(input_ids=dummy, use_cache=False).logits
+    finally:
+        lm._modules[prefix] = backbone
+    return logits[0]
+
+
+def _chunk_log_probs(model, hidden: torch.Tensor, labels: torch.Tensor, temperature: float, calculate_entropy: bool,
                      entropy_grad: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """One chunk: (n, H) states -> (n,) log-probs of ``labels``, and (n,) entropies or None."""
-    logits = head(hidden).float()  # (n, V)
+    """One chunk: (n, H) states -> (n,) log-probs of ``labels``, and (n,) entropies or None. The
+    temperature divides the family's logits, after its own transform, as in the rollout engine."""
+    logits = model_logits(model, hidden).float()  # (n, V)
     if temperature != 1.0:  # the common T = 1 skips a pass over the (n, V) logits, forward and backward
         logits = logits / temperature
     logp = torch.log_softmax(logits, dim=-1)
@@ -261,27 +364,30 @@ def response_states_packed(model, batch: dict, uids, pad_id: int) -> ResponseSta
     responses = batch["responses"]
     P_total = batch["input_ids"].shape[1] - responses.shape[1]
     backbone = unwrap(model).base_model
-    flat = _uses_sdpa(backbone) and type(backbone) not in _BYPASSES_SEGMENTS
+    flat = PACK_FLAT and _uses_sdpa(backbone) and type(backbone) not in _BYPASSES_SEGMENTS
     args = (batch["input_ids"][:, :P_total].cpu(), batch["attention_mask"][:, :P_total].cpu(), responses.cpu(),
             response_lengths(batch, P_total).cpu(), group_rows(uids), pad_id)
+    windows = sliding_windows(backbone.config)
     device = responses.device
 
     def run(packed: PackedGroups) -> torch.Tensor:
-        inputs = dict(input_ids=packed.input_ids.to(device), position_ids=packed.position_ids.to(device))
-        if packed.segments is None:
+        inputs = dict(input_ids=packed.input_ids.to(device), position_ids=packed.position_ids.to(device),
+                      segments=packed.segments)
+        if packed.attention_mask is not None:  # padded: the full-attention mask, for an attention that reads it
             mask = _attention_mask_for(model, packed.attention_mask.to(device), model.dtype)
             return _hidden_states(model, **inputs, attention_mask=mask)
         # a 4-D mask is passed through untouched (no (T, T) mask is built); segment_attention reads the spans
-        return _hidden_states(model, **inputs, attention_mask=FLAT_MASK_PLACEHOLDER, segments=packed.segments)
+        return _hidden_states(model, **inputs, attention_mask=FLAT_MASK_PLACEHOLDER)
 
-    packed = pack_groups(*args, flat=flat)
-    if flat:
-        _register_segment_attention()
+    packed = pack_groups(*args, flat=flat, windows=windows)
+    _register_segment_attention()
     calls = _SEGMENT_CALLS[0]
     hidden = run(packed)
-    if flat and _SEGMENT_CALLS[0] == calls:  # attention of its own (remote code): it saw one unmasked row, so
+    if _SEGMENT_CALLS[0] == calls and flat:  # attention of its own (remote code): it saw one unmasked row, so
         _BYPASSES_SEGMENTS.add(type(backbone))  # its output is thrown away and the padded layout used
-        packed = pack_groups(*args)
+        if windows:  # which cannot give that attention its windows
+            return response_states(model, batch, uids, True, pad_id)
+        packed = pack_groups(*args, windows=windows)
         hidden = run(packed)
     picked = hidden[packed.gather_row.to(device), packed.gather_pos.to(device)]  # (N, H)
     return ResponseStates(picked, packed.labels.to(device), packed.out_row.to(device), packed.out_col.to(device))
@@ -289,12 +395,58 @@ def response_states_packed(model, batch: dict, uids, pad_id: int) -> ResponseSta
 
 FLAT_MASK_PLACEHOLDER = torch.ones(1, 1, 1, 1, dtype=torch.bool)
 _BYPASSES_SEGMENTS: set[type] = set()  # backbones whose attention does not go through transformers' "sdpa"
+ATTENTION_LAYER_TYPES = {"full_attention", "sliding_attention", "attention"}
+# token mixers that are not attention (state-space, linear attention, convolution, recurrence), by class name:
+# the net under layer_types, for hybrids whose config names none (Falcon-H1, Jamba, Zamba, Nemotron-H, ...)
+RECURRENT_MIXER = re.compile(r"Mamba\w*(Mixer|Layer)$|Mixer$|DeltaNet$|LinearAttention$|ShortConv\w*$|"
+                             r"LightningAttention$|RecurrentBlock$|Rglru$|RwkvSelfAttention$")
+_WARNED: set[type] = set()  # model classes already told that they run the plain layout
+
+
+def sliding_windows(config) -> tuple[int, ...]:
+    """The sliding windows the model's layers use (empty: full attention everywhere)."""
+    window = getattr(config, "sliding_window", None)
+    if window is None or not getattr(config, "use_sliding_window", True):
+        return ()
+    return (int(window),)
+
+
+def grouped_layout_problem(model) -> str | None:
+    """Why the prompt-once layout cannot compute what ``model`` computes, or None when it can.
+
+    The packing puts several sequences in one row and keeps them apart by the attention mask:
+    a layer that mixes tokens outside attention (linear attention, state-space, convolution)
+    would carry one group's state into the next; chunked attention counts chunks from each
+    row's first token, which packing moves; an attention that is not transformers' SDPA
+    (remote code) would not see the windows."""
+    backbone = unwrap(model).base_model
+    config = backbone.config
+    types = set(getattr(config, "layer_types", None) or getattr(config, "layers_block_type", None) or ())
+    recurrent = sorted(types - ATTENTION_LAYER_TYPES) or sorted(
+        {type(m).__name__ for m in backbone.modules() if RECURRENT_MIXER.search(type(m).__name__)})
+    if recurrent:
+        return f"its {', '.join(recurrent)} layers carry state along the row, which would mix the packed groups"
+    if getattr(config, "attention_chunk_size", None):
+        return "its chunked attention counts chunks from each row's first token, which the packing moves"
+    if sliding_windows(config) and (not _uses_sdpa(backbone) or type(backbone) in _BYPASSES_SEGMENTS):
+        return "its sliding windows need transformers' SDPA attention, which this model does not use"
+    return None
 
 
 def response_states(model, batch: dict, uids, share_prompt: bool, pad_id: int) -> ResponseStates:
-    """Prompt-once layout when ``share_prompt`` and some rows share a ``uid``, else the plain one."""
+    """Prompt-once layout when ``share_prompt`` and some rows share a ``uid``, else the plain one.
+
+    A model the prompt-once layout cannot express (``grouped_layout_problem``) runs the plain
+    layout, and says so once per model class."""
     if share_prompt and uids is not None and len(set(uids)) < len(uids):
-        return response_states_packed(model, batch, uids, pad_id)
+        problem = grouped_layout_problem(model)
+        if problem is None:
+            return response_states_packed(model, batch, uids, pad_id)
+        cls = type(unwrap(model))
+        if cls not in _WARNED:
+            _WARNED.add(cls)
+            warnings.warn(f"{cls.__name__}: the training forward runs one row per sample, not the prompt-once "
+                          f"layout (actor.share_prompt_forward), because {problem}", stacklevel=2)
     return response_states_plain(model, batch)
 
 

@@ -176,7 +176,7 @@ def test_chunked_log_probs_recompute_keeps_one_chunk_and_equal_gradients(tiny_mo
             if recompute:
                 lp, ent = forward.token_log_probs(model, h, labels, 0.7, True, entropy_grad)
             else:  # the same chunks, kept
-                parts = [forward._chunk_log_probs(head, h[s:s + 4], labels[s:s + 4], 0.7, True, entropy_grad)
+                parts = [forward._chunk_log_probs(model, h[s:s + 4], labels[s:s + 4], 0.7, True, entropy_grad)
                          for s in range(0, 10, 4)]
                 lp, ent = torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
         (lp.sum() + (0.1 * ent.sum() if entropy_grad else 0)).backward()
