@@ -250,9 +250,7 @@ class RLTrainer:
         """Continue from ``path`` exactly where the saved run stopped."""
         state = checkpoint.load_trainer_state(path, self.config)
         self.wg.load_checkpoint(path)
-        if self.ahead is None:
-            self.sync_rollout_weights()
-        else:  # the next dispatch loads the weights it needs
+        if self.ahead is not None:  # the next dispatch loads the weights it needs
             if not (path / AHEAD_FILE).is_file():
                 raise ConfigError(f"cannot resume from {path} with trainer.v1.trainer_mode="
                                   f"{self.config.trainer.v1.trainer_mode}: it was saved by a synchronous run (it holds "
@@ -262,6 +260,8 @@ class RLTrainer:
             self.critic_wg.load_checkpoint(path)
         self.loader.load_state_dict(state["sampler"])
         self.global_step = self._saved_step = state["global_step"]
+        if self.ahead is None:  # a pool of its own gets the checkpoint's weights as the version they are
+            self.sync_rollout_weights()
         self.kl_ctrl.value = state["kl_ctrl"]
         checkpoint.set_rng_state(state["rng"])
         self._completed = {key: state[key] for key in ("global_step", "sampler", "kl_ctrl", "rng")}
