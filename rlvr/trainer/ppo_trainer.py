@@ -33,6 +33,7 @@ from rlvr.config.validate import ConfigError
 from rlvr.data.sampler import PromptLoader
 from rlvr.protocol import DataProto, concat_rollouts, loss_mask
 from rlvr.rewards.manager import TRAJECTORY_KEYS
+from rlvr.rewards.reward_model import add_reward_model_scores
 from rlvr.errors import StopTraining, TrainingInterrupted
 from rlvr.trainer import checkpoint
 from rlvr.trainer.evaluate import evaluate, generation_batch
@@ -457,9 +458,10 @@ class RLTrainer:
         """``token_level_scores`` (plus the reward model's, weighted) and the scorers' extras into
         ``batch``; returns the reward metrics."""
         reward = reward.result() if hasattr(reward, "result") else reward
+        if "rm_scores" in batch.batch:  # weighted; a NaN is dropped as a rule scorer's NaN is
+            reward = add_reward_model_scores(reward, batch.batch["rm_scores"], self.config.reward,
+                                             batch.non_tensor_batch[self.config.data.reward_fn_key])
         scores = reward.token_level_scores.to(batch.batch["response_mask"].device)
-        if "rm_scores" in batch.batch:
-            scores = scores + self.config.reward.reward_model.weight * batch.batch["rm_scores"]
         batch.batch["token_level_scores"] = scores
         for key, values in reward.reward_extra_info.items():
             batch.non_tensor_batch[key] = values
