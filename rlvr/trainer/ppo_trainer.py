@@ -412,7 +412,9 @@ class RLTrainer:
         self._check_span(item)
         self._check_version(item.output.non_tensor_batch["policy_version"],
                             int(item.batch.non_tensor_batch["dispatch_step"].max()))
-        return self._score(item.batch.union(item.output), 0, timings)
+        # the step's unions (log-probs, scores, advantages) go into a copy of the batch's key maps, never
+        # into the queued batch: an interrupt before the update saves it as the engine returned it
+        return self._score(item.batch.select().union(item.output), 0, timings)
 
     def _check_version(self, versions: np.ndarray, dispatch_step: int) -> None:
         """The engine generated with the weights it was sent: a batch dispatched during step d is

@@ -275,3 +275,36 @@ def test_an_engine_that_keeps_stale_weights_stops_the_run(tiny_config, tmp_path)
                                            r"version 0, but it was sent version 1"):
         trainer.fit()
     trainer.tracker.close()
+
+
+def test_ctrl_c_before_the_update_saves_the_batch_as_it_was_taken(tiny_config, tmp_path, interrupt):
+    """Ctrl-C between taking batch 3 and its update (here in the reference pass) saves step 2 with
+    batch 3 as the engine returned it: no old log-probs, scores or advantages of the interrupted
+    step. So a resume on another micro-batch size (another split recomputes the log-probs a few ulps
+    apart) trains it afresh. Failed before the fix: the step's unions had written into the queued
+    batch, the checkpoint held its old_log_probs, and the resumed step stopped on "union conflict
+    on batch['old_log_probs']"."""
+    overrides = (*BASE, *ASYNC, "trainer.v1.colocate_async.num_warmup_batches=1", "trainer.total_training_steps=3",
+                 "actor_rollout_ref.actor.recompute_old_log_prob=true")  # an old-log-prob pass before the update
+    config = tiny_config(*overrides, f"trainer.default_local_dir={tmp_path / 'cut'}")
+    trainer = build_trainer(config, progress_bar=False)
+    interrupt(trainer, trainer.wg, "compute_ref_log_prob", 3)
+    with pytest.raises(TrainingInterrupted, match=r"interrupted after step 2; saved step 2"):
+        trainer.fit()
+    trainer.tracker.close()
+    saved = torch.load(tmp_path / "cut" / "checkpoints" / "global_step_2" / "rollouts_ahead.pt", weights_only=False)
+    assert [item.step for item in saved] == [3]
+    taken = saved[0].batch
+    assert not {"old_log_probs", "token_level_scores", "responses"} & set(taken.batch)  # the prompts' side only
+    assert "temperature" not in taken.meta_info
+    other_split = tiny_config(*overrides, f"trainer.default_local_dir={tmp_path / 'cut'}",
+                              "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=1",
+                              "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=1",
+                              "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1")
+    resumed = build_trainer(other_split, progress_bar=False)
+    resumed.fit()
+    resumed.tracker.close()
+    assert [r["step"] for r in records(tmp_path / "cut")] == [1, 2, 3]
+    reference = run(tiny_config, tmp_path / "ref", *overrides)
+    assert dumped(tmp_path / "cut", 3)[0]["response"] == dumped(tmp_path / "ref", 3)[0]["response"]
+    assert reference.global_step == 3
