@@ -238,6 +238,8 @@ class RLTrainer:
         path = checkpoint.save(root, step, write_parts, state, keep)
         self._saved_step = step
         tqdm.write(checkpoint.describe_saved(root, path, keep))
+        if self.ahead is not None:  # a batch generated ahead failed: reported now that its step is saved
+            self.ahead.check_failed(step + self.ahead.ahead, f"step {step} was saved to {path}")
         return path
 
     def sync_rollout_weights(self) -> None:
@@ -256,7 +258,7 @@ class RLTrainer:
                 raise ConfigError(f"cannot resume from {path} with trainer.v1.trainer_mode="
                                   f"{self.config.trainer.v1.trainer_mode}: it was saved by a synchronous run (it holds "
                                   f"no {AHEAD_FILE}); resume it with trainer.v1.trainer_mode=sync")
-            self.ahead.restore(torch.load(path / AHEAD_FILE, weights_only=False))
+            self.ahead.restore(torch.load(path / AHEAD_FILE, weights_only=False), state["global_step"])
         if self.critic_wg is not None:
             self.critic_wg.load_checkpoint(path)
         self.loader.load_state_dict(state["sampler"])

@@ -308,3 +308,44 @@ def test_ctrl_c_before_the_update_saves_the_batch_as_it_was_taken(tiny_config, t
     reference = run(tiny_config, tmp_path / "ref", *overrides)
     assert dumped(tmp_path / "cut", 3)[0]["response"] == dumped(tmp_path / "ref", 3)[0]["response"]
     assert reference.global_step == 3
+
+
+def test_a_failed_generation_ahead_keeps_the_completed_steps_checkpoint(tiny_config, tmp_path):
+    """The generation of batch 3 (dispatched at step 2, k = 1) fails in the engine's thread. Step 2 is
+    complete: its checkpoint is written, then the run stops naming the failure. The same command
+    resumes: batch 3 (its prompts and group ids, as the uninterrupted run's) is generated again with
+    the checkpoint's weights, version 2, one update fresher than the schedule's 1, and stamped so.
+    Failed before the fix: the error came out of ``checkpoint.save``, which discarded global_step_2."""
+    from rlvr.errors import StopTraining
+
+    overrides = (*BASE, *ASYNC, "trainer.v1.colocate_async.num_warmup_batches=1", "trainer.total_training_steps=3",
+                 "trainer.save_freq=1")
+    run(tiny_config, tmp_path / "ref", *overrides)
+    config = tiny_config(*overrides, f"trainer.default_local_dir={tmp_path / 'cut'}")
+    trainer = build_trainer(config, progress_bar=False)
+    engine = trainer.rollout_wg.worker
+    generate = engine.generate_sequences
+
+    def fails_on_batch_3(prompts):
+        if str(prompts.non_tensor_batch["uid"][0]).startswith("3-"):
+            raise RuntimeError("CUDA out of memory (scripted)")
+        return generate(prompts)
+
+    engine.generate_sequences = fails_on_batch_3
+    with pytest.raises(StopTraining, match=r"generating step 3's batch ahead failed \(RuntimeError: CUDA out of "
+                                           r"memory \(scripted\)\); step 2 was saved to .*global_step_2 first"):
+        trainer.fit()
+    trainer.tracker.close()
+    assert (tmp_path / "cut" / "checkpoints" / "global_step_2" / "rollouts_ahead.pt").is_file()
+    resumed = build_trainer(config, progress_bar=False)
+    assert resumed.global_step == 2
+    resumed.fit()
+    resumed.tracker.close()
+    got, expected = records(tmp_path / "cut"), records(tmp_path / "ref")
+    assert [r["step"] for r in got] == [1, 2, 3]
+    assert [stable(r) for r in got[:2]] == [stable(r) for r in expected[:2]]
+    again, scheduled = dumped(tmp_path / "cut", 3), dumped(tmp_path / "ref", 3)
+    assert [(r["uid"], r["prompt"]) for r in again] == [(r["uid"], r["prompt"]) for r in scheduled]
+    assert {r["policy_version"] for r in again} == {2} and {r["policy_version"] for r in scheduled} == {1}
+    assert {r["dispatch_step"] for r in again} == {3}
+    assert got[2]["training/off_policy/trajectory_staleness/max"] == 0
