@@ -634,11 +634,14 @@ class RLTrainer:
         return self._validation_pass(n=val.n, sampling=sampling)
 
     def _validation_pass(self, n: int, sampling: dict[str, Any]) -> dict[str, float]:
-        def run() -> dict[str, float]:
-            return evaluate(self.rollout_wg.generate_sequences, self.val_reward_fn, self.val_dataset, self.tokenizer,
-                            n, sampling, self.config.data.val_batch_size, self._seed("val"),
-                            self.config.data.reward_fn_key, progress="validation" if self.tracker.progress_bar else None)
-        if self.ahead is None:
-            return run()
-        # async: on the engine, after the batches queued before it, with the weights of the last complete step
-        return self.ahead.run(run, self._completed["global_step"])
+        generate = self.rollout_wg.generate_sequences
+        if self.ahead is not None:
+            # async: each generation on the engine, after the batches queued before it, with the weights of
+            # the last complete step; the scoring stays in this thread, where reward.timeout_s's timer acts
+            version = self._completed["global_step"]
+
+            def generate(batch: DataProto, on_engine=generate) -> DataProto:
+                return self.ahead.run(lambda: on_engine(batch), version)
+        return evaluate(generate, self.val_reward_fn, self.val_dataset, self.tokenizer, n, sampling,
+                        self.config.data.val_batch_size, self._seed("val"), self.config.data.reward_fn_key,
+                        progress="validation" if self.tracker.progress_bar else None)

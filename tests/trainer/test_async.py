@@ -349,3 +349,32 @@ def test_a_failed_generation_ahead_keeps_the_completed_steps_checkpoint(tiny_con
     assert {r["policy_version"] for r in again} == {2} and {r["policy_version"] for r in scheduled} == {1}
     assert {r["dispatch_step"] for r in again} == {3}
     assert got[2]["training/off_policy/trajectory_staleness/max"] == 0
+
+
+HANGING_REWARD = '''
+import time
+
+
+def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+    """A scorer that hangs (3 s here, far past reward.timeout_s)."""
+    time.sleep(3)
+    return 1.0
+'''
+
+
+def test_async_validation_is_scored_under_the_reward_timeout(tiny_config, tmp_path):
+    """Validation generates on the engine ahead, and is scored where reward.timeout_s acts: a hanging
+    scorer times out and each sample gets reward.failure_score (0), so mean@1 is 0. Failed before the
+    fix: validation was scored on the engine's thread, where the timer (SIGALRM) cannot fire; every
+    scorer ran to its end (4 x 3 s) and mean@1 was 1.0."""
+    reward = tmp_path / "hanging.py"
+    reward.write_text(HANGING_REWARD)
+    config = tiny_config(*BASE, *ASYNC, f"reward.custom_reward_function.path={reward}", "reward.timeout_s=0.2",
+                         "reward.max_failed_fraction=1.0", f"trainer.default_local_dir={tmp_path / 'run'}")
+    trainer = build_trainer(config, progress_bar=False)
+    try:
+        metrics = trainer.validate()
+    finally:
+        trainer.ahead.close()
+        trainer.tracker.close()
+    assert metrics["val-core/arithmetic/reward/mean@1"] == 0.0
