@@ -20,7 +20,11 @@ numeric path (bf16 engine, fp32 actor), or older weights (async training). With
 - ``bypass_mode``: pi_old is pi_rollout (no old-log-prob pass); the weights and the rejection
   mask then compare the policy being trained with the rollout's, per micro-batch, and
   ``loss_type`` picks the loss: ``ppo_clip`` (the ratio already carries the correction, so no
-  weight is applied) or ``reinforce`` (-A * w * log pi, w the detached weight).
+  weight is applied) or ``reinforce`` (-A * w * log pi, w the detached weight). With
+  ``rollout_is_batch_normalize`` the weights are divided by their mean over the whole
+  mini-batch, every micro-batch and rank (``batch_norm_sums``, from a forward without gradients
+  before the optimizer step's), so the gradient does not depend on the split. Departure from
+  verl: its bypass loss normalises within each micro-batch (across ranks).
 
 Metrics (``rollout_corr/*``, verl's names): the weights' mean/max/min/std, effective sample
 size and the share outside the bounds; each rejection option's masked token and sequence
@@ -104,12 +108,9 @@ def _seq_valid(mask: torch.Tensor) -> torch.Tensor:
     return mask.sum(-1) > 0
 
 
-def is_weights(log_ratio: torch.Tensor, mask: torch.Tensor, level: str, threshold,
-               batch_normalize: bool = False) -> tuple[torch.Tensor, dict[str, float]]:
-    """Importance weights (bs, T), detached and 0 on masked tokens, with their metrics."""
+def _truncated_weights(log_ratio: torch.Tensor, mask: torch.Tensor, level: str, threshold):
+    """(raw weights, truncated or zeroed weights, upper, lower), (bs, T), 0 on masked tokens."""
     upper, lower = parse_is_threshold(threshold)
-    log_ratio = log_ratio.detach()
-    mask = mask.to(log_ratio.dtype)
     if level == "token":
         log_w = log_ratio
     elif level == "sequence":
@@ -123,6 +124,29 @@ def is_weights(log_ratio: torch.Tensor, mask: torch.Tensor, level: str, threshol
         weights = raw.clamp(max=upper)
     else:
         weights = torch.where((raw >= lower) & (raw <= upper), raw, torch.zeros_like(raw))
+    return raw, weights, upper, lower
+
+
+def batch_norm_sums(log_ratio: torch.Tensor, mask: torch.Tensor, level: str, threshold) -> tuple[float, float]:
+    """(sum, count) of the weights ``rollout_is_batch_normalize`` averages: the tokens' weights
+    (``token``), or each sequence's weight (``sequence``, ``geometric``). They add up over
+    micro-batches and ranks, so their ratio is the mean over the whole batch however it is split."""
+    mask = mask.to(log_ratio.dtype)
+    weights = _truncated_weights(log_ratio.detach(), mask, level, threshold)[1]
+    if level == "token":
+        return float(masked_sum(weights, mask)), float(mask.sum())
+    seqs = _seq_valid(mask)
+    return float(masked_mean(weights, mask, dim=-1)[seqs].sum()), float(seqs.sum())
+
+
+def is_weights(log_ratio: torch.Tensor, mask: torch.Tensor, level: str, threshold,
+               batch_normalize: bool = False, norm: float | None = None) -> tuple[torch.Tensor, dict[str, float]]:
+    """Importance weights (bs, T), detached and 0 on masked tokens, with their metrics. With
+    ``batch_normalize`` they are divided by their mean over ``log_ratio``'s rows, or by ``norm``
+    when given (the mean over a larger batch, from ``batch_norm_sums``)."""
+    log_ratio = log_ratio.detach()
+    mask = mask.to(log_ratio.dtype)
+    raw, weights, upper, lower = _truncated_weights(log_ratio, mask, level, threshold)
     lower_bound = lower if lower is not None else 1.0 / upper
     valid = mask.bool()
     mean = masked_mean(weights, mask)
@@ -136,12 +160,9 @@ def is_weights(log_ratio: torch.Tensor, mask: torch.Tensor, level: str, threshol
     metrics["rollout_is_eff_sample_size"] = float(1.0 / masked_mean((weights / (mean + 1e-8)).square(), mask)) \
         if float(mean) > 0 else 0.0
     if batch_normalize:
-        if level == "token":
-            norm = mean
-        else:
-            seqs = _seq_valid(mask)
-            norm = masked_mean(weights, mask, dim=-1)[seqs].mean() if seqs.any() else mean
-        norm = float(norm)
+        if norm is None:
+            total, count = batch_norm_sums(log_ratio, mask, level, threshold)
+            norm = total / count if count else 0.0
         metrics["rollout_is_batch_norm_factor"] = norm if norm > 1e-8 else 1.0
         if norm > 1e-8:
             weights = weights / norm
@@ -200,9 +221,11 @@ def gap_metrics(old_log_prob: torch.Tensor, rollout_log_prob: torch.Tensor, mask
 
 
 def rollout_correction(old_log_prob: torch.Tensor, rollout_log_prob: torch.Tensor, mask: torch.Tensor,
-                       config) -> tuple[torch.Tensor | None, torch.Tensor, dict[str, float]]:
+                       config, is_norm: float | None = None) -> tuple[torch.Tensor | None, torch.Tensor, dict[str, float]]:
     """(IS weights or None, the loss mask after rejection, ``rollout_corr/*`` metrics) for
-    ``config`` (``algorithm.rollout_correction``); ``old_log_prob`` is the policy trained."""
+    ``config`` (``algorithm.rollout_correction``); ``old_log_prob`` is the policy trained.
+    ``is_norm``: what ``rollout_is_batch_normalize`` divides by when these rows are part of a
+    larger batch (bypass mode's micro-batches); None: their own mean."""
     if old_log_prob.shape != rollout_log_prob.shape or old_log_prob.shape != mask.shape:
         raise ValueError(f"rollout correction needs log-probs and mask of one shape, got {tuple(old_log_prob.shape)}, "
                          f"{tuple(rollout_log_prob.shape)} and {tuple(mask.shape)}")
@@ -211,7 +234,7 @@ def rollout_correction(old_log_prob: torch.Tensor, rollout_log_prob: torch.Tenso
     weights = None
     if config.rollout_is is not None:
         weights, more = is_weights(log_ratio, mask, config.rollout_is, config.rollout_is_threshold,
-                                   config.rollout_is_batch_normalize)
+                                   config.rollout_is_batch_normalize, is_norm)
         metrics.update(more)
     loss_mask = mask
     if config.rollout_rs is not None:

@@ -14,7 +14,9 @@ time limit (``reward.timeout_s``). A function that raises or runs out of time gi
 its sample), or fails the step when ``reward.on_error=raise``; a function that calls ``sys.exit()``
 has failed on that sample too. A score beyond ±1.8e19 (``MAX_SCORE``) is invalid, as NaN is: the
 scores are float32 and a group's variance of it would overflow. A batch where more than
-``reward.max_failed_fraction`` of the samples failed stops the run with the first failure. With ``reward.num_workers > 0``
+``reward.max_failed_fraction`` of the samples failed stops the run with the first failure. The
+timer is a signal (SIGALRM), which only the main thread receives: scored from another thread with
+``reward.num_workers = 0``, the samples go to a one-process pool, where it acts. With ``reward.num_workers > 0``
 samples are scored in a process pool; a worker stuck in C code that ignores the timer is
 killed with the pool, and the pool is rebuilt for the next call. The other samples keep
 their scores.
@@ -279,13 +281,14 @@ class RewardManager:
         for a worker that stops answering (stuck in C code): its chunk is counted as timeouts
         and the pool is rebuilt, the other chunks keep their scores.
         """
-        if self.config.num_workers <= 0:
+        workers = self._pool_size()
+        if workers == 0:
             return [score_sample(*job) for job in jobs]
         pool = self._get_pool()
-        size = max(1, -(-len(jobs) // (self.config.num_workers * 8)))  # ~8 chunks per worker balance the load
+        size = max(1, -(-len(jobs) // (workers * 8)))  # ~8 chunks per worker balance the load
         chunks = [jobs[i:i + size] for i in range(0, len(jobs), size)]
         pending = [pool.apply_async(score_chunk, (chunk,)) for chunk in chunks]
-        waves = -(-len(jobs) // self.config.num_workers)  # ceil: samples per worker
+        waves = -(-len(jobs) // workers)  # ceil: samples per worker
         limit = self.config.timeout_s
         deadline = None if limit is None else time.monotonic() + limit * waves + POOL_GRACE_S
         results = []
@@ -353,13 +356,22 @@ class RewardManager:
                             metrics, scores, invalid)
 
     # ------------------------------------------------------------------ pool and async
+    def _pool_size(self) -> int:
+        """Scoring processes for this call: ``num_workers``; 0 scores inline, unless this is not the
+        main thread and a time limit is set: the timer cannot act here, so one process scores."""
+        if self.config.num_workers > 0:
+            return self.config.num_workers
+        off_main = threading.current_thread() is not threading.main_thread()
+        return 1 if off_main and self.config.timeout_s is not None else 0
+
     def _get_pool(self):
         """The worker pool, started and warmed up (every worker has imported the scoring code):
         the start-up time must not count against a batch's deadline."""
         if self._pool is None:
+            workers = max(1, self.config.num_workers)
             context = multiprocessing.get_context("forkserver")  # safe beside torch's threads
-            self._pool = context.Pool(self.config.num_workers)
-            self._pool.map(score_chunk, [[]] * self.config.num_workers, chunksize=1)
+            self._pool = context.Pool(workers)
+            self._pool.map(score_chunk, [[]] * workers, chunksize=1)
         return self._pool
 
     def _kill_pool(self) -> None:

@@ -4,17 +4,25 @@ It scores prompt + response with its own tokenizer and chat template (the policy
 ids are decoded and re-encoded, as verl does when the tokenizers differ). The score is the
 classification head applied at the last token of the templated conversation; it lands in
 ``rm_scores`` on the response's last valid token.
+
+``add_reward_model_scores`` adds ``reward.reward_model.weight`` x that score to the rule score. A
+score that is not a number (NaN, inf: a diverged or broken classifier) is handled as a rule
+scorer's NaN is (``reward.on_invalid``): counted (``reward/num_invalid``, per data source, and
+``reward_model/num_invalid``) and its group left out of the update, or the step stopped.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import sys
+
 import torch
 
-from rlvr.config.schema import RewardModelConfig
+from rlvr.config.schema import RewardConfig, RewardModelConfig
 from rlvr.data.chat_template import frozen_date_kwargs
 from rlvr.data.dataset import left_pad
 from rlvr.protocol import DataProto
-from rlvr.rewards.manager import RewardError, place_on_last_token
+from rlvr.rewards.manager import RewardError, RewardResult, place_on_last_token
 
 
 class RewardModel:
@@ -71,3 +79,34 @@ class RewardModel:
         data.require("responses", "response_mask", "input_ids", "attention_mask", stage="reward model")
         scores = self.scores(data)
         return DataProto.from_dict({"rm_scores": place_on_last_token(scores, data.batch["response_mask"].cpu())})
+
+
+def add_reward_model_scores(reward: RewardResult, rm_scores: torch.Tensor, config: RewardConfig,
+                            sources) -> RewardResult:
+    """``reward`` (the rule scores) plus ``config.reward_model.weight`` x ``rm_scores`` (bs, R). A
+    sample whose reward-model score is not a number joins the rule scorer's invalid samples: its
+    placeholder score (the rule score alone) is never trained on, because its group is dropped
+    (``reward.on_invalid=drop``); ``raise`` stops the step naming it."""
+    rm_scores = rm_scores.to(reward.token_level_scores.device)
+    bad = ~torch.isfinite(rm_scores).all(dim=-1)  # (bs,)
+    rows = bad.nonzero().flatten().tolist()
+    if rows and config.on_invalid == "raise":
+        i = rows[0]
+        raise RewardError(f"the reward model's score for sample {i} (data_source={sources[i]!r}) is not a number "
+                          f"({float(rm_scores[i].sum())}); set reward.on_invalid=drop to drop its group from the "
+                          "update instead, or check the reward model (reward.reward_model.path)")
+    placed = torch.where(bad[:, None], torch.zeros_like(rm_scores), rm_scores)
+    rule_invalid = reward.invalid if reward.invalid is not None else torch.zeros(len(bad), dtype=torch.bool)
+    invalid = rule_invalid | bad.cpu()
+    metrics = {**reward.metrics, "reward_model/num_invalid": float(len(rows)),
+               "reward/num_invalid": float(invalid.sum())}
+    for i in rows:
+        if not rule_invalid[i]:  # counted once, with its data source, as a rule scorer's NaN is
+            key = f"reward/num_invalid/{sources[i]}"
+            metrics[key] = metrics.get(key, 0.0) + 1.0
+    if rows:
+        print(f"[rlvr] {len(rows)} reward-model score(s) of this batch are not numbers (first: sample {rows[0]}, "
+              f"data_source={sources[rows[0]]!r}): counted, and never trained on (reward.on_invalid=drop leaves "
+              "their groups out of the update)", file=sys.stderr, flush=True)
+    return dataclasses.replace(reward, token_level_scores=reward.token_level_scores + config.reward_model.weight * placed,
+                               metrics=metrics, invalid=invalid)

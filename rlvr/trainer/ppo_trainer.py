@@ -33,6 +33,7 @@ from rlvr.config.validate import ConfigError
 from rlvr.data.sampler import PromptLoader
 from rlvr.protocol import DataProto, concat_rollouts, loss_mask
 from rlvr.rewards.manager import TRAJECTORY_KEYS
+from rlvr.rewards.reward_model import add_reward_model_scores
 from rlvr.errors import StopTraining, TrainingInterrupted
 from rlvr.trainer import checkpoint
 from rlvr.trainer.evaluate import evaluate, generation_batch
@@ -252,6 +253,8 @@ class RLTrainer:
             raise
         self._saved_step = step
         tqdm.write(checkpoint.describe_saved(root, path, keep))
+        if self.ahead is not None:  # a batch generated ahead failed: reported now that its step is saved
+            self.ahead.check_failed(step + self.ahead.ahead, f"step {step} was saved to {path}")
         return path
 
     def sync_rollout_weights(self) -> None:
@@ -265,18 +268,18 @@ class RLTrainer:
         """Continue from ``path`` exactly where the saved run stopped."""
         state = checkpoint.load_trainer_state(path, self.config)
         self.wg.load_checkpoint(path)
-        if self.ahead is None:
-            self.sync_rollout_weights()
-        else:  # the next dispatch loads the weights it needs
+        if self.ahead is not None:  # the next dispatch loads the weights it needs
             if not (path / AHEAD_FILE).is_file():
                 raise ConfigError(f"cannot resume from {path} with trainer.v1.trainer_mode="
                                   f"{self.config.trainer.v1.trainer_mode}: it was saved by a synchronous run (it holds "
                                   f"no {AHEAD_FILE}); resume it with trainer.v1.trainer_mode=sync")
-            self.ahead.restore(torch.load(path / AHEAD_FILE, weights_only=False))
+            self.ahead.restore(torch.load(path / AHEAD_FILE, weights_only=False), state["global_step"])
         if self.critic_wg is not None:
             self.critic_wg.load_checkpoint(path)
         self.loader.load_state_dict(state["sampler"])
         self.global_step = self._saved_step = state["global_step"]
+        if self.ahead is None:  # a pool of its own gets the checkpoint's weights as the version they are
+            self.sync_rollout_weights()
         self.kl_ctrl.value = state["kl_ctrl"]
         checkpoint.set_rng_state(state["rng"])
         self._completed = {key: state[key] for key in ("global_step", "sampler", "kl_ctrl", "rng")}
@@ -428,7 +431,9 @@ class RLTrainer:
         self._check_span(item)
         self._check_version(item.output.non_tensor_batch["policy_version"],
                             int(item.batch.non_tensor_batch["dispatch_step"].max()))
-        return self._score(item.batch.union(item.output), 0, timings)
+        # the step's unions (log-probs, scores, advantages) go into a copy of the batch's key maps, never
+        # into the queued batch: an interrupt before the update saves it as the engine returned it
+        return self._score(item.batch.select().union(item.output), 0, timings)
 
     def _check_version(self, versions: np.ndarray, dispatch_step: int) -> None:
         """The engine generated with the weights it was sent: a batch dispatched during step d is
@@ -474,9 +479,10 @@ class RLTrainer:
         """``token_level_scores`` (plus the reward model's, weighted) and the scorers' extras into
         ``batch``; returns the reward metrics."""
         reward = reward.result() if hasattr(reward, "result") else reward
+        if "rm_scores" in batch.batch:  # weighted; a NaN is dropped as a rule scorer's NaN is
+            reward = add_reward_model_scores(reward, batch.batch["rm_scores"], self.config.reward,
+                                             batch.non_tensor_batch[self.config.data.reward_fn_key])
         scores = reward.token_level_scores.to(batch.batch["response_mask"].device)
-        if "rm_scores" in batch.batch:
-            scores = scores + self.config.reward.reward_model.weight * batch.batch["rm_scores"]
         batch.batch["token_level_scores"] = scores
         for key, values in reward.reward_extra_info.items():
             batch.non_tensor_batch[key] = values
@@ -645,11 +651,14 @@ class RLTrainer:
         return self._validation_pass(n=val.n, sampling=sampling)
 
     def _validation_pass(self, n: int, sampling: dict[str, Any]) -> dict[str, float]:
-        def run() -> dict[str, float]:
-            return evaluate(self.rollout_wg.generate_sequences, self.val_reward_fn, self.val_dataset, self.tokenizer,
-                            n, sampling, self.config.data.val_batch_size, self._seed("val"),
-                            self.config.data.reward_fn_key, progress="validation" if self.tracker.progress_bar else None)
-        if self.ahead is None:
-            return run()
-        # async: on the engine, after the batches queued before it, with the weights of the last complete step
-        return self.ahead.run(run, self._completed["global_step"])
+        generate = self.rollout_wg.generate_sequences
+        if self.ahead is not None:
+            # async: each generation on the engine, after the batches queued before it, with the weights of
+            # the last complete step; the scoring stays in this thread, where reward.timeout_s's timer acts
+            version = self._completed["global_step"]
+
+            def generate(batch: DataProto, on_engine=generate) -> DataProto:
+                return self.ahead.run(lambda: on_engine(batch), version)
+        return evaluate(generate, self.val_reward_fn, self.val_dataset, self.tokenizer, n, sampling,
+                        self.config.data.val_batch_size, self._seed("val"), self.config.data.reward_fn_key,
+                        progress="validation" if self.tracker.progress_bar else None)

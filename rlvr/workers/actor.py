@@ -34,7 +34,7 @@ import torch
 
 from rlvr.algos.kl import kl_penalty
 from rlvr.algos.losses import agg_loss, call_policy_loss, count_seqs, get_policy_loss_fn
-from rlvr.algos.rollout_correction import reinforce_loss, rollout_correction
+from rlvr.algos.rollout_correction import batch_norm_sums, reinforce_loss, rollout_correction
 from rlvr.config.schema import ActorConfig, AlgorithmConfig, OptimConfig
 from rlvr.distributed.fsdp import full_tensor
 from rlvr.distributed.worker import SINGLE, DataParallel
@@ -276,13 +276,14 @@ class Actor:
         mine = self.dp.share(group_units(data.non_tensor_batch.get("uid"), mini_rows))  # this rank's groups
         micros, tokens = self._micro_batches(data, mine, self.config.ppo_micro_batch_size_per_gpu)
         padding = self.dp.max(len(micros)) - len(micros)  # agreed before any pass: collectives must pair up
+        is_norm = self._bypass_is_norm(data, micros, padding, temperature)
         for rows in micros:
             share = float(mask[torch.tensor(rows)].sum()) / float(totals["num_tokens"])  # token share of the mini-batch
-            for key, value in self._micro_loss(data, rows, temperature, totals, on_policy).items():
+            for key, value in self._micro_loss(data, rows, temperature, totals, on_policy, is_norm=is_norm).items():
                 # losses are shares of the mini-batch loss (they add up); rates and means weigh by tokens
                 step[key] += value if key in SUMMED_METRICS else value * share
         for _ in range(padding):  # zero-weight passes keep the ranks' collectives in step
-            self._micro_loss(data, micros[0], temperature, totals, on_policy=False, weight=0.0)
+            self._micro_loss(data, micros[0], temperature, totals, on_policy=False, weight=0.0, is_norm=is_norm)
         keys = sorted(step)
         step = dict(zip(keys, self.dp.sum([step[k] for k in keys])))  # the ranks' shares add up
         tokens = int(self.dp.sum([tokens])[0])
@@ -293,6 +294,31 @@ class Actor:
         for key, value in step.items():
             metrics[key].append(value)
         return tokens
+
+    @torch.no_grad()
+    def _bypass_is_norm(self, data: DataProto, micros: list[list[int]], padding: int,
+                        temperature: float) -> float | None:
+        """Bypass mode with ``rollout_is_batch_normalize``: the mean importance weight pi / pi_rollout
+        over the whole mini-batch (every micro-batch, every rank) under the weights this optimizer
+        step starts from, which every micro-batch's weights are divided by, so the gradient does not
+        depend on the split. It costs one forward of the mini-batch without gradients. None when
+        not asked for (decoupled mode normalises over the step's batch in the trainer)."""
+        rc = self.algorithm.rollout_correction
+        if not (rc.bypass_mode and rc.rollout_is is not None and rc.rollout_is_batch_normalize):
+            return None
+        device, uids, mask = self.model.device, data.non_tensor_batch.get("uid"), loss_mask(data)
+        total, count = 0.0, 0.0
+        for i, rows in enumerate(micros + micros[:1] * padding):  # as many forwards on every rank
+            idx = torch.tensor(rows)
+            batch = {k: data.batch[k][idx].to(device) for k in FORWARD_KEYS}
+            log_prob, _ = self._forward(batch, None if uids is None else uids[rows], temperature, calculate_entropy=False)
+            if i >= len(micros):
+                continue
+            log_ratio = log_prob - data.batch["old_log_probs"][idx].to(device)  # log pi / pi_rollout, as the update's
+            sums = batch_norm_sums(log_ratio, mask[idx].to(device), rc.rollout_is, rc.rollout_is_threshold)
+            total, count = total + sums[0], count + sums[1]
+        total, count = self.dp.sum([total, count])
+        return total / count if count else 0.0
 
     def _count_skipped(self, stepped: bool, step_metrics: dict) -> None:
         self.skipped_in_a_row = 0 if stepped else self.skipped_in_a_row + 1
@@ -307,12 +333,13 @@ class Actor:
                 f"(now {limit}) to tolerate more")
 
     def _micro_loss(self, data: DataProto, rows: list[int], temperature: float, totals: dict,
-                    on_policy: bool, weight: float = 1.0) -> dict[str, float]:
+                    on_policy: bool, weight: float = 1.0, is_norm: float | None = None) -> dict[str, float]:
         """Forward, loss and backward of one micro-batch; returns its metric contributions.
 
         ``on_policy``: pi_old is the policy of this very forward; its detached log-probs are
         the old log-probs (and are written into ``data``). ``weight`` 0: a pass that adds
-        nothing (a data-parallel rank keeping step with ranks that have more micro-batches)."""
+        nothing (a data-parallel rank keeping step with ranks that have more micro-batches).
+        ``is_norm``: bypass mode's mini-batch mean IS weight (``_bypass_is_norm``)."""
         idx = torch.tensor(rows)
         device = self.model.device
         batch = {k: data.batch[k][idx].to(device) for k in FORWARD_KEYS}
@@ -331,7 +358,7 @@ class Actor:
         is_weights = data.batch["rollout_is_weights"][idx].to(device) if "rollout_is_weights" in data.batch else None
         pg_mask, corrections, policy_loss_fn = mask, {}, self.policy_loss_fn
         if rc.bypass_mode:  # pi_old is pi_rollout: correct against the policy being trained
-            is_weights, pg_mask, corrections = rollout_correction(log_prob.detach(), old_log_prob, mask, rc)
+            is_weights, pg_mask, corrections = rollout_correction(log_prob.detach(), old_log_prob, mask, rc, is_norm)
             if rc.loss_type == "reinforce":
                 policy_loss_fn = reinforce_loss
         pg_loss, clipfrac, ppo_kl, clipfrac_lower = call_policy_loss(

@@ -77,3 +77,59 @@ def test_plain_token_mean_per_micro_batch_would_differ(setup):
         ((pg_loss + 0.1 * kl) / 2).backward()
     naive = torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
     assert not torch.allclose(naive, full, rtol=1e-4)
+
+
+@pytest.mark.parametrize("level", ["token", "sequence"])
+def test_bypass_batch_normalised_weights_do_not_depend_on_the_split(setup, tiny_model_dir, monkeypatch, level):
+    """Bypass mode, REINFORCE with ``rollout_is_batch_normalize``: the weights pi / pi_rollout are
+    divided by their mean over the whole mini-batch, so the optimizer step's gradient is the same
+    for micro-batches of 4, 2 and 1 rows. Here pi_rollout = pi x e^(offset) per row (offsets 0.3,
+    -0.2, 0.1, -0.4, plus 0.05-scale noise per token): weights near e^-0.3 = 0.74, 1.22, 0.90, 1.49,
+    whose micro-batch means (0.98 and 1.20 for halves) are not the mini-batch's (1.09).
+    Failed before the fix: each micro-batch divided by its own mean (a 1-row micro-batch's token
+    weights by their own mean, its sequence weight to exactly 1), and the gradients differed."""
+    grads = {micro: bypass_gradient(setup, tiny_model_dir, monkeypatch, micro, level) for micro in (4, 2, 1)}
+    assert grads[4].abs().max() > 0
+    for micro in (2, 1):
+        assert torch.allclose(grads[micro], grads[4], rtol=1e-7, atol=1e-10 * float(grads[4].abs().max())), micro
+
+
+def bypass_gradient(setup, model_dir, monkeypatch, micro: int, level: str) -> torch.Tensor:
+    """One optimizer step of the actor (4 rows, each its own group, one mini-batch) in bypass mode
+    with batch-normalised IS weights; the accumulated gradient, read before clipping."""
+    import numpy as np
+
+    import rlvr.workers.actor as actor_module
+    from rlvr.config.schema import AlgorithmConfig, OptimConfig, RolloutCorrectionConfig
+    from rlvr.protocol import DataProto
+    from rlvr.workers.actor import Actor, build_optimizer
+
+    _, input_ids, attention_mask, response_mask, old, _, adv = setup
+    model = load_model(model_dir).double()
+    with torch.no_grad():
+        logp = response_log_probs(model, input_ids, attention_mask)
+    offsets = torch.tensor([0.3, -0.2, 0.1, -0.4], dtype=torch.float64)[:, None]
+    rollout = (old + offsets) * response_mask  # pi_rollout: log pi + offset + noise (old - logp)
+    data = DataProto.from_dict(
+        {"input_ids": input_ids, "attention_mask": attention_mask, "responses": input_ids[:, P:],
+         "position_ids": torch.arange(P + R).expand(4, P + R).clone(), "response_mask": response_mask.long(),
+         "advantages": adv * response_mask, "old_log_probs": rollout},
+        {"uid": np.array(["a", "b", "c", "d"], dtype=object)})
+    assert not torch.allclose(rollout, logp)
+    cfg = ActorConfig(ppo_mini_batch_size=4, ppo_micro_batch_size_per_gpu=micro, use_kl_loss=False,
+                      entropy_coeff=0.0, share_prompt_forward=False, dtype="float64")
+    algorithm = AlgorithmConfig(rollout_correction=RolloutCorrectionConfig(
+        bypass_mode=True, loss_type="reinforce", rollout_is=level, rollout_is_threshold=5.0,
+        rollout_is_batch_normalize=True))
+    optimizer, _ = build_optimizer(model, OptimConfig(lr=1e-3), total_steps=1)
+    actor = Actor(model, cfg, algorithm, optimizer=optimizer, pad_id=0, max_response_length=R)
+    seen = []
+
+    def record_then_skip(model, optimizer, grad_clip):
+        seen.append(torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None]).clone())
+        return 1.0, True
+
+    monkeypatch.setattr(actor_module, "clip_and_step", record_then_skip)
+    actor.update_policy(data)
+    assert len(seen) == 1
+    return seen[0]

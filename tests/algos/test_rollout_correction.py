@@ -6,8 +6,8 @@ import math
 import pytest
 import torch
 
-from rlvr.algos.rollout_correction import (gap_metrics, is_weights, parse_is_threshold, parse_rs, reinforce_loss,
-                                           rejection_mask, rollout_correction)
+from rlvr.algos.rollout_correction import (batch_norm_sums, gap_metrics, is_weights, parse_is_threshold, parse_rs,
+                                           reinforce_loss, rejection_mask, rollout_correction)
 from rlvr.config.schema import RolloutCorrectionConfig
 
 LN = math.log
@@ -117,3 +117,25 @@ def test_rollout_correction_combines_and_prefixes():
     assert all(k.startswith("rollout_corr/") for k in metrics)
     none = rollout_correction(LOG_RATIO, rollout, MASK, RolloutCorrectionConfig())
     assert none[0] is None and torch.equal(none[1], MASK)
+
+
+def test_batch_normalisation_over_a_batch_split_in_parts():
+    """The sums of ``batch_norm_sums`` add up over the parts of a batch, and ``is_weights`` divides by
+    the mean they give (``norm``) instead of its own rows' mean: each part then gets the weights the
+    whole batch gets (bypass mode's micro-batches and ranks)."""
+    # token weights (threshold 2): A 2, 0.8, 1.5 (sum 4.3 over 3 tokens); B 1.1, 0.9 (sum 2.0 over 2)
+    assert batch_norm_sums(LOG_RATIO[:1], MASK[:1], "token", 2.0) == pytest.approx((4.3, 3.0))
+    assert batch_norm_sums(LOG_RATIO[1:], MASK[1:], "token", 2.0) == pytest.approx((2.0, 2.0))
+    # sequence weights: A 3.6 truncated to 2; B 0.99; one per sequence
+    assert batch_norm_sums(LOG_RATIO[:1], MASK[:1], "sequence", 2.0) == pytest.approx((2.0, 1.0))
+    assert batch_norm_sums(LOG_RATIO[1:], MASK[1:], "sequence", 2.0) == pytest.approx((0.99, 1.0))
+    whole, _ = is_weights(LOG_RATIO, MASK, "token", 2.0, batch_normalize=True)  # mean (4.3 + 2.0) / 5 = 1.26
+    assert close(whole, [[2.0 / 1.26, 0.8 / 1.26, 1.5 / 1.26], [1.1 / 1.26, 0.9 / 1.26, 0.0]])
+    part, m = is_weights(LOG_RATIO[1:], MASK[1:], "token", 2.0, batch_normalize=True, norm=1.26)
+    assert torch.allclose(part, whole[1:]) and m["rollout_is_batch_norm_factor"] == 1.26
+    alone, _ = is_weights(LOG_RATIO[1:], MASK[1:], "token", 2.0, batch_normalize=True)  # its own mean, 1.0
+    assert close(alone, [[1.1, 0.9, 0.0]])
+    weights, _, _ = rollout_correction(LOG_RATIO[1:], torch.zeros(1, 3, dtype=torch.float64), MASK[1:],
+                                       RolloutCorrectionConfig(rollout_is="token", rollout_is_batch_normalize=True),
+                                       is_norm=1.26)
+    assert torch.allclose(weights, whole[1:])

@@ -235,3 +235,23 @@ def test_a_reward_function_registered_by_custom_modules_scores_in_the_pool(tmp_p
         manager.close()
     assert result.token_level_scores.sum(-1).tolist() == [1.0, 0.0, 1.0]
     assert result.metrics["reward/num_errors"] == 0.0
+
+
+def test_the_time_limit_holds_off_the_main_thread(tmp_path, tokenizer):
+    """Scored from another thread (where SIGALRM cannot fire), with num_workers=0: the manager scores
+    in a one-process pool, whose timer acts, so a hanging scorer times out. Failed before the fix:
+    the scorer ran its 5 s to the end and scored 1.0 (the timer was skipped off the main thread)."""
+    import concurrent.futures
+
+    f = tmp_path / "hangs.py"
+    f.write_text("import time\ndef score(data_source, solution_str, ground_truth, extra_info=None):\n"
+                 "    if 'hang' in solution_str: time.sleep(5)\n    return 1.0\n")
+    cfg = RewardConfig(custom_reward_function=CustomRewardFunctionConfig(str(f), "score"), timeout_s=0.3,
+                       failure_score=-1.0)
+    manager = RewardManager(tokenizer, cfg)
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as thread:
+        result = thread.submit(manager.compute, batch(tokenizer, ["fine", "hang"], ["x"] * 2, ["1"] * 2)).result()
+    manager.close()
+    assert result.token_level_scores.sum(-1).tolist() == [1.0, -1.0]
+    assert result.metrics["reward/num_timeouts"] == 1.0
+    assert manager.config.num_workers == 0  # the configuration is left as it was

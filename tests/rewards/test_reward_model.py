@@ -113,3 +113,74 @@ def test_trainer_adds_weighted_rm_scores(classifier_dir, tiny_model_dir, tmp_pat
     rule = seen["rule"].token_level_scores.sum(-1)
     assert rm.abs().min() > 0
     assert metrics["critic/score/mean"] == pytest.approx(float((rule + 0.5 * rm).mean()), abs=1e-6)
+
+
+ZERO_REWARD = '''
+def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+    return 0.0
+'''
+
+
+def rm_trainer(classifier_dir, tiny_model_dir, tmp_path, *overrides):
+    """One step on 2 prompts x 3 samples, a rule reward of 0, the reward model at weight 0.5."""
+    from rlvr.config import load_config
+    from rlvr.data.prepare import prepare_arithmetic
+    from rlvr.trainer.main import build_trainer
+
+    data = prepare_arithmetic(tmp_path / "data", train_size=4, test_size=2)
+    reward_file = tmp_path / "zero.py"
+    reward_file.write_text(ZERO_REWARD)
+    config = load_config(None, [
+        f"actor_rollout_ref.model.path={tiny_model_dir}", f"data.train_files=[{data['train']}]", "data.val_files=[]",
+        "data.train_batch_size=2", "data.max_response_length=4", "actor_rollout_ref.rollout.n=3",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=2", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=6",
+        "trainer.val_before_train=false", "trainer.logger=[jsonl]", "trainer.total_training_steps=1",
+        f"trainer.default_local_dir={tmp_path / 'run'}", "reward.reward_model.enable=true",
+        f"reward.reward_model.path={classifier_dir}", "reward.reward_model.weight=0.5",
+        f"reward.custom_reward_function.path={reward_file}", *overrides,
+    ])
+    trainer = build_trainer(config, progress_bar=False)
+    # the classifier's scores, scripted: rows are prompt 0 x 3, prompt 1 x 3; sample 3 is NaN
+    trainer.reward_model.scores = lambda data: torch.tensor([0.5, 0.1, -0.2, float("nan"), 0.3, 0.0])
+    return trainer
+
+
+def test_a_nan_reward_model_score_drops_its_group_as_a_nan_rule_score_does(classifier_dir, tiny_model_dir, tmp_path):
+    """Failed before the fix: the NaN reached token_level_scores, every advantage of its group was
+    NaN, and the step's gradient was skipped as non-finite; nothing counted it as invalid."""
+    import json
+
+    from rlvr.protocol import loss_mask
+
+    trainer = rm_trainer(classifier_dir, tiny_model_dir, tmp_path)
+    seen = {}
+    update_actor = trainer.wg.update_actor
+
+    def record(batch):
+        seen["advantages"], seen["loss_mask"] = batch.batch["advantages"].clone(), loss_mask(batch).clone()
+        return update_actor(batch)
+
+    trainer.wg.update_actor = record
+    trainer.fit()
+    trainer.tracker.close()
+    assert (seen["loss_mask"].sum(-1) > 0).tolist() == [True] * 3 + [False] * 3  # the NaN's whole group is out
+    # group 0 scores 0.5 x (0.5, 0.1, -0.2) = 0.25, 0.05, -0.1: mean 0.2 / 3 = 0.066667; deviations 0.183333,
+    # -0.016667, -0.166667; unbiased std sqrt((0.033611 + 0.000278 + 0.027778) / 2) = sqrt(0.030833) = 0.175594;
+    # advantages 1.044074, -0.094916, -0.949158 (on every token of the response)
+    torch.testing.assert_close(seen["advantages"][:3, 0], torch.tensor([1.044074, -0.094916, -0.949158]),
+                               atol=1e-4, rtol=0)
+    assert seen["advantages"][3:].abs().max() == 0 and torch.isfinite(seen["advantages"]).all()
+    record = json.loads(open(tmp_path / "run" / "metrics.jsonl").readline())
+    assert record["reward/num_invalid"] == 1.0 and record["reward/num_invalid/arithmetic"] == 1.0
+    assert record["reward_model/num_invalid"] == 1.0 and record["training/dropped_groups"] == 1.0
+    assert record["actor/grad_norm_nonfinite"] == 0.0
+
+
+def test_a_nan_reward_model_score_stops_the_step_under_on_invalid_raise(classifier_dir, tiny_model_dir, tmp_path):
+    from rlvr.rewards import RewardError
+
+    trainer = rm_trainer(classifier_dir, tiny_model_dir, tmp_path, "reward.on_invalid=raise")
+    with pytest.raises(RewardError, match=r"reward model's score for sample 3 \(data_source='arithmetic'.*is not a "
+                                          r"number \(nan\)"):
+        trainer.fit()
+    trainer.tracker.close()

@@ -276,3 +276,106 @@ def test_an_engine_that_keeps_stale_weights_stops_the_run(tiny_config, tmp_path)
                                            r"version 0, but it was sent version 1"):
         trainer.fit()
     trainer.tracker.close()
+
+
+def test_ctrl_c_before_the_update_saves_the_batch_as_it_was_taken(tiny_config, tmp_path, interrupt):
+    """Ctrl-C between taking batch 3 and its update (here in the reference pass) saves step 2 with
+    batch 3 as the engine returned it: no old log-probs, scores or advantages of the interrupted
+    step. So a resume on another micro-batch size (another split recomputes the log-probs a few ulps
+    apart) trains it afresh. Failed before the fix: the step's unions had written into the queued
+    batch, the checkpoint held its old_log_probs, and the resumed step stopped on "union conflict
+    on batch['old_log_probs']"."""
+    overrides = (*BASE, *ASYNC, "trainer.v1.colocate_async.num_warmup_batches=1", "trainer.total_training_steps=3",
+                 "actor_rollout_ref.actor.recompute_old_log_prob=true")  # an old-log-prob pass before the update
+    config = tiny_config(*overrides, f"trainer.default_local_dir={tmp_path / 'cut'}")
+    trainer = build_trainer(config, progress_bar=False)
+    interrupt(trainer, trainer.wg, "compute_ref_log_prob", 3)
+    with pytest.raises(TrainingInterrupted, match=r"interrupted after step 2; saved step 2"):
+        trainer.fit()
+    trainer.tracker.close()
+    saved = torch.load(tmp_path / "cut" / "checkpoints" / "global_step_2" / "rollouts_ahead.pt", weights_only=False)
+    assert [item.step for item in saved] == [3]
+    taken = saved[0].batch
+    assert not {"old_log_probs", "token_level_scores", "responses"} & set(taken.batch)  # the prompts' side only
+    assert "temperature" not in taken.meta_info
+    other_split = tiny_config(*overrides, f"trainer.default_local_dir={tmp_path / 'cut'}",
+                              "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=1",
+                              "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=1",
+                              "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1")
+    resumed = build_trainer(other_split, progress_bar=False)
+    resumed.fit()
+    resumed.tracker.close()
+    assert [r["step"] for r in records(tmp_path / "cut")] == [1, 2, 3]
+    reference = run(tiny_config, tmp_path / "ref", *overrides)
+    assert dumped(tmp_path / "cut", 3)[0]["response"] == dumped(tmp_path / "ref", 3)[0]["response"]
+    assert reference.global_step == 3
+
+
+def test_a_failed_generation_ahead_keeps_the_completed_steps_checkpoint(tiny_config, tmp_path):
+    """The generation of batch 3 (dispatched at step 2, k = 1) fails in the engine's thread. Step 2 is
+    complete: its checkpoint is written, then the run stops naming the failure. The same command
+    resumes: batch 3 (its prompts and group ids, as the uninterrupted run's) is generated again with
+    the checkpoint's weights, version 2, one update fresher than the schedule's 1, and stamped so.
+    Failed before the fix: the error came out of ``checkpoint.save``, which discarded global_step_2."""
+    from rlvr.errors import StopTraining
+
+    overrides = (*BASE, *ASYNC, "trainer.v1.colocate_async.num_warmup_batches=1", "trainer.total_training_steps=3",
+                 "trainer.save_freq=1")
+    run(tiny_config, tmp_path / "ref", *overrides)
+    config = tiny_config(*overrides, f"trainer.default_local_dir={tmp_path / 'cut'}")
+    trainer = build_trainer(config, progress_bar=False)
+    engine = trainer.rollout_wg.worker
+    generate = engine.generate_sequences
+
+    def fails_on_batch_3(prompts):
+        if str(prompts.non_tensor_batch["uid"][0]).startswith("3-"):
+            raise RuntimeError("CUDA out of memory (scripted)")
+        return generate(prompts)
+
+    engine.generate_sequences = fails_on_batch_3
+    with pytest.raises(StopTraining, match=r"generating step 3's batch ahead failed \(RuntimeError: CUDA out of "
+                                           r"memory \(scripted\)\); step 2 was saved to .*global_step_2 first"):
+        trainer.fit()
+    trainer.tracker.close()
+    assert (tmp_path / "cut" / "checkpoints" / "global_step_2" / "rollouts_ahead.pt").is_file()
+    resumed = build_trainer(config, progress_bar=False)
+    assert resumed.global_step == 2
+    resumed.fit()
+    resumed.tracker.close()
+    got, expected = records(tmp_path / "cut"), records(tmp_path / "ref")
+    assert [r["step"] for r in got] == [1, 2, 3]
+    assert [stable(r) for r in got[:2]] == [stable(r) for r in expected[:2]]
+    again, scheduled = dumped(tmp_path / "cut", 3), dumped(tmp_path / "ref", 3)
+    assert [(r["uid"], r["prompt"]) for r in again] == [(r["uid"], r["prompt"]) for r in scheduled]
+    assert {r["policy_version"] for r in again} == {2} and {r["policy_version"] for r in scheduled} == {1}
+    assert {r["dispatch_step"] for r in again} == {3}
+    assert got[2]["training/off_policy/trajectory_staleness/max"] == 0
+
+
+HANGING_REWARD = '''
+import time
+
+
+def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+    """A scorer that hangs (3 s here, far past reward.timeout_s)."""
+    time.sleep(3)
+    return 1.0
+'''
+
+
+def test_async_validation_is_scored_under_the_reward_timeout(tiny_config, tmp_path):
+    """Validation generates on the engine ahead, and is scored where reward.timeout_s acts: a hanging
+    scorer times out and each sample gets reward.failure_score (0), so mean@1 is 0. Failed before the
+    fix: validation was scored on the engine's thread, where the timer (SIGALRM) cannot fire; every
+    scorer ran to its end (4 x 3 s) and mean@1 was 1.0."""
+    reward = tmp_path / "hanging.py"
+    reward.write_text(HANGING_REWARD)
+    config = tiny_config(*BASE, *ASYNC, f"reward.custom_reward_function.path={reward}", "reward.timeout_s=0.2",
+                         "reward.max_failed_fraction=1.0", f"trainer.default_local_dir={tmp_path / 'run'}")
+    trainer = build_trainer(config, progress_bar=False)
+    try:
+        metrics = trainer.validate()
+    finally:
+        trainer.ahead.close()
+        trainer.tracker.close()
+    assert metrics["val-core/arithmetic/reward/mean@1"] == 0.0

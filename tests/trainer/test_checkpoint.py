@@ -379,3 +379,43 @@ def test_full_weights_of_other_names_are_refused_by_the_loader_itself(tiny_model
     # (this API reports no missing names under strict=False: check_weight_names, called first, does)
     with pytest.raises(ValueError, match=r"do not fit the model: .* unexpected \['model.final_norm.weight'\]"):
         load_full_state(None, model, optimizer, weights, state)
+
+
+@pytest.fixture
+def rollout_pool_of_its_own(monkeypatch):
+    """``hybrid_engine=false``'s synchronous path in one process: the rollout on a ``RolloutWorker``
+    of its own (a Ray pool's stand-in; the weights reach it by copy instead of broadcast), sent the
+    actor's weights with their version after every update and on resume."""
+    import rlvr.trainer.main as main
+    from rlvr.distributed.worker_group import LocalWorkerGroup
+    from rlvr.workers.rollout import RolloutWorker
+
+    build = main.local_worker_groups
+
+    def with_pool(config, steps, tokenizer, tool_setup, run_dir):
+        actor, critic, _ = build(config, steps, tokenizer, tool_setup, run_dir)
+        pool = RolloutWorker(config, tokenizer, tool_setup)
+        pool.init_model()
+        return actor, critic, LocalWorkerGroup(pool)
+
+    monkeypatch.setattr(main, "local_worker_groups", with_pool)
+
+
+def test_a_synchronous_run_with_a_rollout_pool_of_its_own_resumes(tiny_config, tmp_path, interrupt_and_resume,
+                                                                   rollout_pool_of_its_own):
+    """A resume sends the pool the checkpoint's weights as version 1 (the steps they hold), not 0:
+    step 2's samples are stamped 1, as the uninterrupted run's, and the version check passes.
+    Failed before the fix: the weights were sent while global_step was still 0, and step 2 stopped
+    with "generated 6 of 6 samples with weight version 0, but it was sent version 1"."""
+    two_steps = ("trainer.total_training_steps=2", "trainer.save_freq=1")
+    _, reference = full_run(tiny_config, tmp_path / "ref", *two_steps)
+    assert reference.rollout_wg is not reference.wg  # the pool of its own is in use
+    config = tiny_config(*two_steps, f"trainer.default_local_dir={tmp_path / 'cut'}", "trainer.val_before_train=false")
+    resumed = interrupt_and_resume(build_trainer(config, progress_bar=False), 2, "step 1 was already saved")
+    assert resumed.rollout_wg.worker.version == 2  # sent after update 2
+    got = records(tmp_path / "cut")
+    assert [r["step"] for r in got] == [1, 2]
+    assert [stable(r) for r in got] == [stable(r) for r in records(tmp_path / "ref")]
+    assert all(torch.equal(a, b) for a, b in zip(weights(resumed), weights(reference)))
+    step_2 = [json.loads(line) for line in open(tmp_path / "cut" / "rollouts" / "2.jsonl")]
+    assert {row["policy_version"] for row in step_2} == {1}
