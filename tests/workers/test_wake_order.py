@@ -20,6 +20,7 @@ import torch
 from rlvr.config.loader import load_config
 from rlvr.distributed import fsdp
 from rlvr.rollout import SamplingParams, VLLMRollout, vllm_rollout
+from rlvr.workers import hybrid
 from rlvr.workers.hybrid import ActorRolloutRefWorker
 
 GB = {"actor": 16, "optimizer": 32, "reference": 16, "vllm_weights": 8, "kv_cache": 32}
@@ -138,6 +139,8 @@ def ledger(monkeypatch):
     monkeypatch.setattr(vllm_rollout, "_start_engine", lambda model, tokenizer, args, device: RecordingLLM(ledger, args))
     monkeypatch.setattr(fsdp, "move_optimizer_state", lambda optimizer, device: optimizer.to(device))
     monkeypatch.setattr(torch.cuda, "empty_cache", ledger.empty_cache)
+    # the worker's device check refuses cuda on a machine without one; here the ledger is that device
+    monkeypatch.setattr(hybrid, "resolve_device", torch.device)
     return ledger
 
 
