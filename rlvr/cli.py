@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 from rlvr.config import ConfigError, load_config, to_yaml
+from rlvr.determinism import pin_threads
 from rlvr.data.io import DatasetError
 from rlvr.models.loader import ModelLoadError
 from rlvr.errors import StopTraining, TrainingInterrupted
@@ -52,8 +53,6 @@ def _terminate_as_interrupt(signum, frame) -> None:
 def _cmd_train(args: argparse.Namespace) -> None:
     import signal
 
-    import torch
-
     from rlvr.trainer.main import run_training
 
     if args.explain:
@@ -64,7 +63,7 @@ def _cmd_train(args: argparse.Namespace) -> None:
     if args.dry_run:
         _cmd_plan(args)
         return
-    torch.set_num_threads(max(1, torch.get_num_threads()))
+    pin_threads()  # one fixed intra-op thread count (rlvr/determinism.py)
     signal.signal(signal.SIGTERM, _terminate_as_interrupt)
     run_training(load_config(args.config, args.overrides))
 
@@ -81,8 +80,6 @@ def _cmd_plan(args: argparse.Namespace) -> None:
 
 def _cmd_eval(args: argparse.Namespace) -> None:
     """Greedy accuracy and, with --n > 1, pass@n of a local model on a prepared split."""
-    import torch
-
     from rlvr.config.schema import DataConfig, RewardConfig, RolloutConfig
     from rlvr.data import RLHFDataset
     from rlvr.models import load_model_and_tokenizer
@@ -90,7 +87,7 @@ def _cmd_eval(args: argparse.Namespace) -> None:
     from rlvr.rollout import build_rollout
     from rlvr.trainer.evaluate import evaluate
 
-    torch.set_num_threads(max(1, torch.get_num_threads()))
+    pin_threads()  # one fixed intra-op thread count (rlvr/determinism.py)
     model, tokenizer = load_model_and_tokenizer(args.model)
     dataset = RLHFDataset([args.data], tokenizer, DataConfig(max_prompt_length=args.max_prompt_length))
     if args.limit:
@@ -167,8 +164,6 @@ def _cmd_config(args: argparse.Namespace) -> None:
 
 def _cmd_rollout(args: argparse.Namespace) -> None:
     """Load the model and a batch of validation prompts, generate, score, print."""
-    import torch
-
     from rlvr.data import RLHFDataset
     from rlvr.models import load_model_and_tokenizer
     from rlvr.rewards import get_scorer
@@ -176,7 +171,7 @@ def _cmd_rollout(args: argparse.Namespace) -> None:
     from rlvr.rollout import ToolSetup, build_rollout
 
     cfg = load_config(args.config, args.overrides)
-    torch.set_num_threads(max(1, torch.get_num_threads()))
+    pin_threads()  # one fixed intra-op thread count (rlvr/determinism.py)
     model, tokenizer = load_model_and_tokenizer(cfg.actor_rollout_ref.model.path)
     tools = ToolSetup.from_config(tokenizer, cfg.actor_rollout_ref.rollout)
     dataset = RLHFDataset(cfg.data.val_files, tokenizer, cfg.data, tools.chat if tools else None)
