@@ -168,3 +168,50 @@ def test_two_runs_side_by_side_agree_bitwise_past_step_three(tmp_path, tiny_mode
     for step, (a, b) in enumerate(zip(first, second), start=1):
         assert a == b, (step, {k: (a[k], b.get(k)) for k in a if a[k] != b.get(k)})
     assert len({r["actor/grad_norm"] for r in first}) == TINY_STEPS  # the steps trained: no repeated norm
+
+
+def grouped_gradient(model, batch, uids) -> dict:
+    """The parameters' gradient of one micro-batch's log-probs in the prompt-once layout (the actor's forward)."""
+    import torch
+
+    from rlvr.workers.forward import forward_log_probs
+
+    model.zero_grad(set_to_none=True)
+    weights = torch.linspace(-1, 1, batch["responses"].numel()).reshape(batch["responses"].shape)
+    (forward_log_probs(model, batch, uids, 1.0)[0] * weights).sum().backward()
+    return {name: p.grad.clone() for name, p in model.named_parameters()}
+
+
+def test_grouped_forward_gradient_does_not_depend_on_thread_timing(tiny_model_dir):
+    """Every response of a group reads the prompt's last hidden state (it predicts each response's
+    first token), so the backward adds 8 gradients into that state. Picked by advanced indexing,
+    torch's CPU backward (index_put_ with accumulate) added them with parallel atomic adds, in
+    an order set by how the two threads were scheduled: on a loaded machine two runs' step-1
+    grad_norm differed in the last bit (0.7829741835594177 / 0.7829742431640625), and by step 3
+    the samples. Repeats with 2 threads and 1 thread must agree bitwise."""
+    import numpy as np
+    import torch
+
+    from rlvr.models import load_model
+
+    model = load_model(tiny_model_dir)
+    g, n, P, R = 3, 8, 30, 48  # 3 x 8 x 48 = 1,152 picked states, 64 wide: over torch's 32,768-element grain, so
+    # 2 threads split them, and the split (at state 576) falls inside group 2: both threads add into its prompt state
+    gen = torch.Generator().manual_seed(0)
+    prompts = torch.randint(10, 1000, (g, P), generator=gen).repeat_interleave(n, 0)
+    responses = torch.randint(10, 1000, (g * n, R), generator=gen)
+    ids = torch.cat([prompts, responses], 1)
+    batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "responses": responses,
+             "position_ids": torch.arange(P + R).expand(g * n, -1)}
+    uids = np.array([f"group-{i // n}" for i in range(g * n)], dtype=object)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        first = grouped_gradient(model, batch, uids)
+        runs = [grouped_gradient(model, batch, uids) for _ in range(12)]
+        torch.set_num_threads(1)
+        runs.append(grouped_gradient(model, batch, uids))
+    finally:
+        torch.set_num_threads(before)
+    differing = [i for i, run in enumerate(runs) if any(not torch.equal(first[k], run[k]) for k in first)]
+    assert differing == [], f"{len(differing)} of {len(runs)} repeats gave other gradient bits"
