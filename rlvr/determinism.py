@@ -17,6 +17,11 @@ depend on how many threads a call gets, on load, or on which thread of the proce
 - ``pin_threads``: torch's intra-op thread count is per thread under OpenMP, so every thread
   that computes (the trainer's, the generate-ahead thread) is given the same count.
 
+Not a setting: an op whose CPU backward adds with parallel atomics (advanced indexing with a
+repeated index) gives bits that follow the threads' scheduling, whatever the thread count; the
+prompt-once forward picks its states with ``index_select`` for that reason
+(``rlvr/workers/forward.py``, ``pick_states``).
+
 These are read when MKL and OpenMP start, so they are set on ``import rlvr`` (before torch
 loads them, in this process and in the children that inherit the environment: ranks, Ray
 workers, vLLM's). A value the user set is kept.

@@ -30,7 +30,7 @@ import pytest
 from rlvr.data.prepare import prepare_arithmetic
 
 VOLATILE = ("timing_s/", "timing_per_token_ms/", "perf/time_per_step", "perf/throughput", "time",
-            "perf/cpu_max_rss_gb", "perf/max_memory_allocated_gb")
+            "perf/cpu_max_rss_gb", "perf/max_memory_allocated_gb", "perf/trainer_idle_ratio", "perf/rollout_idle_ratio")
 
 
 ENV_KEYS = ("MKL_CBWR", "MKL_DYNAMIC", "OMP_DYNAMIC")
