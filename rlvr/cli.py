@@ -16,6 +16,7 @@ from pathlib import Path
 
 try:  # torch loads here: the first seconds of every command
     from rlvr.config import ConfigError, load_config, to_yaml
+    from rlvr.determinism import pin_threads
     from rlvr.data.io import DatasetError
     from rlvr.models.loader import ModelLoadError
     from rlvr.errors import StopTraining, TrainingInterrupted
@@ -69,8 +70,6 @@ def _terminate_as_interrupt(signum, frame) -> None:
 def _cmd_train(args: argparse.Namespace) -> None:
     import signal
 
-    import torch
-
     from rlvr.trainer.main import run_training
 
     if args.explain:
@@ -81,7 +80,7 @@ def _cmd_train(args: argparse.Namespace) -> None:
     if args.dry_run:
         _cmd_plan(args)
         return
-    torch.set_num_threads(max(1, torch.get_num_threads()))
+    pin_threads()  # one fixed intra-op thread count (rlvr/determinism.py)
     signal.signal(signal.SIGTERM, _terminate_as_interrupt)
     config = _load(args)  # the run's own device: --device-memory-gb sizes the check, it does not pick cuda
     _check_plan_before_training(config, args.device_memory_gb)
@@ -118,8 +117,6 @@ def _cmd_plan(args: argparse.Namespace) -> None:
 
 def _cmd_eval(args: argparse.Namespace) -> None:
     """Greedy accuracy and, with --n > 1, pass@n of a local model on a prepared split."""
-    import torch
-
     from rlvr.config.schema import DataConfig, RewardConfig, RolloutConfig
     from rlvr.data import RLHFDataset
     from rlvr.models import load_model_and_tokenizer
@@ -128,7 +125,7 @@ def _cmd_eval(args: argparse.Namespace) -> None:
     from rlvr.trainer.evaluate import evaluate
 
     _refuse_an_adapter(args.model)
-    torch.set_num_threads(max(1, torch.get_num_threads()))
+    pin_threads()  # one fixed intra-op thread count (rlvr/determinism.py)
     model, tokenizer = load_model_and_tokenizer(args.model)
     dataset = RLHFDataset([args.data], tokenizer, DataConfig(max_prompt_length=args.max_prompt_length))
     if args.limit:
@@ -231,8 +228,6 @@ def _cmd_config(args: argparse.Namespace) -> None:
 
 def _cmd_rollout(args: argparse.Namespace) -> None:
     """Load the model and a batch of validation prompts, generate, score, print."""
-    import torch
-
     from rlvr.data import RLHFDataset
     from rlvr.models import load_model_and_tokenizer
     from rlvr.rewards import get_scorer
@@ -240,7 +235,7 @@ def _cmd_rollout(args: argparse.Namespace) -> None:
     from rlvr.rollout import ToolSetup, build_rollout
 
     cfg = _load(args)
-    torch.set_num_threads(max(1, torch.get_num_threads()))
+    pin_threads()  # one fixed intra-op thread count (rlvr/determinism.py)
     model, tokenizer = load_model_and_tokenizer(cfg.actor_rollout_ref.model.path)
     tools = ToolSetup.from_config(tokenizer, cfg.actor_rollout_ref.rollout)
     dataset = RLHFDataset(cfg.data.val_files, tokenizer, cfg.data, tools.chat if tools else None)

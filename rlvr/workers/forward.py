@@ -389,8 +389,19 @@ def response_states_packed(model, batch: dict, uids, pad_id: int) -> ResponseSta
             return response_states(model, batch, uids, True, pad_id)
         packed = pack_groups(*args, windows=windows)
         hidden = run(packed)
-    picked = hidden[packed.gather_row.to(device), packed.gather_pos.to(device)]  # (N, H)
+    picked = pick_states(hidden, packed.gather_row.to(device), packed.gather_pos.to(device))  # (N, H)
     return ResponseStates(picked, packed.labels.to(device), packed.out_row.to(device), packed.out_col.to(device))
+
+
+def pick_states(hidden: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
+    """``hidden[rows, cols]`` of a (B, T, H) tensor, through ``index_select``: the prompt's last state
+    is picked once per response of its group, and the backward must add those gradients in a fixed
+    order. Advanced indexing's CPU backward (``index_put_`` with accumulate) adds them with parallel
+    atomic adds, whose order follows the threads' scheduling: two runs of the default job on a
+    loaded machine differed in step 1's grad_norm (last bit), then in the samples.
+    ``index_select``'s backward (``index_add_``) adds them in index order."""
+    B, T, H = hidden.shape
+    return hidden.reshape(B * T, H).index_select(0, rows * T + cols)
 
 
 FLAT_MASK_PLACEHOLDER = torch.ones(1, 1, 1, 1, dtype=torch.bool)
