@@ -54,6 +54,7 @@ Terms marked "full copy" do not shrink with more ranks.
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -100,6 +101,7 @@ class ModelShape:
     shared_gate: bool = False  # Qwen2-MoE gates its shared expert with a (hidden -> 1) projection
     mla: dict | None = None  # DeepSeek's multi-head latent attention: q_lora_rank, kv_lora_rank and head dims
     family: str = ""  # config.json's model_type
+    counted: "ParamCount | None" = None  # the model transformers builds from the config, counted (None: unknown)
 
     @classmethod
     def from_config(cls, cfg: dict) -> "ModelShape":
@@ -109,7 +111,7 @@ class ModelShape:
             head_dim = cfg.get("head_dim") or h // heads
             shape = cls(hidden=h, layers=cfg["num_hidden_layers"], heads=heads,
                         kv_heads=cfg.get("num_key_value_heads") or heads, intermediate=cfg["intermediate_size"],
-                        vocab=cfg["vocab_size"], tied=bool(cfg.get("tie_word_embeddings", False)),
+                        vocab=cfg["vocab_size"], tied=bool(cfg.get("tie_word_embeddings", family_tied(family))),
                         # Qwen2 has q/k/v biases without saying so in its config; Qwen2-MoE names them qkv_bias
                         attention_bias=bool(cfg.get("qkv_bias", True) if family == "qwen2_moe"
                                             else cfg.get("attention_bias", family == "qwen2")),
@@ -128,6 +130,7 @@ class ModelShape:
                                   "as one dense MLP would undercount it many times over; it counts "
                                   f"{', '.join(MOE_FAMILIES)}")
             shape._read_experts(cfg, family, experts)
+        shape.counted = count_parameters(cfg)
         return shape
 
     def _read_experts(self, cfg: dict, family: str, experts: int) -> None:
@@ -175,15 +178,31 @@ class ModelShape:
 
     def largest_layer(self) -> int:
         """The most parameters one decoder layer has (the unit FSDP2 gathers)."""
+        if self.counted:
+            return self.counted.largest_layer
         return self.layer_params(self.sparse_layers > 0)
 
     def root_params(self) -> int:
-        """Outside the decoder layers: embedding, final norm, head (when untied)."""
+        """Outside the decoder layers: embedding, final norm, head (when untied), and any other
+        model-wide weight (Gemma-4's per-layer embeddings)."""
+        if self.counted:
+            return self.counted.root
         return self.vocab * self.hidden * (1 if self.tied else 2) + self.hidden
 
     def params(self) -> int:
+        """sum(p.numel()) of the model: transformers' own model counted where it knows the family, else
+        the count by hand from the config's sizes."""
+        if self.counted:
+            return self.counted.total
         dense = self.layers - self.sparse_layers
         return dense * self.layer_params() + self.sparse_layers * self.layer_params(True) + self.root_params()
+
+    def active_params(self) -> int:
+        """Parameters one token runs through: the total less the routed experts it is not sent to."""
+        if self.counted:
+            return self.counted.active
+        idle = self.sparse_layers * 3 * self.hidden * self.expert_intermediate * (self.experts - self.experts_per_token)
+        return self.params() - idle
 
     def critic_params(self) -> int:
         """The value model: this backbone without the vocabulary head, with a (hidden -> 1) head and its bias."""
@@ -218,6 +237,63 @@ class ModelShape:
                                          self.mlp_values(False) if self.sparse_layers < self.layers else 0)
 
 
+def family_tied(family: str | None) -> bool:
+    """Whether the family's head is tied when config.json says nothing: transformers' config class
+    default (Gemma's are tied, Llama's not), which is what loading the folder gives."""
+    config_class = _config_class(family)
+    return bool(config_class().tie_word_embeddings) if config_class else False
+
+
+def _config_class(family: str | None):
+    from transformers import CONFIG_MAPPING
+
+    return CONFIG_MAPPING[family] if family in CONFIG_MAPPING else None
+
+
+@dataclass
+class ParamCount:
+    """The parameters of the model transformers builds from a config.json, counted on the meta device."""
+
+    total: int
+    root: int  # outside the decoder layers
+    largest_layer: int
+    active: int  # less the routed experts a token is not sent to
+
+
+_LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
+_EXPERT = re.compile(r"\.experts\.")
+
+
+def count_parameters(cfg: dict) -> ParamCount | None:
+    """Build the model of ``cfg`` on the meta device (no memory, well under a second for a 671B
+    config) and count it, so every family's own layout is counted: Gemma's four norms a layer and
+    Gemma-4's per-layer embeddings included. None where transformers does not know the family."""
+    config_class = _config_class(cfg.get("model_type"))
+    if config_class is None:
+        return None
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    config = config_class(**{k: v for k, v in cfg.items() if k != "model_type"})
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    experts = next((cfg[key] for key in EXPERT_KEYS if cfg.get(key)), 0)
+    per_token = cfg.get("num_experts_per_tok") or 0
+    total = root = idle = 0
+    layers: dict[int, int] = {}
+    for name, p in model.named_parameters():
+        n = p.numel()
+        total += n
+        layer = _LAYER.search(name)
+        if layer is None:
+            root += n
+        else:
+            layers[int(layer.group(1))] = layers.get(int(layer.group(1)), 0) + n
+        if experts and _EXPERT.search(name):  # routed experts, fused (experts, ...) or one module each
+            idle += n * (experts - per_token) // experts
+    return ParamCount(total, root, max(layers.values(), default=0), total - idle)
+
+
 def read_model_config(path: str) -> dict:
     """config.json of ``model.path``: ``builtin``, or a folder (config.json alone is enough). A
     damaged config.json or weight file is refused here, before a run would load the folder."""
@@ -245,6 +321,7 @@ class Term:
 class MemoryPlan:
     world_size: int
     params: int
+    active_params: int  # a mixture of experts' parameters one token runs through (= params when dense)
     rows_per_rank: int  # rows one rank generates per generation batch
     capacity: float  # bytes one rank may use
     capacity_source: str
@@ -350,7 +427,7 @@ def plan_memory(config: RLVRConfig, model_cfg: dict, device_memory_gb: float | N
     if critic is not None:
         critic_terms(run, t, critic)
     gen_prompts = config.data.gen_batch_size or config.data.train_batch_size
-    return MemoryPlan(run.world, run.shape.params(), run.rows(gen_prompts), capacity, source, t, phases(run, t),
+    return MemoryPlan(run.world, run.shape.params(), run.shape.active_params(), run.rows(gen_prompts), capacity, source, t, phases(run, t),
                       kv_floor)
 
 
@@ -642,7 +719,8 @@ def term_fix(name: str, config: RLVRConfig) -> str:
 
 
 def format_plan(plan: MemoryPlan) -> str:
-    lines = [f"memory plan per device: {plan.params / 1e9:.3f}B parameters, world size {plan.world_size}, "
+    active = f" ({plan.active_params / 1e9:.3f}B active)" if plan.active_params != plan.params else ""
+    lines = [f"memory plan per device: {plan.params / 1e9:.3f}B parameters{active}, world size {plan.world_size}, "
              f"{plan.rows_per_rank} rows per rank", ""]
     for term in plan.terms.values():
         mark = " [rank 0's host RAM]" if term.host else " [full copy per rank]" if term.full_copy and term.bytes else ""

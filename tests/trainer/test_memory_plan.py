@@ -7,7 +7,7 @@ import pytest
 
 from rlvr import cli
 from rlvr.config import ConfigError, load_config
-from rlvr.trainer.memory_plan import ModelShape, check_plan, plan_memory, read_model_config
+from rlvr.trainer.memory_plan import ModelShape, check_plan, format_plan, plan_memory, read_model_config
 
 # hidden 8, 2 layers, 2 heads of dim 4, 1 kv head, intermediate 16, vocab 32, tied, no biases
 TINY = {"model_type": "llama", "hidden_size": 8, "num_hidden_layers": 2, "num_attention_heads": 2,
@@ -450,3 +450,84 @@ def test_colocate_async_holds_the_engines_own_model_and_the_versions_sent_throug
     # sharded (fsdp2): the engine's model is its own, never gathered from the shards and freed
     sharded = plan_memory(load_config(None, overrides + ["actor_rollout_ref.actor.strategy=fsdp2"]), TINY)
     assert "engine_weights" in sharded.phases["update"] and "engine_weights" in sharded.phases["init"]
+
+
+# ---------------------------------------------------------------- parameter counts, family by family
+# Tiny configs as config.json would hold them; Gemma-2's has no tie_word_embeddings key (as gemma-2-2b-it's),
+# where the family's default is tied.
+_BASE = {"hidden_size": 16, "num_hidden_layers": 2, "num_attention_heads": 2, "num_key_value_heads": 1,
+         "intermediate_size": 32, "vocab_size": 64}
+FAMILY_CONFIGS = {
+    "llama": {**_BASE, "model_type": "llama"},
+    "qwen2": {**_BASE, "model_type": "qwen2", "tie_word_embeddings": False},
+    "gemma2": {**_BASE, "model_type": "gemma2", "head_dim": 8},
+    "gemma3_text": {**_BASE, "model_type": "gemma3_text", "head_dim": 8},
+    "gemma4_text": {**_BASE, "model_type": "gemma4_text", "num_hidden_layers": 4, "head_dim": 8, "global_head_dim": 16,
+                    "hidden_size_per_layer_input": 4, "vocab_size_per_layer_input": 64, "sliding_window": 8,
+                    "layer_types": ["sliding_attention", "full_attention"] * 2},
+    "mixtral": {**_BASE, "model_type": "mixtral", "num_local_experts": 4, "num_experts_per_tok": 2},
+    "qwen3_moe": {**_BASE, "model_type": "qwen3_moe", "head_dim": 8, "num_experts": 4, "num_experts_per_tok": 2,
+                  "moe_intermediate_size": 8},
+    "deepseek_v3": {**_BASE, "model_type": "deepseek_v3", "num_key_value_heads": 2, "moe_intermediate_size": 8,
+                    "n_routed_experts": 4, "num_experts_per_tok": 2, "n_shared_experts": 1, "first_k_dense_replace": 1,
+                    "q_lora_rank": 8, "kv_lora_rank": 8, "qk_rope_head_dim": 4, "qk_nope_head_dim": 4,
+                    "v_head_dim": 4, "n_group": 2, "topk_group": 1},
+}
+
+
+def meta_numel(cfg: dict) -> int:
+    """sum(p.numel()) of the model transformers builds from ``cfg`` (on the meta device: no memory)."""
+    import torch
+    from transformers import CONFIG_MAPPING, AutoModelForCausalLM
+
+    config = CONFIG_MAPPING[cfg["model_type"]](**{k: v for k, v in cfg.items() if k != "model_type"})
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    return sum(p.numel() for p in model.parameters())
+
+
+@pytest.mark.parametrize("family", sorted(FAMILY_CONFIGS))
+def test_plan_counts_the_models_parameters(family, tmp_path):
+    cfg = FAMILY_CONFIGS[family]
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    plan = plan_memory(load_config(None, tiny_overrides(tmp_path)), read_model_config(str(tmp_path)))
+    assert plan.params == meta_numel(cfg)
+
+
+@pytest.mark.parametrize("family, active", [
+    # layer: attention q 16x16 + k,v 16x8 each + o 16x16 = 768, 2 norms 32, router 16x4 = 64;
+    # one expert 3 x 16 x 32 = 1536, 2 of 4 active -> 3072; embedding + head 2 x 64 x 16 = 2048, norm 16
+    # 2 x (768 + 32 + 64 + 3072) + 2048 + 16 = 9936
+    ("mixtral", 9936),
+    # Qwen3-MoE: q 16x16 + k,v 16x8 each + o 16x16 = 768, q/k norms 8 + 8, 2 norms 32, router 64;
+    # expert 3 x 16 x 8 = 384, 2 active -> 768; 2 x (768 + 16 + 32 + 64 + 768) + untied 2048 + 16 = 5360
+    ("qwen3_moe", 5360),
+    # DeepSeek-V3, latent attention: q_a 16x8 + norm 8 + q_b 8x(2 x 8) = 264; kv_a 16x(8+4) + norm 8 +
+    # kv_b 8x(2 x (4+4)) = 328; o (2 x 4)x16 = 128 -> 720 a layer. Layer 0 dense MLP 3 x 16 x 32 = 1536;
+    # layer 1: router 4 x 16 = 64, shared expert 3 x 16 x 8 = 384, 2 routed of 4 active 2 x 384 = 768.
+    # 2 x 2 norms 64; untied 2048 + norm 16:
+    # 720 + 1536 + 720 + 64 + 384 + 768 + 64 + 2048 + 16 = 6320
+    ("deepseek_v3", 6320),
+])
+def test_plan_shows_moe_active_parameters(family, active, tmp_path):
+    cfg = FAMILY_CONFIGS[family]
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    plan = plan_memory(load_config(None, tiny_overrides(tmp_path)), read_model_config(str(tmp_path)))
+    assert plan.active_params == active
+    assert f"{active / 1e9:.3f}B active" in format_plan(plan)
+
+
+def test_dense_plan_active_equals_total(tiny_folder):
+    plan = plan_memory(load_config(None, tiny_overrides(tiny_folder)), read_model_config(str(tiny_folder)))
+    assert plan.active_params == plan.params == 1448
+
+
+def test_gemma2_2b_without_tie_key_is_tied(tmp_path):
+    # gemma-2-2b-it's config.json: no tie_word_embeddings key; Gemma-2's default is a tied head
+    cfg = {"model_type": "gemma2", "hidden_size": 2304, "num_hidden_layers": 26, "num_attention_heads": 8,
+           "num_key_value_heads": 4, "head_dim": 256, "intermediate_size": 9216, "vocab_size": 256000}
+    # layer: q 2304 x 2048 + k, v 2304 x 1024 each + o 2048 x 2304 = 14,155,776; MLP 3 x 2304 x 9216 =
+    # 63,700,992; 4 norms 9,216 -> 77,865,984; x 26 = 2,024,515,584; + embedding 256000 x 2304 = 589,824,000
+    # + final norm 2,304 = 2,614,341,888 (an untied head would add 589,824,000: the 3.204B seen)
+    assert ModelShape.from_config(cfg).params() == 2_614_341_888
+    assert ModelShape.from_config(cfg).tied
