@@ -61,16 +61,20 @@ _ENGINES: dict[tuple, "SharedEngine"] = {}  # engine arguments -> engine: shared
 _SERIALS = itertools.count()  # rollouts are told apart by serial, never by id() (reused after garbage collection)
 
 
-def policy_weights(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+def policy_weights(model: torch.nn.Module, tied_head: bool = True) -> Iterator[tuple[str, torch.Tensor]]:
     """The policy's weights by checkpoint name (fused experts split per expert, as vLLM's loaders
     read them), one tensor at a time: an FSDP2 shard gathered (a
     collective: every rank must drain the iterator), a tied weight gathered once and sent under
-    each of its names (vLLM's layer-wise reload expects the head too), a peft LoRA layer's weight
+    each of its names (vLLM's layer-wise reload expects the head too) unless ``tied_head`` is
+    False (an engine with no head of its own, ``engine_has_head``), a peft LoRA layer's weight
     merged with its active adapters (``base_layer`` dropped from the name, adapter matrices not
-    sent)."""
+    sent), then the persistent buffers: what a checkpoint stores beside the parameters (GLM-4-MoE's
+    router ``e_score_correction_bias``, Gemma-4's ``layer_scalar``), which vLLM holds as parameters
+    and would otherwise keep at its dummy values."""
     names: dict[int, list[str]] = {}
     for name, param in model.named_parameters(remove_duplicate=False):
         names.setdefault(id(param), []).append(name)
+    head = _head_alias(model)
     lora = {name: m for name, m in model.named_modules() if hasattr(m, "lora_A") and hasattr(m, "base_layer")}
     with torch.no_grad():
         for first, param in model.named_parameters():
@@ -78,6 +82,8 @@ def policy_weights(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]
                 continue
             tensor = full_tensor(param.detach())
             for name in names[id(param)]:
+                if not tied_head and name == head and len(names[id(param)]) > 1:
+                    continue
                 owner, _, leaf = name.rpartition(".")
                 layer = lora.get(owner.removesuffix(".base_layer")) if owner.endswith(".base_layer") else None
                 if layer is None:
@@ -87,6 +93,33 @@ def policy_weights(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]
                 for adapter in active_adapters(layer) if leaf == "weight" else ():  # linear or embedding
                     merged = merged + full_tensor(layer.get_delta_weight(adapter).detach())
                 yield from to_checkpoint_names(model, {f"{owner.removesuffix('.base_layer')}.{leaf}": merged}).items()
+        for name, buffer in persistent_buffers(model):
+            yield from to_checkpoint_names(model, {name: full_tensor(buffer.detach())}).items()
+
+
+def persistent_buffers(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    """(name, buffer) of the buffers ``state_dict`` holds (rotary tables and other non-persistent
+    ones left out), peft's ``base_layer`` dropped from the name."""
+    for prefix, module in model.named_modules():
+        for leaf, buffer in module.named_buffers(recurse=False):
+            if buffer is not None and leaf not in module._non_persistent_buffers_set:
+                yield f"{prefix}.{leaf}".lstrip(".").replace(".base_layer.", "."), buffer
+
+
+def _head_alias(model: torch.nn.Module) -> str | None:
+    """The name of the output head's weight (``lm_head.weight``), the alias of a tied embedding."""
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    for name, module in model.named_modules():
+        if head is not None and module is head:
+            return f"{name}.weight"
+    return None
+
+
+def engine_has_head(vllm_model: torch.nn.Module) -> bool:
+    """Whether vLLM's model has an output head parameter (``lm_head``) to reload. Some of vLLM's
+    implementations of tied families have none and compute the logits from ``embed_tokens``
+    (Gemma-2, Gemma-3): their reload refuses a tensor named ``lm_head.weight``."""
+    return any(name.split(".")[-2:-1] == ["lm_head"] for name, _ in vllm_model.named_parameters(remove_duplicate=False))
 
 
 def _repack_cpu_experts(model: torch.nn.Module) -> None:
@@ -155,11 +188,23 @@ def cpu_kv_cache_bytes(bytes_per_token: int, max_num_seqs: int, max_model_len: i
 def kv_bytes_per_token(model_config, dtype: torch.dtype, tensor_parallel_size: int = 1) -> int:
     """Keys and values of one token over every layer, on one of ``tensor_parallel_size`` ranks:
     vLLM gives each rank ``max(1, kv_heads // tensor_parallel_size)`` heads (replicated when there
-    are fewer heads than ranks)."""
-    heads = getattr(model_config, "num_key_value_heads", None) or model_config.num_attention_heads
-    heads = max(1, heads // tensor_parallel_size)
-    head_dim = getattr(model_config, "head_dim", None) or model_config.hidden_size // model_config.num_attention_heads
-    return 2 * model_config.num_hidden_layers * heads * head_dim * dtype.itemsize
+    are fewer heads than ranks). Layer by layer: a config with per-layer attributes (Gemma-4's
+    full-attention layers have ``global_head_dim`` and their own kv heads) answers them per layer
+    (``per_layer_config``). Sliding layers are counted at full length, an upper bound."""
+    values = 0
+    for i in range(model_config.num_hidden_layers):
+        layer = _layer_config(model_config, i)
+        heads = getattr(layer, "num_key_value_heads", None) or layer.num_attention_heads
+        head_dim = getattr(layer, "head_dim", None) or layer.hidden_size // layer.num_attention_heads
+        values += 2 * max(1, heads // tensor_parallel_size) * head_dim
+    return values * dtype.itemsize
+
+
+def _layer_config(model_config, index: int):
+    """Layer ``index``'s view of ``model_config``: its ``per_layer_config`` entry where the config has
+    per-layer attributes (transformers' heterogeneous configs), else the config itself."""
+    per_layer = getattr(model_config, "per_layer_config", None)
+    return per_layer[index] if per_layer else model_config
 
 
 def _start_engine(config, tokenizer, args: dict, device: torch.device):
@@ -259,6 +304,13 @@ class SharedEngine:
             self.llm.wake_up(tags=tags)
             self.asleep -= set(tags)
 
+    @property
+    def has_head(self) -> bool:
+        """Whether the engine's model takes a tied head under its own name (``engine_has_head``)."""
+        if not hasattr(self, "_has_head"):
+            self._has_head = engine_has_head(self.runner.model)
+        return self._has_head
+
     def reload(self, weights: Iterator[tuple[str, torch.Tensor]], holds: tuple[int, int]) -> None:
         self.wake_up(["weights"])
         self.runner.reload_weights(weights_iterator=weights, is_checkpoint_format=True)
@@ -337,7 +389,8 @@ class VLLMRollout(BaseRollout):
         (``version`` None: always)."""
         if version is not None and self.engine.holds == (self.serial, version):
             return
-        self.engine.reload(policy_weights(self.policy), (self.serial, version if version is not None else -1))
+        self.engine.reload(policy_weights(self.policy, tied_head=self.engine.has_head),
+                           (self.serial, version if version is not None else -1))
         self.syncs += 1
 
     def free_cache(self) -> None:

@@ -282,3 +282,70 @@ def test_a_mixture_of_experts_samples_its_updated_experts(tiny_moe_model_dir):
     facts = json.loads(done.stdout.strip().splitlines()[-1])
     assert facts["new_differs_from_old"]  # else the test could not tell stale experts from fresh ones
     assert facts["vllm_equals_transformers"] == {"before the update": True, "after the update": True}
+
+
+# ---------------------------------------------------------------- families: what the stream sends, what vLLM takes
+def tiny_family(family: str, **extra):
+    """A tiny random model of ``family`` built by transformers (64-wide heads: vLLM's CPU attention)."""
+    from transformers import CONFIG_MAPPING, AutoModelForCausalLM
+
+    shape = dict(vocab_size=128, hidden_size=64, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+                 num_key_value_heads=1, head_dim=64, max_position_embeddings=256)
+    torch.manual_seed(0)
+    return AutoModelForCausalLM.from_config(CONFIG_MAPPING[family](**{**shape, **extra})).eval()
+
+
+def test_persistent_buffers_are_sent_with_the_parameters():
+    """GLM-4-MoE's router keeps e_score_correction_bias as a buffer (vLLM: a parameter): the stream
+    sends every persistent buffer (what a checkpoint stores), not the rotary tables (non-persistent)."""
+    model = tiny_family("glm4_moe", moe_intermediate_size=32, n_routed_experts=4, num_experts_per_tok=2,
+                        n_shared_experts=1, first_k_dense_replace=1, n_group=1, topk_group=1)
+    bias = model.model.layers[1].mlp.gate.e_score_correction_bias
+    with torch.no_grad():
+        bias.copy_(torch.tensor([0.5, -1.0, 2.0, 0.25]))
+    sent = dict(policy_weights(model))
+    assert torch.equal(sent["model.layers.1.mlp.gate.e_score_correction_bias"], bias)
+    assert not any("inv_freq" in name for name in sent)
+
+
+def test_a_tied_head_is_sent_only_to_an_engine_that_has_one():
+    """vLLM's Gemma-2 computes its logits from embed_tokens and has no lm_head parameter: the tied
+    alias is not sent to it (its reload fails on the unknown name); vLLM's Llama ties a head of its own
+    to the embedding and reloads it layer by layer, so it gets the alias."""
+    from rlvr.rollout.vllm_rollout import engine_has_head
+
+    model = tiny_family("gemma2")
+    assert model.config.tie_word_embeddings
+    with_head, without = dict(policy_weights(model)), dict(policy_weights(model, tied_head=False))
+    assert set(with_head) - set(without) == {"lm_head.weight"}
+    assert torch.equal(without["model.embed_tokens.weight"], model.model.embed_tokens.weight)
+
+    class Engine(torch.nn.Module):  # vLLM's layouts, as named_parameters shows them
+        def __init__(self, head: bool):
+            super().__init__()
+            self.model = torch.nn.Module()
+            self.model.embed_tokens = torch.nn.Embedding(4, 2)
+            if head:
+                self.lm_head = torch.nn.Linear(2, 4, bias=False)
+                self.lm_head.weight = self.model.embed_tokens.weight  # tied: listed under both names
+
+    assert engine_has_head(Engine(head=True)) and not engine_has_head(Engine(head=False))
+
+
+def test_kv_size_of_per_layer_head_dims():
+    """Gemma-4 gives its full-attention layers global_head_dim and its sliding layers head_dim; its
+    config answers head_dim only per layer (config.head_dim raises)."""
+    from transformers import CONFIG_MAPPING
+
+    from rlvr.rollout.vllm_rollout import kv_bytes_per_token
+
+    config = CONFIG_MAPPING["gemma4_text"](vocab_size=64, hidden_size=64, intermediate_size=64, num_hidden_layers=4,
+                                           num_attention_heads=2, num_key_value_heads=2, head_dim=32,
+                                           global_head_dim=64,
+                                           hidden_size_per_layer_input=4, vocab_size_per_layer_input=64,
+                                           layer_types=["sliding_attention", "full_attention"] * 2)
+    # 2 sliding layers x 2 kv heads x 32 + 2 full layers x 2 kv heads x 64 = 384 values, keys and values
+    # (x 2), 4 bytes: 3072 bytes a token (one head_dim of 32 for all would give 1024 x 2, of 64 4096)
+    assert kv_bytes_per_token(config, torch.float32) == 2 * (2 * 2 * 32 + 2 * 2 * 64) * 4 == 3072
+    # and a plain config: 2 layers x 1 kv head x 64 x 2 x 4 bytes
+    assert kv_bytes_per_token(tiny_family("llama").config, torch.float32) == 2 * 2 * 64 * 4
