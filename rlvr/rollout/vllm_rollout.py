@@ -207,6 +207,31 @@ def _layer_config(model_config, index: int):
     return per_layer[index] if per_layer else model_config
 
 
+@contextlib.contextmanager
+def _policy_classes_kept(model: torch.nn.Module):
+    """Keep the policy's own transformers classes working beside vLLM's transformers backend.
+
+    For a family vLLM runs through transformers (OLMo-2, OLMo-3, SmolLM3 in vLLM 0.32), the backend
+    decorates the family's decoder class in place (``support_torch_compile``): its ``__init__``
+    then wants a ``vllm_config`` and its ``__call__`` reads ``self.do_not_compile``, which only
+    instances built by vLLM have. The policy's own model, built before, then failed in its first
+    forward ("'Olmo2Model' object has no attribute 'do_not_compile'"). After the start each such
+    class gets its ``__init__`` back and ``do_not_compile = True`` as a class default, so models
+    built outside vLLM run their plain forward while vLLM's instance keeps its own setting."""
+    classes = {type(m) for m in model.modules()}
+    inits = {cls: cls.__dict__.get("__init__") for cls in classes}
+    try:
+        yield
+    finally:
+        for cls in classes:
+            if cls.__dict__.get("__init__") is not inits[cls]:
+                if inits[cls] is None:
+                    delattr(cls, "__init__")
+                else:
+                    cls.__init__ = inits[cls]
+                cls.do_not_compile = True
+
+
 def _start_engine(config, tokenizer, args: dict, device: torch.device):
     """vLLM's ``LLM`` in this process, started from a folder holding the policy's ``config`` and
     tokenizer (the weights come by ``sync_weights``)."""
@@ -375,8 +400,9 @@ class VLLMRollout(BaseRollout):
                 raise RuntimeError(f"actor_rollout_ref.rollout.tensor_model_parallel_size = {tp}: one engine over {tp} "
                                    "ranks needs the ranks' process group (actor.strategy=fsdp2 over a worker group)")
             ranks = EngineRanks(tp) if tp > 1 else None
-            _ENGINES[key] = SharedEngine(_start_engine(config, tokenizer, args, self.device),
-                                         args.get("enable_sleep_mode", False), ranks)
+            with _policy_classes_kept(model):
+                llm = _start_engine(config, tokenizer, args, self.device)
+            _ENGINES[key] = SharedEngine(llm, args.get("enable_sleep_mode", False), ranks)
         return _ENGINES[key]
 
     def wake_up(self, tags: Sequence[str]) -> None:

@@ -400,11 +400,26 @@ class Run:
     def rows(self, prompts: int) -> int:
         return prompts * self.arr.rollout.n // self.world
 
+    def gen_rows(self, prompts: int) -> int:
+        """Rows one engine generates: the actor rank's, or a pool worker's share."""
+        return prompts * self.arr.rollout.n // (self.arr.rollout.n_gpus_per_node if self.pool else self.world)
+
     @property
     def ahead(self) -> int:
-        """colocate_async's batches generated ahead (0: the engine is the actor's, the hybrid engine)."""
+        """Batches generated ahead of the update (colocate_async and separate_async; 0: sync)."""
         v1 = self.config.trainer.v1
-        return v1.colocate_async.num_warmup_batches if v1.trainer_mode == "colocate_async" else 0
+        return v1.colocate_async.num_warmup_batches if v1.trainer_mode != "sync" else 0
+
+    @property
+    def pool(self) -> bool:
+        """``hybrid_engine=false``: the engine runs on a rollout pool's devices, none of it on the actor's."""
+        return not self.arr.hybrid_engine
+
+    @property
+    def own_engine(self) -> bool:
+        """The engine is a ``RolloutWorker`` with a model of its own (async or a pool), not the hybrid
+        worker's: the hybrid worker's rollout_mode, where the offloads happen, never runs."""
+        return bool(self.ahead) or self.pool
 
 
 def plan_memory(config: RLVRConfig, model_cfg: dict, device_memory_gb: float | None = None) -> MemoryPlan:
@@ -421,13 +436,13 @@ def plan_memory(config: RLVRConfig, model_cfg: dict, device_memory_gb: float | N
     else:
         kv_floor = 0.0
         native_engine_terms(run, t)
-    if run.ahead:
+    if run.own_engine:
         own_engine_terms(run, t)
     update_terms(run, t)
     if critic is not None:
         critic_terms(run, t, critic)
     gen_prompts = config.data.gen_batch_size or config.data.train_batch_size
-    return MemoryPlan(run.world, run.shape.params(), run.shape.active_params(), run.rows(gen_prompts), capacity, source, t, phases(run, t),
+    return MemoryPlan(run.world, run.shape.params(), run.shape.active_params(), run.gen_rows(gen_prompts), capacity, source, t, phases(run, t),
                       kv_floor)
 
 
@@ -473,7 +488,7 @@ def native_engine_terms(run: Run, t: dict[str, Term]) -> None:
     packed = (shape.layers * (attention + shape.mlp_params(False)) + shape.vocab * shape.hidden) * run.roll_b
     t["packed_weights"] = Term("prepacked projections (CPU decode)", packed if lean_packed else 0.0, True,
                                "only while generating" if lean_packed else "none on this device")
-    rows = run.rows(run.config.data.gen_batch_size or run.config.data.train_batch_size)
+    rows = run.gen_rows(run.config.data.gen_batch_size or run.config.data.train_batch_size)
     # the largest wave the engine decodes at once: whole groups of n rows, at most max_num_seqs
     waves = group_waves([r // arr.rollout.n for r in range(rows)], arr.rollout.max_num_seqs)
     rows_at_once = max(len(wave) for wave in waves)
@@ -482,18 +497,25 @@ def native_engine_terms(run: Run, t: dict[str, Term]) -> None:
 
 
 def own_engine_terms(run: Run, t: dict[str, Term]) -> None:
-    """colocate_async: the engine is a model of its own beside the actor (``RolloutWorker``: fp32,
-    plus the native engine's copy in its dtype), kept, generating while the actor updates; and
-    each weight version sent to it is a full fp32 copy (``CopyWeights``, on the actor's device)
-    until the engine loads it: k = num_warmup_batches of them when the engine is k batches
-    behind its queue, the most it can be."""
+    """An engine with a model of its own (``RolloutWorker``: the policy in fp32, plus the native
+    engine's copy in its dtype, or vLLM's weights streamed from it), kept: beside the actor under
+    colocate_async, generating while the actor updates, or on a rollout pool's devices
+    (``hybrid_engine=false``). Each weight version sent is a full fp32 copy until the engine loads
+    it: colocate_async's ``CopyWeights`` on the actor's device, k = num_warmup_batches of them when
+    the engine is k batches behind its queue, the most it can be; a pool's receiver stages each
+    broadcast version whole (one at least, k ahead under separate_async)."""
     P, k = run.shape.params(), run.ahead
-    if not run.vllm:  # vLLM's own weights are counted already
+    where = "on the rollout pool's devices" if run.pool else "colocate_async"
+    if run.vllm:  # vLLM's own weights are counted already; the worker's fp32 model they are streamed from is not
+        t["rollout_model"] = Term("rollout worker's model (fp32)", 4 * P, True, f"vLLM's weights stream from it, kept "
+                                  f"({where})")
+    else:
         cast = run.roll_b * P if run.arr.rollout.dtype != "float32" else 0.0
         t["engine_weights"] = Term(f"rollout engine's own model (fp32{' + ' + run.arr.rollout.dtype if cast else ''})",
-                                   4 * P + cast, True, "its own copy, kept (colocate_async)")
-    t["pending_weights"] = Term("weight versions sent, not yet loaded (fp32)", k * 4 * P, True,
-                                f"at most num_warmup_batches = {k}, each freed once the engine loads it")
+                                   4 * P + cast, True, f"its own copy, kept ({where})")
+    versions = max(1, k) if run.pool else k
+    t["pending_weights"] = Term("weight versions sent, not yet loaded (fp32)", versions * 4 * P, True,
+                                f"at most {versions} (num_warmup_batches = {k}), each freed once the engine loads it")
 
 
 def vllm_terms(run: Run, t: dict[str, Term]) -> float:
@@ -623,22 +645,20 @@ def critic_terms(run: Run, t: dict[str, Term], shape: ModelShape) -> None:
                                     gathered_bytes(root, shape.largest_layer(), None, False, DTYPE_BYTES[dtype]), True)
 
 
+ENGINE_TERMS = ("engine_weights", "rollout_model", "packed_weights", "kv_cache", "pending_weights")
+
+
 def phases(run: Run, t: dict[str, Term]) -> dict[str, list[str]]:
-    """Which terms each phase holds (names of terms the run has none of are dropped)."""
+    """Which terms each phase holds (names of terms the run has none of are dropped). A rollout
+    pool's devices are a phase of their own, ``rollout pool``, beside the actor's."""
     arr = run.arr
-    # the offloads act only under fsdp2, and only while generation runs (hybrid._offload)
-    offloaded = {"weights": run.sharded and arr.actor.fsdp_config.param_offload,
-                 "reference": run.sharded and arr.ref.fsdp_config.param_offload,
-                 "optimizer": run.sharded and arr.actor.fsdp_config.optimizer_offload}
-    # the engine's own weights that stay between rollouts: local's kept copy, or vLLM awake
-    if run.vllm:
-        engine_kept = [] if run.vllm_sleeps else ["engine_weights", "kv_cache"]
-        engine_init = ["engine_weights", "kv_cache"]  # started (awake) at init
-    else:
-        engine_kept = [] if run.sharded and not run.ahead else ["engine_weights"]
-        engine_init = engine_kept
-    # colocate_async: the engine generates while the actor updates, so the update holds its whole working set
-    overlap = [n for n in ("packed_weights", "kv_cache", "pending_weights") if n not in engine_kept] if run.ahead else []
+    # the offloads act only under fsdp2, and only in the hybrid worker's rollout_mode (hybrid._offload),
+    # which an engine of its own (async, a pool) never runs
+    offload = run.sharded and not run.own_engine
+    offloaded = {"weights": offload and arr.actor.fsdp_config.param_offload,
+                 "reference": offload and arr.ref.fsdp_config.param_offload,
+                 "optimizer": offload and arr.actor.fsdp_config.optimizer_offload}
+    engine_kept, engine_init, overlap = engine_residency(run)
     critic = ["critic_weights", "critic_optimizer"]  # never offloaded
     init = ["weights", "reference", "init_read"] + engine_init + ["critic_weights"]
     named = {"init": init}
@@ -646,13 +666,32 @@ def phases(run: Run, t: dict[str, Term]) -> dict[str, list[str]]:
         named["resume"] = ([n for n in init if n not in ("init_read", *engine_init)] + engine_kept
                            + ["optimizer", "critic_optimizer", "resume_read"])
     named["generation"] = ([n for n in ("weights", "master", "reference", "optimizer") if not offloaded.get(n)]
-                           + ["engine_weights", "packed_weights", "kv_cache", "pending_weights"] + critic)
+                           + ([] if run.pool else list(ENGINE_TERMS)) + critic)
     named["update"] = (["weights", "master", "reference", "gradients", "optimizer", "activations", "logits",
                         "gathered"] + engine_kept + overlap + critic)
     if "critic_weights" in t:  # its own update: the actor's gradients are freed by then
-        named["critic update"] = (["weights", "master", "reference", "optimizer"] + engine_kept + critic
+        named["critic update"] = (["weights", "master", "reference", "optimizer"] + engine_kept + overlap + critic
                                   + ["critic_gradients", "critic_activations", "critic_gathered"])
+    if run.pool:  # a pool device: its model and engine, generating, while a version is received
+        named["rollout pool"] = list(ENGINE_TERMS)
     return {phase: [n for n in names if n in t] for phase, names in named.items()}
+
+
+def engine_residency(run: Run) -> tuple[list[str], list[str], list[str]]:
+    """The engine's terms on the actor's device: those kept between rollouts, those at init, and
+    those an update overlaps (async: the engine generates while the actor and the critic update,
+    so they hold its whole working set). A pool's engine is on devices of its own: none."""
+    if run.pool:
+        return [], [], []
+    if run.vllm:  # vLLM awake between rollouts unless it sleeps; started (awake) at init
+        kept, init = ([] if run.vllm_sleeps else ["engine_weights", "kv_cache"]), ["engine_weights", "kv_cache"]
+    else:  # local's kept copy, or the engine's own model under async
+        kept = [] if run.sharded and not run.ahead else ["engine_weights"]
+        init = list(kept)
+    if run.ahead:  # the rollout worker's fp32 model (vLLM's source) is kept from init on
+        kept, init = kept + ["rollout_model"], init + ["rollout_model"]
+    overlap = [n for n in ENGINE_TERMS if n not in kept] if run.ahead else []
+    return kept, init, overlap
 
 
 def device_capacity(config: RLVRConfig, override_gb: float | None) -> tuple[float, str]:

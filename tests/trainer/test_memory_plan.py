@@ -531,3 +531,66 @@ def test_gemma2_2b_without_tie_key_is_tied(tmp_path):
     # + final norm 2,304 = 2,614,341,888 (an untied head would add 589,824,000: the 3.204B seen)
     assert ModelShape.from_config(cfg).params() == 2_614_341_888
     assert ModelShape.from_config(cfg).tied
+
+
+# ---------------------------------------------------------------- async and pools: what overlaps what
+ASYNC_LOCAL = ["actor_rollout_ref.actor.strategy=local", "trainer.n_gpus_per_node=1",
+               "trainer.v1.trainer_mode=colocate_async", "trainer.v1.colocate_async.num_warmup_batches=1"]
+
+
+def test_colocate_async_with_vllm_holds_the_rollout_workers_model_and_vllm_through_the_update(tiny_folder):
+    """The RolloutWorker loads the policy in fp32 (vLLM streams its weights from that copy) beside
+    vLLM's own weights; vLLM generates while the actor updates, so it cannot sleep through it."""
+    overrides = tiny_overrides(tiny_folder) + ASYNC_LOCAL + ["actor_rollout_ref.rollout.name=vllm",
+                                                             "trainer.device=cuda"]
+    plan = plan_memory(load_config(None, overrides), TINY, device_memory_gb=1)
+    b = {name: term.bytes for name, term in plan.terms.items()}
+    # the rollout worker's fp32 model 4 x 1448 = 5792, kept; vLLM's bf16 weights 2 x 1448 = 2896
+    assert b["rollout_model"] == 5792 and b["engine_weights"] == 2896
+    for phase in ("update", "generation"):
+        assert {"rollout_model", "engine_weights", "kv_cache", "pending_weights"} <= set(plan.phases[phase]), phase
+
+
+def test_async_never_offloads(tiny_folder, monkeypatch):
+    """param/optimizer offload happens in the hybrid worker's rollout_mode, which async never runs
+    (its engine is a worker of its own): generation keeps the actor's state on the device."""
+    overrides = tiny_overrides(tiny_folder) + ["actor_rollout_ref.actor.fsdp_config.param_offload=true",
+                                               "actor_rollout_ref.actor.fsdp_config.optimizer_offload=true",
+                                               "actor_rollout_ref.ref.fsdp_config.param_offload=true",
+                                               "trainer.v1.trainer_mode=colocate_async",
+                                               "trainer.v1.colocate_async.num_warmup_batches=1",
+                                               "trainer.device=cuda", "trainer.n_gpus_per_node=1"]
+    plan = plan_memory(load_config(None, overrides), TINY, device_memory_gb=1)
+    assert {"weights", "reference", "optimizer"} <= set(plan.phases["generation"])
+
+
+def test_the_critics_update_holds_the_generation_overlapping_it(tiny_folder):
+    overrides = tiny_overrides(tiny_folder) + ASYNC_LOCAL + ["algorithm.adv_estimator=gae",
+                                                             "critic.ppo_mini_batch_size=4"]
+    plan = plan_memory(load_config(None, overrides), TINY)
+    assert {"engine_weights", "kv_cache", "packed_weights", "pending_weights"} <= set(plan.phases["critic update"])
+    sync = plan_memory(load_config(None, overrides[:-len(ASYNC_LOCAL)] + ASYNC_LOCAL[:2]
+                                   + ["algorithm.adv_estimator=gae", "critic.ppo_mini_batch_size=4"]), TINY)
+    b = {name: term.bytes for name, term in plan.terms.items()}
+    # the engine's own model (8688 against sync's kept bf16 copy 2896), its KV cache (4096), packed projections
+    # (2816) and one pending fp32 version (5792)
+    assert plan.phase_bytes("critic update") - sync.phase_bytes("critic update") == \
+        (b["engine_weights"] - 2896) + b["kv_cache"] + b["packed_weights"] + b["pending_weights"] \
+        == 5792 + 4096 + 2816 + 5792
+
+
+def test_a_rollout_pool_is_planned_on_its_own_devices(tiny_folder):
+    """hybrid_engine=false: the rollout workers hold the fp32 policy, the engine's copy, its KV cache
+    and the version being received, on devices of their own; the actor's devices hold no engine."""
+    overrides = tiny_overrides(tiny_folder) + ["actor_rollout_ref.hybrid_engine=false",
+                                               "actor_rollout_ref.rollout.n_gpus_per_node=2"]
+    plan = plan_memory(load_config(None, overrides), TINY)
+    b = {name: term.bytes for name, term in plan.terms.items()}
+    pool = set(plan.phases["rollout pool"])
+    assert {"engine_weights", "kv_cache", "pending_weights"} <= pool
+    # the pool's model: fp32 4 x 1448 = 5792 + its bf16 copy 2896; one fp32 version received, 5792; rows per
+    # pool device 4 x 2 / 2 = 4, KV 2 x 2 layers x 1 head x 4 x 4 rows x 16 positions x 2 bytes = 2048
+    assert b["engine_weights"] == 8688 and b["pending_weights"] == 5792 and b["kv_cache"] == 2048
+    assert plan.phase_bytes("rollout pool") == 8688 + 5792 + 2048 + b["packed_weights"]
+    for phase in ("init", "generation", "update"):
+        assert not pool & set(plan.phases[phase]), phase
