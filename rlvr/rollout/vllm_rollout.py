@@ -48,6 +48,7 @@ from typing import Hashable, Iterator, Sequence
 import torch
 import torch.distributed as dist
 
+from rlvr.config import ConfigError
 from rlvr.config.schema import RolloutConfig
 from rlvr.distributed.fsdp import full_tensor
 from rlvr.models.checkpoint_names import to_checkpoint_names
@@ -207,31 +208,6 @@ def _layer_config(model_config, index: int):
     return per_layer[index] if per_layer else model_config
 
 
-@contextlib.contextmanager
-def _policy_classes_kept(model: torch.nn.Module):
-    """Keep the policy's own transformers classes working beside vLLM's transformers backend.
-
-    For a family vLLM runs through transformers (OLMo-2, OLMo-3, SmolLM3 in vLLM 0.32), the backend
-    decorates the family's decoder class in place (``support_torch_compile``): its ``__init__``
-    then wants a ``vllm_config`` and its ``__call__`` reads ``self.do_not_compile``, which only
-    instances built by vLLM have. The policy's own model, built before, then failed in its first
-    forward ("'Olmo2Model' object has no attribute 'do_not_compile'"). After the start each such
-    class gets its ``__init__`` back and ``do_not_compile = True`` as a class default, so models
-    built outside vLLM run their plain forward while vLLM's instance keeps its own setting."""
-    classes = {type(m) for m in model.modules()}
-    inits = {cls: cls.__dict__.get("__init__") for cls in classes}
-    try:
-        yield
-    finally:
-        for cls in classes:
-            if cls.__dict__.get("__init__") is not inits[cls]:
-                if inits[cls] is None:
-                    delattr(cls, "__init__")
-                else:
-                    cls.__init__ = inits[cls]
-                cls.do_not_compile = True
-
-
 def _start_engine(config, tokenizer, args: dict, device: torch.device):
     """vLLM's ``LLM`` in this process, started from a folder holding the policy's ``config`` and
     tokenizer (the weights come by ``sync_weights``)."""
@@ -255,6 +231,27 @@ def _start_engine(config, tokenizer, args: dict, device: torch.device):
             config.save_pretrained(folder)
             tokenizer.save_pretrained(folder)
             return LLM(model=folder, tokenizer=folder, **args)
+
+
+def check_native_architecture(model: torch.nn.Module) -> None:
+    """Refuse a policy whose architecture vLLM has no implementation of its own for: vLLM 0.32 runs
+    it through its transformers backend (its registry maps it to ``transformers``, or lacks it).
+    Measured on tiny random models (OLMo-2, OLMo-3, SmolLM3): the backend decorates the family's
+    transformers decoder class in place (``support_torch_compile``), after which the actor's own
+    model fails in its forward ("'Olmo2Model' object has no attribute 'do_not_compile'"); with that
+    mended, vLLM's greedy tokens still differed from transformers' (OLMo-2, SmolLM3) or its engine
+    did not start (OLMo-3: its one-row KV floor). rlvr cannot check such an engine, so it refuses it."""
+    from vllm.model_executor.models.registry import _VLLM_MODELS
+
+    config = model.config
+    architectures = getattr(config, "architectures", None) or [type(model).__name__]
+    native = [a for a in architectures if a in _VLLM_MODELS and _VLLM_MODELS[a][0] != "transformers"]
+    if not native:
+        raise ConfigError(f"actor_rollout_ref.rollout.name=vllm: vLLM has no implementation of its own for "
+                          f"{architectures[0]} (model_type {getattr(config, 'model_type', '?')!r}); it would run "
+                          "it through its transformers backend, which breaks the actor's own forward in this "
+                          "process and did not match transformers' greedy tokens on OLMo-2, OLMo-3 and SmolLM3 "
+                          "(vLLM 0.32). Use actor_rollout_ref.rollout.name=native for this family.")
 
 
 class EngineRanks:
@@ -390,6 +387,7 @@ class VLLMRollout(BaseRollout):
 
     def _engine(self, model, tokenizer) -> SharedEngine:
         """The engine for these arguments, started once per process."""
+        check_native_architecture(model)
         args = self._engine_args(model)
         config = merged_config(model)  # with an adapted tied embedding: a head of its own
         key = (config.to_json_string(use_diff=False), tokenizer.name_or_path, len(tokenizer),
@@ -400,9 +398,8 @@ class VLLMRollout(BaseRollout):
                 raise RuntimeError(f"actor_rollout_ref.rollout.tensor_model_parallel_size = {tp}: one engine over {tp} "
                                    "ranks needs the ranks' process group (actor.strategy=fsdp2 over a worker group)")
             ranks = EngineRanks(tp) if tp > 1 else None
-            with _policy_classes_kept(model):
-                llm = _start_engine(config, tokenizer, args, self.device)
-            _ENGINES[key] = SharedEngine(llm, args.get("enable_sleep_mode", False), ranks)
+            _ENGINES[key] = SharedEngine(_start_engine(config, tokenizer, args, self.device),
+                                         args.get("enable_sleep_mode", False), ranks)
         return _ENGINES[key]
 
     def wake_up(self, tags: Sequence[str]) -> None:

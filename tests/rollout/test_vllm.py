@@ -290,7 +290,7 @@ def tiny_family(family: str, **extra):
     from transformers import CONFIG_MAPPING, AutoModelForCausalLM
 
     shape = dict(vocab_size=128, hidden_size=64, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
-                 num_key_value_heads=1, head_dim=64, max_position_embeddings=256)
+                 num_key_value_heads=1, head_dim=64, max_position_embeddings=256, pad_token_id=0)
     torch.manual_seed(0)
     return AutoModelForCausalLM.from_config(CONFIG_MAPPING[family](**{**shape, **extra})).eval()
 
@@ -349,3 +349,43 @@ def test_kv_size_of_per_layer_head_dims():
     assert kv_bytes_per_token(config, torch.float32) == 2 * (2 * 2 * 32 + 2 * 2 * 64) * 4 == 3072
     # and a plain config: 2 layers x 1 kv head x 64 x 2 x 4 bytes
     assert kv_bytes_per_token(tiny_family("llama").config, torch.float32) == 2 * 2 * 64 * 4
+
+
+@pytest.mark.parametrize("family, architecture", [("olmo2", "Olmo2ForCausalLM"), ("olmo3", "Olmo3ForCausalLM"),
+                                                  ("smollm3", "SmolLM3ForCausalLM")])
+def test_a_family_vllm_runs_through_its_transformers_backend_is_refused_at_load(family, architecture, tokenizer):
+    """vLLM 0.32 has no implementation of its own for these (its registry maps them to its
+    transformers backend): refused before the engine starts, naming the family and what to use."""
+    from rlvr.config import ConfigError
+
+    model = tiny_family(family, architectures=[architecture])
+    with pytest.raises(ConfigError, match=f"{architecture} \\(model_type '{family}'\\).*rollout.name=native"):
+        VLLMRollout(model, tokenizer, RolloutConfig(name="vllm", max_num_seqs=4), 16, 32)
+    # without architectures in the config, the model's class names it
+    bare = tiny_family(family)
+    with pytest.raises(ConfigError, match=architecture):
+        VLLMRollout(bare, tokenizer, RolloutConfig(name="vllm", max_num_seqs=4), 16, 32)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", ["glm4_moe", "gemma2"])
+def test_a_familys_greedy_tokens_equal_transformers_after_the_sync(family, builtin_dir):
+    """After one sync vLLM's greedy tokens equal transformers' on a tiny GLM-4-MoE (its router's
+    e_score_correction_bias, a buffer, moved off vLLM's dummy values) and a tiny Gemma-2 (a tied head,
+    which vLLM's Gemma-2 has no parameter for: the sync used to fail on lm_head.weight). In a process
+    of its own (``vllm_family_check.py``): vLLM's first engine in a process fixes its expert-parallel
+    group."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import rlvr
+
+    script = Path(__file__).with_name("vllm_family_check.py")
+    env = {**os.environ, "PYTHONPATH": str(Path(rlvr.__file__).parents[1])}  # the rlvr under test
+    done = subprocess.run([sys.executable, str(script), family, str(builtin_dir)], capture_output=True, text=True,
+                          timeout=600, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == {"vllm_equals_transformers": True}
