@@ -51,6 +51,7 @@ import torch.distributed as dist
 from rlvr.config import ConfigError
 from rlvr.config.schema import RolloutConfig
 from rlvr.distributed.fsdp import full_tensor
+from rlvr.distributed.weight_sync import persistent_buffers
 from rlvr.models.checkpoint_names import to_checkpoint_names
 from rlvr.models.loader import DTYPES
 from rlvr.models.lora import active_adapters, merged_config
@@ -94,17 +95,9 @@ def policy_weights(model: torch.nn.Module, tied_head: bool = True) -> Iterator[t
                 for adapter in active_adapters(layer) if leaf == "weight" else ():  # linear or embedding
                     merged = merged + full_tensor(layer.get_delta_weight(adapter).detach())
                 yield from to_checkpoint_names(model, {f"{owner.removesuffix('.base_layer')}.{leaf}": merged}).items()
-        for name, buffer in persistent_buffers(model):
+        for name, buffer in persistent_buffers(model):  # peft's base_layer dropped from the name
+            name = name.replace(".base_layer.", ".")
             yield from to_checkpoint_names(model, {name: full_tensor(buffer.detach())}).items()
-
-
-def persistent_buffers(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
-    """(name, buffer) of the buffers ``state_dict`` holds (rotary tables and other non-persistent
-    ones left out), peft's ``base_layer`` dropped from the name."""
-    for prefix, module in model.named_modules():
-        for leaf, buffer in module.named_buffers(recurse=False):
-            if buffer is not None and leaf not in module._non_persistent_buffers_set:
-                yield f"{prefix}.{leaf}".lstrip(".").replace(".base_layer.", "."), buffer
 
 
 def _head_alias(model: torch.nn.Module) -> str | None:
