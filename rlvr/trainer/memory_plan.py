@@ -7,9 +7,19 @@ by its CPU ranks); ``check_plan`` refuses a plan over that capacity before anyth
 naming the setting to change. ``bench/memory.py`` measures init, generation and update (per-rank
 peak resident memory on a 0.31B synthetic model at 1, 2 and 4 ranks) next to this plan's figures.
 
-- The model: dense layers as config.json says, and mixtures of experts counted expert by expert
+- The model: its parameter count (total, outside the layers, the largest layer, and a mixture of
+  experts' active parameters) is ``sum(p.numel())`` of the model transformers builds from
+  config.json on the meta device, so a key the file leaves out takes the family's default
+  (Gemma's tied head) and every family's own layout counts (Gemma-4's per-layer embeddings);
+  a family transformers does not know is counted by hand from the sizes. The per-token terms
+  read the sizes: dense layers as config.json says, and mixtures of experts expert by expert
   (Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE, DeepSeek-V2/V3: routed and shared experts, the router,
-  dense first layers, DeepSeek's latent attention); another family with experts is refused.
+  dense first layers, DeepSeek's latent attention); another family with experts is refused. Keys
+  and values per layer where the config's layers differ (Gemma-4's global_head_dim).
+- An engine of its own (colocate_async, separate_async, ``hybrid_engine=false``): the hybrid
+  worker's rollout mode, where the offloads happen, never runs; under colocate_async the rollout
+  worker (its fp32 model, the engine's weights and KV cache, the versions sent to it) generates
+  while the actor and the critic update; a rollout pool's devices are the phase ``rollout pool``.
 - ``strategy=fsdp2``: init holds, on rank 0, the fp32 state read once from disk beside the
   actor's and the reference's shards (the other ranks: their shards and one tensor in
   flight); a rollout gathers the unsharded engine weights in ``rollout.dtype`` and frees them
@@ -102,6 +112,7 @@ class ModelShape:
     mla: dict | None = None  # DeepSeek's multi-head latent attention: q_lora_rank, kv_lora_rank and head dims
     family: str = ""  # config.json's model_type
     counted: "ParamCount | None" = None  # the model transformers builds from the config, counted (None: unknown)
+    layer_kv: list[tuple[int, int]] | None = None  # (kv heads, head dim) layer by layer, where they vary (Gemma-4)
 
     @classmethod
     def from_config(cls, cfg: dict) -> "ModelShape":
@@ -131,6 +142,7 @@ class ModelShape:
                                   f"{', '.join(MOE_FAMILIES)}")
             shape._read_experts(cfg, family, experts)
         shape.counted = count_parameters(cfg)
+        shape.layer_kv = layer_kv_shapes(cfg)
         return shape
 
     def _read_experts(self, cfg: dict, family: str, experts: int) -> None:
@@ -218,6 +230,8 @@ class ModelShape:
             if vllm:
                 return self.layers * (m["kv_lora_rank"] + m["qk_rope_head_dim"])
             return self.layers * self.heads * (m["qk_nope_head_dim"] + m["qk_rope_head_dim"] + m["v_head_dim"])
+        if self.layer_kv:
+            return sum(2 * max(1, heads // tensor_parallel_size) * dim for heads, dim in self.layer_kv)
         return 2 * self.layers * max(1, self.kv_heads // tensor_parallel_size) * self.head_dim  # keys and values
 
     def mlp_values(self, sparse: bool) -> int:
@@ -262,6 +276,24 @@ class ParamCount:
 
 _LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
 _EXPERT = re.compile(r"\.experts\.")
+
+
+def layer_kv_shapes(cfg: dict) -> list[tuple[int, int]] | None:
+    """(kv heads, head dim) of each layer where transformers' config class has per-layer attributes
+    (Gemma-4: global_head_dim on its full-attention layers), else None (one shape for all)."""
+    config_class = _config_class(cfg.get("model_type"))
+    if config_class is None:
+        return None
+    config = config_class(**{k: v for k, v in cfg.items() if k != "model_type"})
+    per_layer = getattr(config, "per_layer_config", None)
+    if per_layer is None:
+        return None
+    shapes = []
+    for i in range(config.num_hidden_layers):
+        layer = per_layer[i]
+        heads = getattr(layer, "num_key_value_heads", None) or layer.num_attention_heads
+        shapes.append((heads, getattr(layer, "head_dim", None) or layer.hidden_size // layer.num_attention_heads))
+    return shapes if len(set(shapes)) > 1 else None
 
 
 def count_parameters(cfg: dict) -> ParamCount | None:

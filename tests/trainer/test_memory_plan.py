@@ -594,3 +594,13 @@ def test_a_rollout_pool_is_planned_on_its_own_devices(tiny_folder):
     assert plan.phase_bytes("rollout pool") == 8688 + 5792 + 2048 + b["packed_weights"]
     for phase in ("init", "generation", "update"):
         assert not pool & set(plan.phases[phase]), phase
+
+
+def test_gemma4_kv_cache_counts_each_layers_head_dim(tmp_path):
+    cfg = FAMILY_CONFIGS["gemma4_text"]
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    plan = plan_memory(load_config(None, tiny_overrides(tmp_path)), read_model_config(str(tmp_path)))
+    # sliding layers 0, 2: 1 kv head x head_dim 8; full layers 1, 3: 1 kv head x global_head_dim 16;
+    # keys and values: 2 x (2 x 8 + 2 x 16) = 96 values a token, bf16, 4 rows x 16 positions -> 12288
+    # (head_dim 8 for every layer would give 8192)
+    assert plan.terms["kv_cache"].bytes == 96 * 2 * 4 * 16 == 12288
