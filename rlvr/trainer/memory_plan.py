@@ -774,6 +774,12 @@ def term_fix(name: str, config: RLVRConfig) -> str:
     if name == "gathered" and not actor.fsdp_config.reshard_after_forward:
         return ("set actor_rollout_ref.actor.fsdp_config.reshard_after_forward=true (then one layer at a time is "
                 "gathered)")
+    if name == "pending_weights":
+        return ("lower trainer.v1.colocate_async.num_warmup_batches (each batch ahead holds one more fp32 version "
+                "until the engine loads it)")
+    if name == "rollout_model":
+        return ("it is the rollout worker's own fp32 copy of the policy: trainer.v1.trainer_mode=sync with the "
+                "hybrid engine streams vLLM's weights from the actor's instead, or a device with more memory")
     if name in ("init_read", "resume_read", "engine_weights", "packed_weights", "gathered", "critic_gathered"):
         return ("it is unsharded, so more GPUs do not shrink it: "
                 + ("actor_rollout_ref.rollout.dtype=bfloat16 halves it, " if name == "engine_weights"

@@ -604,3 +604,11 @@ def test_gemma4_kv_cache_counts_each_layers_head_dim(tmp_path):
     # keys and values: 2 x (2 x 8 + 2 x 16) = 96 values a token, bf16, 4 rows x 16 positions -> 12288
     # (head_dim 8 for every layer would give 8192)
     assert plan.terms["kv_cache"].bytes == 96 * 2 * 4 * 16 == 12288
+
+
+def test_the_engines_own_copies_name_their_own_settings(tiny_folder):
+    from rlvr.trainer.memory_plan import term_fix
+
+    config = load_config(None, tiny_overrides(tiny_folder) + ASYNC_LOCAL)
+    assert "num_warmup_batches" in term_fix("pending_weights", config)
+    assert "trainer.v1.trainer_mode=sync" in term_fix("rollout_model", config)
