@@ -234,7 +234,8 @@ def check_native_architecture(model: torch.nn.Module) -> None:
     model fails in its forward ("'Olmo2Model' object has no attribute 'do_not_compile'"); with that
     mended, vLLM's greedy tokens still differed from transformers' (OLMo-2, SmolLM3) or its engine
     did not start (OLMo-3: its one-row KV floor). rlvr cannot check such an engine, so it refuses it."""
-    from vllm.model_executor.models.registry import _VLLM_MODELS
+    with _environment_kept():  # importing vLLM writes into os.environ
+        from vllm.model_executor.models.registry import _VLLM_MODELS
 
     config = model.config
     architectures = getattr(config, "architectures", None) or [type(model).__name__]

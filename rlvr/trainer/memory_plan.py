@@ -85,7 +85,7 @@ BUILTIN_CONFIG = {"model_type": "llama", "hidden_size": 576, "num_hidden_layers"
                   "tie_word_embeddings": True}
 
 
-MOE_FAMILIES = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "deepseek_v2", "deepseek_v3")
+MOE_FAMILIES = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "deepseek_v2", "deepseek_v3", "glm4_moe")
 EXPERT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts")  # Qwen/OLMoE, Mixtral, DeepSeek
 
 
@@ -155,11 +155,12 @@ class ModelShape:
             self.sparse_layers = sum(1 for i in range(self.layers) if i not in dense and (i + 1) % step == 0)
             self.shared_intermediate = cfg.get("shared_expert_intermediate_size") or 0
             self.shared_gate = family == "qwen2_moe"
-        elif family in ("deepseek_v2", "deepseek_v3"):  # the first first_k_dense_replace layers are dense
+        elif family in ("deepseek_v2", "deepseek_v3", "glm4_moe"):  # the first first_k_dense_replace layers are dense
             self.sparse_layers = self.layers - cfg.get("first_k_dense_replace", 0)
             self.shared_intermediate = cfg.get("n_shared_experts", 0) * self.expert_intermediate
-            self.mla = {k: cfg.get(k) for k in ("q_lora_rank", "kv_lora_rank", "qk_rope_head_dim",
-                                                "qk_nope_head_dim", "v_head_dim")}
+            if cfg.get("kv_lora_rank"):  # DeepSeek's latent attention (GLM-4-MoE's attention is plain)
+                self.mla = {k: cfg.get(k) for k in ("q_lora_rank", "kv_lora_rank", "qk_rope_head_dim",
+                                                    "qk_nope_head_dim", "v_head_dim")}
         else:
             self.sparse_layers = self.layers
 

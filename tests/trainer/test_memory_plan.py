@@ -472,6 +472,9 @@ FAMILY_CONFIGS = {
                     "n_routed_experts": 4, "num_experts_per_tok": 2, "n_shared_experts": 1, "first_k_dense_replace": 1,
                     "q_lora_rank": 8, "kv_lora_rank": 8, "qk_rope_head_dim": 4, "qk_nope_head_dim": 4,
                     "v_head_dim": 4, "n_group": 2, "topk_group": 1},
+    "glm4_moe": {**_BASE, "model_type": "glm4_moe", "head_dim": 8, "moe_intermediate_size": 8, "n_routed_experts": 4,
+                 "num_experts_per_tok": 2, "n_shared_experts": 1, "first_k_dense_replace": 1, "n_group": 1,
+                 "topk_group": 1},
 }
 
 
@@ -508,6 +511,10 @@ def test_plan_counts_the_models_parameters(family, tmp_path):
     # 2 x 2 norms 64; untied 2048 + norm 16:
     # 720 + 1536 + 720 + 64 + 384 + 768 + 64 + 2048 + 16 = 6320
     ("deepseek_v3", 6320),
+    # GLM-4-MoE (DeepSeek's layout, plain attention): attention 16x16 + 2 x 16x8 + 16x16 = 768 a layer, x 2;
+    # layer 0 dense 3 x 16 x 32 = 1536; layer 1 router 64, shared expert 3 x 16 x 8 = 384, 2 routed of 4
+    # active 768; 4 norms 64; untied 2048 + norm 16: 1536 + 1536 + 64 + 384 + 768 + 64 + 2064 = 6416
+    ("glm4_moe", 6416),
 ])
 def test_plan_shows_moe_active_parameters(family, active, tmp_path):
     cfg = FAMILY_CONFIGS[family]
