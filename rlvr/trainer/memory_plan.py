@@ -13,7 +13,7 @@ peak resident memory on a 0.31B synthetic model at 1, 2 and 4 ranks) next to thi
   (Gemma's tied head) and every family's own layout counts (Gemma-4's per-layer embeddings);
   a family transformers does not know is counted by hand from the sizes. The per-token terms
   read the sizes: dense layers as config.json says, and mixtures of experts expert by expert
-  (Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE, DeepSeek-V2/V3: routed and shared experts, the router,
+  (Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE, GLM-4-MoE, DeepSeek-V2/V3: routed and shared experts, the router,
   dense first layers, DeepSeek's latent attention); another family with experts is refused. Keys
   and values per layer where the config's layers differ (Gemma-4's global_head_dim).
 - An engine of its own (colocate_async, separate_async, ``hybrid_engine=false``): the hybrid
@@ -475,8 +475,8 @@ def plan_memory(config: RLVRConfig, model_cfg: dict, device_memory_gb: float | N
     if critic is not None:
         critic_terms(run, t, critic)
     gen_prompts = config.data.gen_batch_size or config.data.train_batch_size
-    return MemoryPlan(run.world, run.shape.params(), run.shape.active_params(), run.gen_rows(gen_prompts), capacity, source, t, phases(run, t),
-                      kv_floor)
+    return MemoryPlan(run.world, run.shape.params(), run.shape.active_params(), run.gen_rows(gen_prompts), capacity,
+                      source, t, phases(run, t), kv_floor)
 
 
 def state_terms(run: Run, t: dict[str, Term]) -> None:
