@@ -233,7 +233,8 @@ def check_native_architecture(model: torch.nn.Module) -> None:
     transformers decoder class in place (``support_torch_compile``), after which the actor's own
     model fails in its forward ("'Olmo2Model' object has no attribute 'do_not_compile'"); with that
     mended, vLLM's greedy tokens still differed from transformers' (OLMo-2, SmolLM3) or its engine
-    did not start (OLMo-3: its one-row KV floor). rlvr cannot check such an engine, so it refuses it."""
+    did not start (OLMo-3: vLLM found no room for one row in the KV cache rlvr sized). rlvr cannot
+    check such an engine, so it refuses it."""
     with _environment_kept():  # importing vLLM writes into os.environ
         from vllm.model_executor.models.registry import _VLLM_MODELS
 
@@ -244,8 +245,9 @@ def check_native_architecture(model: torch.nn.Module) -> None:
         raise ConfigError(f"actor_rollout_ref.rollout.name=vllm: vLLM has no implementation of its own for "
                           f"{architectures[0]} (model_type {getattr(config, 'model_type', '?')!r}); it would run "
                           "it through its transformers backend, which breaks the actor's own forward in this "
-                          "process and did not match transformers' greedy tokens on OLMo-2, OLMo-3 and SmolLM3 "
-                          "(vLLM 0.32). Use actor_rollout_ref.rollout.name=native for this family.")
+                          "process, and whose greedy tokens differed from transformers' on OLMo-2 and SmolLM3 "
+                          "(OLMo-3's engine did not start; vLLM 0.32). Use actor_rollout_ref.rollout.name=native "
+                          "for this family.")
 
 
 class EngineRanks:
