@@ -39,9 +39,27 @@ class WeightSyncError(StopTraining):
     """The weight broadcast between the actor and the rollout pool failed."""
 
 
+def weight_tensors(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    """What the broadcast carries, in order: each parameter (tied ones once), then each persistent
+    buffer (what ``state_dict`` holds beside them: GLM-4-MoE's router ``e_score_correction_bias``,
+    which the rollout worker's ``load_state_dict`` would otherwise miss). Sharded tensors as they
+    are: the sender's caller gathers each."""
+    yield from model.named_parameters()
+    yield from persistent_buffers(model)
+
+
+def persistent_buffers(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    """(name, buffer) of the buffers ``state_dict`` holds (rotary tables and other non-persistent
+    ones left out)."""
+    for prefix, module in model.named_modules():
+        for leaf, buffer in module.named_buffers(recurse=False):
+            if buffer is not None and leaf not in module._non_persistent_buffers_set:
+                yield f"{prefix}.{leaf}".lstrip("."), buffer
+
+
 def weight_meta(model: torch.nn.Module) -> list[tuple[str, tuple[int, ...], str]]:
-    """(name, shape, dtype) of each parameter, tied ones once: what the broadcast carries, in order."""
-    return [(name, tuple(p.shape), str(p.dtype).removeprefix("torch.")) for name, p in model.named_parameters()]
+    """(name, shape, dtype) of each tensor ``weight_tensors`` yields: what the broadcast carries, in order."""
+    return [(name, tuple(t.shape), str(t.dtype).removeprefix("torch.")) for name, t in weight_tensors(model)]
 
 
 def bucket_plan(meta: list[tuple[str, tuple[int, ...], str]], bucket_bytes: int) -> list[list[int]]:

@@ -48,8 +48,10 @@ from typing import Hashable, Iterator, Sequence
 import torch
 import torch.distributed as dist
 
+from rlvr.config import ConfigError
 from rlvr.config.schema import RolloutConfig
 from rlvr.distributed.fsdp import full_tensor
+from rlvr.distributed.weight_sync import persistent_buffers
 from rlvr.models.checkpoint_names import to_checkpoint_names
 from rlvr.models.loader import DTYPES
 from rlvr.models.lora import active_adapters, merged_config
@@ -61,16 +63,20 @@ _ENGINES: dict[tuple, "SharedEngine"] = {}  # engine arguments -> engine: shared
 _SERIALS = itertools.count()  # rollouts are told apart by serial, never by id() (reused after garbage collection)
 
 
-def policy_weights(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+def policy_weights(model: torch.nn.Module, tied_head: bool = True) -> Iterator[tuple[str, torch.Tensor]]:
     """The policy's weights by checkpoint name (fused experts split per expert, as vLLM's loaders
     read them), one tensor at a time: an FSDP2 shard gathered (a
     collective: every rank must drain the iterator), a tied weight gathered once and sent under
-    each of its names (vLLM's layer-wise reload expects the head too), a peft LoRA layer's weight
+    each of its names (vLLM's layer-wise reload expects the head too) unless ``tied_head`` is
+    False (an engine with no head of its own, ``engine_has_head``), a peft LoRA layer's weight
     merged with its active adapters (``base_layer`` dropped from the name, adapter matrices not
-    sent)."""
+    sent), then the persistent buffers: what a checkpoint stores beside the parameters (GLM-4-MoE's
+    router ``e_score_correction_bias``, Gemma-4's ``layer_scalar``), which vLLM holds as parameters
+    and would otherwise keep at its dummy values."""
     names: dict[int, list[str]] = {}
     for name, param in model.named_parameters(remove_duplicate=False):
         names.setdefault(id(param), []).append(name)
+    head = _head_alias(model)
     lora = {name: m for name, m in model.named_modules() if hasattr(m, "lora_A") and hasattr(m, "base_layer")}
     with torch.no_grad():
         for first, param in model.named_parameters():
@@ -78,6 +84,8 @@ def policy_weights(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]
                 continue
             tensor = full_tensor(param.detach())
             for name in names[id(param)]:
+                if not tied_head and name == head and len(names[id(param)]) > 1:
+                    continue
                 owner, _, leaf = name.rpartition(".")
                 layer = lora.get(owner.removesuffix(".base_layer")) if owner.endswith(".base_layer") else None
                 if layer is None:
@@ -87,6 +95,25 @@ def policy_weights(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]
                 for adapter in active_adapters(layer) if leaf == "weight" else ():  # linear or embedding
                     merged = merged + full_tensor(layer.get_delta_weight(adapter).detach())
                 yield from to_checkpoint_names(model, {f"{owner.removesuffix('.base_layer')}.{leaf}": merged}).items()
+        for name, buffer in persistent_buffers(model):  # peft's base_layer dropped from the name
+            name = name.replace(".base_layer.", ".")
+            yield from to_checkpoint_names(model, {name: full_tensor(buffer.detach())}).items()
+
+
+def _head_alias(model: torch.nn.Module) -> str | None:
+    """The name of the output head's weight (``lm_head.weight``), the alias of a tied embedding."""
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    for name, module in model.named_modules():
+        if head is not None and module is head:
+            return f"{name}.weight"
+    return None
+
+
+def engine_has_head(vllm_model: torch.nn.Module) -> bool:
+    """Whether vLLM's model has an output head parameter (``lm_head``) to reload. Some of vLLM's
+    implementations of tied families have none and compute the logits from ``embed_tokens``
+    (Gemma-2, Gemma-3): their reload refuses a tensor named ``lm_head.weight``."""
+    return any(name.split(".")[-2:-1] == ["lm_head"] for name, _ in vllm_model.named_parameters(remove_duplicate=False))
 
 
 def _repack_cpu_experts(model: torch.nn.Module) -> None:
@@ -155,11 +182,23 @@ def cpu_kv_cache_bytes(bytes_per_token: int, max_num_seqs: int, max_model_len: i
 def kv_bytes_per_token(model_config, dtype: torch.dtype, tensor_parallel_size: int = 1) -> int:
     """Keys and values of one token over every layer, on one of ``tensor_parallel_size`` ranks:
     vLLM gives each rank ``max(1, kv_heads // tensor_parallel_size)`` heads (replicated when there
-    are fewer heads than ranks)."""
-    heads = getattr(model_config, "num_key_value_heads", None) or model_config.num_attention_heads
-    heads = max(1, heads // tensor_parallel_size)
-    head_dim = getattr(model_config, "head_dim", None) or model_config.hidden_size // model_config.num_attention_heads
-    return 2 * model_config.num_hidden_layers * heads * head_dim * dtype.itemsize
+    are fewer heads than ranks). Layer by layer: a config with per-layer attributes (Gemma-4's
+    full-attention layers have ``global_head_dim`` and their own kv heads) answers them per layer
+    (``per_layer_config``). Sliding layers are counted at full length, an upper bound."""
+    values = 0
+    for i in range(model_config.num_hidden_layers):
+        layer = _layer_config(model_config, i)
+        heads = getattr(layer, "num_key_value_heads", None) or layer.num_attention_heads
+        head_dim = getattr(layer, "head_dim", None) or layer.hidden_size // layer.num_attention_heads
+        values += 2 * max(1, heads // tensor_parallel_size) * head_dim
+    return values * dtype.itemsize
+
+
+def _layer_config(model_config, index: int):
+    """Layer ``index``'s view of ``model_config``: its ``per_layer_config`` entry where the config has
+    per-layer attributes (transformers' heterogeneous configs), else the config itself."""
+    per_layer = getattr(model_config, "per_layer_config", None)
+    return per_layer[index] if per_layer else model_config
 
 
 def _start_engine(config, tokenizer, args: dict, device: torch.device):
@@ -185,6 +224,30 @@ def _start_engine(config, tokenizer, args: dict, device: torch.device):
             config.save_pretrained(folder)
             tokenizer.save_pretrained(folder)
             return LLM(model=folder, tokenizer=folder, **args)
+
+
+def check_native_architecture(model: torch.nn.Module) -> None:
+    """Refuse a policy whose architecture vLLM has no implementation of its own for: vLLM 0.32 runs
+    it through its transformers backend (its registry maps it to ``transformers``, or lacks it).
+    Measured on tiny random models (OLMo-2, OLMo-3, SmolLM3): the backend decorates the family's
+    transformers decoder class in place (``support_torch_compile``), after which the actor's own
+    model fails in its forward ("'Olmo2Model' object has no attribute 'do_not_compile'"); with that
+    mended, vLLM's greedy tokens still differed from transformers' (OLMo-2, SmolLM3) or its engine
+    did not start (OLMo-3: vLLM found no room for one row in the KV cache rlvr sized). rlvr cannot
+    check such an engine, so it refuses it."""
+    with _environment_kept():  # importing vLLM writes into os.environ
+        from vllm.model_executor.models.registry import _VLLM_MODELS
+
+    config = model.config
+    architectures = getattr(config, "architectures", None) or [type(model).__name__]
+    native = [a for a in architectures if a in _VLLM_MODELS and _VLLM_MODELS[a][0] != "transformers"]
+    if not native:
+        raise ConfigError(f"actor_rollout_ref.rollout.name=vllm: vLLM has no implementation of its own for "
+                          f"{architectures[0]} (model_type {getattr(config, 'model_type', '?')!r}); it would run "
+                          "it through its transformers backend, which breaks the actor's own forward in this "
+                          "process, and whose greedy tokens differed from transformers' on OLMo-2 and SmolLM3 "
+                          "(OLMo-3's engine did not start; vLLM 0.32). Use actor_rollout_ref.rollout.name=native "
+                          "for this family.")
 
 
 class EngineRanks:
@@ -259,6 +322,13 @@ class SharedEngine:
             self.llm.wake_up(tags=tags)
             self.asleep -= set(tags)
 
+    @property
+    def has_head(self) -> bool:
+        """Whether the engine's model takes a tied head under its own name (``engine_has_head``)."""
+        if not hasattr(self, "_has_head"):
+            self._has_head = engine_has_head(self.runner.model)
+        return self._has_head
+
     def reload(self, weights: Iterator[tuple[str, torch.Tensor]], holds: tuple[int, int]) -> None:
         self.wake_up(["weights"])
         self.runner.reload_weights(weights_iterator=weights, is_checkpoint_format=True)
@@ -313,6 +383,7 @@ class VLLMRollout(BaseRollout):
 
     def _engine(self, model, tokenizer) -> SharedEngine:
         """The engine for these arguments, started once per process."""
+        check_native_architecture(model)
         args = self._engine_args(model)
         config = merged_config(model)  # with an adapted tied embedding: a head of its own
         key = (config.to_json_string(use_diff=False), tokenizer.name_or_path, len(tokenizer),
@@ -337,7 +408,8 @@ class VLLMRollout(BaseRollout):
         (``version`` None: always)."""
         if version is not None and self.engine.holds == (self.serial, version):
             return
-        self.engine.reload(policy_weights(self.policy), (self.serial, version if version is not None else -1))
+        self.engine.reload(policy_weights(self.policy, tied_head=self.engine.has_head),
+                           (self.serial, version if version is not None else -1))
         self.syncs += 1
 
     def free_cache(self) -> None:

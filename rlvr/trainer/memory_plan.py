@@ -7,9 +7,19 @@ by its CPU ranks); ``check_plan`` refuses a plan over that capacity before anyth
 naming the setting to change. ``bench/memory.py`` measures init, generation and update (per-rank
 peak resident memory on a 0.31B synthetic model at 1, 2 and 4 ranks) next to this plan's figures.
 
-- The model: dense layers as config.json says, and mixtures of experts counted expert by expert
-  (Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE, DeepSeek-V2/V3: routed and shared experts, the router,
-  dense first layers, DeepSeek's latent attention); another family with experts is refused.
+- The model: its parameter count (total, outside the layers, the largest layer, and a mixture of
+  experts' active parameters) is ``sum(p.numel())`` of the model transformers builds from
+  config.json on the meta device, so a key the file leaves out takes the family's default
+  (Gemma's tied head) and every family's own layout counts (Gemma-4's per-layer embeddings);
+  a family transformers does not know is counted by hand from the sizes. The per-token terms
+  read the sizes: dense layers as config.json says, and mixtures of experts expert by expert
+  (Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE, GLM-4-MoE, DeepSeek-V2/V3: routed and shared experts, the router,
+  dense first layers, DeepSeek's latent attention); another family with experts is refused. Keys
+  and values per layer where the config's layers differ (Gemma-4's global_head_dim).
+- An engine of its own (colocate_async, separate_async, ``hybrid_engine=false``): the hybrid
+  worker's rollout mode, where the offloads happen, never runs; under colocate_async the rollout
+  worker (its fp32 model, the engine's weights and KV cache, the versions sent to it) generates
+  while the actor and the critic update; a rollout pool's devices are the phase ``rollout pool``.
 - ``strategy=fsdp2``: init holds, on rank 0, the fp32 state read once from disk beside the
   actor's and the reference's shards (the other ranks: their shards and one tensor in
   flight); a rollout gathers the unsharded engine weights in ``rollout.dtype`` and frees them
@@ -54,6 +64,7 @@ Terms marked "full copy" do not shrink with more ranks.
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -74,7 +85,7 @@ BUILTIN_CONFIG = {"model_type": "llama", "hidden_size": 576, "num_hidden_layers"
                   "tie_word_embeddings": True}
 
 
-MOE_FAMILIES = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "deepseek_v2", "deepseek_v3")
+MOE_FAMILIES = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "deepseek_v2", "deepseek_v3", "glm4_moe")
 EXPERT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts")  # Qwen/OLMoE, Mixtral, DeepSeek
 
 
@@ -100,6 +111,8 @@ class ModelShape:
     shared_gate: bool = False  # Qwen2-MoE gates its shared expert with a (hidden -> 1) projection
     mla: dict | None = None  # DeepSeek's multi-head latent attention: q_lora_rank, kv_lora_rank and head dims
     family: str = ""  # config.json's model_type
+    counted: "ParamCount | None" = None  # the model transformers builds from the config, counted (None: unknown)
+    layer_kv: list[tuple[int, int]] | None = None  # (kv heads, head dim) layer by layer, where they vary (Gemma-4)
 
     @classmethod
     def from_config(cls, cfg: dict) -> "ModelShape":
@@ -109,7 +122,7 @@ class ModelShape:
             head_dim = cfg.get("head_dim") or h // heads
             shape = cls(hidden=h, layers=cfg["num_hidden_layers"], heads=heads,
                         kv_heads=cfg.get("num_key_value_heads") or heads, intermediate=cfg["intermediate_size"],
-                        vocab=cfg["vocab_size"], tied=bool(cfg.get("tie_word_embeddings", False)),
+                        vocab=cfg["vocab_size"], tied=bool(cfg.get("tie_word_embeddings", family_tied(family))),
                         # Qwen2 has q/k/v biases without saying so in its config; Qwen2-MoE names them qkv_bias
                         attention_bias=bool(cfg.get("qkv_bias", True) if family == "qwen2_moe"
                                             else cfg.get("attention_bias", family == "qwen2")),
@@ -128,6 +141,8 @@ class ModelShape:
                                   "as one dense MLP would undercount it many times over; it counts "
                                   f"{', '.join(MOE_FAMILIES)}")
             shape._read_experts(cfg, family, experts)
+        shape.counted = count_parameters(cfg)
+        shape.layer_kv = layer_kv_shapes(cfg)
         return shape
 
     def _read_experts(self, cfg: dict, family: str, experts: int) -> None:
@@ -140,11 +155,12 @@ class ModelShape:
             self.sparse_layers = sum(1 for i in range(self.layers) if i not in dense and (i + 1) % step == 0)
             self.shared_intermediate = cfg.get("shared_expert_intermediate_size") or 0
             self.shared_gate = family == "qwen2_moe"
-        elif family in ("deepseek_v2", "deepseek_v3"):  # the first first_k_dense_replace layers are dense
+        elif family in ("deepseek_v2", "deepseek_v3", "glm4_moe"):  # the first first_k_dense_replace layers are dense
             self.sparse_layers = self.layers - cfg.get("first_k_dense_replace", 0)
             self.shared_intermediate = cfg.get("n_shared_experts", 0) * self.expert_intermediate
-            self.mla = {k: cfg.get(k) for k in ("q_lora_rank", "kv_lora_rank", "qk_rope_head_dim",
-                                                "qk_nope_head_dim", "v_head_dim")}
+            if cfg.get("kv_lora_rank"):  # DeepSeek's latent attention (GLM-4-MoE's attention is plain)
+                self.mla = {k: cfg.get(k) for k in ("q_lora_rank", "kv_lora_rank", "qk_rope_head_dim",
+                                                    "qk_nope_head_dim", "v_head_dim")}
         else:
             self.sparse_layers = self.layers
 
@@ -175,15 +191,31 @@ class ModelShape:
 
     def largest_layer(self) -> int:
         """The most parameters one decoder layer has (the unit FSDP2 gathers)."""
+        if self.counted:
+            return self.counted.largest_layer
         return self.layer_params(self.sparse_layers > 0)
 
     def root_params(self) -> int:
-        """Outside the decoder layers: embedding, final norm, head (when untied)."""
+        """Outside the decoder layers: embedding, final norm, head (when untied), and any other
+        model-wide weight (Gemma-4's per-layer embeddings)."""
+        if self.counted:
+            return self.counted.root
         return self.vocab * self.hidden * (1 if self.tied else 2) + self.hidden
 
     def params(self) -> int:
+        """sum(p.numel()) of the model: transformers' own model counted where it knows the family, else
+        the count by hand from the config's sizes."""
+        if self.counted:
+            return self.counted.total
         dense = self.layers - self.sparse_layers
         return dense * self.layer_params() + self.sparse_layers * self.layer_params(True) + self.root_params()
+
+    def active_params(self) -> int:
+        """Parameters one token runs through: the total less the routed experts it is not sent to."""
+        if self.counted:
+            return self.counted.active
+        idle = self.sparse_layers * 3 * self.hidden * self.expert_intermediate * (self.experts - self.experts_per_token)
+        return self.params() - idle
 
     def critic_params(self) -> int:
         """The value model: this backbone without the vocabulary head, with a (hidden -> 1) head and its bias."""
@@ -199,6 +231,8 @@ class ModelShape:
             if vllm:
                 return self.layers * (m["kv_lora_rank"] + m["qk_rope_head_dim"])
             return self.layers * self.heads * (m["qk_nope_head_dim"] + m["qk_rope_head_dim"] + m["v_head_dim"])
+        if self.layer_kv:
+            return sum(2 * max(1, heads // tensor_parallel_size) * dim for heads, dim in self.layer_kv)
         return 2 * self.layers * max(1, self.kv_heads // tensor_parallel_size) * self.head_dim  # keys and values
 
     def mlp_values(self, sparse: bool) -> int:
@@ -216,6 +250,81 @@ class ModelShape:
     def largest_layer_values(self) -> int:
         return 8 * self.hidden + 4 * max(self.mlp_values(self.sparse_layers > 0),
                                          self.mlp_values(False) if self.sparse_layers < self.layers else 0)
+
+
+def family_tied(family: str | None) -> bool:
+    """Whether the family's head is tied when config.json says nothing: transformers' config class
+    default (Gemma's are tied, Llama's not), which is what loading the folder gives."""
+    config_class = _config_class(family)
+    return bool(config_class().tie_word_embeddings) if config_class else False
+
+
+def _config_class(family: str | None):
+    from transformers import CONFIG_MAPPING
+
+    return CONFIG_MAPPING[family] if family in CONFIG_MAPPING else None
+
+
+@dataclass
+class ParamCount:
+    """The parameters of the model transformers builds from a config.json, counted on the meta device."""
+
+    total: int
+    root: int  # outside the decoder layers
+    largest_layer: int
+    active: int  # less the routed experts a token is not sent to
+
+
+_LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
+_EXPERT = re.compile(r"\.experts\.")
+
+
+def layer_kv_shapes(cfg: dict) -> list[tuple[int, int]] | None:
+    """(kv heads, head dim) of each layer where transformers' config class has per-layer attributes
+    (Gemma-4: global_head_dim on its full-attention layers), else None (one shape for all)."""
+    config_class = _config_class(cfg.get("model_type"))
+    if config_class is None:
+        return None
+    config = config_class(**{k: v for k, v in cfg.items() if k != "model_type"})
+    per_layer = getattr(config, "per_layer_config", None)
+    if per_layer is None:
+        return None
+    shapes = []
+    for i in range(config.num_hidden_layers):
+        layer = per_layer[i]
+        heads = getattr(layer, "num_key_value_heads", None) or layer.num_attention_heads
+        shapes.append((heads, getattr(layer, "head_dim", None) or layer.hidden_size // layer.num_attention_heads))
+    return shapes if len(set(shapes)) > 1 else None
+
+
+def count_parameters(cfg: dict) -> ParamCount | None:
+    """Build the model of ``cfg`` on the meta device (no memory, well under a second for a 671B
+    config) and count it, so every family's own layout is counted: Gemma's four norms a layer and
+    Gemma-4's per-layer embeddings included. None where transformers does not know the family."""
+    config_class = _config_class(cfg.get("model_type"))
+    if config_class is None:
+        return None
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    config = config_class(**{k: v for k, v in cfg.items() if k != "model_type"})
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    experts = next((cfg[key] for key in EXPERT_KEYS if cfg.get(key)), 0)
+    per_token = cfg.get("num_experts_per_tok") or 0
+    total = root = idle = 0
+    layers: dict[int, int] = {}
+    for name, p in model.named_parameters():
+        n = p.numel()
+        total += n
+        layer = _LAYER.search(name)
+        if layer is None:
+            root += n
+        else:
+            layers[int(layer.group(1))] = layers.get(int(layer.group(1)), 0) + n
+        if experts and _EXPERT.search(name):  # routed experts, fused (experts, ...) or one module each
+            idle += n * (experts - per_token) // experts
+    return ParamCount(total, root, max(layers.values(), default=0), total - idle)
 
 
 def read_model_config(path: str) -> dict:
@@ -245,6 +354,7 @@ class Term:
 class MemoryPlan:
     world_size: int
     params: int
+    active_params: int  # a mixture of experts' parameters one token runs through (= params when dense)
     rows_per_rank: int  # rows one rank generates per generation batch
     capacity: float  # bytes one rank may use
     capacity_source: str
@@ -323,11 +433,26 @@ class Run:
     def rows(self, prompts: int) -> int:
         return prompts * self.arr.rollout.n // self.world
 
+    def gen_rows(self, prompts: int) -> int:
+        """Rows one engine generates: the actor rank's, or a pool worker's share."""
+        return prompts * self.arr.rollout.n // (self.arr.rollout.n_gpus_per_node if self.pool else self.world)
+
     @property
     def ahead(self) -> int:
-        """colocate_async's batches generated ahead (0: the engine is the actor's, the hybrid engine)."""
+        """Batches generated ahead of the update (colocate_async and separate_async; 0: sync)."""
         v1 = self.config.trainer.v1
-        return v1.colocate_async.num_warmup_batches if v1.trainer_mode == "colocate_async" else 0
+        return v1.colocate_async.num_warmup_batches if v1.trainer_mode != "sync" else 0
+
+    @property
+    def pool(self) -> bool:
+        """``hybrid_engine=false``: the engine runs on a rollout pool's devices, none of it on the actor's."""
+        return not self.arr.hybrid_engine
+
+    @property
+    def own_engine(self) -> bool:
+        """The engine is a ``RolloutWorker`` with a model of its own (async or a pool), not the hybrid
+        worker's: the hybrid worker's rollout_mode, where the offloads happen, never runs."""
+        return bool(self.ahead) or self.pool
 
 
 def plan_memory(config: RLVRConfig, model_cfg: dict, device_memory_gb: float | None = None) -> MemoryPlan:
@@ -344,14 +469,14 @@ def plan_memory(config: RLVRConfig, model_cfg: dict, device_memory_gb: float | N
     else:
         kv_floor = 0.0
         native_engine_terms(run, t)
-    if run.ahead:
+    if run.own_engine:
         own_engine_terms(run, t)
     update_terms(run, t)
     if critic is not None:
         critic_terms(run, t, critic)
     gen_prompts = config.data.gen_batch_size or config.data.train_batch_size
-    return MemoryPlan(run.world, run.shape.params(), run.rows(gen_prompts), capacity, source, t, phases(run, t),
-                      kv_floor)
+    return MemoryPlan(run.world, run.shape.params(), run.shape.active_params(), run.gen_rows(gen_prompts), capacity,
+                      source, t, phases(run, t), kv_floor)
 
 
 def state_terms(run: Run, t: dict[str, Term]) -> None:
@@ -396,7 +521,7 @@ def native_engine_terms(run: Run, t: dict[str, Term]) -> None:
     packed = (shape.layers * (attention + shape.mlp_params(False)) + shape.vocab * shape.hidden) * run.roll_b
     t["packed_weights"] = Term("prepacked projections (CPU decode)", packed if lean_packed else 0.0, True,
                                "only while generating" if lean_packed else "none on this device")
-    rows = run.rows(run.config.data.gen_batch_size or run.config.data.train_batch_size)
+    rows = run.gen_rows(run.config.data.gen_batch_size or run.config.data.train_batch_size)
     # the largest wave the engine decodes at once: whole groups of n rows, at most max_num_seqs
     waves = group_waves([r // arr.rollout.n for r in range(rows)], arr.rollout.max_num_seqs)
     rows_at_once = max(len(wave) for wave in waves)
@@ -405,18 +530,25 @@ def native_engine_terms(run: Run, t: dict[str, Term]) -> None:
 
 
 def own_engine_terms(run: Run, t: dict[str, Term]) -> None:
-    """colocate_async: the engine is a model of its own beside the actor (``RolloutWorker``: fp32,
-    plus the native engine's copy in its dtype), kept, generating while the actor updates; and
-    each weight version sent to it is a full fp32 copy (``CopyWeights``, on the actor's device)
-    until the engine loads it: k = num_warmup_batches of them when the engine is k batches
-    behind its queue, the most it can be."""
+    """An engine with a model of its own (``RolloutWorker``: the policy in fp32, plus the native
+    engine's copy in its dtype, or vLLM's weights streamed from it), kept: beside the actor under
+    colocate_async, generating while the actor updates, or on a rollout pool's devices
+    (``hybrid_engine=false``). Each weight version sent is a full fp32 copy until the engine loads
+    it: colocate_async's ``CopyWeights`` on the actor's device, k = num_warmup_batches of them when
+    the engine is k batches behind its queue, the most it can be; a pool's receiver stages each
+    broadcast version whole (one at least, k ahead under separate_async)."""
     P, k = run.shape.params(), run.ahead
-    if not run.vllm:  # vLLM's own weights are counted already
+    where = "on the rollout pool's devices" if run.pool else "colocate_async"
+    if run.vllm:  # vLLM's own weights are counted already; the worker's fp32 model they are streamed from is not
+        t["rollout_model"] = Term("rollout worker's model (fp32)", 4 * P, True, f"vLLM's weights stream from it, kept "
+                                  f"({where})")
+    else:
         cast = run.roll_b * P if run.arr.rollout.dtype != "float32" else 0.0
         t["engine_weights"] = Term(f"rollout engine's own model (fp32{' + ' + run.arr.rollout.dtype if cast else ''})",
-                                   4 * P + cast, True, "its own copy, kept (colocate_async)")
-    t["pending_weights"] = Term("weight versions sent, not yet loaded (fp32)", k * 4 * P, True,
-                                f"at most num_warmup_batches = {k}, each freed once the engine loads it")
+                                   4 * P + cast, True, f"its own copy, kept ({where})")
+    versions = max(1, k) if run.pool else k
+    t["pending_weights"] = Term("weight versions sent, not yet loaded (fp32)", versions * 4 * P, True,
+                                f"at most {versions} (num_warmup_batches = {k}), each freed once the engine loads it")
 
 
 def vllm_terms(run: Run, t: dict[str, Term]) -> float:
@@ -546,22 +678,20 @@ def critic_terms(run: Run, t: dict[str, Term], shape: ModelShape) -> None:
                                     gathered_bytes(root, shape.largest_layer(), None, False, DTYPE_BYTES[dtype]), True)
 
 
+ENGINE_TERMS = ("engine_weights", "rollout_model", "packed_weights", "kv_cache", "pending_weights")
+
+
 def phases(run: Run, t: dict[str, Term]) -> dict[str, list[str]]:
-    """Which terms each phase holds (names of terms the run has none of are dropped)."""
+    """Which terms each phase holds (names of terms the run has none of are dropped). A rollout
+    pool's devices are a phase of their own, ``rollout pool``, beside the actor's."""
     arr = run.arr
-    # the offloads act only under fsdp2, and only while generation runs (hybrid._offload)
-    offloaded = {"weights": run.sharded and arr.actor.fsdp_config.param_offload,
-                 "reference": run.sharded and arr.ref.fsdp_config.param_offload,
-                 "optimizer": run.sharded and arr.actor.fsdp_config.optimizer_offload}
-    # the engine's own weights that stay between rollouts: local's kept copy, or vLLM awake
-    if run.vllm:
-        engine_kept = [] if run.vllm_sleeps else ["engine_weights", "kv_cache"]
-        engine_init = ["engine_weights", "kv_cache"]  # started (awake) at init
-    else:
-        engine_kept = [] if run.sharded and not run.ahead else ["engine_weights"]
-        engine_init = engine_kept
-    # colocate_async: the engine generates while the actor updates, so the update holds its whole working set
-    overlap = [n for n in ("packed_weights", "kv_cache", "pending_weights") if n not in engine_kept] if run.ahead else []
+    # the offloads act only under fsdp2, and only in the hybrid worker's rollout_mode (hybrid._offload),
+    # which an engine of its own (async, a pool) never runs
+    offload = run.sharded and not run.own_engine
+    offloaded = {"weights": offload and arr.actor.fsdp_config.param_offload,
+                 "reference": offload and arr.ref.fsdp_config.param_offload,
+                 "optimizer": offload and arr.actor.fsdp_config.optimizer_offload}
+    engine_kept, engine_init, overlap = engine_residency(run)
     critic = ["critic_weights", "critic_optimizer"]  # never offloaded
     init = ["weights", "reference", "init_read"] + engine_init + ["critic_weights"]
     named = {"init": init}
@@ -569,13 +699,32 @@ def phases(run: Run, t: dict[str, Term]) -> dict[str, list[str]]:
         named["resume"] = ([n for n in init if n not in ("init_read", *engine_init)] + engine_kept
                            + ["optimizer", "critic_optimizer", "resume_read"])
     named["generation"] = ([n for n in ("weights", "master", "reference", "optimizer") if not offloaded.get(n)]
-                           + ["engine_weights", "packed_weights", "kv_cache", "pending_weights"] + critic)
+                           + ([] if run.pool else list(ENGINE_TERMS)) + critic)
     named["update"] = (["weights", "master", "reference", "gradients", "optimizer", "activations", "logits",
                         "gathered"] + engine_kept + overlap + critic)
     if "critic_weights" in t:  # its own update: the actor's gradients are freed by then
-        named["critic update"] = (["weights", "master", "reference", "optimizer"] + engine_kept + critic
+        named["critic update"] = (["weights", "master", "reference", "optimizer"] + engine_kept + overlap + critic
                                   + ["critic_gradients", "critic_activations", "critic_gathered"])
+    if run.pool:  # a pool device: its model and engine, generating, while a version is received
+        named["rollout pool"] = list(ENGINE_TERMS)
     return {phase: [n for n in names if n in t] for phase, names in named.items()}
+
+
+def engine_residency(run: Run) -> tuple[list[str], list[str], list[str]]:
+    """The engine's terms on the actor's device: those kept between rollouts, those at init, and
+    those an update overlaps (async: the engine generates while the actor and the critic update,
+    so they hold its whole working set). A pool's engine is on devices of its own: none."""
+    if run.pool:
+        return [], [], []
+    if run.vllm:  # vLLM awake between rollouts unless it sleeps; started (awake) at init
+        kept, init = ([] if run.vllm_sleeps else ["engine_weights", "kv_cache"]), ["engine_weights", "kv_cache"]
+    else:  # local's kept copy, or the engine's own model under async
+        kept = [] if run.sharded and not run.ahead else ["engine_weights"]
+        init = list(kept)
+    if run.ahead:  # the rollout worker's fp32 model (vLLM's source) is kept from init on
+        kept, init = kept + ["rollout_model"], init + ["rollout_model"]
+    overlap = [n for n in ENGINE_TERMS if n not in kept] if run.ahead else []
+    return kept, init, overlap
 
 
 def device_capacity(config: RLVRConfig, override_gb: float | None) -> tuple[float, str]:
@@ -626,6 +775,12 @@ def term_fix(name: str, config: RLVRConfig) -> str:
     if name == "gathered" and not actor.fsdp_config.reshard_after_forward:
         return ("set actor_rollout_ref.actor.fsdp_config.reshard_after_forward=true (then one layer at a time is "
                 "gathered)")
+    if name == "pending_weights":
+        return ("lower trainer.v1.colocate_async.num_warmup_batches (each batch ahead holds one more fp32 version "
+                "until the engine loads it)")
+    if name == "rollout_model":
+        return ("it is the rollout worker's own fp32 copy of the policy: trainer.v1.trainer_mode=sync with the "
+                "hybrid engine streams vLLM's weights from the actor's instead, or a device with more memory")
     if name in ("init_read", "resume_read", "engine_weights", "packed_weights", "gathered", "critic_gathered"):
         return ("it is unsharded, so more GPUs do not shrink it: "
                 + ("actor_rollout_ref.rollout.dtype=bfloat16 halves it, " if name == "engine_weights"
@@ -642,7 +797,8 @@ def term_fix(name: str, config: RLVRConfig) -> str:
 
 
 def format_plan(plan: MemoryPlan) -> str:
-    lines = [f"memory plan per device: {plan.params / 1e9:.3f}B parameters, world size {plan.world_size}, "
+    active = f" ({plan.active_params / 1e9:.3f}B active)" if plan.active_params != plan.params else ""
+    lines = [f"memory plan per device: {plan.params / 1e9:.3f}B parameters{active}, world size {plan.world_size}, "
              f"{plan.rows_per_rank} rows per rank", ""]
     for term in plan.terms.values():
         mark = " [rank 0's host RAM]" if term.host else " [full copy per rank]" if term.full_copy and term.bytes else ""

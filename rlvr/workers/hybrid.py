@@ -41,7 +41,7 @@ from rlvr.models.loader import empty_model, load_model, load_tokenizer
 from rlvr.models.lora import apply_lora, load_adapter, save_adapter, unwrap
 from rlvr.distributed import fsdp
 from rlvr.distributed.dispatch import Dispatch, register
-from rlvr.distributed.weight_sync import WeightGroup, WeightSender, weight_meta
+from rlvr.distributed.weight_sync import WeightGroup, WeightSender, weight_meta, weight_tensors
 from rlvr.distributed.worker import Worker, free_port
 from rlvr.protocol import DataProto
 from rlvr.rollout import build_rollout, get_rollout_class
@@ -258,8 +258,8 @@ class ActorRolloutRefWorker(Worker):
         turn (every rank), rank 0 sending them a bucket at a time."""
         self._leave_rollout_mode()
         with torch.no_grad():
-            self.weight_sender.send(version, ((name, fsdp.full_tensor(p.detach()))
-                                              for name, p in self.model.named_parameters()))
+            self.weight_sender.send(version, ((name, fsdp.full_tensor(t.detach()))
+                                              for name, t in weight_tensors(self.model)))
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def generate_sequences(self, prompts: DataProto) -> DataProto:

@@ -122,3 +122,19 @@ def test_the_sender_refuses_tensors_other_than_announced():
     wrong["embed"] = torch.zeros(7, 4)
     with pytest.raises(WeightSyncError, match=r"embed \(7, 4\) is not the announced embed \(7, 5\)"):
         sender.send(1, iter(wrong.items()))
+
+
+def test_persistent_buffers_travel_with_the_parameters():
+    """A rollout worker loads what it receives with load_state_dict, which refuses a missing
+    persistent buffer (GLM-4-MoE's router e_score_correction_bias): the meta and the tensors
+    sent carry the persistent buffers after the parameters, not the non-persistent ones."""
+    from rlvr.distributed.weight_sync import weight_tensors
+
+    model = torch.nn.Linear(3, 2)
+    model.register_buffer("bias_correction", torch.tensor([0.5, -1.0]))
+    model.register_buffer("table", torch.ones(4), persistent=False)
+    assert weight_meta(model) == [("weight", (2, 3), "float32"), ("bias", (2,), "float32"),
+                                  ("bias_correction", (2,), "float32")]
+    sent = dict(weight_tensors(model))
+    assert set(sent) == set(model.state_dict()) and torch.equal(sent["bias_correction"], model.bias_correction)
+    WeightSender(None, weight_meta(model), 1 << 20).send(1, weight_tensors(model))  # names and shapes as announced

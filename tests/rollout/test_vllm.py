@@ -282,3 +282,110 @@ def test_a_mixture_of_experts_samples_its_updated_experts(tiny_moe_model_dir):
     facts = json.loads(done.stdout.strip().splitlines()[-1])
     assert facts["new_differs_from_old"]  # else the test could not tell stale experts from fresh ones
     assert facts["vllm_equals_transformers"] == {"before the update": True, "after the update": True}
+
+
+# ---------------------------------------------------------------- families: what the stream sends, what vLLM takes
+def tiny_family(family: str, **extra):
+    """A tiny random model of ``family`` built by transformers (64-wide heads: vLLM's CPU attention)."""
+    from transformers import CONFIG_MAPPING, AutoModelForCausalLM
+
+    shape = dict(vocab_size=128, hidden_size=64, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+                 num_key_value_heads=1, head_dim=64, max_position_embeddings=256, pad_token_id=0)
+    torch.manual_seed(0)
+    return AutoModelForCausalLM.from_config(CONFIG_MAPPING[family](**{**shape, **extra})).eval()
+
+
+def test_persistent_buffers_are_sent_with_the_parameters():
+    """GLM-4-MoE's router keeps e_score_correction_bias as a buffer (vLLM: a parameter): the stream
+    sends every persistent buffer (what a checkpoint stores), not the rotary tables (non-persistent)."""
+    model = tiny_family("glm4_moe", moe_intermediate_size=32, n_routed_experts=4, num_experts_per_tok=2,
+                        n_shared_experts=1, first_k_dense_replace=1, n_group=1, topk_group=1)
+    bias = model.model.layers[1].mlp.gate.e_score_correction_bias
+    with torch.no_grad():
+        bias.copy_(torch.tensor([0.5, -1.0, 2.0, 0.25]))
+    sent = dict(policy_weights(model))
+    assert torch.equal(sent["model.layers.1.mlp.gate.e_score_correction_bias"], bias)
+    assert not any("inv_freq" in name for name in sent)
+
+
+def test_a_tied_head_is_sent_only_to_an_engine_that_has_one():
+    """vLLM's Gemma-2 computes its logits from embed_tokens and has no lm_head parameter: the tied
+    alias is not sent to it (its reload fails on the unknown name); vLLM's Llama ties a head of its own
+    to the embedding and reloads it layer by layer, so it gets the alias."""
+    from rlvr.rollout.vllm_rollout import engine_has_head
+
+    model = tiny_family("gemma2")
+    assert model.config.tie_word_embeddings
+    with_head, without = dict(policy_weights(model)), dict(policy_weights(model, tied_head=False))
+    assert set(with_head) - set(without) == {"lm_head.weight"}
+    assert torch.equal(without["model.embed_tokens.weight"], model.model.embed_tokens.weight)
+
+    class Engine(torch.nn.Module):  # vLLM's layouts, as named_parameters shows them
+        def __init__(self, head: bool):
+            super().__init__()
+            self.model = torch.nn.Module()
+            self.model.embed_tokens = torch.nn.Embedding(4, 2)
+            if head:
+                self.lm_head = torch.nn.Linear(2, 4, bias=False)
+                self.lm_head.weight = self.model.embed_tokens.weight  # tied: listed under both names
+
+    assert engine_has_head(Engine(head=True)) and not engine_has_head(Engine(head=False))
+
+
+def test_kv_size_of_per_layer_head_dims():
+    """Gemma-4 gives its full-attention layers global_head_dim and its sliding layers head_dim; its
+    config answers head_dim only per layer (config.head_dim raises)."""
+    from transformers import CONFIG_MAPPING
+
+    from rlvr.rollout.vllm_rollout import kv_bytes_per_token
+
+    config = CONFIG_MAPPING["gemma4_text"](vocab_size=64, hidden_size=64, intermediate_size=64, num_hidden_layers=4,
+                                           num_attention_heads=2, num_key_value_heads=2, head_dim=32,
+                                           global_head_dim=64,
+                                           hidden_size_per_layer_input=4, vocab_size_per_layer_input=64,
+                                           layer_types=["sliding_attention", "full_attention"] * 2)
+    # 2 sliding layers x 2 kv heads x 32 + 2 full layers x 2 kv heads x 64 = 384 values, keys and values
+    # (x 2), 4 bytes: 3072 bytes a token (one head_dim of 32 for all would give 1024 x 2, of 64 4096)
+    assert kv_bytes_per_token(config, torch.float32) == 2 * (2 * 2 * 32 + 2 * 2 * 64) * 4 == 3072
+    # and a plain config: 2 layers x 1 kv head x 64 x 2 x 4 bytes
+    assert kv_bytes_per_token(tiny_family("llama").config, torch.float32) == 2 * 2 * 64 * 4
+
+
+@pytest.mark.parametrize("family, architecture", [("olmo2", "Olmo2ForCausalLM"), ("olmo3", "Olmo3ForCausalLM"),
+                                                  ("smollm3", "SmolLM3ForCausalLM")])
+def test_a_family_vllm_runs_through_its_transformers_backend_is_refused_at_load(family, architecture, tokenizer):
+    """vLLM 0.32 has no implementation of its own for these (its registry maps them to its
+    transformers backend): refused before the engine starts, naming the family and what to use."""
+    from rlvr.config import ConfigError
+
+    model = tiny_family(family, architectures=[architecture])
+    with pytest.raises(ConfigError, match=f"{architecture} \\(model_type '{family}'\\).*rollout.name=native"):
+        VLLMRollout(model, tokenizer, RolloutConfig(name="vllm", max_num_seqs=4), 16, 32)
+    # without architectures in the config, the model's class names it
+    bare = tiny_family(family)
+    with pytest.raises(ConfigError, match=architecture):
+        VLLMRollout(bare, tokenizer, RolloutConfig(name="vllm", max_num_seqs=4), 16, 32)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", ["glm4_moe", "gemma2"])
+def test_a_familys_greedy_tokens_equal_transformers_after_the_sync(family, builtin_dir):
+    """After one sync vLLM's greedy tokens equal transformers' on a tiny GLM-4-MoE (its router's
+    e_score_correction_bias, a buffer, moved off vLLM's dummy values) and a tiny Gemma-2 (a tied head,
+    which vLLM's Gemma-2 has no parameter for: the sync used to fail on lm_head.weight). In a process
+    of its own (``vllm_family_check.py``): vLLM's first engine in a process fixes its expert-parallel
+    group."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import rlvr
+
+    script = Path(__file__).with_name("vllm_family_check.py")
+    env = {**os.environ, "PYTHONPATH": str(Path(rlvr.__file__).parents[1])}  # the rlvr under test
+    done = subprocess.run([sys.executable, str(script), family, str(builtin_dir)], capture_output=True, text=True,
+                          timeout=600, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == {"vllm_equals_transformers": True}

@@ -7,7 +7,7 @@ import pytest
 
 from rlvr import cli
 from rlvr.config import ConfigError, load_config
-from rlvr.trainer.memory_plan import ModelShape, check_plan, plan_memory, read_model_config
+from rlvr.trainer.memory_plan import ModelShape, check_plan, format_plan, plan_memory, read_model_config
 
 # hidden 8, 2 layers, 2 heads of dim 4, 1 kv head, intermediate 16, vocab 32, tied, no biases
 TINY = {"model_type": "llama", "hidden_size": 8, "num_hidden_layers": 2, "num_attention_heads": 2,
@@ -450,3 +450,172 @@ def test_colocate_async_holds_the_engines_own_model_and_the_versions_sent_throug
     # sharded (fsdp2): the engine's model is its own, never gathered from the shards and freed
     sharded = plan_memory(load_config(None, overrides + ["actor_rollout_ref.actor.strategy=fsdp2"]), TINY)
     assert "engine_weights" in sharded.phases["update"] and "engine_weights" in sharded.phases["init"]
+
+
+# ---------------------------------------------------------------- parameter counts, family by family
+# Tiny configs as config.json would hold them; Gemma-2's has no tie_word_embeddings key (as gemma-2-2b-it's),
+# where the family's default is tied.
+_BASE = {"hidden_size": 16, "num_hidden_layers": 2, "num_attention_heads": 2, "num_key_value_heads": 1,
+         "intermediate_size": 32, "vocab_size": 64}
+FAMILY_CONFIGS = {
+    "llama": {**_BASE, "model_type": "llama"},
+    "qwen2": {**_BASE, "model_type": "qwen2", "tie_word_embeddings": False},
+    "gemma2": {**_BASE, "model_type": "gemma2", "head_dim": 8},
+    "gemma3_text": {**_BASE, "model_type": "gemma3_text", "head_dim": 8},
+    "gemma4_text": {**_BASE, "model_type": "gemma4_text", "num_hidden_layers": 4, "head_dim": 8, "global_head_dim": 16,
+                    "hidden_size_per_layer_input": 4, "vocab_size_per_layer_input": 64, "sliding_window": 8,
+                    "layer_types": ["sliding_attention", "full_attention"] * 2},
+    "mixtral": {**_BASE, "model_type": "mixtral", "num_local_experts": 4, "num_experts_per_tok": 2},
+    "qwen3_moe": {**_BASE, "model_type": "qwen3_moe", "head_dim": 8, "num_experts": 4, "num_experts_per_tok": 2,
+                  "moe_intermediate_size": 8},
+    "deepseek_v3": {**_BASE, "model_type": "deepseek_v3", "num_key_value_heads": 2, "moe_intermediate_size": 8,
+                    "n_routed_experts": 4, "num_experts_per_tok": 2, "n_shared_experts": 1, "first_k_dense_replace": 1,
+                    "q_lora_rank": 8, "kv_lora_rank": 8, "qk_rope_head_dim": 4, "qk_nope_head_dim": 4,
+                    "v_head_dim": 4, "n_group": 2, "topk_group": 1},
+    "glm4_moe": {**_BASE, "model_type": "glm4_moe", "head_dim": 8, "moe_intermediate_size": 8, "n_routed_experts": 4,
+                 "num_experts_per_tok": 2, "n_shared_experts": 1, "first_k_dense_replace": 1, "n_group": 1,
+                 "topk_group": 1},
+}
+
+
+def meta_numel(cfg: dict) -> int:
+    """sum(p.numel()) of the model transformers builds from ``cfg`` (on the meta device: no memory)."""
+    import torch
+    from transformers import CONFIG_MAPPING, AutoModelForCausalLM
+
+    config = CONFIG_MAPPING[cfg["model_type"]](**{k: v for k, v in cfg.items() if k != "model_type"})
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    return sum(p.numel() for p in model.parameters())
+
+
+@pytest.mark.parametrize("family", sorted(FAMILY_CONFIGS))
+def test_plan_counts_the_models_parameters(family, tmp_path):
+    cfg = FAMILY_CONFIGS[family]
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    plan = plan_memory(load_config(None, tiny_overrides(tmp_path)), read_model_config(str(tmp_path)))
+    assert plan.params == meta_numel(cfg)
+
+
+@pytest.mark.parametrize("family, active", [
+    # layer: attention q 16x16 + k,v 16x8 each + o 16x16 = 768, 2 norms 32, router 16x4 = 64;
+    # one expert 3 x 16 x 32 = 1536, 2 of 4 active -> 3072; embedding + head 2 x 64 x 16 = 2048, norm 16
+    # 2 x (768 + 32 + 64 + 3072) + 2048 + 16 = 9936
+    ("mixtral", 9936),
+    # Qwen3-MoE: q 16x16 + k,v 16x8 each + o 16x16 = 768, q/k norms 8 + 8, 2 norms 32, router 64;
+    # expert 3 x 16 x 8 = 384, 2 active -> 768; 2 x (768 + 16 + 32 + 64 + 768) + untied 2048 + 16 = 5360
+    ("qwen3_moe", 5360),
+    # DeepSeek-V3, latent attention: q_a 16x8 + norm 8 + q_b 8x(2 x 8) = 264; kv_a 16x(8+4) + norm 8 +
+    # kv_b 8x(2 x (4+4)) = 328; o (2 x 4)x16 = 128 -> 720 a layer. Layer 0 dense MLP 3 x 16 x 32 = 1536;
+    # layer 1: router 4 x 16 = 64, shared expert 3 x 16 x 8 = 384, 2 routed of 4 active 2 x 384 = 768.
+    # 2 x 2 norms 64; untied 2048 + norm 16:
+    # 720 + 1536 + 720 + 64 + 384 + 768 + 64 + 2048 + 16 = 6320
+    ("deepseek_v3", 6320),
+    # GLM-4-MoE (DeepSeek's layout, plain attention): attention 16x16 + 2 x 16x8 + 16x16 = 768 a layer, x 2;
+    # layer 0 dense 3 x 16 x 32 = 1536; layer 1 router 64, shared expert 3 x 16 x 8 = 384, 2 routed of 4
+    # active 768; 4 norms 64; untied 2048 + norm 16: 1536 + 1536 + 64 + 384 + 768 + 64 + 2064 = 6416
+    ("glm4_moe", 6416),
+])
+def test_plan_shows_moe_active_parameters(family, active, tmp_path):
+    cfg = FAMILY_CONFIGS[family]
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    plan = plan_memory(load_config(None, tiny_overrides(tmp_path)), read_model_config(str(tmp_path)))
+    assert plan.active_params == active
+    assert f"{active / 1e9:.3f}B active" in format_plan(plan)
+
+
+def test_dense_plan_active_equals_total(tiny_folder):
+    plan = plan_memory(load_config(None, tiny_overrides(tiny_folder)), read_model_config(str(tiny_folder)))
+    assert plan.active_params == plan.params == 1448
+
+
+def test_gemma2_2b_without_tie_key_is_tied(tmp_path):
+    # gemma-2-2b-it's config.json: no tie_word_embeddings key; Gemma-2's default is a tied head
+    cfg = {"model_type": "gemma2", "hidden_size": 2304, "num_hidden_layers": 26, "num_attention_heads": 8,
+           "num_key_value_heads": 4, "head_dim": 256, "intermediate_size": 9216, "vocab_size": 256000}
+    # layer: q 2304 x 2048 + k, v 2304 x 1024 each + o 2048 x 2304 = 14,155,776; MLP 3 x 2304 x 9216 =
+    # 63,700,992; 4 norms 9,216 -> 77,865,984; x 26 = 2,024,515,584; + embedding 256000 x 2304 = 589,824,000
+    # + final norm 2,304 = 2,614,341,888 (an untied head would add 589,824,000: the 3.204B seen)
+    assert ModelShape.from_config(cfg).params() == 2_614_341_888
+    assert ModelShape.from_config(cfg).tied
+
+
+# ---------------------------------------------------------------- async and pools: what overlaps what
+ASYNC_LOCAL = ["actor_rollout_ref.actor.strategy=local", "trainer.n_gpus_per_node=1",
+               "trainer.v1.trainer_mode=colocate_async", "trainer.v1.colocate_async.num_warmup_batches=1"]
+
+
+def test_colocate_async_with_vllm_holds_the_rollout_workers_model_and_vllm_through_the_update(tiny_folder):
+    """The RolloutWorker loads the policy in fp32 (vLLM streams its weights from that copy) beside
+    vLLM's own weights; vLLM generates while the actor updates, so it cannot sleep through it."""
+    overrides = tiny_overrides(tiny_folder) + ASYNC_LOCAL + ["actor_rollout_ref.rollout.name=vllm",
+                                                             "trainer.device=cuda"]
+    plan = plan_memory(load_config(None, overrides), TINY, device_memory_gb=1)
+    b = {name: term.bytes for name, term in plan.terms.items()}
+    # the rollout worker's fp32 model 4 x 1448 = 5792, kept; vLLM's bf16 weights 2 x 1448 = 2896
+    assert b["rollout_model"] == 5792 and b["engine_weights"] == 2896
+    for phase in ("update", "generation"):
+        assert {"rollout_model", "engine_weights", "kv_cache", "pending_weights"} <= set(plan.phases[phase]), phase
+
+
+def test_async_never_offloads(tiny_folder, monkeypatch):
+    """param/optimizer offload happens in the hybrid worker's rollout_mode, which async never runs
+    (its engine is a worker of its own): generation keeps the actor's state on the device."""
+    overrides = tiny_overrides(tiny_folder) + ["actor_rollout_ref.actor.fsdp_config.param_offload=true",
+                                               "actor_rollout_ref.actor.fsdp_config.optimizer_offload=true",
+                                               "actor_rollout_ref.ref.fsdp_config.param_offload=true",
+                                               "trainer.v1.trainer_mode=colocate_async",
+                                               "trainer.v1.colocate_async.num_warmup_batches=1",
+                                               "trainer.device=cuda", "trainer.n_gpus_per_node=1"]
+    plan = plan_memory(load_config(None, overrides), TINY, device_memory_gb=1)
+    assert {"weights", "reference", "optimizer"} <= set(plan.phases["generation"])
+
+
+def test_the_critics_update_holds_the_generation_overlapping_it(tiny_folder):
+    overrides = tiny_overrides(tiny_folder) + ASYNC_LOCAL + ["algorithm.adv_estimator=gae",
+                                                             "critic.ppo_mini_batch_size=4"]
+    plan = plan_memory(load_config(None, overrides), TINY)
+    assert {"engine_weights", "kv_cache", "packed_weights", "pending_weights"} <= set(plan.phases["critic update"])
+    sync = plan_memory(load_config(None, overrides[:-len(ASYNC_LOCAL)] + ASYNC_LOCAL[:2]
+                                   + ["algorithm.adv_estimator=gae", "critic.ppo_mini_batch_size=4"]), TINY)
+    b = {name: term.bytes for name, term in plan.terms.items()}
+    # the engine's own model (8688 against sync's kept bf16 copy 2896), its KV cache (4096), packed projections
+    # (2816) and one pending fp32 version (5792)
+    assert plan.phase_bytes("critic update") - sync.phase_bytes("critic update") == \
+        (b["engine_weights"] - 2896) + b["kv_cache"] + b["packed_weights"] + b["pending_weights"] \
+        == 5792 + 4096 + 2816 + 5792
+
+
+def test_a_rollout_pool_is_planned_on_its_own_devices(tiny_folder):
+    """hybrid_engine=false: the rollout workers hold the fp32 policy, the engine's copy, its KV cache
+    and the version being received, on devices of their own; the actor's devices hold no engine."""
+    overrides = tiny_overrides(tiny_folder) + ["actor_rollout_ref.hybrid_engine=false",
+                                               "actor_rollout_ref.rollout.n_gpus_per_node=2"]
+    plan = plan_memory(load_config(None, overrides), TINY)
+    b = {name: term.bytes for name, term in plan.terms.items()}
+    pool = set(plan.phases["rollout pool"])
+    assert {"engine_weights", "kv_cache", "pending_weights"} <= pool
+    # the pool's model: fp32 4 x 1448 = 5792 + its bf16 copy 2896; one fp32 version received, 5792; rows per
+    # pool device 4 x 2 / 2 = 4, KV 2 x 2 layers x 1 head x 4 x 4 rows x 16 positions x 2 bytes = 2048
+    assert b["engine_weights"] == 8688 and b["pending_weights"] == 5792 and b["kv_cache"] == 2048
+    assert plan.phase_bytes("rollout pool") == 8688 + 5792 + 2048 + b["packed_weights"]
+    for phase in ("init", "generation", "update"):
+        assert not pool & set(plan.phases[phase]), phase
+
+
+def test_gemma4_kv_cache_counts_each_layers_head_dim(tmp_path):
+    cfg = FAMILY_CONFIGS["gemma4_text"]
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    plan = plan_memory(load_config(None, tiny_overrides(tmp_path)), read_model_config(str(tmp_path)))
+    # sliding layers 0, 2: 1 kv head x head_dim 8; full layers 1, 3: 1 kv head x global_head_dim 16;
+    # keys and values: 2 x (2 x 8 + 2 x 16) = 96 values a token, bf16, 4 rows x 16 positions -> 12288
+    # (head_dim 8 for every layer would give 8192)
+    assert plan.terms["kv_cache"].bytes == 96 * 2 * 4 * 16 == 12288
+
+
+def test_the_engines_own_copies_name_their_own_settings(tiny_folder):
+    from rlvr.trainer.memory_plan import term_fix
+
+    config = load_config(None, tiny_overrides(tiny_folder) + ASYNC_LOCAL)
+    assert "num_warmup_batches" in term_fix("pending_weights", config)
+    assert "trainer.v1.trainer_mode=sync" in term_fix("rollout_model", config)
