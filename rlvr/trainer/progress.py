@@ -52,14 +52,19 @@ PHASES = {
 
 class StepProgress:
     """The phase of the step under way, shown on ``bar`` (a tqdm bar, or None) and, where
-    ``plain`` (default: stdout is not a terminal), written as lines through ``write``."""
+    ``plain`` (default: stdout is not a terminal), written as lines through ``write``. The bar is
+    redrawn every tick where ``live_bar`` (default: the bar writes to a terminal)."""
 
     def __init__(self, bar: tqdm | None = None, plain: bool | None = None, write: Callable[[str], None] = tqdm.write,
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic, live_bar: bool | None = None):
         self.bar = bar if bar is not None and not bar.disable else None
         self.plain = (not sys.stdout.isatty()) if plain is None else plain
         self._write, self._clock = write, clock
         self._desc = bar.desc if self.bar is not None else ""
+        # a bar written to a file (nohup, a job log) is not redrawn every tick: one line a second
+        # would fill the log; it shows the phase at its own next update
+        self._live_bar = self.bar is not None and (_is_terminal(getattr(self.bar, "fp", None)) if live_bar is None
+                                                   else live_bar)
         self._step: int | None = None
         self._label, self._unit, self._counts = "", None, None
         self._step_start = self._phase_start = self._printed = 0.0
@@ -129,7 +134,8 @@ class StepProgress:
     def _redraw(self) -> None:
         if self.bar is not None and self._step is not None:
             self.bar.set_description_str(f"{self._desc} · {self.describe()}", refresh=False)
-            self.bar.refresh()
+            if self._live_bar:
+                self.bar.refresh()
 
     def _tick(self) -> None:
         """Every TICK_S: the bar's clocks move; a log gets the step's first line once it runs past
@@ -144,7 +150,7 @@ class StepProgress:
         self._redraw()
 
     def _ensure_ticking(self) -> None:
-        if self._thread is not None or (self.bar is None and not self.plain):
+        if self._thread is not None or (not self._live_bar and not self.plain):
             return
 
         def run() -> None:
@@ -152,3 +158,10 @@ class StepProgress:
                 self._tick()
         self._thread = threading.Thread(target=run, name="rlvr-step-progress", daemon=True)
         self._thread.start()
+
+
+def _is_terminal(stream) -> bool:
+    """tqdm wraps its file; the wrapped stream says whether it is a terminal."""
+    stream = getattr(stream, "stream", stream)
+    isatty = getattr(stream, "isatty", None)
+    return bool(isatty and isatty())

@@ -64,7 +64,7 @@ def test_the_bar_shows_the_phase_and_its_clock(capsys):
 
     clock = Clock()
     bar = tqdm(total=4, desc="training", unit="step")
-    progress = StepProgress(bar, plain=False, clock=clock)
+    progress = StepProgress(bar, plain=False, clock=clock, live_bar=True)  # as on a terminal
     progress.start_step(1)
     with listening(progress._count):
         progress.phase("gen")
@@ -76,6 +76,26 @@ def test_the_bar_shows_the_phase_and_its_clock(capsys):
     bar.close()
     err = capsys.readouterr().err
     assert "training · step 1: generating 5/6 rows (7 s; step 7 s)" in err, err
+
+
+def test_a_bar_written_to_a_log_is_not_redrawn_every_tick(capsys):
+    """Under nohup the bar's file is a log: a redraw a second wrote ~100 bytes a second of bar into
+    it (seen in a 24-step default job's log). There the phase waits for the bar's own update."""
+    from tqdm import tqdm
+
+    clock = Clock()
+    bar = tqdm(total=4, desc="training", unit="step", mininterval=0)
+    progress = StepProgress(bar, plain=False, clock=clock)  # capsys: the bar's file is not a terminal
+    capsys.readouterr()  # the bar's first draw
+    progress.start_step(1)
+    progress.phase("gen")
+    for _ in range(5):
+        clock.now += 1.0
+        progress._tick()
+    assert capsys.readouterr().err == "", "the bar was redrawn into a file"
+    progress.close()
+    bar.update()  # the bar's own update shows the phase
+    assert "step 1: generating" in capsys.readouterr().err
 
 
 def test_a_run_logged_to_a_file_shows_each_phase_of_its_steps_in_order(tiny_config, monkeypatch, capsys):
