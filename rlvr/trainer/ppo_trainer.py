@@ -36,7 +36,8 @@ from rlvr.rewards.manager import TRAJECTORY_KEYS
 from rlvr.errors import StopTraining, TrainingInterrupted
 from rlvr.trainer import checkpoint
 from rlvr.trainer.evaluate import evaluate, generation_batch
-from rlvr.trainer.guards import GAP_TEMPERATURE, PROBE_TOKENS, check_groups, check_masks, freshness_tolerance
+from rlvr.trainer.guards import (GAP_TEMPERATURE, PROBE_TOKENS, EngineParity, check_groups, check_masks,
+                                 freshness_tolerance)
 from rlvr.trainer.metrics import (compute_data_metrics, compute_off_policy_metrics, compute_throughput_metrics,
                                   compute_timing_metrics, reduce_metrics, timer)
 from rlvr.trainer.rollout_ahead import BroadcastWeights, CopyWeights, Dispatched, RolloutAhead
@@ -99,6 +100,7 @@ class RLTrainer:
         self.weights = (BroadcastWeights if broadcast else CopyWeights)(self.wg, self.rollout_wg)
         self.ahead = RolloutAhead(self.rollout_wg, ahead, self.weights) if config.trainer.v1.trainer_mode != "sync" else None
         self._prompt_batches = None  # async: the prompt stream the dispatches draw from
+        self.parity = EngineParity(config)  # the engine's log-probs against the actor's, step 1 on
 
     # ------------------------------------------------------------------ the loop
     def fit(self) -> dict[str, float]:
@@ -316,6 +318,7 @@ class RLTrainer:
             metrics.update(reduce_metrics(update.meta_info["metrics"]))
             if not self.separate_old_log_prob:  # taken from the update's own forward
                 batch = batch.union(update)
+            metrics.update(self._check_engine_parity(batch))
         metrics.update(compute_data_metrics(batch, cfg.data.max_response_length, cfg.data.max_prompt_length))
         metrics.update(compute_timing_metrics(batch, timings))
         metrics.update(compute_throughput_metrics(batch, timings["step"], cfg.trainer.n_gpus_per_node * cfg.trainer.nnodes))
@@ -352,11 +355,23 @@ class RLTrainer:
         return batch.repeat(n, interleave=True), gen_batch
 
     def _freshness_due(self) -> bool:
-        """At step 2 (the first whose engine must have received an update) and every
-        ``trainer.freshness_check_freq`` steps: a function of the step, so a resumed run probes
-        where the uninterrupted one did."""
+        """At step 1 (no update yet: the reference for the log-prob drift), step 2 (the first whose
+        engine must have received an update) and every ``trainer.freshness_check_freq`` steps: a
+        function of the step, so a resumed run probes where the uninterrupted one did."""
         freq = self.config.trainer.freshness_check_freq
-        return freq > 0 and (self.global_step == 2 or self.global_step % freq == 0)
+        return freq > 0 and (self.global_step <= 2 or self.global_step % freq == 0)
+
+    def _check_engine_parity(self, batch: DataProto) -> dict[str, float]:
+        """The engine's log-probs of the samples the actor's current weights generated against the
+        actor's own, before this step's update (``guards.EngineParity``): the parity guard at step
+        1, the drift check after. Async runs with samples behind the actor (k >= 1) and bypass mode
+        (pi_old is the rollout's) have no such pair after step 1: the freshness probe measures theirs."""
+        if self.config.trainer.freshness_check_freq <= 0 or self.config.algorithm.rollout_correction.bypass_mode:
+            return {}
+        b = batch.batch
+        fresh = torch.as_tensor(np.asarray(batch.non_tensor_batch["policy_version"]) == self.global_step - 1)
+        mask = b["response_mask"].bool() & fresh[:, None].to(b["response_mask"].device)  # (bs, R)
+        return self.parity.check(b["rollout_log_probs"], b["old_log_probs"], mask, self.global_step)
 
     def _check_freshness(self) -> dict[str, float]:
         """The rollout engine holds the actor's weights (verl #7495, ms-swift #9855: a sampler that
@@ -393,7 +408,13 @@ class RLTrainer:
                 f"dtypes); {int((gaps > tolerance).sum())} of {int(mask.sum())} probe tokens differ. The weight sync "
                 "to the engine did not take effect: the run stops before training on a stale policy's samples "
                 "(trainer.freshness_check_freq=-1 turns this probe off)")
-        return {"training/freshness/greedy_gap_max": worst, "training/freshness/probe_tokens": float(mask.sum())}
+        # the engine's log-probs of its greedy tokens (temperature 1) against the actor's: a partly stale
+        # engine drifts before its argmax moves
+        out.meta_info["temperature"] = 1.0
+        actor = self.wg.compute_log_prob(out).batch["old_log_probs"]
+        drift = self.parity.check(out.batch["rollout_log_probs"], actor, mask, self.global_step, what="greedy probe",
+                                  prefix="training/freshness")
+        return {"training/freshness/greedy_gap_max": worst, "training/freshness/probe_tokens": float(mask.sum()), **drift}
 
     def _rollout_ahead(self, timings: dict[str, float]):
         """Async: dispatch the batches up to step + k (the actor holds version step - 1, what the
