@@ -587,6 +587,7 @@ class RLTrainer:
         b = batch.batch
         if rc.bypass_mode:
             b["old_log_probs"] = b["rollout_log_probs"].clone()
+            batch.meta_info["old_log_probs_source"] = "rollout"  # no engine-against-actor metric from these
             return {}
         if not is_active(rc):
             return {}
