@@ -89,6 +89,7 @@ class RLTrainer:
         self.use_reference = config.actor_rollout_ref.actor.use_kl_loss or config.algorithm.use_kl_in_reward
         self.kl_ctrl = get_kl_controller(config.algorithm.kl_ctrl)
         self.separate_old_log_prob = needs_old_log_prob_pass(config)
+        self.parity = EngineParity(config)  # the engine's log-probs against the actor's, step 1 on
         self._completed = self._snapshot(0)
         self._pending: dict | None = None  # the completed step's record until it is logged
         self._updating = False  # inside a step's updates: the weights are partly updated
@@ -100,7 +101,6 @@ class RLTrainer:
         self.weights = (BroadcastWeights if broadcast else CopyWeights)(self.wg, self.rollout_wg)
         self.ahead = RolloutAhead(self.rollout_wg, ahead, self.weights) if config.trainer.v1.trainer_mode != "sync" else None
         self._prompt_batches = None  # async: the prompt stream the dispatches draw from
-        self.parity = EngineParity(config)  # the engine's log-probs against the actor's, step 1 on
 
     # ------------------------------------------------------------------ the loop
     def fit(self) -> dict[str, float]:
@@ -175,7 +175,7 @@ class RLTrainer:
     def _snapshot(self, step: int) -> dict[str, Any]:
         """What a checkpoint of ``step`` holds besides the workers' state."""
         return {"global_step": step, "sampler": self.loader.state_dict(), "kl_ctrl": self.kl_ctrl.value,
-                "rng": checkpoint.rng_state()}
+                "rng": checkpoint.rng_state(), "engine_parity": dict(self.parity.baselines)}
 
     def _commit(self, metrics: dict[str, float]) -> None:
         """The step's updates returned: it is complete; its record waits to be logged."""
@@ -266,7 +266,9 @@ class RLTrainer:
         self.global_step = self._saved_step = state["global_step"]
         self.kl_ctrl.value = state["kl_ctrl"]
         checkpoint.set_rng_state(state["rng"])
+        self.parity.baselines = dict(state.get("engine_parity", {}))  # step 1's noise: the drift's reference
         self._completed = {key: state[key] for key in ("global_step", "sampler", "kl_ctrl", "rng")}
+        self._completed["engine_parity"] = dict(self.parity.baselines)
         self._pending = state.get("pending")
         # records after the checkpoint are logged again; an unlogged step's own record too
         self.tracker.rewind(self.global_step - 1 if self._pending is not None else self.global_step)
