@@ -37,8 +37,10 @@ def freshness_tolerance(config: RLVRConfig) -> float:
 
 # mean and max |log p_engine - log p_actor| over the sampled tokens at step 1, fresh weights (nats).
 # Measured with bench/parity_noise.py (docs/training.md, "The engine against the actor"):
-# fp32 engine: <= 3e-6 mean; bf16 engine copy: 6.7e-4 mean / 1.8e-3 max (tiny model),
-# PLACEHOLDER_BF16 (SmolLM2-135M), PLACEHOLDER_RANDOM (random 1024-wide Llama, logits offset into [32, 64)).
+# fp32 engine sharing the actor's weights: 1.2e-7 mean / 1.9e-6 max (tiny model; vLLM's fp32 CPU
+# kernels: max 2e-3, tests/rollout/test_vllm.py); bf16 engine copy: 6.6e-4 / 3.3e-3 (tiny model),
+# the rest in docs/training.md's table (SmolLM2-135M; a random 1024-wide Llama with its logits
+# moved into [32, 64), where one bf16 rounding step is 0.25).
 PARITY_TOLERANCE = {"float32": (1e-3, 2e-2), "16-bit": (0.15, 2.0)}
 DRIFT_FACTOR = 10.0  # a healthy bf16 run's mean gap grew at most 6.8x over step 1's (tiny model, lr 0.05)
 DRIFT_FLOOR = {"float32": 2e-3, "16-bit": 0.02}  # below this mean gap a drift is never called staleness
