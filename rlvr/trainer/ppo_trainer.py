@@ -368,7 +368,10 @@ class RLTrainer:
         actor's own, before this step's update (``guards.EngineParity``): the parity guard at step
         1, the drift check after. Async runs with samples behind the actor (k >= 1) and bypass mode
         (pi_old is the rollout's) have no such pair after step 1: the freshness probe measures theirs."""
-        if self.config.trainer.freshness_check_freq <= 0 or self.config.algorithm.rollout_correction.bypass_mode:
+        rollout = self.config.actor_rollout_ref.rollout
+        truncated = rollout.top_k > 0 or rollout.top_p < 1.0 or rollout.min_p > 0.0  # log-probs of the kept tokens,
+        if (self.config.trainer.freshness_check_freq <= 0 or self.config.algorithm.rollout_correction.bypass_mode
+                or truncated):  # renormalised (as vLLM reports them), not the actor's: the probe's greedy ones are
             return {}
         b = batch.batch
         fresh = torch.as_tensor(np.asarray(batch.non_tensor_batch["policy_version"]) == self.global_step - 1)
