@@ -540,9 +540,10 @@ class TrainerConfig:
     """auto (cuda when available, else cpu) | cpu | cuda."""
     seed: int = 1
     freshness_check_freq: int = 10
-    """At step 2 and every this many steps, the rollout engine's greedy tokens for the training
+    """At steps 1, 2 and every this many steps, the rollout engine's greedy tokens for the training
     data's first prompts must be the actor's own greedy tokens, else the run stops: an engine
-    holding stale weights (verl #7495). -1: never."""
+    holding stale weights (verl #7495). Every step the engine's log-probs of its samples must stay
+    near the actor's (trainer/guards.py, EngineParity). -1: none of these checks."""
     v1: TrainerV1Config = field(default_factory=TrainerV1Config)
     """Async training: generation ahead of the update (verl's trainer modes)."""
 

@@ -1,14 +1,26 @@
 """Checks every training run makes, each stopping the run with what it found rather than training
 on silently (the public bugs each answers: docs/silent.md): groups whole before their
-advantages, masks nested, and the freshness probe's tolerance."""
+advantages, masks nested, the freshness probe's tolerance, and the engine against the actor.
+
+The engine against the actor (``EngineParity``): the rollout engine reports the log-prob of
+every token it samples, and the actor recomputes them (``old_log_probs``). At step 1 no update
+has happened, so the two must agree within the precision's noise: a larger gap is a training
+forward that is not the model's own (a family's logit transform or attention rlvr misses), and
+the run stops naming the family, the layout and the gap (the parity guard). From then on the
+same mean gap, on the samples the actor's current weights generated, may not grow past
+``DRIFT_FACTOR`` times what step 1 measured (nor past a floor per precision): an engine left
+with some stale weights (one layer's sync lost) drifts away from the actor long before its
+greedy tokens change. verl only logs the gap (``training/rollout_probs_diff_*``)."""
 
 from __future__ import annotations
 
 import numpy as np
+import torch
 
 from rlvr.config.schema import RLVRConfig
 from rlvr.errors import StopTraining
 from rlvr.protocol import DataProto, loss_mask
+from rlvr.models.loader import model_folder, read_config_json
 
 PROBE_TOKENS = 16  # the freshness probe: greedy tokens per prompt compared with the actor's
 GAP_TEMPERATURE = 1e-4  # -T log softmax(z / T)[token] is max(z) - z[token], to within T ln V (0.0011 at V = 50k)
@@ -21,6 +33,109 @@ def freshness_tolerance(config: RLVRConfig) -> float:
     arr = config.actor_rollout_ref
     dtypes = (arr.actor.dtype, arr.rollout.dtype, arr.actor.fsdp_config.mixed_precision.param_dtype)
     return 0.01 if all(d in ("float32", "auto") for d in dtypes) else 0.25
+
+
+# mean and max |log p_engine - log p_actor| over the sampled tokens at step 1, fresh weights (nats).
+# Measured with bench/parity_noise.py (docs/training.md, "The engine against the actor"):
+# fp32 engine sharing the actor's weights: 1.2e-7 mean / 1.9e-6 max (tiny model; vLLM's fp32 CPU
+# kernels: max 2e-3, tests/rollout/test_vllm.py); bf16 engine copy: 6.6e-4 / 3.3e-3 (tiny model),
+# the rest in docs/training.md's table (SmolLM2-135M; a random 1024-wide Llama with its logits
+# moved into [32, 64), where one bf16 rounding step is 0.25).
+PARITY_TOLERANCE = {"float32": (1e-3, 2e-2), "16-bit": (0.15, 2.0)}
+DRIFT_FACTOR = 10.0  # a healthy bf16 run's mean gap grew at most 6.8x over step 1's (tiny model, lr 0.05)
+DRIFT_FLOOR = {"float32": 2e-3, "16-bit": 0.02}  # below this mean gap a drift is never called staleness
+
+
+def _precision(config: RLVRConfig) -> str:
+    """float32 when actor and engine both compute in fp32, else 16-bit (``freshness_tolerance``'s rule)."""
+    arr = config.actor_rollout_ref
+    dtypes = (arr.actor.dtype, arr.rollout.dtype, arr.actor.fsdp_config.mixed_precision.param_dtype)
+    return "float32" if all(d in ("float32", "auto") for d in dtypes) else "16-bit"
+
+
+def parity_tolerance(config: RLVRConfig) -> tuple[float, float]:
+    """(mean, max) |log p_engine - log p_actor| allowed at step 1, from the precision."""
+    return PARITY_TOLERANCE[_precision(config)]
+
+
+def drift_threshold(config: RLVRConfig, baseline: float | None) -> float:
+    """The mean gap past which the engine is stale: ``DRIFT_FACTOR`` times step 1's, at least the floor."""
+    floor = DRIFT_FLOOR[_precision(config)]
+    return floor if baseline is None else max(DRIFT_FACTOR * baseline, floor)
+
+
+def log_prob_gap(rollout_log_probs: torch.Tensor, actor_log_probs: torch.Tensor,
+                 mask: torch.Tensor) -> tuple[float, float, tuple[int, int]]:
+    """(mean, max, (row, column) of the max) of |log p_engine - log p_actor| over ``mask``'s tokens."""
+    gap = torch.where(mask.bool(), (rollout_log_probs.float() - actor_log_probs.float()).abs(), torch.zeros(()))
+    count = int(mask.bool().sum())
+    if count == 0:
+        return 0.0, 0.0, (0, 0)
+    row, col = divmod(int(gap.argmax()), gap.shape[1])
+    return float(gap.sum()) / count, float(gap.max()), (row, col)
+
+
+def model_family(config: RLVRConfig) -> str:
+    """``model_type`` and ``architectures`` of the policy's config.json, for a message."""
+    path = config.actor_rollout_ref.model.path
+    try:
+        cfg = read_config_json(model_folder(path))
+    except (OSError, ValueError) as err:  # a message about the gap must not fail on the folder
+        return f"{path} (config.json unreadable: {err})"
+    return f"model_type {cfg.get('model_type')!r}, architectures {cfg.get('architectures')}"
+
+
+def forward_layout(config: RLVRConfig) -> str:
+    """The training forward's layout (``rlvr/workers/forward.py``)."""
+    if config.actor_rollout_ref.actor.share_prompt_forward and config.actor_rollout_ref.rollout.n > 1:
+        return ("the grouped prompt-once layout (actor.share_prompt_forward=true: flat with SDPA attention, "
+                "padded otherwise)")
+    return "the per-row layout"
+
+
+class EngineParity:
+    """The engine's log-probs of its own sampled tokens against the actor's: the parity guard at
+    step 1, the drift check after (see the module docstring). Holds the first mean gap of each
+    measurement (the training batch's, the freshness probe's): the precision's noise on this model."""
+
+    def __init__(self, config: RLVRConfig):
+        self.config = config
+        self.baselines: dict[str, float] = {}  # prefix -> its first mean gap (step 1; a resumed run: its first)
+
+    def check(self, rollout_log_probs: torch.Tensor, actor_log_probs: torch.Tensor, mask: torch.Tensor, step: int,
+              what: str = "sampled", prefix: str = "training/engine_parity") -> dict[str, float]:
+        """Stop the run on a gap past the parity tolerance (at step 1) or past the drift threshold of
+        the first gap measured under ``prefix``; returns ``<prefix>/log_prob_gap_{mean,max}``. Each
+        measurement has its own reference: greedy tokens and sampled ones do not carry the same noise."""
+        if not bool(mask.bool().any()):
+            return {}
+        mean, worst, (row, col) = log_prob_gap(rollout_log_probs, actor_log_probs, mask)
+        metrics = {f"{prefix}/log_prob_gap_mean": mean, f"{prefix}/log_prob_gap_max": worst}
+        where = (f"mean |log p_engine - log p_actor| {mean:.3g} nats over the {int(mask.bool().sum())} {what} tokens, "
+                 f"max {worst:.3g} (row {row + 1}, response token {col + 1})")
+        tol_mean, tol_max = parity_tolerance(self.config)
+        if step == 1 and (mean > tol_mean or worst > tol_max):
+            raise StopTraining(
+                f"step 1: before any update the actor's log-probs of the engine's own samples differ from the "
+                f"engine's: {where}; tolerance mean {tol_mean}, max {tol_max} ({_precision(self.config)}). The "
+                f"training forward does not compute what the model computes for {model_family(self.config)} in "
+                f"{forward_layout(self.config)}: a logit transform or attention mask of this family is missed, so "
+                "every update would train a distribution the sampler never had. Try "
+                "actor_rollout_ref.actor.share_prompt_forward=false; report the family "
+                "(trainer.freshness_check_freq=-1 turns this check off)")
+        if prefix not in self.baselines:
+            self.baselines[prefix] = mean
+            return metrics
+        threshold = drift_threshold(self.config, self.baselines[prefix])
+        metrics[f"{prefix}/drift_threshold"] = threshold
+        if mean > threshold:
+            raise StopTraining(
+                f"step {step}: the rollout engine's log-probs have drifted from the actor's: {where}, over "
+                f"{threshold:.3g} ({DRIFT_FACTOR:g}x the first check's {self.baselines[prefix]:.3g}, at least "
+                f"{DRIFT_FLOOR[_precision(self.config)]} for {_precision(self.config)}). The engine holds weights "
+                "the actor no longer has, wholly or in part (a weight sync that missed some tensors): the run stops "
+                "before training on them (trainer.freshness_check_freq=-1 turns this check off)")
+        return metrics
 
 
 def check_groups(uids: np.ndarray, n: int, step: int) -> None:

@@ -7,8 +7,12 @@
 - ``timing_s/<stage>``, ``timing_per_token_ms/<stage>``, ``perf/*``;
 - ``training/zero_variance_groups``: groups whose samples all scored the same (no GRPO signal);
   ``training/dropped_groups``: groups left out of the update for a reward that is not a number;
-- ``training/rollout_probs_diff_{mean,max}``: |p_rollout - p_actor| per token, a check that
-  the engine samples from the distribution the actor trains;
+- ``training/rollout_probs_diff_{mean,max}``: |p_rollout - p_actor| per token (verl's), and
+  ``training/rollout_log_probs_diff_{mean,max}``: |log p_rollout - log p_actor|, the engine against
+  the actor. The first is scaled by the token's probability: a random tiny model's tokens have
+  p ~ 2e-5, so even a stale engine read 1e-8 to 4e-4 there, 0.0 to a few decimals; the second
+  reads the same gap whatever p is. Neither is reported when pi_old is the rollout's own
+  log-probs (rollout correction's bypass mode), where it would compare the engine with itself;
 - validation: ``val-core/<data_source>/reward/mean@n`` and verl's bootstrapped
   ``best@k``/``worst@k``/``maj@k`` (see ``validation_metrics``).
 """
@@ -77,12 +81,24 @@ def compute_data_metrics(batch: DataProto, max_response_length: int, max_prompt_
         ids, num_groups = group_ids(batch.non_tensor_batch["uid"])
         lo, hi = group_range(b["token_level_scores"].sum(-1).double(), ids, num_groups)
         metrics["training/zero_variance_groups"] = float((lo == hi).sum())
-    if "rollout_log_probs" in b and "old_log_probs" in b:
-        diff = (b["rollout_log_probs"].exp() - b["old_log_probs"].exp()).abs()[mask]
-        if diff.numel():
-            metrics["training/rollout_probs_diff_mean"] = float(diff.mean())
-            metrics["training/rollout_probs_diff_max"] = float(diff.max())
+    metrics.update(rollout_diff_metrics(batch))
     return metrics
+
+
+def rollout_diff_metrics(batch: DataProto) -> dict[str, float]:
+    """The engine's log-probs of its sampled tokens against the actor's (``old_log_probs``), in
+    probabilities (verl's) and in log-probs; none when pi_old was taken from the rollout itself."""
+    b = batch.batch
+    mask = b["response_mask"].bool()
+    if "rollout_log_probs" not in b or "old_log_probs" not in b or not mask.any():
+        return {}
+    if batch.meta_info.get("old_log_probs_source") == "rollout":  # bypass mode: one tensor against its copy
+        return {}
+    diff = (b["rollout_log_probs"].exp() - b["old_log_probs"].exp()).abs()[mask]
+    log_diff = (b["rollout_log_probs"] - b["old_log_probs"]).abs()[mask]
+    return {"training/rollout_probs_diff_mean": float(diff.mean()), "training/rollout_probs_diff_max": float(diff.max()),
+            "training/rollout_log_probs_diff_mean": float(log_diff.mean()),
+            "training/rollout_log_probs_diff_max": float(log_diff.max())}
 
 
 def multi_turn_metrics(batch: DataProto, prefix: str = "") -> dict[str, float]:

@@ -37,7 +37,8 @@ from rlvr.rewards.reward_model import add_reward_model_scores
 from rlvr.errors import StopTraining, TrainingInterrupted
 from rlvr.trainer import checkpoint
 from rlvr.trainer.evaluate import evaluate, generation_batch
-from rlvr.trainer.guards import GAP_TEMPERATURE, PROBE_TOKENS, check_groups, check_masks, freshness_tolerance
+from rlvr.trainer.guards import (GAP_TEMPERATURE, PROBE_TOKENS, EngineParity, check_groups, check_masks,
+                                 freshness_tolerance)
 from rlvr.trainer.metrics import (compute_data_metrics, compute_off_policy_metrics, compute_throughput_metrics,
                                   compute_timing_metrics, reduce_metrics, timer)
 from rlvr.trainer.progress import StepProgress
@@ -90,6 +91,7 @@ class RLTrainer:
         self.use_reference = config.actor_rollout_ref.actor.use_kl_loss or config.algorithm.use_kl_in_reward
         self.kl_ctrl = get_kl_controller(config.algorithm.kl_ctrl)
         self.separate_old_log_prob = needs_old_log_prob_pass(config)
+        self.parity = EngineParity(config)  # the engine's log-probs against the actor's, step 1 on
         self._completed = self._snapshot(0)
         self._pending: dict | None = None  # the completed step's record until it is logged
         self._updating = False  # inside a step's updates: the weights are partly updated
@@ -182,7 +184,7 @@ class RLTrainer:
     def _snapshot(self, step: int) -> dict[str, Any]:
         """What a checkpoint of ``step`` holds besides the workers' state."""
         return {"global_step": step, "sampler": self.loader.state_dict(), "kl_ctrl": self.kl_ctrl.value,
-                "rng": checkpoint.rng_state()}
+                "rng": checkpoint.rng_state(), "engine_parity": dict(self.parity.baselines)}
 
     def _commit(self, metrics: dict[str, float]) -> None:
         """The step's updates returned: it is complete; its record waits to be logged."""
@@ -282,7 +284,9 @@ class RLTrainer:
             self.sync_rollout_weights()
         self.kl_ctrl.value = state["kl_ctrl"]
         checkpoint.set_rng_state(state["rng"])
+        self.parity.baselines = dict(state.get("engine_parity", {}))  # step 1's noise: the drift's reference
         self._completed = {key: state[key] for key in ("global_step", "sampler", "kl_ctrl", "rng")}
+        self._completed["engine_parity"] = dict(self.parity.baselines)
         self._pending = state.get("pending")
         # records after the checkpoint are logged again; an unlogged step's own record too
         self.tracker.rewind(self.global_step - 1 if self._pending is not None else self.global_step)
@@ -336,6 +340,7 @@ class RLTrainer:
                 # unioned, since the in-process worker fills the batch's own tensor and a diverged
                 # policy's NaN log-probs never compare equal to themselves
                 batch.batch["old_log_probs"] = update.batch["old_log_probs"]
+            metrics.update(self._check_engine_parity(batch))
         metrics.update(compute_data_metrics(batch, cfg.data.max_response_length, cfg.data.max_prompt_length))
         metrics.update(compute_timing_metrics(batch, timings))
         metrics.update(compute_throughput_metrics(batch, timings["step"], cfg.trainer.n_gpus_per_node * cfg.trainer.nnodes))
@@ -372,11 +377,26 @@ class RLTrainer:
         return batch.repeat(n, interleave=True), gen_batch
 
     def _freshness_due(self) -> bool:
-        """At step 2 (the first whose engine must have received an update) and every
-        ``trainer.freshness_check_freq`` steps: a function of the step, so a resumed run probes
-        where the uninterrupted one did."""
+        """At step 1 (no update yet: the reference for the log-prob drift), step 2 (the first whose
+        engine must have received an update) and every ``trainer.freshness_check_freq`` steps: a
+        function of the step, so a resumed run probes where the uninterrupted one did."""
         freq = self.config.trainer.freshness_check_freq
-        return freq > 0 and (self.global_step == 2 or self.global_step % freq == 0)
+        return freq > 0 and (self.global_step <= 2 or self.global_step % freq == 0)
+
+    def _check_engine_parity(self, batch: DataProto) -> dict[str, float]:
+        """The engine's log-probs of the samples the actor's current weights generated against the
+        actor's own, before this step's update (``guards.EngineParity``): the parity guard at step
+        1, the drift check after. Async runs with samples behind the actor (k >= 1) and bypass mode
+        (pi_old is the rollout's) have no such pair after step 1: the freshness probe measures theirs."""
+        rollout = self.config.actor_rollout_ref.rollout
+        truncated = rollout.top_k > 0 or rollout.top_p < 1.0 or rollout.min_p > 0.0  # log-probs of the kept tokens,
+        if (self.config.trainer.freshness_check_freq <= 0 or self.config.algorithm.rollout_correction.bypass_mode
+                or truncated):  # renormalised (as vLLM reports them), not the actor's: the probe's greedy ones are
+            return {}
+        b = batch.batch
+        fresh = torch.as_tensor(np.asarray(batch.non_tensor_batch["policy_version"]) == self.global_step - 1)
+        mask = b["response_mask"].bool() & fresh[:, None].to(b["response_mask"].device)  # (bs, R)
+        return self.parity.check(b["rollout_log_probs"], b["old_log_probs"], mask, self.global_step)
 
     def _check_freshness(self) -> dict[str, float]:
         """The rollout engine holds the actor's weights (verl #7495, ms-swift #9855: a sampler that
@@ -413,7 +433,13 @@ class RLTrainer:
                 f"dtypes); {int((gaps > tolerance).sum())} of {int(mask.sum())} probe tokens differ. The weight sync "
                 "to the engine did not take effect: the run stops before training on a stale policy's samples "
                 "(trainer.freshness_check_freq=-1 turns this probe off)")
-        return {"training/freshness/greedy_gap_max": worst, "training/freshness/probe_tokens": float(mask.sum())}
+        # the engine's log-probs of its greedy tokens (temperature 1) against the actor's: a partly stale
+        # engine drifts before its argmax moves
+        out.meta_info["temperature"] = 1.0
+        actor = self.wg.compute_log_prob(out).batch["old_log_probs"]
+        drift = self.parity.check(out.batch["rollout_log_probs"], actor, mask, self.global_step, what="greedy probe",
+                                  prefix="training/freshness")
+        return {"training/freshness/greedy_gap_max": worst, "training/freshness/probe_tokens": float(mask.sum()), **drift}
 
     def _rollout_ahead(self, timings: dict[str, float]):
         """Async: dispatch the batches up to step + k (the actor holds version step - 1, what the
@@ -589,6 +615,7 @@ class RLTrainer:
         b = batch.batch
         if rc.bypass_mode:
             b["old_log_probs"] = b["rollout_log_probs"].clone()
+            batch.meta_info["old_log_probs_source"] = "rollout"  # no engine-against-actor metric from these
             return {}
         if not is_active(rc):
             return {}

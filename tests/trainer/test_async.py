@@ -263,7 +263,8 @@ def test_an_engine_that_keeps_stale_weights_stops_the_run(tiny_config, tmp_path)
     from rlvr.errors import StopTraining
 
     config = tiny_config(*BASE, *ASYNC, "trainer.v1.colocate_async.num_warmup_batches=1",
-                         f"trainer.default_local_dir={tmp_path / 'run'}")
+                         # the freshness probe's log-prob drift would stop the stale engine first, at step 2
+                         "trainer.freshness_check_freq=-1", f"trainer.default_local_dir={tmp_path / 'run'}")
     trainer = build_trainer(config, progress_bar=False)
     send = trainer.weights.send
 

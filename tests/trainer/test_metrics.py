@@ -1,5 +1,7 @@
 """Data metrics: lengths and their clip ratios against the configured limits."""
 
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -61,3 +63,33 @@ def test_single_sample_validation_reports_only_mean():
 
     m = validation_metrics(["s", "s"], ["a", "b"], [1, 0], ["1", "2"])
     assert m == {"val-core/s/reward/mean@1": 0.5}
+
+
+def _diff_batch(rollout_log_probs, old_log_probs):
+    mask = torch.ones(1, len(old_log_probs), dtype=torch.long)
+    zeros = torch.zeros(1, len(old_log_probs))
+    return DataProto.from_dict({"rollout_log_probs": torch.tensor([rollout_log_probs]),
+                                "old_log_probs": torch.tensor([old_log_probs]), "response_mask": mask,
+                                "attention_mask": torch.cat([torch.ones(1, 2, dtype=torch.long), mask], 1),
+                                "responses": torch.zeros(1, len(old_log_probs), dtype=torch.long),
+                                "token_level_scores": zeros, "token_level_rewards": zeros, "advantages": zeros,
+                                "returns": zeros})
+
+
+def test_the_rollout_diff_measures_the_engine_against_the_actor_in_log_probs():
+    """A token the engine gives 2 nats more than the actor, at p = 1e-5 (a random tiny model's
+    tokens all lie near 1/V): |p_rollout - p_actor| = 1e-5 (e^2 - 1) = 6.4e-5, which reads 0.0 to
+    four decimals; |log p_rollout - log p_actor| = 2 reads the gap itself. Token 0 agrees (p 0.5)."""
+    low = math.log(1e-5)
+    m = compute_data_metrics(_diff_batch([math.log(0.5), low + 2.0], [math.log(0.5), low]), 2, 2)
+    assert m["training/rollout_probs_diff_max"] == pytest.approx(1e-5 * (math.e ** 2 - 1), rel=1e-4)
+    assert m["training/rollout_log_probs_diff_max"] == pytest.approx(2.0, abs=1e-5)
+    assert m["training/rollout_log_probs_diff_mean"] == pytest.approx(1.0, abs=1e-5)  # (0 + 2) / 2
+
+
+def test_no_rollout_diff_when_pi_old_is_the_rollouts_own():
+    """Bypass mode copies rollout_log_probs into old_log_probs: a diff of the two is 0.0 whatever
+    the engine does, so it is not reported as if it measured the engine."""
+    batch = _diff_batch([-1.0, -2.0], [-1.0, -2.0])
+    batch.meta_info["old_log_probs_source"] = "rollout"
+    assert not any("diff" in key for key in compute_data_metrics(batch, 2, 2))

@@ -1,0 +1,107 @@
+"""How far the rollout engine's log-probs of its own sampled tokens lie from the actor's, with
+fresh weights: the noise the parity guard and the log-prob drift check (rlvr/trainer/guards.py)
+must tolerate, and how often each check would stop a healthy run.
+
+    .venv/bin/python bench/parity_noise.py --model tiny|builtin|random [--dtype bfloat16]
+        [--batches 4] [--logit-offset 48] [overrides ...]
+
+``random`` is a random Llama of ``--hidden`` width and ``--layers`` layers over the built-in
+vocabulary; ``--logit-offset`` adds a constant to every logit (a forward hook on the head, in
+the head's own dtype), the review's worst case for bf16: logits in [32, 64), where one bf16
+rounding step is 0.25. A constant leaves the distribution unchanged, so only rounding moves.
+
+The trainer's own stages run on the default job's shape (8 prompts x n=8 per batch): the
+engine samples (``rollout.dtype``), the actor recomputes (fp32, grouped prompt-once layout),
+``--batches`` batches at the same weights. Printed per batch: mean and max |log p_engine - log
+p_actor| over the sampled tokens; then the greedy probe's largest logit gap on the same weights
+(the argmax check, tolerance 0.25 with a 16-bit side), and how many batches each check would
+have stopped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from rlvr.config import load_config
+from rlvr.errors import StopTraining
+from rlvr.models import model_folder, save_tiny_model
+from rlvr.trainer.guards import drift_threshold, log_prob_gap, parity_tolerance
+from rlvr.trainer.main import build_trainer
+
+
+def random_model(out: Path, hidden: int, layers: int) -> Path:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from rlvr.models import load_tokenizer
+    tokenizer = load_tokenizer("builtin")
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=4 * hidden,
+                         num_hidden_layers=layers, num_attention_heads=hidden // 64, num_key_value_heads=hidden // 128,
+                         head_dim=64, tie_word_embeddings=False, bos_token_id=tokenizer.bos_token_id,
+                         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(config)
+    with torch.no_grad():  # logits of a trained model's spread (std ~3) rather than the init's ~0.6
+        model.lm_head.weight.mul_(5.0)
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--model", default="tiny")
+    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--batches", type=int, default=4)
+    parser.add_argument("--hidden", type=int, default=1024)
+    parser.add_argument("--layers", type=int, default=2)
+    parser.add_argument("--logit-offset", type=float, default=0.0)
+    parser.add_argument("overrides", nargs="*")
+    args = parser.parse_args()
+    tmp = Path(tempfile.mkdtemp())
+    path = {"tiny": lambda: save_tiny_model(tmp / "m", tokenizer_path=str(model_folder("builtin"))),
+            "builtin": lambda: "builtin",
+            "random": lambda: random_model(tmp / "m", args.hidden, args.layers)}[args.model]()
+    config = load_config(None, [f"actor_rollout_ref.model.path={path}", f"actor_rollout_ref.rollout.dtype={args.dtype}",
+                                f"trainer.default_local_dir={tmp / 'run'}", "trainer.logger=[]",
+                                "trainer.freshness_check_freq=1", *args.overrides])
+    trainer = build_trainer(config, progress_bar=False)
+    worker = trainer.wg.worker
+    if args.logit_offset:
+        for model in {id(m): m for m in (worker.actor.model, worker.rollout.model)}.values():
+            model.lm_head.register_forward_hook(lambda mod, inp, out: out + args.logit_offset)
+    trainer.global_step = 1
+    batches = trainer._batches()
+    means, maxes = [], []
+    for i in range(args.batches):
+        prompts, _ = next(batches)
+        batch, _ = trainer._rollout(prompts, i, {})
+        batch = batch.union(trainer.wg.compute_log_prob(batch))
+        mean, worst, _ = log_prob_gap(batch.batch["rollout_log_probs"], batch.batch["old_log_probs"],
+                                      batch.batch["response_mask"])
+        means.append(mean)
+        maxes.append(worst)
+        print(f"batch {i}: {int(batch.batch['response_mask'].sum())} tokens, mean |dlogp| {mean:.3g}, max {worst:.3g}",
+              flush=True)
+    tol_mean, tol_max = parity_tolerance(config)
+    threshold = drift_threshold(config, min(means))
+    trainer.global_step = 2
+    probe_stops = 0
+    try:
+        gap = trainer._check_freshness()["training/freshness/greedy_gap_max"]
+    except StopTraining as stop:
+        probe_stops, gap = 1, str(stop)[:200]
+    print(f"model {args.model} rollout.dtype {args.dtype} logit offset {args.logit_offset}: mean |dlogp| "
+          f"{np.mean(means):.3g} (batches {min(means):.3g}-{max(means):.3g}), max {max(maxes):.3g}; parity tolerance "
+          f"mean {tol_mean} max {tol_max}: {sum(m > tol_mean or w > tol_max for m, w in zip(means, maxes))}/"
+          f"{len(means)} batches over; drift threshold from the lowest batch {threshold:.3g}: "
+          f"{sum(m > threshold for m in means)}/{len(means)} over; greedy probe gap {gap} "
+          f"({probe_stops} stop)")
+
+
+if __name__ == "__main__":
+    main()
