@@ -339,7 +339,8 @@ class RLTrainer:
             if not self.separate_old_log_prob:  # taken from the update's own forward: assigned, not
                 # unioned, since the in-process worker fills the batch's own tensor and a diverged
                 # policy's NaN log-probs never compare equal to themselves
-                batch.batch["old_log_probs"] = update.batch["old_log_probs"]
+                if "old_log_probs" in update.batch.keys():  # not in bypass mode: pi_old is the rollout's
+                    batch.batch["old_log_probs"] = update.batch["old_log_probs"]
             metrics.update(self._check_engine_parity(batch))
         metrics.update(compute_data_metrics(batch, cfg.data.max_response_length, cfg.data.max_prompt_length))
         metrics.update(compute_timing_metrics(batch, timings))
@@ -395,7 +396,8 @@ class RLTrainer:
             return {}
         b = batch.batch
         fresh = torch.as_tensor(np.asarray(batch.non_tensor_batch["policy_version"]) == self.global_step - 1)
-        mask = b["response_mask"].bool() & fresh[:, None].to(b["response_mask"].device)  # (bs, R)
+        # the tokens that carry loss: a dropped group's rows (a NaN score) get no log-probs from the update's forward
+        mask = loss_mask(batch).bool() & fresh[:, None].to(b["response_mask"].device)  # (bs, R)
         return self.parity.check(b["rollout_log_probs"], b["old_log_probs"], mask, self.global_step)
 
     def _check_freshness(self) -> dict[str, float]:

@@ -67,6 +67,8 @@ def test_a_lora_run_whose_engine_misses_the_adapter_stops(tiny_config, monkeypat
     the start of ``train_step``) is removed: the run then trains on the base model's samples."""
     cut(monkeypatch)
     trainer = build_trainer(tiny_config(*LORA, f"actor_rollout_ref.rollout.dtype={dtype}"), progress_bar=False)
-    with pytest.raises(StopTraining, match=r"step [23]: the rollout engine does not hold the actor's weights"):
+    # the greedy probe's token check, or (first, since issue 48) the engine-against-actor drift of its log-probs
+    with pytest.raises(StopTraining, match=r"step [23]: the rollout engine( does not hold the actor's weights|'s "
+                                           r"log-probs have drifted from the actor's)"):
         trainer.fit()
     trainer.tracker.close()
