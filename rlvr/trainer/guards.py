@@ -30,9 +30,7 @@ def freshness_tolerance(config: RLVRConfig) -> float:
     """How far (in logits) the engine's greedy token may trail the actor's own greedy token and
     still be two precisions disagreeing on a near-tie rather than stale weights: 0.01 when actor
     and engine both compute in fp32, 0.25 when either computes in 16 bits."""
-    arr = config.actor_rollout_ref
-    dtypes = (arr.actor.dtype, arr.rollout.dtype, arr.actor.fsdp_config.mixed_precision.param_dtype)
-    return 0.01 if all(d in ("float32", "auto") for d in dtypes) else 0.25
+    return 0.01 if _precision(config) == "float32" else 0.25
 
 
 # mean and max |log p_engine - log p_actor| over the sampled tokens at step 1, fresh weights (nats).
@@ -47,7 +45,7 @@ DRIFT_FLOOR = {"float32": 2e-3, "16-bit": 0.02}  # below this mean gap a drift i
 
 
 def _precision(config: RLVRConfig) -> str:
-    """float32 when actor and engine both compute in fp32, else 16-bit (``freshness_tolerance``'s rule)."""
+    """float32 when actor and engine both compute in fp32, else 16-bit."""
     arr = config.actor_rollout_ref
     dtypes = (arr.actor.dtype, arr.rollout.dtype, arr.actor.fsdp_config.mixed_precision.param_dtype)
     return "float32" if all(d in ("float32", "auto") for d in dtypes) else "16-bit"
