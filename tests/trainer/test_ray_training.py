@@ -106,7 +106,8 @@ def start_long_run(tiny_config, tmp_path, save_freq: int, reached):
     return run_dir, command, proc
 
 
-def test_a_killed_worker_and_a_ctrl_c_each_stop_the_run_and_the_same_command_resumes(tiny_config, tmp_path):
+def test_a_killed_worker_and_a_ctrl_c_each_stop_the_run_and_the_same_command_resumes(tiny_config, tmp_path,
+                                                                                     ctrl_c_raises):
     """One background run interrupted twice (sharing it saves a Ray start and a run).
     First a worker is killed: the run stops naming its rank and the last checkpoint. Then the
     resumed run, now with save_freq=-1 so that only Ctrl-C saves, gets a Ctrl-C: the driver's
