@@ -74,8 +74,9 @@ def init_ray(address: str | None, num_cpus: int | None, run_dir: Path, runtime_e
     if link.is_symlink() or link.exists():
         link.unlink()
     link.symlink_to(temp, target_is_directory=True)
-    ray.init(**{"num_cpus": num_cpus, "include_dashboard": False, "_temp_dir": str(temp), "log_to_driver": True,
-                "configure_logging": False, **given, "_node_ip_address": LOOPBACK})
+    # the Ray rlvr starts listens on loopback only, whatever was given: no dashboard, the node on 127.0.0.1
+    ray.init(**{"num_cpus": num_cpus, "_temp_dir": str(temp), "log_to_driver": True, "configure_logging": False,
+                **given, "_node_ip_address": LOOPBACK, "include_dashboard": False})
     return True
 
 

@@ -173,6 +173,18 @@ def test_ray_init_keys_reach_ray_init(monkeypatch, tmp_path):
     assert kwargs["_node_ip_address"] == "127.0.0.1"  # the local Ray still listens on loopback only
 
 
+def test_the_local_ray_keeps_its_dashboard_off_whatever_is_given(monkeypatch, tmp_path):
+    cfg = load_config(None, ["+ray_kwargs.ray_init.include_dashboard=true"])
+    calls = []
+    fake = types.SimpleNamespace(is_initialized=lambda: False, init=lambda **kw: calls.append(kw))
+    import rlvr.distributed.ray_workers as ray_workers
+
+    monkeypatch.setattr(ray_workers, "ray", fake)
+    ray_init = cfg.ray_kwargs.ray_init
+    ray_workers.init_ray(None, None, tmp_path, ray_init.runtime_env, ray_init.kwargs)
+    assert calls[0]["include_dashboard"] is False and calls[0]["_node_ip_address"] == "127.0.0.1"
+
+
 def test_a_ray_init_key_ray_does_not_take_is_refused():
     with pytest.raises(ConfigError, match="ray_kwargs.ray_init.namespce .* not a keyword argument of ray.init; "
                                           "did you mean 'namespace'"):
@@ -182,7 +194,8 @@ def test_a_ray_init_key_ray_does_not_take_is_refused():
 def test_the_passed_ray_init_names_are_ray_inits_own():
     import inspect
 
-    ray = pytest.importorskip("ray")
+    import ray
+
     from rlvr.config.loader import RAY_INIT_KWARGS
 
     params = set(inspect.signature(ray.init).parameters)
