@@ -35,7 +35,14 @@ from rlvr.rollout.sampling import SamplingParams
 class Completion:
     token_ids: list[int]
     log_probs: list[float]
-    finish_reason: str  # "stop" (EOS or stop string) or "length"
+    finish_reason: str  # "stop" (EOS or stop string), "length" or "abort"
+    weight_version: int = 0
+    """The policy version the tokens came from (the engine core's, or the server's)."""
+    version_starts: list[tuple[int, int]] | None = None
+    """Where an in-place weight update crossed the completion: (first token, version) pairs."""
+    request_id: str | None = None
+    matched: int | str | None = None
+    """What stopped it: the stop token id or stop string (None at EOS-free ends)."""
 
 
 def end_token_ids(model, tokenizer) -> list[int]:

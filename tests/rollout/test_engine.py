@@ -209,7 +209,7 @@ def test_turns_continue_from_the_kept_cache(tiny, monkeypatch):
     key mask), a fresh prompt runs beside them, a context that continues no kept turn reuses
     nothing, and nothing is kept outside. (The prompts' common opening, prefilled once in any
     batch, is turned off here to count the turns' reuse alone.)"""
-    monkeypatch.setattr("rlvr.rollout.engine.SHARED_PREFIX_MIN_TOKENS", 10 ** 9)
+    monkeypatch.setattr("rlvr.rollout.core.SHARED_PREFIX_MIN_TOKENS", 10 ** 9)
     model, tokenizer = tiny
     engine, reference = (NativeRollout(model, tokenizer, RolloutConfig(), max_response_length=12) for _ in range(2))
     ids = prompt_ids(tokenizer)
@@ -229,7 +229,7 @@ def test_turns_continue_from_the_kept_cache(tiny, monkeypatch):
         reused = engine.prefill_tokens["reused"] - before["reused"]
         assert reused == sum(len(ids[r // 2]) + len(turn1[r].token_ids) - 1 for r in stopped if r != 7)
         assert engine.prefill_tokens["computed"] - before["computed"] == sum(map(len, contexts + [ids[0]])) - reused
-    assert engine._kept is None
+    assert not engine._turns and engine.core.keeping is None and not engine.core.kept
     full = reference.generate(contexts + [ids[0]], then)
     assert reference.prefill_tokens["reused"] == 0
     for got, want in zip(turn2, full):
@@ -241,7 +241,7 @@ def test_a_common_opening_is_prefilled_once_and_samples_as_a_full_prefill(tiny, 
     """The chat template's system prompt opens every prompt: it is prefilled once for the wave,
     and the rows sample what prompts prefilled whole sample (tokens equal, log-probs within
     float rounding), greedy and at T = 1 with groups."""
-    import rlvr.rollout.engine as engine_module
+    import rlvr.rollout.core as engine_module
 
     model, tokenizer = tiny
     ids = prompt_ids(tokenizer)
@@ -273,16 +273,16 @@ def test_common_prefix_length():
 def test_a_kept_turn_lasts_one_call(tiny, monkeypatch):
     """A conversation continues in the very next call or not at all: the call after drops the
     turns it did not use, so a rollout never holds more than one turn's stopped rows."""
-    monkeypatch.setattr("rlvr.rollout.engine.SHARED_PREFIX_MIN_TOKENS", 10 ** 9)
+    monkeypatch.setattr("rlvr.rollout.core.SHARED_PREFIX_MIN_TOKENS", 10 ** 9)
     model, tokenizer = tiny
     engine = NativeRollout(model, tokenizer, RolloutConfig(), max_response_length=8)
     ids = prompt_ids(tokenizer)[:1]
     params = SamplingParams(max_new_tokens=8, seed=0, stop=("e", "a"))
     with engine.turn_cache():
         turn1 = engine.generate(ids, params)
-        assert turn1[0].finish_reason == "stop" and len(engine._kept) == 1
+        assert turn1[0].finish_reason == "stop" and len(engine.core.keeping) == 1
         engine.generate(prompt_ids(tokenizer)[1:2], params)  # another conversation: turn 1's is dropped
-        assert all(k.ids[:len(ids[0])] != tuple(ids[0]) for k in engine._kept)
+        assert all(k.ids[:len(ids[0])] != tuple(ids[0]) for k in engine.core.keeping)
         engine.generate([ids[0] + turn1[0].token_ids], params)
     assert engine.prefill_tokens["reused"] == 0
 
@@ -442,28 +442,31 @@ def test_group_waves_keep_groups_whole():
 
 
 @pytest.mark.parametrize("max_num_seqs", [5, 3])
-def test_waves_of_max_num_seqs_equal_one_wave(tiny, max_num_seqs, monkeypatch):
-    """Four prompts x n = 4 sampled at T = 1 (rows stop at different lengths): in waves
-    of at most 5 rows (one group each, prefilled once) or 3 (groups cut in two), every row's
-    tokens and log-probs equal the single wave's, and no decode holds more rows than allowed."""
+def test_at_most_max_num_seqs_rows_decode_and_rows_sample_as_in_one_batch(tiny, max_num_seqs, monkeypatch):
+    """Four prompts x n = 4 sampled at T = 1 (rows stop at different lengths), at most 5 rows
+    running (one group, then the next group joins as soon as 4 rows are free: continuous
+    batching) or 3 (a group cut 3 + 1): every row's tokens and log-probs equal one batch's, no
+    decode step holds more rows than allowed, and each admitted piece of a group is prefilled once."""
     model, tokenizer = tiny
     ids = [p for p in prompt_ids(tokenizer) for _ in range(4)]
     groups = [i // 4 for i in range(16)]
     params = SamplingParams(max_new_tokens=24, seed=7, stop=("r",))  # the tiny model never samples EOS
     one = NativeRollout(model, tokenizer, RolloutConfig(), max_response_length=24).generate(ids, params, groups)
     engine = NativeRollout(model, tokenizer, RolloutConfig(max_num_seqs=max_num_seqs), max_response_length=24)
+    core = engine.core
     prefills, decode_rows = [], []
-    prefill, decode = engine._prefill, engine._decode
-    monkeypatch.setattr(engine, "_prefill", lambda unique, *rest: prefills.append(len(unique)) or prefill(unique, *rest))
-    monkeypatch.setattr(engine, "_decode", lambda u, rows, *rest: decode_rows.append(len(rows)) or decode(u, rows, *rest))
+    prefill, decode = core._prefill, core._decode
+    monkeypatch.setattr(core, "_prefill", lambda unique, *rest: prefills.append(len(unique)) or prefill(unique, *rest))
+    monkeypatch.setattr(core, "_decode", lambda tokens: decode_rows.append(len(tokens)) or decode(tokens))
     waves = engine.generate(ids, params, groups)
     assert [c.token_ids for c in waves] == [c.token_ids for c in one]
     # log-probs to float32 rounding: a matmul's kernel (and its sums' order) follows the batch size
     assert np.allclose(sum((c.log_probs for c in waves), []), sum((c.log_probs for c in one), []), atol=1e-5, rtol=0)
     assert len({len(c.token_ids) for c in one}) > 1  # rows of different lengths, so the test means something
-    # 5: one group (4 rows) a wave, each prompt prefilled once; 3: each group cut 3 + 1
-    assert decode_rows == ([4, 4, 4, 4] if max_num_seqs == 5 else [3, 1] * 4)
-    assert prefills == [1] * len(decode_rows)
+    assert max(decode_rows) == max_num_seqs  # full, never over
+    # 5: a group joins while the last rows of the one before still run (4 + 1 rows);
+    # each group's prompt prefilled once. 3: each group cut 3 + 1, prefilled twice
+    assert prefills == [1] * (4 if max_num_seqs == 5 else 8)
 
 
 def test_waves_keep_a_multi_turn_rows_own_uniforms(tiny):

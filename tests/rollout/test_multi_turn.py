@@ -322,12 +322,12 @@ def test_each_turn_reads_the_cache_the_last_turn_kept(tiny, teacher_forced_engin
     generate = engine.generate
 
     def spy(prompts, params, groups=None, max_new_tokens=None):
-        seen.append(engine._kept is not None)
+        seen.append(engine._turns)
         return generate(prompts, params, groups, max_new_tokens)
 
     engine.generate = spy
     rollout.generate_sequences(prompts_for(rollout, chat, n=2))
-    assert seen and all(seen) and engine._kept is None
+    assert seen and all(seen) and not engine._turns and engine.core.keeping is None
 
 
 def test_engine_caps_each_row_at_its_own_budget(tiny):

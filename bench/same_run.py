@@ -1,0 +1,113 @@
+"""Same seed, same run: the whole default job twice, compared bit for bit.
+
+    python bench/same_run.py --modes sync,async0,async1 --steps 24 --out /tmp/same_run
+
+For each mode it runs `rlvr train` once alone (quiet) and once beside another
+process that keeps every core busy (loaded), then compares the two runs'
+metrics.jsonl (every key but timings and memory) and rollouts/*.jsonl (the
+sampled text, scores and advantages) byte for byte. The first difference is
+printed with its step and key. Exit status 1 if any pair differs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+MODES = {
+    "sync": [],
+    "async0": ["trainer.v1.trainer_mode=colocate_async",
+               "trainer.v1.colocate_async.num_warmup_batches=0"],
+    "async1": ["trainer.v1.trainer_mode=colocate_async",
+               "trainer.v1.colocate_async.num_warmup_batches=1"],
+}
+# Keys that measure the machine, not the run.
+MACHINE_KEYS = ("time", "perf/time_per_step", "perf/throughput", "perf/cpu_max_rss_gb")
+MACHINE_PREFIXES = ("timing_s/", "timing_per_token_ms/")
+
+
+def _spin(stop_at: float) -> None:
+    x = 1.0001
+    while time.time() < stop_at:
+        for _ in range(100_000):
+            x = x * 1.0000001 % 7.0
+
+
+def run_job(mode: str, steps: int, folder: Path, load: bool) -> float:
+    cmd = [sys.executable, "-m", "rlvr.cli", "train",
+           f"trainer.total_training_steps={steps}", "trainer.test_freq=-1",
+           "trainer.val_before_train=false", "trainer.save_freq=-1",
+           f"trainer.experiment_name={folder.name}", f"trainer.default_local_dir={folder}",
+           *MODES[mode]]
+    spinners = []
+    if load:  # one busy process per core, for the whole run
+        for _ in range(os.cpu_count() or 1):
+            p = mp.Process(target=_spin, args=(time.time() + 4 * 3600,), daemon=True)
+            p.start()
+            spinners.append(p)
+    start = time.time()
+    try:
+        with open(folder.with_suffix(".log"), "w") as log:
+            subprocess.run(cmd, check=True, stdout=log, stderr=subprocess.STDOUT)
+    finally:
+        for p in spinners:
+            p.terminate()
+    return time.time() - start
+
+
+def _run_record(folder: Path) -> list[dict]:
+    rows = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
+    return [{k: v for k, v in r.items()
+             if k not in MACHINE_KEYS and not k.startswith(MACHINE_PREFIXES)} for r in rows]
+
+
+def first_difference(a: Path, b: Path) -> str | None:
+    ra, rb = _run_record(a), _run_record(b)
+    if len(ra) != len(rb):
+        return f"metrics.jsonl has {len(ra)} rows against {len(rb)}"
+    for x, y in zip(ra, rb):
+        for key in sorted(set(x) | set(y)):
+            if x.get(key) != y.get(key) and not (x.get(key) != x.get(key) and y.get(key) != y.get(key)):
+                return f"step {x.get('step')}: {key} {x.get(key)!r} against {y.get(key)!r}"
+    files_a = sorted(p.name for p in (a / "rollouts").glob("*.jsonl"))
+    files_b = sorted(p.name for p in (b / "rollouts").glob("*.jsonl"))
+    if files_a != files_b:
+        return f"rollouts/ holds {files_a} against {files_b}"
+    for name in files_a:
+        if (a / "rollouts" / name).read_bytes() != (b / "rollouts" / name).read_bytes():
+            return f"rollouts/{name} differs"
+    return None
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--modes", default="sync,async0,async1")
+    ap.add_argument("--steps", type=int, default=24)
+    ap.add_argument("--out", default="/tmp/same_run")
+    args = ap.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    failed = False
+    for mode in args.modes.split(","):
+        if mode not in MODES:
+            ap.error(f"--modes: {mode!r} is not one of {sorted(MODES)}")
+        quiet, loaded = out / f"{mode}_quiet", out / f"{mode}_loaded"
+        t_quiet = run_job(mode, args.steps, quiet, load=False)
+        t_loaded = run_job(mode, args.steps, loaded, load=True)
+        diff = first_difference(quiet, loaded)
+        rows = len(_run_record(quiet))
+        verdict = "bitwise equal" if diff is None else f"DIFFER: {diff}"
+        print(f"{mode}: {rows} steps, quiet {t_quiet / 60:.1f} min, loaded {t_loaded / 60:.1f} min: "
+              f"{verdict}", flush=True)
+        failed |= diff is not None
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

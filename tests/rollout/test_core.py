@@ -1,0 +1,194 @@
+"""The engine core: requests that arrive while others decode, each with its own parameters,
+aborts, pauses and weight versions. The reference is transformers' ``generate`` run on each
+request alone, so nothing here is computed by the code under test."""
+
+import pytest
+import torch
+
+from rlvr.config.schema import RolloutConfig
+from rlvr.rollout import NativeRollout, SamplingParams
+from rlvr.rollout.core import EngineCore, Request
+from tests.rollout.test_engine import prompt_ids, reference_greedy, tiny  # noqa: F401 (fixture)
+
+GREEDY = SamplingParams(max_new_tokens=12, do_sample=False)
+
+
+def core_of(model, tokenizer, max_num_seqs=8, lean=True):
+    engine = NativeRollout(model, tokenizer, RolloutConfig(max_num_seqs=max_num_seqs, lean_decode=lean), 32)
+    return engine.core, engine
+
+
+def step_until_done(core, seqs, limit=500):
+    for _ in range(limit):
+        if all(s.finish_reason is not None for s in seqs):
+            return [s.completion() for s in seqs]
+        core.step()
+    raise AssertionError("requests did not finish")
+
+
+@pytest.mark.parametrize("lean", [True, False])
+def test_requests_joining_a_running_batch_decode_as_alone(tiny, lean):
+    """Requests arrive while others decode (after 0, 3 and 7 steps), with their own budgets, and
+    with room for 2 rows a later request waits for a free row: a longer prompt joins shorter
+    running rows (they move right), a short one joins long ones (holes on its left). Each greedy
+    completion equals generate() on that request alone."""
+    model, tokenizer = tiny
+    core, engine = core_of(model, tokenizer, max_num_seqs=2, lean=lean)
+    ids = prompt_ids(tokenizer)  # lengths differ: the dragon story is the longest
+    plan = [("a", ids[0], 12), ("b", ids[2], 5), ("c", ids[1], 9), ("d", ids[3], 12)]  # id, prompt, budget
+
+    def add(name, prompt, budget):
+        return core.add(Request(name, prompt, SamplingParams(max_new_tokens=budget, do_sample=False)))
+
+    seqs = [add(*plan[0])]
+    for _ in range(3):
+        core.step()
+    seqs.append(add(*plan[1]))
+    for _ in range(4):
+        core.step()
+    seqs += [add(*plan[2]), add(*plan[3])]
+    rows_seen = []
+    while any(s.finish_reason is None for s in seqs):
+        core.step()
+        rows_seen.append(len(core.running))
+    assert max(rows_seen) == 2  # never more than max_num_seqs
+    for seq, (_, prompt, budget) in zip(seqs, plan):
+        want = reference_greedy(model, tokenizer, [prompt], budget, engine.eos_ids)[0]
+        assert seq.tokens == want, seq.request.id
+        assert seq.finish_reason == ("stop" if want[-1] in engine.eos_ids else "length")
+
+
+def test_the_slab_compacts_and_grows_without_changing_a_token(tiny, monkeypatch):
+    """With 2 columns reserved ahead, the slab runs out of columns every few steps: it drops the
+    holes between rows admitted at different times and grows; the greedy tokens still equal
+    generate()'s and the log-probs a lone request's."""
+    monkeypatch.setattr("rlvr.rollout.core.COLUMNS_AHEAD_MAX", 2)
+    model, tokenizer = tiny
+    core, engine = core_of(model, tokenizer, max_num_seqs=4)
+    ids = prompt_ids(tokenizer)
+    seqs = []
+    for i, prompt in enumerate(ids):
+        seqs.append(core.add(Request(str(i), prompt, SamplingParams(max_new_tokens=16, do_sample=False))))
+        for _ in range(2 + i):
+            core.step()
+    capacities = set()
+    while any(s.finish_reason is None for s in seqs):
+        core.step()
+        capacities.add(core.slab.capacity)
+    assert len(capacities) > 1  # it grew
+    alone = [core_of(model, tokenizer)[0].run([Request("x", p, SamplingParams(max_new_tokens=16, do_sample=False))])[0]
+             for p in ids]
+    for seq, prompt, want in zip(seqs, ids, alone):
+        assert seq.tokens == reference_greedy(model, tokenizer, [prompt], 16, engine.eos_ids)[0]
+        torch.testing.assert_close(torch.tensor(seq.log_probs), torch.tensor(want.log_probs), atol=1e-5, rtol=0)
+
+
+def test_each_request_samples_with_its_own_parameters_and_seed(tiny):
+    """A greedy request, a T = 1 request and a top-k request share batches: the greedy one equals
+    generate(); the sampled ones draw what they draw alone (their seed's stream, not the batch's):
+    same tokens, log-probs within float rounding; a different seed gives other tokens."""
+    model, tokenizer = tiny
+    ids = prompt_ids(tokenizer)
+    reqs = [Request("g", ids[0], GREEDY),
+            Request("t", ids[1], SamplingParams(max_new_tokens=12, seed=11)),
+            Request("k", ids[2], SamplingParams(max_new_tokens=12, seed=12, top_k=5, temperature=0.7))]
+    core, engine = core_of(model, tokenizer)
+    together = core.run(reqs)
+    alone = [core_of(model, tokenizer)[0].run([r])[0] for r in reqs]
+    assert together[0].token_ids == reference_greedy(model, tokenizer, [ids[0]], 12, engine.eos_ids)[0]
+    for got, want in zip(together, alone):
+        assert got.token_ids == want.token_ids
+        torch.testing.assert_close(torch.tensor(got.log_probs), torch.tensor(want.log_probs), atol=1e-5, rtol=0)
+    reseeded = core_of(model, tokenizer)[0].run([Request("t", ids[1], SamplingParams(max_new_tokens=12, seed=99))])[0]
+    assert reseeded.token_ids != together[1].token_ids
+
+
+def test_stop_token_ids_and_ignore_eos_per_request(tiny):
+    """A request's own stop tokens end it at the first one it samples (finish 'stop', matched names
+    the token); ignore_eos runs to the length even through an end token."""
+    model, tokenizer = tiny
+    core, engine = core_of(model, tokenizer)
+    ids = prompt_ids(tokenizer)
+    free = core.run([Request("free", ids[1], SamplingParams(max_new_tokens=12, do_sample=False))])[0]
+    stop_at = free.token_ids[4]
+    first = free.token_ids.index(stop_at)
+    got = core.run([Request("s", ids[1], SamplingParams(max_new_tokens=12, do_sample=False), stop_token_ids=(stop_at,))])[0]
+    assert got.token_ids == free.token_ids[:first + 1] and got.finish_reason == "stop" and got.matched == stop_at
+    core.eos_ids = frozenset(free.token_ids[:1])  # the first token it samples is an end token now
+    assert core.run([Request("e", ids[1], GREEDY)])[0].token_ids == free.token_ids[:1]
+    ignoring = core.run([Request("i", ids[1], GREEDY, ignore_eos=True)])[0]
+    assert ignoring.token_ids == free.token_ids and ignoring.finish_reason == "length"
+
+
+def test_abort_frees_the_row_for_the_next_request(tiny):
+    """With one row, aborting the running request ends it ('abort', the tokens so far) and the
+    waiting one is admitted at the next step; aborting a waiting one never runs it."""
+    model, tokenizer = tiny
+    core, engine = core_of(model, tokenizer, max_num_seqs=1)
+    ids = prompt_ids(tokenizer)
+    a = core.add(Request("a", ids[2], SamplingParams(max_new_tokens=30, do_sample=False)))
+    b = core.add(Request("b", ids[1], GREEDY))
+    c = core.add(Request("c", ids[3], GREEDY))
+    for _ in range(4):
+        core.step()
+    assert [s.request.id for s in core.running] == ["a"] and len(a.tokens) == 4
+    assert core.abort("a") and core.abort("c")
+    assert a.finish_reason == "abort" and len(a.tokens) == 4 and c.finish_reason == "abort" and c.tokens == []
+    assert not core.running
+    core.step()
+    assert [s.request.id for s in core.running] == ["b"]
+    step_until_done(core, [b])
+    assert b.tokens == reference_greedy(model, tokenizer, [ids[1]], 12, engine.eos_ids)[0]
+    assert not core.abort("b")  # finished: nothing to abort
+
+
+def test_pause_modes_and_weight_versions(tiny):
+    """'wait' lets the running rows finish and admits nothing; 'abort' ends everything; 'in_place'
+    keeps rows for after an update, and their completion says where the new version starts."""
+    model, tokenizer = tiny
+    ids = prompt_ids(tokenizer)
+    core, _ = core_of(model, tokenizer, max_num_seqs=1)
+    a = core.add(Request("a", ids[0], GREEDY))
+    b = core.add(Request("b", ids[1], GREEDY))
+    core.step()
+    core.pause("wait")
+    for _ in range(40):
+        core.step()
+    assert a.finish_reason is not None and b.finish_reason is None and not core.running  # b waited
+    core.set_weight_version(3)
+    core.resume()
+    step_until_done(core, [b])
+    assert a.completion().weight_version == 0 and b.completion().weight_version == 3
+    assert b.completion().version_starts is None  # one version only
+
+    core.add(Request("c", ids[2], GREEDY))
+    core.add(Request("d", ids[3], GREEDY))
+    core.step()
+    core.pause("abort")
+    assert not core.running and not core.waiting
+
+    core.resume()
+    e = core.add(Request("e", ids[2], SamplingParams(max_new_tokens=10, do_sample=False)))
+    for _ in range(3):
+        core.step()
+    core.pause("in_place")
+    core.step()  # paused in place: nothing moves
+    assert len(e.tokens) == 3
+    core.set_weight_version(4)
+    core.resume()
+    out = step_until_done(core, [e])[0]
+    assert out.weight_version == 4 and out.version_starts == [(0, 3), (3, 4)]
+
+
+def test_the_trainer_batch_is_todays_batch(tiny):
+    """A batch submitted at once (the synchronous trainer) samples exactly what one batched call
+    sampled before the core: the uniforms of row r of the whole batch at each token. Here: rows
+    named by row_ids in a 8-wide draw equal the same rows run in another order and alone."""
+    model, tokenizer = tiny
+    ids = prompt_ids(tokenizer)
+    engine = NativeRollout(model, tokenizer, RolloutConfig(), 32)
+    params = SamplingParams(max_new_tokens=12, seed=3, row_ids=(5, 1, 7, 2), total_rows=8)
+    batch = engine.generate(ids, params)
+    for r, row in enumerate(params.row_ids):
+        alone = engine.core.run([Request("x", ids[r], SamplingParams(max_new_tokens=12, seed=3), row=row, width=8)])[0]
+        assert alone.token_ids == batch[r].token_ids
