@@ -2,11 +2,12 @@
 
     python bench/same_run.py --modes sync,async0,async1 --steps 24 --out /tmp/same_run
 
-For each mode it runs `rlvr train` once alone (quiet) and once beside another
-process that keeps every core busy (loaded), then compares the two runs'
+For each mode it runs `rlvr train` (this checkout's) once alone (quiet) and once
+beside processes that keep every core busy (loaded), then compares the two runs'
 metrics.jsonl (every key but timings and memory) and rollouts/*.jsonl (the
 sampled text, scores and advantages) byte for byte. The first difference is
-printed with its step and key. Exit status 1 if any pair differs.
+printed with its step and key. Exit status 1 if any pair differs. A run folder
+that already holds all its steps is kept, not run again.
 """
 
 from __future__ import annotations
@@ -45,6 +46,9 @@ def run_job(mode: str, steps: int, folder: Path, load: bool) -> float:
            "trainer.val_before_train=false", "trainer.save_freq=-1",
            f"trainer.experiment_name={folder.name}", f"trainer.default_local_dir={folder}",
            *MODES[mode]]
+    if (folder / "metrics.jsonl").exists() and len(_run_record(folder)) == steps:
+        print(f"{folder.name}: kept (its {steps} steps are there)", flush=True)
+        return float("nan")
     spinners = []
     if load:  # one busy process per core, for the whole run
         for _ in range(os.cpu_count() or 1):
@@ -54,7 +58,9 @@ def run_job(mode: str, steps: int, folder: Path, load: bool) -> float:
     start = time.time()
     try:
         with open(folder.with_suffix(".log"), "w") as log:
-            subprocess.run(cmd, check=True, stdout=log, stderr=subprocess.STDOUT)
+            # this checkout's rlvr, whatever is installed
+            env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+            subprocess.run(cmd, check=True, stdout=log, stderr=subprocess.STDOUT, env=env)
     finally:
         for p in spinners:
             p.terminate()
