@@ -281,20 +281,22 @@ class RolloutConfig:
     checkpoint_engine: CheckpointEngineConfig = field(default_factory=CheckpointEngineConfig)
     """How the actor's weights reach a rollout pool of its own (hybrid_engine=false)."""
     max_num_seqs: int = 1024
-    """Rows that decode at once (verl's and vLLM's name). A rank with more rows generates them in
-    waves of whole prompt groups, which bounds the KV cache to this many rows; the completions
-    are the same as in one wave."""
+    """Rows that decode at once (verl's and vLLM's name). A rank with more rows keeps the rest
+    waiting: a row that ends frees its slot for the next (continuous batching; a prompt group
+    waits until its rows fit, to share one prefill). This bounds the KV cache to this many rows;
+    each row's tokens are the same as in one batch (its uniforms are its own)."""
     max_num_batched_tokens: Optional[int] = None
     """vllm: tokens one engine step may process (prefill chunks included); None: vLLM's default.
-    The native engine bounds a wave by rows (max_num_seqs) and refuses this key."""
+    The native engine bounds the rows it runs (max_num_seqs) and refuses this key."""
     max_model_len: Optional[int] = None
-    """vllm: the longest prompt + response the engine serves (sizes its KV cache); None:
-    data.max_prompt_length + data.max_response_length."""
+    """The longest prompt + response the engine serves (vLLM's meaning: vLLM sizes its KV cache by
+    it; the native engine core refuses a request whose prompt + max_new_tokens passes it). None:
+    data.max_prompt_length + data.max_response_length (vLLM), no bound but the model's (native)."""
     gpu_memory_utilization: Optional[float] = None
     """vllm: the fraction of the device's memory the engine may take (weights + KV cache). None:
     0.5 on a GPU (verl's default); on a CPU the KV cache is sized instead: max_num_seqs rows x
     max_model_len tokens, at most 1 GiB (more rows wait in vLLM's queue). The native engine
-    allocates each wave's cache exactly and refuses this key."""
+    allocates the cache of the rows it runs and refuses this key."""
     enforce_eager: bool = True
     """vllm: run the model eagerly (no torch.compile / CUDA graphs). On this CPU an eager engine
     starts in seconds instead of a minute; on a GPU, false captures CUDA graphs."""

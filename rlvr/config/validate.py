@@ -123,9 +123,8 @@ def _choices(cfg: RLVRConfig) -> list[str]:
 ROLLOUT_ENGINES = ("native", "vllm")
 # vLLM's settings the native engine has no use for: key -> (its default, what the native engine does instead)
 VLLM_ONLY = {
-    "max_num_batched_tokens": (None, "it bounds a wave by rows: use max_num_seqs"),
-    "max_model_len": (None, "its KV cache is sized per wave from the prompts and data.max_response_length"),
-    "gpu_memory_utilization": (None, "it allocates exactly each wave's KV cache (bound it with max_num_seqs)"),
+    "max_num_batched_tokens": (None, "it bounds the rows it runs: use max_num_seqs"),
+    "gpu_memory_utilization": (None, "it allocates the KV cache of the rows it runs (bound them with max_num_seqs)"),
     "enforce_eager": (True, "it always runs eagerly"),
     "enable_prefix_caching": (True, "it always prefills a group's shared prompt once"),
     "free_cache_engine": (True, "it always frees its KV cache after a rollout"),
@@ -145,6 +144,10 @@ def _rollout_engine(cfg: RLVRConfig) -> list[str]:
     if rollout.name not in ROLLOUT_ENGINES:
         return [f"{key}.name = {rollout.name!r} is not one of {list(ROLLOUT_ENGINES)}"]
     errors = []
+    needed = cfg.data.max_prompt_length + cfg.data.max_response_length
+    if rollout.max_model_len is not None and rollout.max_model_len < needed:
+        errors.append(f"{key}.max_model_len = {rollout.max_model_len} is shorter than data.max_prompt_length + "
+                      f"data.max_response_length = {needed}: responses would be cut; raise it or leave it null")
     if rollout.name == "native":
         for name, (default, instead) in VLLM_ONLY.items():
             if getattr(rollout, name) != default:
@@ -164,10 +167,6 @@ def _rollout_engine(cfg: RLVRConfig) -> list[str]:
                       "several devices with the hybrid engine")
     if rollout.gpu_memory_utilization is not None and not 0 < rollout.gpu_memory_utilization <= 1:
         errors.append(f"{key}.gpu_memory_utilization = {rollout.gpu_memory_utilization} must be in (0, 1]")
-    needed = cfg.data.max_prompt_length + cfg.data.max_response_length
-    if rollout.max_model_len is not None and rollout.max_model_len < needed:
-        errors.append(f"{key}.max_model_len = {rollout.max_model_len} is shorter than data.max_prompt_length + "
-                      f"data.max_response_length = {needed}: responses would be cut; raise it or leave it null")
     return errors
 
 

@@ -181,10 +181,11 @@ class EngineCore:
     thread at a time; ``add`` and ``abort`` between steps."""
 
     def __init__(self, model, tokenizer, eos_ids: Seq[int], pad_id: int, max_num_seqs: int,
-                 decode_step: Callable | None = None):
+                 decode_step: Callable | None = None, max_model_len: int | None = None):
         self.model, self.tokenizer = model, tokenizer
         self.eos_ids, self.pad_id = frozenset(eos_ids), pad_id
         self.max_num_seqs = max_num_seqs
+        self.max_model_len = max_model_len  # a request's prompt + max_new_tokens at most (None: no bound)
         self.decode_step = decode_step  # (tokens, mask, positions, cache) -> logits; None: the model's forward
         self.slab_ok = supports_preallocated(model.config)
         self.waiting: deque[Sequence] = deque()
@@ -209,6 +210,10 @@ class EngineCore:
             raise ValueError(f"request {request.id}: the prompt has no tokens")
         if request.params.max_new_tokens < 1:
             raise ValueError(f"request {request.id}: max_new_tokens is {request.params.max_new_tokens}, at least 1")
+        asked = len(request.prompt_ids) + request.params.max_new_tokens
+        if self.max_model_len is not None and asked > self.max_model_len:
+            raise ValueError(f"request {request.id}: {len(request.prompt_ids)} prompt tokens + max_new_tokens "
+                             f"{request.params.max_new_tokens} = {asked} is more than max_model_len {self.max_model_len}")
         key = (int(request.params.seed), int(request.width))
         stream = self.streams.get(key) or self.streams.setdefault(key, UniformStream(*key))
         stream.users += 1

@@ -1,17 +1,20 @@
-"""rlvr's native rollout engine: batched sampling with a KV cache over any transformers
-causal LM, built for GRPO's workload (every prompt sampled n times).
+"""rlvr's native rollout engine: the engine core (``core.py``) over any transformers causal LM,
+driven as a client (submit every row, gather), built for GRPO's workload (every prompt
+sampled n times).
 
 What makes it faster than ``model.generate`` on that workload:
 
-- **Shared prompt prefill**: the distinct prompts of a batch (same ``uid``, else same
-  tokens) are prefilled once, with logits only at the last position, and their KV cache
-  rows are repeated to the n rows that sample from them; the opening the distinct prompts
-  have in common (a system prompt) is prefilled once for all of them.
+- **Continuous batching** (``core.py``): at most ``rollout.max_num_seqs`` rows run; a row that
+  ends frees its slot for a waiting one between two decode steps.
+- **Shared prompt prefill**: the distinct prompts admitted together (same ``uid``, else same
+  tokens) are prefilled once, with logits only at the last position, and their keys and
+  values copied to the n rows that sample from them; the opening the distinct prompts have
+  in common (a system prompt) is prefilled once for all of them.
 - **No cache concatenation**: keys and values are written in place into preallocated
-  buffers (``kv_cache.py``).
+  buffers (``slab.py``, ``kv_cache.py``).
 - **No wasted decode work**: finished rows (EOS, stop string, length) leave the decode
-  batch at once (the cache copy that costs is a few ms, less than decoding a dead row),
-  and the loop ends when every row is done.
+  batch at once (the cache copy that costs is a few ms, less than decoding a dead row).
+- **A lean decode step** for Llama-family models (``lean.py``).
 - **Cheap sampling**: inverse-CDF sampling, one random number per row per step.
 - **Turns continue their cache** (inside ``turn_cache()``, which the multi-turn loop enters):
   a completion that stopped keeps its keys and values until the next call, and a prompt that
@@ -83,24 +86,6 @@ def trim_heap() -> None:
         _LIBC.malloc_trim(0)
 
 
-def group_waves(keys: Sequence[Hashable], max_rows: int) -> list[list[int]]:
-    """Rows in waves of at most ``max_rows``, each group's rows (same key) kept together where
-    the group fits, so that a group's prompt is prefilled once. A group larger than
-    ``max_rows`` is cut into waves of its own. keys = [a, a, b, b, c], max_rows = 4 ->
-    [[0, 1, 2, 3], [4]]"""
-    members: dict[Hashable, list[int]] = {}
-    for r, key in enumerate(keys):
-        members.setdefault(key, []).append(r)
-    waves: list[list[int]] = [[]]
-    for rows in members.values():
-        for start in range(0, len(rows), max_rows):
-            piece = rows[start:start + max_rows]
-            if len(waves[-1]) + len(piece) > max_rows:
-                waves.append([])
-            waves[-1].extend(piece)
-    return waves
-
-
 @register_rollout("native")
 class NativeRollout(BaseRollout):
     """Generates responses with a model it shares with the actor (or with the worker that gathers its
@@ -120,7 +105,7 @@ class NativeRollout(BaseRollout):
             self.model = model  # shared: no copy, always the actor's (or the worker's gathered) weights
         self.lean = LeanDecoder(self.model) if config.lean_decode and supports_lean_decode(self.model) else None
         self.core = EngineCore(self.model, tokenizer, self.eos_ids, self.pad_id, config.max_num_seqs,
-                               self.lean.step if self.lean is not None else None)
+                               self.lean.step if self.lean is not None else None, config.max_model_len)
         self._turns = False  # inside turn_cache()
 
     @property

@@ -36,8 +36,8 @@ peak resident memory on a 0.31B synthetic model at 1, 2 and 4 ranks) next to thi
 - Resume: rank 0 reads the fp32 weights and the whole AdamW state (12 bytes a parameter);
   files read on rank 0 (at init and at resume) are host RAM on a GPU, listed apart from the
   device's bytes.
-- The native engine's KV cache holds the rows of one wave (rows per rank, from
-  ``data.gen_batch_size`` when set, or the whole groups that fit in ``rollout.max_num_seqs``)
+- The native engine's KV cache holds the rows it runs at once (rows per rank, from
+  ``data.gen_batch_size`` when set, at most ``rollout.max_num_seqs``)
   of (longest prompt + max_response_length) positions in the rollout dtype; decoding on a CPU,
   the lean step keeps a prepacked copy of every projection (the layers' and the vocabulary's)
   while it generates.
@@ -71,7 +71,6 @@ from pathlib import Path
 from rlvr.config import ConfigError
 from rlvr.config.schema import RLVRConfig
 from rlvr.models.loader import check_weight_files, read_config_json
-from rlvr.rollout.engine import group_waves
 from rlvr.rollout.lean import LLAMA_FAMILY
 from rlvr.rollout.vllm_rollout import CPU_KV_CACHE_CAP, GPU_MEMORY_UTILIZATION, cpu_kv_cache_bytes
 from rlvr.workers.forward import LOGIT_CHUNK_TOKENS
@@ -522,9 +521,8 @@ def native_engine_terms(run: Run, t: dict[str, Term]) -> None:
     t["packed_weights"] = Term("prepacked projections (CPU decode)", packed if lean_packed else 0.0, True,
                                "only while generating" if lean_packed else "none on this device")
     rows = run.gen_rows(run.config.data.gen_batch_size or run.config.data.train_batch_size)
-    # the largest wave the engine decodes at once: whole groups of n rows, at most max_num_seqs
-    waves = group_waves([r // arr.rollout.n for r in range(rows)], arr.rollout.max_num_seqs)
-    rows_at_once = max(len(wave) for wave in waves)
+    # the most rows the engine core runs at once: max_num_seqs (a row that ends frees its slot for a waiting one)
+    rows_at_once = min(rows, arr.rollout.max_num_seqs)
     kv = shape.kv_values_per_token(vllm=False) * run.roll_b * rows_at_once * run.positions
     t["kv_cache"] = Term("KV cache", kv, False, f"{rows_at_once} rows x {run.positions} positions")
 

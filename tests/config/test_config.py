@@ -395,7 +395,7 @@ def test_auto_precision_follows_the_device():
         .reduce_dtype == "float32"
 
 
-@pytest.mark.parametrize("setting", ["gpu_memory_utilization=0.6", "max_num_batched_tokens=4096", "max_model_len=512",
+@pytest.mark.parametrize("setting", ["gpu_memory_utilization=0.6", "max_num_batched_tokens=4096",
                                      "enforce_eager=false", "enable_prefix_caching=false", "free_cache_engine=false",
                                      "tensor_model_parallel_size=2"])
 def test_the_native_engine_refuses_vllm_settings(setting):
@@ -416,6 +416,9 @@ def test_rollout_engine_names():
     with pytest.raises(ConfigError, match=r"max_model_len = 191 is shorter than data.max_prompt_length \+ "
                                           r"data.max_response_length = 192"):
         load_config(overrides=["actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.max_model_len=191"])
+    with pytest.raises(ConfigError, match=r"max_model_len = 191 is shorter"):  # the native engine core reads it too
+        load_config(overrides=["actor_rollout_ref.rollout.max_model_len=191"])
+    assert load_config(overrides=["actor_rollout_ref.rollout.max_model_len=512"]).actor_rollout_ref.rollout.max_model_len == 512
     cfg = load_config(overrides=["actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.max_num_batched_tokens=2048"])
     assert cfg.actor_rollout_ref.rollout.max_num_batched_tokens == 2048
 

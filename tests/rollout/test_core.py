@@ -192,3 +192,15 @@ def test_the_trainer_batch_is_todays_batch(tiny):
     for r, row in enumerate(params.row_ids):
         alone = engine.core.run([Request("x", ids[r], SamplingParams(max_new_tokens=12, seed=3), row=row, width=8)])[0]
         assert alone.token_ids == batch[r].token_ids
+
+
+def test_a_request_longer_than_max_model_len_is_refused(tiny):
+    """rollout.max_model_len with vLLM's meaning: prompt + max_new_tokens at most that many."""
+    model, tokenizer = tiny
+    engine = NativeRollout(model, tokenizer, RolloutConfig(max_model_len=40), 32)
+    prompt = prompt_ids(tokenizer)[0]  # 30 tokens or so
+    fits = 40 - len(prompt)
+    assert engine.core.add(Request("ok", prompt, SamplingParams(max_new_tokens=fits))).finish_reason is None
+    with pytest.raises(ValueError, match=rf"request long: {len(prompt)} prompt tokens \+ max_new_tokens {fits + 1} = 41 "
+                                         r"is more than max_model_len 40"):
+        engine.core.add(Request("long", prompt, SamplingParams(max_new_tokens=fits + 1)))

@@ -12,7 +12,7 @@ from rlvr.data import left_pad
 from rlvr.models import load_model, load_tokenizer
 from rlvr.protocol import DataProto
 from rlvr.rollout import NativeRollout, SamplingParams, filter_probs, sample_tokens
-from rlvr.rollout.engine import common_prefix_length, group_waves
+from rlvr.rollout.engine import common_prefix_length
 from rlvr.rollout.sampling import inverse_cdf
 
 QUESTIONS = ["Hi", "What is 12 + 7? Answer with a number.", "Tell me a very long story about a dragon and a knight.",
@@ -432,20 +432,11 @@ def test_empirical_frequencies_match_on_a_real_vocabulary():
     assert torch.allclose(lp, probs[0, tokens].log())
 
 
-def test_group_waves_keep_groups_whole():
-    # groups a (3 rows), b (2), c (1) in waves of at most 4: a fits, b does not fit beside it,
-    # c joins b; with 2 rows a wave, a is cut into [0, 1] and [2]
-    keys = ["a", "a", "a", "b", "b", "c"]
-    assert group_waves(keys, 4) == [[0, 1, 2], [3, 4, 5]]
-    assert group_waves(keys, 2) == [[0, 1], [2], [3, 4], [5]]
-    assert group_waves(keys, 6) == [[0, 1, 2, 3, 4, 5]]
-
-
-@pytest.mark.parametrize("max_num_seqs", [5, 3])
+@pytest.mark.parametrize("max_num_seqs", [6, 3])
 def test_at_most_max_num_seqs_rows_decode_and_rows_sample_as_in_one_batch(tiny, max_num_seqs, monkeypatch):
-    """Four prompts x n = 4 sampled at T = 1 (rows stop at different lengths), at most 5 rows
-    running (one group, then the next group joins as soon as 4 rows are free: continuous
-    batching) or 3 (a group cut 3 + 1): every row's tokens and log-probs equal one batch's, no
+    """Four prompts x n = 4 sampled at T = 1 (rows stop at different lengths), at most 6 rows
+    running (one group, then the next group joins as soon as 4 rows are free, beside the first
+    group's last rows: continuous batching) or 3 (a group cut 3 + 1): every row's tokens and log-probs equal one batch's, no
     decode step holds more rows than allowed, and each admitted piece of a group is prefilled once."""
     model, tokenizer = tiny
     ids = [p for p in prompt_ids(tokenizer) for _ in range(4)]
@@ -454,19 +445,19 @@ def test_at_most_max_num_seqs_rows_decode_and_rows_sample_as_in_one_batch(tiny, 
     one = NativeRollout(model, tokenizer, RolloutConfig(), max_response_length=24).generate(ids, params, groups)
     engine = NativeRollout(model, tokenizer, RolloutConfig(max_num_seqs=max_num_seqs), max_response_length=24)
     core = engine.core
-    prefills, decode_rows = [], []
-    prefill, decode = core._prefill, core._decode
+    prefills, step_rows = [], []  # distinct prompts per prefill; rows sampled per step
+    prefill, sample = core._prefill, core._sample
     monkeypatch.setattr(core, "_prefill", lambda unique, *rest: prefills.append(len(unique)) or prefill(unique, *rest))
-    monkeypatch.setattr(core, "_decode", lambda tokens: decode_rows.append(len(tokens)) or decode(tokens))
+    monkeypatch.setattr(core, "_sample", lambda: step_rows.append(len(core.running)) or sample())
     waves = engine.generate(ids, params, groups)
     assert [c.token_ids for c in waves] == [c.token_ids for c in one]
     # log-probs to float32 rounding: a matmul's kernel (and its sums' order) follows the batch size
     assert np.allclose(sum((c.log_probs for c in waves), []), sum((c.log_probs for c in one), []), atol=1e-5, rtol=0)
     assert len({len(c.token_ids) for c in one}) > 1  # rows of different lengths, so the test means something
-    assert max(decode_rows) == max_num_seqs  # full, never over
-    # 5: a group joins while the last rows of the one before still run (4 + 1 rows);
+    assert max(step_rows) == max_num_seqs  # full, never over
+    # 6: a group joins while the last rows of the one before still run (4 + 2 rows);
     # each group's prompt prefilled once. 3: each group cut 3 + 1, prefilled twice
-    assert prefills == [1] * (4 if max_num_seqs == 5 else 8)
+    assert prefills == [1] * (4 if max_num_seqs == 6 else 8)
 
 
 def test_waves_keep_a_multi_turn_rows_own_uniforms(tiny):
