@@ -184,8 +184,10 @@ def choice(server: Server, index: int, completion: Completion, spec: RowSpec, ki
     out: dict[str, Any] = {"index": index, "logprobs": token_logprobs(server, completion, kind)}
     calls: list = []
     if kind.chat:
-        content, calls = parse_tool_calls(server, text, kind.tools) if kind.tools else (text, [])
-        out["message"] = {"role": "assistant", "content": content, "tool_calls": calls}
+        # calls are read from the whole text: a stop string may be a call's closing tag
+        whole = server.decode(completion.token_ids, skip)
+        content, calls = parse_tool_calls(server, whole, kind.tools) if kind.tools else (text, [])
+        out["message"] = {"role": "assistant", "content": content if calls else text, "tool_calls": calls}
     else:
         out["text"] = text
         out["prompt_token_ids"] = spec.prompt_ids
