@@ -224,6 +224,7 @@ def stream(server: Server, request: Request, body: OpenAISampling, specs: list[R
     usage if ``stream_options.include_usage``, then ``[DONE]``."""
     base = body.request_id or uuid.uuid4().hex
     rows_of = [server.requests(spec, base if len(specs) == 1 else f"{base}-{i}") for i, spec in enumerate(specs)]
+    server.check_room(sum(len(rows) for _, rows in rows_of))
     chunk_object = "chat.completion.chunk" if kind.chat else "text_completion"
     created, n = int(time.time()), specs[0].n
     hold = max((len(s) for s in specs[0].stop), default=1) - 1

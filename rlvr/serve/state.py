@@ -132,6 +132,14 @@ class Server:
                              stop_token_ids=spec.stop_token_ids, ignore_eos=spec.ignore_eos)
                      for j, i in enumerate(ids)]
 
+    def check_room(self, rows: int) -> None:
+        """503 now when ``rows`` more would overflow the queue (a stream must refuse before its
+        200 starts; the engine checks again at each add)."""
+        waiting = len(self.engine.core.waiting)
+        if waiting + rows > self.engine.max_waiting:
+            raise BadRequest("server", f"the queue is full ({waiting} requests are waiting, at most "
+                                       f"{self.engine.max_waiting}); retry later", status=503)
+
     def tasks(self, rid: str, rows: list[Request],
               on_tokens: Callable[[int, list[int], list[float]], None] | None = None) -> list[asyncio.Task]:
         """One task per row (cancelling one aborts its row); ``rid`` is listed as in flight until

@@ -356,14 +356,16 @@ def test_full_queue_answers_503_with_retry_after(tiny):
         waiting = [asyncio.create_task(client.post("/generate", json=body)) for _ in range(2)]
         await wait_until(lambda: len(core.waiting) == 2)
         third = await client.post("/generate", json=body)
+        streamed = await client.post("/v1/completions", json={"prompt": "Hi", "max_tokens": 2, "stream": True})
         await client.post("/continue_generation", json={})
-        return third, [await w for w in waiting]
+        return third, streamed, [await w for w in waiting]
 
     try:
-        third, first_two = run(server, go)
+        third, streamed, first_two = run(server, go)
     finally:
         server.engine.stop()
     assert third.status_code == 503 and third.headers["retry-after"] == "1"
+    assert streamed.status_code == 503 and streamed.headers["retry-after"] == "1"  # before the stream starts
     assert [r.status_code for r in first_two] == [200, 200]
 
 
@@ -464,7 +466,7 @@ def test_rlvr_serve_subprocess_answers_and_stops_on_sigterm(tiny_model_dir, tmp_
     port = free_port()
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
     cmd = [sys.executable, "-m", "rlvr.cli", "serve", f"actor_rollout_ref.model.path={tiny_model_dir}",
-           f"trainer.default_local_dir={tmp_path}", "--port", str(port), "--max-model-len", str(CONTEXT)]
+           f"trainer.default_local_dir={tmp_path}", "--port", str(port), "--max-model-len", "2048"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     try:
         base = f"http://127.0.0.1:{port}"
@@ -479,14 +481,24 @@ def test_rlvr_serve_subprocess_answers_and_stops_on_sigterm(tiny_model_dir, tmp_
                 time.sleep(0.2)
         r = httpx.post(f"{base}/v1/completions", json={"prompt": "Hi", "max_tokens": 3, "temperature": 0}, timeout=30)
         assert r.status_code == 200 and len(r.json()["choices"][0]["token_ids"]) == 3, r.text
+        # a long request in flight when SIGTERM comes: it is aborted and answered, then the server exits
+        answers = []
+        long = threading.Thread(target=lambda: answers.append(httpx.post(f"{base}/generate", json={
+            "text": "Hi", "sampling_params": {"max_new_tokens": 1900, "ignore_eos": True}}, timeout=60)))
+        long.start()
+        time.sleep(0.5)
         os.kill(proc.pid, signal.SIGTERM)
         _, err = proc.communicate(timeout=60)
+        long.join(10)
     finally:
         if proc.poll() is None:
             os.kill(proc.pid, signal.SIGKILL)
             proc.wait()
     assert proc.returncode == 0, err[-2000:]
     assert "rlvr serve: stopped" in err
+    (answer,) = answers
+    meta = answer.json()["meta_info"]
+    assert meta["finish_reason"]["type"] == "abort" and meta["completion_tokens"] < 1900
 
 
 def test_a_request_cancelled_before_its_add_runs_is_aborted(tiny):
