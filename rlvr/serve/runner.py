@@ -51,7 +51,7 @@ def check_host(options: ServeOptions) -> None:
 
 def model_source(path: str) -> str:
     """The loadable model of ``path``: a checkpoint folder's ``actor/``, a run directory's newest
-    checkpoint's, or ``path`` itself."""
+    checkpoint's, or ``path`` itself (the model path, and ``/update_weights_from_disk``'s)."""
     from rlvr.trainer.checkpoint import latest_checkpoint
 
     folder = Path(path).expanduser()
@@ -63,6 +63,13 @@ def model_source(path: str) -> str:
             raise ConfigError(f"{folder} has checkpoints/ but no checkpoints/global_step_<k>/ in it")
         return str(latest / "actor")
     return path
+
+
+def weights_folder(path: str) -> Path:
+    try:
+        return Path(model_source(path)).expanduser()
+    except ConfigError as err:
+        raise ValueError(str(err)) from None
 
 
 def build_server(config, options: ServeOptions):
@@ -103,7 +110,7 @@ def build_server(config, options: ServeOptions):
     server = Server(engine, tokenizer, options.served_model_name or str(config.actor_rollout_ref.model.path), path,
                     int(context), int(model.get_input_embeddings().weight.shape[0]), options.request_timeout,
                     options.api_key, options.tool_call_parser,
-                    load_weights=lambda folder: copy_weights_into(rollout.model, folder), release=release)
+                    load_weights=lambda path: copy_weights_into(rollout.model, weights_folder(path)), release=release)
     engine.start()
     return server
 

@@ -233,32 +233,15 @@ async def wait_for_disconnect(http_request) -> None:
             return
 
 
-def resolve_weights_folder(path: str) -> Path:
-    """A folder of safetensors for ``path``: a Hugging Face folder, a checkpoint's ``actor/``, or a
-    run directory's newest checkpoint."""
-    from rlvr.trainer.checkpoint import latest_checkpoint
-
-    folder = Path(path).expanduser()
-    if (folder / "actor").is_dir():
-        folder = folder / "actor"
-    elif (folder / "checkpoints").is_dir():
-        latest = latest_checkpoint(folder / "checkpoints")
-        if latest is not None:
-            folder = latest / "actor"
-    if not folder.is_dir():
-        raise ValueError(f"{path}: not a folder (give a Hugging Face folder of *.safetensors, a checkpoint or a run "
-                         "directory)")
-    if (folder / "adapter_config.json").is_file():
-        raise ValueError(f"{folder} is a LoRA adapter; `rlvr export` merges it into a whole model first")
-    return folder
-
-
-def copy_weights_into(model: torch.nn.Module, path: str) -> str:
-    """Copy the tensors of the saved model at ``path`` into ``model`` in place -> what was copied.
+def copy_weights_into(model: torch.nn.Module, folder: Path) -> str:
+    """Copy the tensors of the saved model in ``folder`` into ``model`` in place -> what was copied.
     Every name and shape is checked before the first copy, so a refused folder changes nothing."""
     from rlvr.models.loader import ModelLoadError, read_weights
 
-    folder = resolve_weights_folder(path)
+    if not folder.is_dir():
+        raise ValueError(f"{folder}: not a folder (give a Hugging Face folder of *.safetensors)")
+    if (folder / "adapter_config.json").is_file():
+        raise ValueError(f"{folder} is a LoRA adapter; `rlvr export` merges it into a whole model first")
     try:
         weights = read_weights(folder)
     except ModelLoadError as err:

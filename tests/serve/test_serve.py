@@ -28,7 +28,7 @@ from rlvr.rollout.base import Completion
 from rlvr.rollout.engine import NativeRollout
 from rlvr.serve import Server, build_app
 from rlvr.serve.openai_routes import Kind, choice
-from rlvr.serve.runner import ServeOptions, check_host
+from rlvr.serve.runner import ServeOptions, check_host, weights_folder
 from rlvr.serve.state import RowSpec, copy_weights_into
 from tests.rollout.test_engine import prompt_ids, reference_greedy
 
@@ -47,7 +47,7 @@ def make_server(model, tokenizer, path="tiny", max_num_seqs=8, max_waiting=256, 
     engine = AsyncEngine(rollout.core, max_waiting=max_waiting)
     engine.start()
     return Server(engine, tokenizer, "tiny", str(path), context, model.get_input_embeddings().weight.shape[0],
-                  timeout, api_key, load_weights=lambda folder: copy_weights_into(model, folder)), rollout
+                  timeout, api_key, load_weights=lambda path: copy_weights_into(model, weights_folder(path))), rollout
 
 
 @pytest.fixture
