@@ -7,11 +7,12 @@ is full, 504 past ``--request-timeout``.
 
 Where rlvr departs from SGLang (docs/serve.md): one prompt per request (no batch of texts),
 ``n`` samples returned as a list as SGLang does, weight versions named by the client (SGLang's
-strings) over the engine's counter, and the distributed weight-update routes answer 501.
+strings) over the engine's counter, and the distributed weight update joins gloo groups only.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import secrets
 import time
@@ -22,8 +23,10 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from rlvr.rollout.base import Completion
 from rlvr.serve.protocol import (UNIMPLEMENTED_GENERATE, UNIMPLEMENTED_SAMPLING, AbortRequest, BadRequest,
-                                 GenerateRequest, MemoryTags, PauseRequest, SGLangSamplingParams,
-                                 UpdateWeightsFromDisk, check_sampling, parse_json, refuse_unimplemented, validate)
+                                 DestroyWeightsUpdateGroup, GenerateRequest, InitWeightsUpdateGroup, MemoryTags,
+                                 PauseRequest, SGLangSamplingParams, UpdateWeightsFromDisk,
+                                 UpdateWeightsFromDistributed, check_sampling, parse_json, refuse_unimplemented,
+                                 validate)
 from rlvr.serve.state import MAX_N, ClientGone, RowSpec, Server
 
 RETRY_AFTER_S = 1
@@ -177,9 +180,9 @@ def add_sglang_routes(app: FastAPI, server: Server) -> None:
         return JSONResponse({"success": ok, "message": message, "num_paused_requests": aborted},
                             status_code=200 if ok else 400)
 
-    for route in ("/init_weights_update_group", "/update_weights_from_distributed", "/destroy_weights_update_group",
-                  "/update_weights_from_tensor"):
-        app.add_api_route(route, _not_implemented(route), methods=["POST"])
+    add_distributed_routes(app, server)
+    app.add_api_route("/update_weights_from_tensor", _not_implemented("/update_weights_from_tensor"),
+                      methods=["POST"])
 
     @app.api_route("/flush_cache", methods=["GET", "POST"])
     async def flush_cache():
@@ -238,6 +241,51 @@ def add_sglang_routes(app: FastAPI, server: Server) -> None:
                                             "request"}
 
 
+def add_distributed_routes(app: FastAPI, server: Server) -> None:
+    """SGLang's weight update over a process group (``weight_sync.py``)."""
+    from rlvr.serve import weight_sync
+
+    @app.post("/init_weights_update_group")
+    async def init_weights_update_group(request: Request):
+        body = validate(InitWeightsUpdateGroup, await read_body(request))
+        if body.backend != "gloo":
+            raise BadRequest("backend", f"{body.backend!r}: rlvr serve joins gloo groups only")
+        if body.group_name in server.groups:
+            raise BadRequest("group_name", f"{body.group_name!r} is open; destroy it first")
+        if not (1 <= body.rank_offset < body.world_size):
+            raise BadRequest("rank_offset", f"must be in [1, world_size = {body.world_size}) (rank 0 is the "
+                                            f"trainer that broadcasts), got {body.rank_offset}")
+        try:
+            group = await asyncio.to_thread(weight_sync.open_group, body.master_address, body.master_port,
+                                            body.rank_offset, body.world_size, body.group_name,
+                                            server.request_timeout)
+        except (RuntimeError, OSError, ValueError) as err:  # the store or a rank did not answer in time
+            return JSONResponse({"success": False, "message": f"could not join the group: {err}"}, status_code=400)
+        server.groups[body.group_name] = group
+        return {"success": True, "message": f"joined {body.group_name!r} as rank {body.rank_offset} of "
+                                            f"{body.world_size}"}
+
+    @app.post("/update_weights_from_distributed")
+    async def update_weights_from_distributed(request: Request):
+        body = validate(UpdateWeightsFromDistributed, await read_body(request))
+        group = server.groups.get(body.group_name)
+        if group is None:
+            raise BadRequest("group_name", f"{body.group_name!r} is not open: POST /init_weights_update_group")
+        plan = weight_sync.check_tensors(server.model, body.names, body.dtypes, body.shapes)
+        ok, message, aborted = await server.update_weights(lambda: weight_sync.receive_into(group, plan),
+                                                           body.weight_version, body.abort_all_requests,
+                                                           body.flush_cache, keep_pause=False)
+        return JSONResponse({"success": ok, "message": message, "num_paused_requests": aborted},
+                            status_code=200 if ok else 400)
+
+    @app.post("/destroy_weights_update_group")
+    async def destroy_weights_update_group(request: Request):
+        body = validate(DestroyWeightsUpdateGroup, await read_body(request))
+        if server.groups.pop(body.group_name, None) is None:
+            raise BadRequest("group_name", f"{body.group_name!r} is not open")
+        return {"success": True, "message": f"left {body.group_name!r}"}
+
+
 def _tags(body: MemoryTags) -> set[str]:
     tags = set(body.tags) if body.tags is not None else {"kv_cache", "weights"}
     unknown = tags - {"kv_cache", "weights"}
@@ -248,8 +296,8 @@ def _tags(body: MemoryTags) -> set[str]:
 
 def _not_implemented(route: str):
     async def refuse():
-        return error_response(501, f"{route} is not implemented by rlvr serve yet: update weights with "
-                                   "POST /update_weights_from_disk {model_path, weight_version}")
+        return error_response(501, f"{route} is not implemented by rlvr serve: update weights with "
+                                   "POST /update_weights_from_disk or /update_weights_from_distributed")
     return refuse
 
 

@@ -196,6 +196,30 @@ class UpdateWeightsFromDisk(Strict):
     token_step: int = 0
 
 
+class InitWeightsUpdateGroup(Strict):
+    master_address: str
+    master_port: int
+    rank_offset: int
+    world_size: int
+    group_name: str = "weight_update_group"
+    backend: str = "gloo"  # SGLang's default is nccl; rlvr's server has gloo only
+
+
+class UpdateWeightsFromDistributed(Strict):
+    names: list[str]
+    dtypes: list[str]
+    shapes: list[list[int]]
+    group_name: str = "weight_update_group"
+    flush_cache: bool = True
+    abort_all_requests: bool = False
+    weight_version: str | None = None
+    load_format: None = None
+
+
+class DestroyWeightsUpdateGroup(Strict):
+    group_name: str = "weight_update_group"
+
+
 class MemoryTags(Strict):
     tags: list[str] | None = None
 

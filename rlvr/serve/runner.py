@@ -110,7 +110,8 @@ def build_server(config, options: ServeOptions):
     server = Server(engine, tokenizer, options.served_model_name or str(config.actor_rollout_ref.model.path), path,
                     int(context), int(model.get_input_embeddings().weight.shape[0]), options.request_timeout,
                     options.api_key, options.tool_call_parser,
-                    load_weights=lambda path: copy_weights_into(rollout.model, weights_folder(path)), release=release)
+                    load_weights=lambda path: copy_weights_into(rollout.model, weights_folder(path)), release=release,
+                    model=rollout.model)
     engine.start()
     return server
 

@@ -67,6 +67,10 @@ class Server:
     tool_parser: str = "hermes"
     load_weights: Callable[[str], str] | None = None
     release: Callable[[set[str]], str] | None = None
+    model: Any = None
+    """The served model (the distributed weight update copies into it)."""
+    groups: dict[str, Any] = field(default_factory=dict)
+    """Weight-update process groups by name (``weight_sync.py``)."""
     weight_version: str = "default"
     released: set[str] = field(default_factory=set)
     inflight: dict[str, list[str]] = field(default_factory=dict)
@@ -190,10 +194,15 @@ class Server:
     # ------------------------------------------------------------------ weights
     async def update_weights_from_disk(self, model_path: str, weight_version: str | None, abort_all: bool,
                                        flush_cache: bool, keep_pause: bool) -> tuple[bool, str, int]:
-        """Pause (running rows finish, or end with ``abort_all``), copy the tensors in, name the
-        version, resume -> (success, message, requests aborted)."""
         if self.load_weights is None:
             return False, "this server cannot load weights", 0
+        return await self.update_weights(lambda: self.load_weights(model_path), weight_version, abort_all,
+                                         flush_cache, keep_pause)
+
+    async def update_weights(self, load: Callable[[], str], weight_version: str | None, abort_all: bool,
+                             flush_cache: bool, keep_pause: bool) -> tuple[bool, str, int]:
+        """Pause (running rows finish, or end with ``abort_all``), ``load()`` on the engine thread,
+        name the version, resume -> (success, message, requests aborted)."""
         core = self.engine.core
         aborted = len(core.running) + len(core.waiting) if abort_all else 0
         await self.engine.pause("abort" if abort_all else "wait", deadline_s=self.request_timeout)
@@ -201,7 +210,7 @@ class Server:
         try:
             number = max(self.versions) + 1
             holder: list[str] = []
-            await self.engine.update_weights(lambda: holder.append(self.load_weights(model_path)), number)
+            await self.engine.update_weights(lambda: holder.append(load()), number)
             self.versions[number] = weight_version if weight_version is not None else self.weight_version
             self.weight_version = self.versions[number]
             message = holder[0] if holder else ""

@@ -47,7 +47,8 @@ def make_server(model, tokenizer, path="tiny", max_num_seqs=8, max_waiting=256, 
     engine = AsyncEngine(rollout.core, max_waiting=max_waiting)
     engine.start()
     return Server(engine, tokenizer, "tiny", str(path), context, model.get_input_embeddings().weight.shape[0],
-                  timeout, api_key, load_weights=lambda path: copy_weights_into(model, weights_folder(path))), rollout
+                  timeout, api_key, load_weights=lambda path: copy_weights_into(model, weights_folder(path)),
+                  model=model), rollout
 
 
 @pytest.fixture
@@ -241,15 +242,21 @@ def test_abort_mid_generation_frees_the_row(served, tiny):
     assert core.running == [] and not core.waiting and served.inflight == {}
 
 
-def test_update_weights_from_disk_moves_tokens_and_version(tiny, tmp_path):
-    model, tokenizer = tiny
-    mine = copy.deepcopy(model)
-    server, _ = make_server(mine, tokenizer)
-    new_model = copy.deepcopy(model)  # the old weights, each moved by noise of a fixed seed
+def perturbed(model):
+    """The model's weights, each moved by noise of a fixed seed: a policy whose greedy tokens differ."""
+    new_model = copy.deepcopy(model)
     generator = torch.Generator().manual_seed(1)
     with torch.no_grad():
         for p in new_model.parameters():
             p.add_(torch.randn(p.shape, generator=generator) * p.std())
+    return new_model
+
+
+def test_update_weights_from_disk_moves_tokens_and_version(tiny, tmp_path):
+    model, tokenizer = tiny
+    mine = copy.deepcopy(model)
+    server, _ = make_server(mine, tokenizer)
+    new_model = perturbed(model)
     new_dir = tmp_path / "new"
     new_model.save_pretrained(new_dir)
     prompt = tokenizer.encode("Once upon a time")
@@ -281,9 +288,49 @@ def test_update_weights_from_disk_moves_tokens_and_version(tiny, tmp_path):
     assert after["output_ids"] == new_want and after["meta_info"]["weight_version"] == "step-1"
 
 
-def test_distributed_weight_update_routes_say_they_are_not_implemented(served):
-    r = post(served, "/init_weights_update_group", {})
-    assert r.status_code == 501 and "/update_weights_from_disk" in r.json()["error"]["message"]
+def test_update_weights_from_distributed_moves_tokens_and_version(tiny):
+    """SGLang's flow on gloo over 127.0.0.1: the trainer (rank 0, here a thread with its own group
+    object) hosts the store, both join, the trainer broadcasts every parameter of a new policy
+    while the server receives them; greedy tokens become the new policy's and the version moves.
+    A name the model lacks is refused before any tensor is sent."""
+    from rlvr.serve.weight_sync import broadcast, open_group
+
+    model, tokenizer = tiny
+    server, _ = make_server(copy.deepcopy(model), tokenizer)
+    new_model = perturbed(model)
+    prompt = tokenizer.encode("Once upon a time")
+    new_want = reference_greedy(new_model, tokenizer, [prompt], 8, eos_ids(tiny))[0]
+    assert new_want != reference_greedy(model, tokenizer, [prompt], 8, eos_ids(tiny))[0]
+    params = list(new_model.named_parameters())  # tied weights once
+    port = free_port()
+    update = {"names": [n for n, _ in params], "dtypes": [str(p.dtype) for _, p in params],
+              "shapes": [list(p.shape) for _, p in params], "group_name": "g", "weight_version": "step-2"}
+    body = {"input_ids": prompt, "sampling_params": {"max_new_tokens": 8, "temperature": 0}}
+
+    async def go(client):
+        joined = asyncio.create_task(client.post("/init_weights_update_group", json={
+            "master_address": "127.0.0.1", "master_port": port, "rank_offset": 1, "world_size": 2,
+            "group_name": "g", "backend": "gloo"}))
+        trainer = await asyncio.to_thread(open_group, "127.0.0.1", port, 0, 2, "g", 30.0, True)
+        joined = await joined
+        wrong = await client.post("/update_weights_from_distributed", json={**update, "names": ["nope"],
+                                                                            "dtypes": ["float32"], "shapes": [[1]]})
+        updated = asyncio.create_task(client.post("/update_weights_from_distributed", json=update))
+        await asyncio.to_thread(lambda: [broadcast(trainer, p.detach().clone()) for _, p in params])
+        updated = await updated
+        after = (await client.post("/generate", json=body)).json()
+        left = await client.post("/destroy_weights_update_group", json={"group_name": "g"})
+        return joined, wrong, updated, after, left
+
+    try:
+        joined, wrong, updated, after, left = run(server, go)
+    finally:
+        server.engine.stop()
+    assert joined.status_code == 200 and joined.json()["success"], joined.text
+    assert wrong.status_code == 400 and wrong.json()["error"]["param"] == "names.0"
+    assert updated.status_code == 200 and updated.json()["success"], updated.text
+    assert after["output_ids"] == new_want and after["meta_info"]["weight_version"] == "step-2"
+    assert left.status_code == 200 and server.groups == {}
 
 
 # ---------------------------------------------------------------------- bad input: one test each
@@ -525,3 +572,25 @@ def test_a_request_cancelled_before_its_add_runs_is_aborted(tiny):
         assert asyncio.run(go()) == (0, 0)
     finally:
         server.engine.stop()
+
+
+def test_weight_group_meets_a_trainer_that_opens_its_side_with_torchs_helpers():
+    """The trainer's side built as SGLang's ``init_custom_process_group`` builds it (torch's tcp://
+    rendezvous and its group helper), the server's by ``open_group``: the broadcast arrives."""
+    import datetime
+
+    from torch.distributed.distributed_c10d import _new_process_group_helper, rendezvous
+
+    from rlvr.serve.weight_sync import broadcast, open_group
+
+    port = free_port()
+    received = torch.zeros(4)
+    server_side = threading.Thread(target=lambda: broadcast(open_group("127.0.0.1", port, 1, 2, "weight_update_group",
+                                                                       30.0), received))
+    server_side.start()
+    timeout = datetime.timedelta(seconds=30)
+    store, _, _ = next(rendezvous(f"tcp://127.0.0.1:{port}", 0, 2, timeout=timeout))
+    group, _ = _new_process_group_helper(2, 0, [], "gloo", store, group_name="weight_update_group", timeout=timeout)
+    group.broadcast([torch.arange(4.0)]).wait()
+    server_side.join(30)
+    assert received.tolist() == [0.0, 1.0, 2.0, 3.0]
