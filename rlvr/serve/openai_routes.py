@@ -19,6 +19,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import StreamingResponse
 
+from rlvr.rollout.async_engine import EngineBusy
 from rlvr.rollout.base import Completion
 from rlvr.serve.app import finish_text, read_body, sse
 from rlvr.serve.protocol import (UNIMPLEMENTED_OPENAI, BadRequest, ChatCompletionRequest, CompletionRequest,
@@ -224,6 +225,9 @@ def stream(server: Server, request: Request, body: OpenAISampling, specs: list[R
     usage if ``stream_options.include_usage``, then ``[DONE]``."""
     base = body.request_id or uuid.uuid4().hex
     rows_of = [server.requests(spec, base if len(specs) == 1 else f"{base}-{i}") for i, spec in enumerate(specs)]
+    if body.stream_options is not None and body.stream_options.continuous_usage_stats:
+        raise BadRequest("stream_options.continuous_usage_stats", "is not implemented; usage comes in the last "
+                                                                  "chunk with include_usage")
     server.check_room(sum(len(rows) for _, rows in rows_of))
     chunk_object = "chat.completion.chunk" if kind.chat else "text_completion"
     created, n = int(time.time()), specs[0].n
@@ -290,6 +294,9 @@ def stream(server: Server, request: Request, body: OpenAISampling, specs: list[R
         except asyncio.TimeoutError:
             yield sse({"error": {"message": f"ran past --request-timeout {server.request_timeout:g} s; aborted",
                                  "type": "TimeoutError", "param": "request", "code": 504}})
+        except EngineBusy as err:  # the queue filled between the check and a row's add
+            yield sse({"error": {"message": f"the queue is full ({err}); retry later",
+                                 "type": "ServiceUnavailableError", "param": "server", "code": 503}})
         finally:
             watcher.cancel()
             for task in tasks:

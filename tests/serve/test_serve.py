@@ -594,3 +594,35 @@ def test_weight_group_meets_a_trainer_that_opens_its_side_with_torchs_helpers():
     group.broadcast([torch.arange(4.0)]).wait()
     server_side.join(30)
     assert received.tolist() == [0.0, 1.0, 2.0, 3.0]
+
+
+def test_chat_stream_sends_the_greedy_tokens(served, tiny):
+    model, tokenizer = tiny
+    prompt = prompt_ids(tokenizer, [QUESTIONS[0]])[0]
+    want = reference_greedy(model, tokenizer, [prompt], 6, eos_ids(tiny))[0]
+    r = post(served, "/v1/chat/completions", {"messages": [{"role": "user", "content": QUESTIONS[0]}],
+                                              "max_tokens": 6, "temperature": 0, "stream": True})
+    events = [line[len("data: "):] for line in r.text.splitlines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(e) for e in events[:-1]]
+    assert chunks[0]["prompt_token_ids"] == prompt and chunks[0]["choices"][0]["delta"]["role"] == "assistant"
+    assert [t for ch in chunks for c in ch["choices"] for t in c.get("token_ids", [])] == want
+    text = "".join(c["delta"].get("content", "") for ch in chunks for c in ch["choices"])
+    assert text == tokenizer.decode(want, skip_special_tokens=True)
+    assert chunks[-1]["choices"][0]["finish_reason"] == ("length" if len(want) == 6 else "stop")
+
+
+def test_sampled_n_rows_equal_the_batch_engine_with_the_same_seed(served, tiny):
+    """``n`` = 3 samples with ``sampling_seed`` 7 draw rows 0..2 of seed 7's uniforms, as the batch
+    engine's three rows of one prompt do: the same tokens. The same request again: the same tokens."""
+    from rlvr.rollout.sampling import SamplingParams
+
+    model, tokenizer = tiny
+    prompt = prompt_ids(tokenizer, QUESTIONS)[1]
+    engine = NativeRollout(model, tokenizer, RolloutConfig(), 1)
+    want = [c.token_ids for c in engine.generate([prompt] * 3, SamplingParams(max_new_tokens=10, seed=7))]
+    body = {"input_ids": prompt, "sampling_params": {"max_new_tokens": 10, "n": 3, "sampling_seed": 7}}
+    first, again = post(served, "/generate", body).json(), post(served, "/generate", body).json()
+    assert [o["output_ids"] for o in first] == want
+    assert [o["output_ids"] for o in again] == want
+    assert len({tuple(w) for w in want}) > 1  # the rows sampled differently, or the test shows nothing
