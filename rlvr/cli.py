@@ -373,7 +373,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("serve", help="serve the config's model over HTTP: SGLang's routes and OpenAI's /v1")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (another than loopback needs --api-key)")
-    p.add_argument("--port", type=_at_least(0), default=8000)
+    p.add_argument("--port", type=_at_least(1), default=8000)
     p.add_argument("--api-key", default=None, help="every request must send Authorization: Bearer KEY")
     p.add_argument("--request-timeout", type=_positive_float, default=600.0,
                    help="seconds a request may run; past them its rows are aborted and it gets 504")

@@ -500,7 +500,12 @@ def test_api_key_is_required_on_every_route(tiny):
     assert bare.status_code == 401 and wrong.status_code == 401 and right.status_code == 200
 
 
-def test_another_host_needs_an_api_key():
+def test_another_host_needs_an_api_key(capsys):
+    from rlvr.cli import main
+
+    # refused before the model loads (a path that does not exist would be the error otherwise)
+    assert main(["serve", "--host", "0.0.0.0", "actor_rollout_ref.model.path=/nonexistent"]) == 2
+    assert "--host 0.0.0.0: a server reachable from other machines needs --api-key" in capsys.readouterr().err
     with pytest.raises(ConfigError, match="--api-key"):
         check_host(ServeOptions(host="0.0.0.0"))
     check_host(ServeOptions(host="0.0.0.0", api_key="k"))
