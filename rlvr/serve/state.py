@@ -205,9 +205,8 @@ class Server:
         name the version, resume -> (success, message, requests aborted)."""
         core = self.engine.core
         aborted = len(core.running) + len(core.waiting) if abort_all else 0
-        await self.engine.pause("abort" if abort_all else "wait", deadline_s=self.request_timeout)
-        message = ""
         try:
+            await self.engine.pause("abort" if abort_all else "wait", deadline_s=self.request_timeout)
             number = max(self.versions) + 1
             holder: list[str] = []
             await self.engine.update_weights(lambda: holder.append(load()), number)
@@ -217,7 +216,7 @@ class Server:
             if flush_cache:
                 await self.engine.call(self.flush)
             return True, f"{message}; weight_version {self.weight_version!r}", aborted
-        except (ValueError, OSError, RuntimeError) as err:  # the weights stay as they were: say why
+        except (ValueError, OSError, RuntimeError, TimeoutError) as err:  # a refused folder changed nothing; say why
             return False, f"weights not updated: {err}", aborted
         finally:
             if not keep_pause:
