@@ -297,8 +297,9 @@ def stream(server: Server, request: Request, body: OpenAISampling, specs: list[R
         except EngineBusy as err:  # the queue filled between the check and a row's add
             yield sse({"error": {"message": f"the queue is full ({err}); retry later",
                                  "type": "ServiceUnavailableError", "param": "server", "code": 503}})
-        finally:
+        finally:  # also when the client is gone and the server closes this generator
             watcher.cancel()
+            server.aborted += sum(not task.done() for task in tasks)
             for task in tasks:
                 task.cancel()
 

@@ -440,23 +440,64 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_client_that_disconnects_has_its_request_aborted(tiny):
-    """A real socket: the client gives up after 0.5 s on a request held in place; the server
-    notices the disconnect, aborts the request and frees its row."""
-    import uvicorn
+class Uvicorn:
+    """The app on a real loopback socket, uvicorn on a thread of this process."""
 
-    server, _ = make_server(*tiny, context=2048)  # room for a request that runs long enough to be caught
-    core = server.engine.core
-    port = free_port()
-    uv = uvicorn.Server(uvicorn.Config(build_app(server), host="127.0.0.1", port=port, log_level="error"))
-    thread = threading.Thread(target=uv.run, daemon=True)
-    thread.start()
-    try:
+    def __init__(self, server):
+        import uvicorn
+
+        self.port = free_port()
+        self.uv = uvicorn.Server(uvicorn.Config(build_app(server), host="127.0.0.1", port=self.port,
+                                               log_level="error"))
+        self.thread = threading.Thread(target=self.uv.run, daemon=True)
+
+    def __enter__(self):
+        self.thread.start()
         deadline = time.monotonic() + 30
-        while not uv.started:
+        while not self.uv.started:
             assert time.monotonic() < deadline, "uvicorn did not start"
             time.sleep(0.02)
-        base = f"http://127.0.0.1:{port}"
+        return f"http://127.0.0.1:{self.port}"
+
+    def __exit__(self, *exc):
+        self.uv.should_exit = True
+        self.thread.join(10)
+
+
+def wait_idle(server, deadline_s=10.0):
+    end = time.monotonic() + deadline_s
+    while (server.engine.core.running or server.inflight) and time.monotonic() < end:
+        time.sleep(0.02)
+
+
+def test_client_that_disconnects_from_a_stream_has_its_request_aborted(tiny):
+    """A real socket: the client reads three events of a long stream and closes it; the server
+    aborts the request and frees its row."""
+    server, _ = make_server(*tiny, context=2048)
+    try:
+        with Uvicorn(server) as base:
+            with httpx.stream("POST", f"{base}/v1/completions", json={
+                    "prompt": "Hi", "max_tokens": 1900, "ignore_eos": True, "stream": True}, timeout=30) as r:
+                events = []
+                for line in r.iter_lines():
+                    events += [line] if line.startswith("data: ") else []
+                    if len(events) == 3:
+                        break  # leaving the block closes the connection
+            assert len(events) == 3 and "[DONE]" not in events[-1]
+            wait_idle(server)
+            assert server.engine.core.running == [] and server.inflight == {} and server.aborted == 1
+    finally:
+        server.engine.stop()
+
+
+def test_client_that_disconnects_has_its_request_aborted(tiny):
+    """A real socket: the client gives up after 1 s on a request held in place; the server
+    notices the disconnect, aborts the request and frees its row."""
+    server, _ = make_server(*tiny, context=2048)  # room for a request that runs long enough to be caught
+    core = server.engine.core
+    uv = Uvicorn(server)
+    base = uv.__enter__()
+    try:
         prompt = prompt_ids(tiny[1], QUESTIONS)[0]
 
         def pause_when_running():
@@ -471,14 +512,11 @@ def test_client_that_disconnects_has_its_request_aborted(tiny):
             httpx.post(f"{base}/generate", json={"input_ids": prompt, "sampling_params": {
                 "max_new_tokens": 1900, "ignore_eos": True}}, timeout=1.0)
         pauser.join()
-        end = time.monotonic() + 10
-        while (core.running or server.inflight) and time.monotonic() < end:
-            time.sleep(0.02)
+        wait_idle(server)
         assert core.running == [] and server.inflight == {} and server.aborted == 1
         httpx.post(f"{base}/continue_generation", json={})
     finally:
-        uv.should_exit = True
-        thread.join(10)
+        uv.__exit__()
         server.engine.stop()
 
 
