@@ -5,7 +5,8 @@
 with ``param`` naming the field, 401 without the API key, 503 with ``Retry-After`` when the queue
 is full, 504 past ``--request-timeout``.
 
-Where rlvr departs from SGLang (docs/serve.md): one prompt per request (no batch of texts),
+Where rlvr departs from SGLang (docs/serve.md): one prompt per request (no batch of texts), a
+streamed request makes one sample,
 ``n`` samples returned as a list as SGLang does, weight versions named by the client (SGLang's
 strings) over the engine's counter, and the distributed weight update joins gloo groups only.
 """
@@ -19,15 +20,16 @@ import time
 from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 
+from rlvr.rollout.async_engine import EngineBusy
 from rlvr.rollout.base import Completion
 from rlvr.serve.protocol import (UNIMPLEMENTED_GENERATE, UNIMPLEMENTED_SAMPLING, AbortRequest, BadRequest,
                                  DestroyWeightsUpdateGroup, GenerateRequest, InitWeightsUpdateGroup, MemoryTags,
                                  PauseRequest, SGLangSamplingParams, UpdateWeightsFromDisk,
                                  UpdateWeightsFromDistributed, check_sampling, parse_json, refuse_unimplemented,
                                  validate)
-from rlvr.serve.state import MAX_N, ClientGone, RowSpec, Server
+from rlvr.serve.state import MAX_N, ClientGone, RowSpec, Server, wait_for_disconnect
 
 RETRY_AFTER_S = 1
 
@@ -126,16 +128,57 @@ def sglang_output(server: Server, completion: Completion, spec: RowSpec, body: G
             "meta_info": meta}
 
 
+async def sglang_stream(server: Server, request: Request, rid: str, rows, spec: RowSpec, body: GenerateRequest,
+                        skip: bool, started: float):
+    """SGLang's stream: one event per new token with the text and ids so far (cumulative, SGLang's
+    default), the last one the whole output with its finish reason, then ``[DONE]``."""
+    queue: asyncio.Queue = asyncio.Queue()
+    (task,) = server.tasks(rid, rows, lambda j, ids, lps: queue.put_nowait(ids))
+    task.add_done_callback(lambda _: queue.put_nowait(None))
+    watcher = asyncio.create_task(wait_for_disconnect(request))
+    watcher.add_done_callback(lambda _: queue.put_nowait(False))
+    ids: list[int] = []
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + server.request_timeout
+    try:
+        while True:
+            item = await asyncio.wait_for(queue.get(), max(deadline - loop.time(), 0.001))
+            if item is False:
+                return  # the client left: finally aborts the row
+            if item is None:
+                yield sse(sglang_output(server, task.result(), spec, body, skip, started))
+                yield "data: [DONE]\n\n"
+                return
+            ids += item
+            yield sse({"text": server.decode(ids, skip).rstrip("\ufffd"), "output_ids": list(ids),
+                       "meta_info": {"id": rows[0].id, "finish_reason": None, "prompt_tokens": len(spec.prompt_ids),
+                                     "completion_tokens": len(ids)}})
+    except asyncio.TimeoutError:
+        yield sse({"error": {"message": f"ran past --request-timeout {server.request_timeout:g} s; aborted",
+                             "type": "TimeoutError", "param": "request", "code": 504}})
+    except EngineBusy as err:
+        yield sse({"error": {"message": f"the queue is full ({err}); retry later", "type": "ServiceUnavailableError",
+                             "param": "server", "code": 503}})
+    finally:
+        watcher.cancel()
+        server.aborted += int(not task.done())
+        task.cancel()
+
+
 def add_sglang_routes(app: FastAPI, server: Server) -> None:
     @app.post("/generate")
     async def generate(request: Request):
         started = time.perf_counter()
         body = validate(GenerateRequest, refuse_unimplemented(await read_body(request), UNIMPLEMENTED_GENERATE))
         spec, skip = sglang_spec(server, body)
-        if body.stream:
-            raise BadRequest("stream", "streaming /generate is not implemented; use stream=false, or "
-                                       "/v1/completions with stream=true")
+        if body.stream and spec.n > 1:
+            raise BadRequest("sampling_params.n", "a streamed /generate makes one sample; use n=1, or "
+                                                  "/v1/completions with stream=true")
         rid, rows = server.requests(spec, body.rid)
+        if body.stream:
+            server.check_room(1)
+            return StreamingResponse(sglang_stream(server, request, rid, rows, spec, body, skip, started),
+                                     media_type="text/event-stream")
         completions = await server.complete(request, rid, rows)
         outputs = [sglang_output(server, c, spec, body, skip, started) for c in completions]
         return outputs[0] if spec.n == 1 else outputs

@@ -669,3 +669,18 @@ def test_sampled_n_rows_equal_the_batch_engine_with_the_same_seed(served, tiny):
     assert [o["output_ids"] for o in first] == want
     assert [o["output_ids"] for o in again] == want
     assert len({tuple(w) for w in want}) > 1  # the rows sampled differently, or the test shows nothing
+
+
+def test_generate_stream_sends_the_greedy_tokens(served, tiny):
+    """SGLang's stream: cumulative text and ids per event, the last the whole output, then [DONE]."""
+    model, tokenizer = tiny
+    prompt = prompt_ids(tokenizer, QUESTIONS)[3]
+    want = reference_greedy(model, tokenizer, [prompt], 7, eos_ids(tiny))[0]
+    r = post(served, "/generate", {"input_ids": prompt, "stream": True,
+                                   "sampling_params": {"max_new_tokens": 7, "temperature": 0}})
+    events = [line[len("data: "):] for line in r.text.splitlines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(e) for e in events[:-1]]
+    assert [c["output_ids"] for c in chunks[:-1]] == [want[:k] for k in range(1, len(want) + 1)]
+    assert chunks[-1]["output_ids"] == want and chunks[-1]["meta_info"]["finish_reason"]["type"] in ("stop", "length")
+    assert chunks[-1]["text"] == tokenizer.decode(want, skip_special_tokens=True)
