@@ -6,9 +6,8 @@ with ``param`` naming the field, 401 without the API key, 503 with ``Retry-After
 is full, 504 past ``--request-timeout``.
 
 Where rlvr departs from SGLang (docs/serve.md): one prompt per request (no batch of texts), a
-streamed request makes one sample,
-``n`` samples returned as a list as SGLang does, weight versions named by the client (SGLang's
-strings) over the engine's counter, and the distributed weight update joins gloo groups only.
+streamed request makes one sample, weight versions named by the client (SGLang's strings) over the
+engine's counter, and the distributed weight update joins gloo groups only.
 """
 
 from __future__ import annotations
