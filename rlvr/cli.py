@@ -1,4 +1,4 @@
-"""The ``rlvr`` command: ``train``, ``plan``, ``prepare``, ``config show``, ``algos list``, ``rollout``.
+"""The ``rlvr`` command: ``train``, ``plan``, ``prepare``, ``config show``, ``algos list``, ``rollout``, ``serve``.
 
 Config-reading commands take ``--config FILE.yaml`` and ``key=value`` overrides, exactly
 as ``rlvr train`` does. Errors that come from the user's input (config, data, model path)
@@ -270,6 +270,18 @@ def _cmd_rollout(args: argparse.Namespace) -> None:
               "after a tool call")
 
 
+def _cmd_serve(args: argparse.Namespace) -> None:
+    """The config's model behind SGLang's and OpenAI's HTTP routes (docs/serve.md)."""
+    from rlvr.serve.runner import ServeOptions, check_host, serve
+
+    options = ServeOptions(args.host, args.port, args.api_key, args.request_timeout, args.max_waiting,
+                           args.max_model_len, args.served_model_name, args.tool_call_parser)
+    check_host(options)  # before anything loads
+    cfg = _load(args)
+    pin_threads()  # one fixed intra-op thread count (rlvr/determinism.py)
+    serve(cfg, options)
+
+
 def _cmd_algos(args: argparse.Namespace) -> None:
     from rlvr.algos import ADV_ESTIMATORS, POLICY_LOSSES
     from rlvr.algos.kl import KL_TYPES
@@ -358,6 +370,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--show", type=int, default=8, help="print this many samples")
     _add_config_args(p)
     p.set_defaults(func=_cmd_rollout)
+
+    p = sub.add_parser("serve", help="serve the config's model over HTTP: SGLang's routes and OpenAI's /v1")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (another than loopback needs --api-key)")
+    p.add_argument("--port", type=_at_least(1), default=8000)
+    p.add_argument("--api-key", default=None, help="every request must send Authorization: Bearer KEY")
+    p.add_argument("--request-timeout", type=_positive_float, default=600.0,
+                   help="seconds a request may run; past them its rows are aborted and it gets 504")
+    p.add_argument("--max-waiting", type=_at_least(1), default=4096,
+                   help="requests that may wait for a free row; more get 503 with Retry-After")
+    p.add_argument("--max-model-len", type=_at_least(2), default=None,
+                   help="prompt + new tokens of one request (default: the model's max_position_embeddings)")
+    p.add_argument("--served-model-name", default=None, help="the name /v1/models lists (default: model.path)")
+    p.add_argument("--tool-call-parser", default="hermes", help="how chat tool calls are read: hermes or tag")
+    _add_config_args(p)
+    p.set_defaults(func=_cmd_serve)
     return parser
 
 

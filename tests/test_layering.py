@@ -10,7 +10,7 @@ from pathlib import Path
 import rlvr
 
 RLVR = Path(rlvr.__file__).parent
-MAY_IMPORT_TRAINER = {RLVR / "cli.py"}
+MAY_IMPORT_TRAINER = {RLVR / "cli.py", RLVR / "serve" / "runner.py"}  # the command line (rlvr serve's)
 
 
 def imported_modules(path: Path) -> set[str]:

@@ -91,10 +91,10 @@ class AsyncEngine:
                 raise EngineBusy(f"{len(self.core.waiting)} requests are waiting (at most {self.max_waiting})")
             self.core.add(request)
 
-        await self.call(add)
         try:
+            await self.call(add)
             return await asyncio.shield(done)
-        except asyncio.CancelledError:
+        except asyncio.CancelledError:  # posted after the add, if the add is still queued: it runs first
             self._post_nowait(lambda: self.core.abort(request.id))
             raise
 

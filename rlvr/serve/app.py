@@ -1,0 +1,350 @@
+"""The FastAPI app of ``rlvr serve``: SGLang's native routes here, OpenAI's in ``openai_routes.py``.
+
+``build_app(server)`` wires the routes to a ``Server`` (``state.py``). Errors are JSON
+``{"error": {"message", "type", "param", "code"}}`` (vLLM's ``ErrorResponse``), 400 for bad input
+with ``param`` naming the field, 401 without the API key, 503 with ``Retry-After`` when the queue
+is full, 504 past ``--request-timeout``.
+
+Where rlvr departs from SGLang (docs/serve.md): one prompt per request (no batch of texts), a
+streamed request makes one sample, weight versions named by the client (SGLang's strings) over the
+engine's counter, and the distributed weight update joins gloo groups only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import secrets
+import time
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+
+from rlvr.rollout.async_engine import EngineBusy
+from rlvr.rollout.base import Completion
+from rlvr.serve.protocol import (UNIMPLEMENTED_GENERATE, UNIMPLEMENTED_SAMPLING, AbortRequest, BadRequest,
+                                 DestroyWeightsUpdateGroup, GenerateRequest, InitWeightsUpdateGroup, MemoryTags,
+                                 PauseRequest, SGLangSamplingParams, UpdateWeightsFromDisk,
+                                 UpdateWeightsFromDistributed, check_sampling, parse_json, refuse_unimplemented,
+                                 validate)
+from rlvr.serve.state import MAX_N, ClientGone, RowSpec, Server, wait_for_disconnect
+
+RETRY_AFTER_S = 1
+
+
+def error_response(status: int, message: str, param: str | None = None) -> JSONResponse:
+    kind = {400: "BadRequestError", 401: "AuthenticationError", 404: "NotFoundError", 501: "NotImplementedError",
+            503: "ServiceUnavailableError", 504: "TimeoutError"}.get(status, "Error")
+    headers = {"Retry-After": str(RETRY_AFTER_S)} if status == 503 else None
+    return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": status}},
+                        status_code=status, headers=headers)
+
+
+def bad_request_response(err: BadRequest) -> JSONResponse:
+    return error_response(err.status, f"{err.param}: {err.message}", err.param)
+
+
+async def read_body(request: Request) -> dict[str, Any]:
+    return parse_json(await request.body())
+
+
+def build_app(server: Server) -> FastAPI:
+    app = FastAPI(title="rlvr serve", docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.server = server
+
+    @app.middleware("http")
+    async def require_key(request: Request, call_next):
+        if server.api_key is not None:
+            given = request.headers.get("authorization", "")
+            if not secrets.compare_digest(given.encode(), f"Bearer {server.api_key}".encode()):
+                return error_response(401, "missing or wrong API key: send the header Authorization: Bearer KEY")
+        return await call_next(request)
+
+    @app.exception_handler(BadRequest)
+    async def on_bad_request(request: Request, err: BadRequest):
+        return bad_request_response(err)
+
+    @app.exception_handler(ClientGone)
+    async def on_client_gone(request: Request, err: ClientGone):
+        return Response(status_code=499)  # nobody reads it: the client has gone (nginx's code)
+
+    add_sglang_routes(app, server)
+    from rlvr.serve.openai_routes import add_openai_routes
+
+    add_openai_routes(app, server)
+    return app
+
+
+# ---------------------------------------------------------------------- /generate
+def sglang_spec(server: Server, body: GenerateRequest) -> tuple[RowSpec, bool]:
+    """The rows of a /generate body -> (spec, skip_special_tokens)."""
+    raw = refuse_unimplemented(body.sampling_params or {}, UNIMPLEMENTED_SAMPLING, "sampling_params.")
+    sp = validate(SGLangSamplingParams, raw, "sampling_params.")
+    if (body.text is None) == (body.input_ids is None):
+        raise BadRequest("text" if body.text is None else "input_ids", "give exactly one of text and input_ids")
+    if body.text is not None:
+        prompt = server.check_prompt(server.encode(body.text), "text")
+    else:
+        prompt = server.check_prompt(body.input_ids, "input_ids")
+    names = {k: f"sampling_params.{k}" for k in ("temperature", "top_p", "top_k", "min_p", "n")}
+    check_sampling(sp.temperature, sp.top_p, sp.top_k, sp.min_p, sp.n, MAX_N, names)
+    stop = (sp.stop,) if isinstance(sp.stop, str) else tuple(sp.stop or ())
+    spec = RowSpec(prompt, server.budget(len(prompt), sp.max_new_tokens, "sampling_params.max_new_tokens"),
+                   sp.temperature, sp.top_p, sp.top_k, sp.min_p, stop,
+                   server.check_token_ids(sp.stop_token_ids, "sampling_params.stop_token_ids"), sp.ignore_eos, sp.n,
+                   sp.sampling_seed)
+    return spec, sp.skip_special_tokens
+
+
+def finish_text(server: Server, completion: Completion, skip_special_tokens: bool) -> str:
+    """The completion's text, cut before a stop string that ended it (SGLang's and vLLM's default)."""
+    text = server.decode(completion.token_ids, skip_special_tokens)
+    if isinstance(completion.matched, str) and completion.matched in text:
+        text = text[:text.index(completion.matched)]
+    return text
+
+
+def sglang_finish_reason(completion: Completion, budget: int) -> dict[str, Any]:
+    if completion.finish_reason == "stop":
+        return {"type": "stop", "matched": completion.matched}
+    if completion.finish_reason == "length":
+        return {"type": "length", "length": budget}
+    return {"type": "abort", "message": "aborted"}
+
+
+def sglang_output(server: Server, completion: Completion, spec: RowSpec, body: GenerateRequest,
+                  skip_special_tokens: bool, started: float) -> dict[str, Any]:
+    meta: dict[str, Any] = {
+        "id": completion.request_id, "finish_reason": sglang_finish_reason(completion, spec.max_new_tokens),
+        "prompt_tokens": len(spec.prompt_ids), "completion_tokens": len(completion.token_ids),
+        "weight_version": server.version_name(completion), "e2e_latency": time.perf_counter() - started}
+    if body.return_logprob:
+        meta["output_token_logprobs"] = [
+            [lp, tok, server.decode([tok], False) if body.return_text_in_logprobs else None]
+            for tok, lp in zip(completion.token_ids, completion.log_probs)]
+    return {"text": finish_text(server, completion, skip_special_tokens), "output_ids": completion.token_ids,
+            "meta_info": meta}
+
+
+async def sglang_stream(server: Server, request: Request, rid: str, rows, spec: RowSpec, body: GenerateRequest,
+                        skip: bool, started: float):
+    """SGLang's stream: one event per new token with the text and ids so far (cumulative, SGLang's
+    default), the last one the whole output with its finish reason, then ``[DONE]``."""
+    queue: asyncio.Queue = asyncio.Queue()
+    (task,) = server.tasks(rid, rows, lambda j, ids, lps: queue.put_nowait(ids))
+    task.add_done_callback(lambda _: queue.put_nowait(None))
+    watcher = asyncio.create_task(wait_for_disconnect(request))
+    watcher.add_done_callback(lambda _: queue.put_nowait(False))
+    ids: list[int] = []
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + server.request_timeout
+    try:
+        while True:
+            item = await asyncio.wait_for(queue.get(), max(deadline - loop.time(), 0.001))
+            if item is False:
+                return  # the client left: finally aborts the row
+            if item is None:
+                yield sse(sglang_output(server, task.result(), spec, body, skip, started))
+                yield "data: [DONE]\n\n"
+                return
+            ids += item
+            yield sse({"text": server.decode(ids, skip).rstrip("\ufffd"), "output_ids": list(ids),
+                       "meta_info": {"id": rows[0].id, "finish_reason": None, "prompt_tokens": len(spec.prompt_ids),
+                                     "completion_tokens": len(ids)}})
+    except asyncio.TimeoutError:
+        yield sse({"error": {"message": f"ran past --request-timeout {server.request_timeout:g} s; aborted",
+                             "type": "TimeoutError", "param": "request", "code": 504}})
+    except EngineBusy as err:
+        yield sse({"error": {"message": f"the queue is full ({err}); retry later", "type": "ServiceUnavailableError",
+                             "param": "server", "code": 503}})
+    finally:
+        watcher.cancel()
+        server.aborted += int(not task.done())
+        task.cancel()
+
+
+def add_sglang_routes(app: FastAPI, server: Server) -> None:
+    @app.post("/generate")
+    async def generate(request: Request):
+        started = time.perf_counter()
+        body = validate(GenerateRequest, refuse_unimplemented(await read_body(request), UNIMPLEMENTED_GENERATE))
+        spec, skip = sglang_spec(server, body)
+        if body.stream and spec.n > 1:
+            raise BadRequest("sampling_params.n", "a streamed /generate makes one sample; use n=1, or "
+                                                  "/v1/completions with stream=true")
+        rid, rows = server.requests(spec, body.rid)
+        if body.stream:
+            server.check_room(1)
+            return StreamingResponse(sglang_stream(server, request, rid, rows, spec, body, skip, started),
+                                     media_type="text/event-stream")
+        completions = await server.complete(request, rid, rows)
+        outputs = [sglang_output(server, c, spec, body, skip, started) for c in completions]
+        return outputs[0] if spec.n == 1 else outputs
+
+    @app.get("/health")
+    async def health():
+        if not server.engine.alive:
+            return error_response(503, f"the engine has stopped: {server.engine.error!r}")
+        return Response(status_code=200)
+
+    @app.get("/health_generate")
+    async def health_generate(request: Request):
+        """One new token from the engine (SGLang's check that generation works, not only the process)."""
+        if not server.engine.alive:
+            return error_response(503, f"the engine has stopped: {server.engine.error!r}")
+        first = server.tokenizer.bos_token_id if server.tokenizer.bos_token_id is not None else 0
+        rid, rows = server.requests(RowSpec([first], 1, temperature=0.0), f"health-{time.monotonic_ns()}")
+        await server.complete(request, rid, rows)
+        return Response(status_code=200)
+
+    @app.get("/get_model_info")
+    async def get_model_info():
+        return {"model_path": server.model_path, "tokenizer_path": server.model_path, "is_generation": True,
+                "preferred_sampling_params": None, "weight_version": server.weight_version,
+                "served_model_name": server.model_name, "max_model_len": server.max_model_len}
+
+    @app.get("/get_weight_version")
+    async def get_weight_version():
+        return {"weight_version": server.weight_version}
+
+    @app.post("/update_weights_from_disk")
+    async def update_weights_from_disk(request: Request):
+        body = validate(UpdateWeightsFromDisk, await read_body(request))
+        if body.load_format not in (None, "auto", "safetensors"):
+            raise BadRequest("load_format", f"{body.load_format!r}: rlvr loads safetensors folders (auto)")
+        if body.torch_empty_cache:
+            raise BadRequest("torch_empty_cache", "there is no CUDA cache to empty on this server; leave it out")
+        if body.token_step:
+            raise BadRequest("token_step", "is not implemented by rlvr serve; name the weights with weight_version")
+        ok, message, aborted = await server.update_weights_from_disk(
+            body.model_path, body.weight_version, body.abort_all_requests, body.flush_cache, body.keep_pause)
+        return JSONResponse({"success": ok, "message": message, "num_paused_requests": aborted},
+                            status_code=200 if ok else 400)
+
+    add_distributed_routes(app, server)
+    app.add_api_route("/update_weights_from_tensor", _not_implemented("/update_weights_from_tensor"),
+                      methods=["POST"])
+
+    @app.api_route("/flush_cache", methods=["GET", "POST"])
+    async def flush_cache():
+        if not await server.engine.call(server.flush):
+            return PlainTextResponse("Cache not flushed: requests are running; retry when they are done.",
+                                     status_code=400)
+        return PlainTextResponse("Cache flushed.")
+
+    @app.post("/abort_request")
+    async def abort_request(request: Request):
+        body = validate(AbortRequest, await read_body(request))
+        if body.abort_all:
+            n = await server.engine.abort(None)
+        else:
+            if not body.rid:
+                raise BadRequest("rid", "give the id of the request to abort, or abort_all=true")
+            n = 0
+            for engine_id in server.inflight.get(body.rid, [body.rid]):
+                n += await server.engine.abort(engine_id)
+        server.aborted += n
+        return {"success": True, "aborted": n}
+
+    @app.post("/pause_generation")
+    async def pause_generation(request: Request):
+        body = validate(PauseRequest, await read_body(request))
+        modes = {"abort": "abort", "in_place": "in_place", "wait": "wait"}
+        if body.mode not in modes:
+            raise BadRequest("mode", f"{body.mode!r}: use 'abort' (running requests end now), 'in_place' (they "
+                                     "stay, paused, and continue after /continue_generation) or rlvr's 'wait' (they "
+                                     "finish first); SGLang's 'retract' is not implemented")
+        await server.engine.pause(modes[body.mode], deadline_s=server.request_timeout)
+        return {"success": True, "message": f"paused ({body.mode})"}
+
+    @app.post("/continue_generation")
+    async def continue_generation(request: Request):
+        await server.engine.resume()
+        return {"success": True, "message": "continued"}
+
+    @app.post("/release_memory_occupation")
+    async def release_memory_occupation(request: Request):
+        tags = _tags(validate(MemoryTags, await read_body(request)))
+        if server.release is None:
+            raise BadRequest("tags", "this server cannot release memory")
+        if not await server.engine.call(lambda: not server.engine.core.running and not server.engine.core.waiting):
+            raise BadRequest("server", "requests are running; release memory when the engine is idle "
+                                       "(POST /pause_generation first)")
+        server.released |= tags
+        message = await server.engine.call(lambda: server.release(tags))
+        return {"success": True, "message": message}
+
+    @app.post("/resume_memory_occupation")
+    async def resume_memory_occupation(request: Request):
+        tags = _tags(validate(MemoryTags, await read_body(request)))
+        server.released -= tags
+        return {"success": True, "message": f"resumed {sorted(tags)}; what was released is rebuilt at the next "
+                                            "request"}
+
+
+def add_distributed_routes(app: FastAPI, server: Server) -> None:
+    """SGLang's weight update over a process group (``weight_sync.py``)."""
+    from rlvr.serve import weight_sync
+
+    @app.post("/init_weights_update_group")
+    async def init_weights_update_group(request: Request):
+        body = validate(InitWeightsUpdateGroup, await read_body(request))
+        if body.backend != "gloo":
+            raise BadRequest("backend", f"{body.backend!r}: rlvr serve joins gloo groups only")
+        if body.group_name in server.groups:
+            raise BadRequest("group_name", f"{body.group_name!r} is open; destroy it first")
+        if not (1 <= body.rank_offset < body.world_size):
+            raise BadRequest("rank_offset", f"must be in [1, world_size = {body.world_size}) (rank 0 is the "
+                                            f"trainer that broadcasts), got {body.rank_offset}")
+        try:
+            group = await asyncio.to_thread(weight_sync.open_group, body.master_address, body.master_port,
+                                            body.rank_offset, body.world_size, body.group_name,
+                                            server.request_timeout)
+        except (RuntimeError, OSError, ValueError) as err:  # the store or a rank did not answer in time
+            return JSONResponse({"success": False, "message": f"could not join the group: {err}"}, status_code=400)
+        server.groups[body.group_name] = group
+        return {"success": True, "message": f"joined {body.group_name!r} as rank {body.rank_offset} of "
+                                            f"{body.world_size}"}
+
+    @app.post("/update_weights_from_distributed")
+    async def update_weights_from_distributed(request: Request):
+        body = validate(UpdateWeightsFromDistributed, await read_body(request))
+        group = server.groups.get(body.group_name)
+        if group is None:
+            raise BadRequest("group_name", f"{body.group_name!r} is not open: POST /init_weights_update_group")
+        plan = weight_sync.check_tensors(server.model, body.names, body.dtypes, body.shapes)
+        ok, message, aborted = await server.update_weights(lambda: weight_sync.receive_into(group, plan),
+                                                           body.weight_version, body.abort_all_requests,
+                                                           body.flush_cache, keep_pause=False)
+        return JSONResponse({"success": ok, "message": message, "num_paused_requests": aborted},
+                            status_code=200 if ok else 400)
+
+    @app.post("/destroy_weights_update_group")
+    async def destroy_weights_update_group(request: Request):
+        body = validate(DestroyWeightsUpdateGroup, await read_body(request))
+        if server.groups.pop(body.group_name, None) is None:
+            raise BadRequest("group_name", f"{body.group_name!r} is not open")
+        return {"success": True, "message": f"left {body.group_name!r}"}
+
+
+def _tags(body: MemoryTags) -> set[str]:
+    tags = set(body.tags) if body.tags is not None else {"kv_cache", "weights"}
+    unknown = tags - {"kv_cache", "weights"}
+    if unknown:
+        raise BadRequest("tags", f"{sorted(unknown)}: the tags are 'kv_cache' and 'weights'")
+    return tags
+
+
+def _not_implemented(route: str):
+    async def refuse():
+        return error_response(501, f"{route} is not implemented by rlvr serve: update weights with "
+                                   "POST /update_weights_from_disk or /update_weights_from_distributed")
+    return refuse
+
+
+def sse(data: Any) -> str:
+    return f"data: {json.dumps(data, ensure_ascii=False)}\n\n"
+
+
+

@@ -1,0 +1,686 @@
+"""``rlvr serve``: SGLang's and OpenAI's routes over the engine core, in process (httpx's ASGI
+transport), on a real loopback socket (disconnects), and as the ``rlvr serve`` subprocess.
+
+Expected tokens come from transformers' ``generate`` on each prompt alone (``reference_greedy``),
+never from the server under test."""
+
+import asyncio
+import copy
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+import torch
+
+from rlvr.config import ConfigError
+from rlvr.config.schema import RolloutConfig
+from rlvr.models import load_model, load_tokenizer
+from rlvr.rollout.async_engine import AsyncEngine
+from rlvr.rollout.base import Completion
+from rlvr.rollout.engine import NativeRollout
+from rlvr.serve import Server, build_app
+from rlvr.serve.openai_routes import Kind, choice
+from rlvr.serve.runner import ServeOptions, check_host, weights_folder
+from rlvr.serve.state import RowSpec, copy_weights_into
+from tests.rollout.test_engine import prompt_ids, reference_greedy
+
+CONTEXT = 128
+QUESTIONS = ["What is 2 + 3?", "Name a colour.", "Tell me a story about a dragon who lives in a cave.", "Hi"]
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_model_dir):
+    return load_model(tiny_model_dir), load_tokenizer(tiny_model_dir)
+
+
+def make_server(model, tokenizer, path="tiny", max_num_seqs=8, max_waiting=256, timeout=60.0, api_key=None,
+                context=CONTEXT):
+    rollout = NativeRollout(model, tokenizer, RolloutConfig(max_num_seqs=max_num_seqs), 1)
+    engine = AsyncEngine(rollout.core, max_waiting=max_waiting)
+    engine.start()
+    return Server(engine, tokenizer, "tiny", str(path), context, model.get_input_embeddings().weight.shape[0],
+                  timeout, api_key, load_weights=lambda path: copy_weights_into(model, weights_folder(path)),
+                  model=model), rollout
+
+
+@pytest.fixture
+def served(tiny):
+    server, rollout = make_server(*tiny)
+    yield server
+    server.engine.stop()
+
+
+def run(server, fn):
+    """``fn(client)`` on a fresh event loop, the client talking to the app in process."""
+    async def main():
+        transport = httpx.ASGITransport(app=build_app(server))
+        async with httpx.AsyncClient(transport=transport, base_url="http://rlvr", timeout=60) as client:
+            return await fn(client)
+    return asyncio.run(main())
+
+
+def post(server, path, body):
+    async def go(client):
+        return await client.post(path, json=body) if not isinstance(body, bytes) else \
+            await client.post(path, content=body)
+    return run(server, go)
+
+
+async def wait_until(predicate, deadline_s=10.0):
+    end = time.monotonic() + deadline_s
+    while not predicate():
+        if time.monotonic() > end:
+            raise AssertionError("condition not reached")
+        await asyncio.sleep(0.005)
+
+
+def eos_ids(tiny):
+    model, tokenizer = tiny
+    return NativeRollout(model, tokenizer, RolloutConfig(), 1).eos_ids
+
+
+# ---------------------------------------------------------------------- same tokens as transformers
+def test_generate_greedy_equals_transformers_generate(served, tiny):
+    model, tokenizer = tiny
+    ids = prompt_ids(tokenizer, QUESTIONS)
+    for prompt in ids[:2]:
+        want = reference_greedy(model, tokenizer, [prompt], 10, eos_ids(tiny))[0]
+        r = post(served, "/generate", {"input_ids": prompt, "return_logprob": True,
+                                       "sampling_params": {"max_new_tokens": 10, "temperature": 0}})
+        assert r.status_code == 200, r.text
+        out = r.json()
+        assert out["output_ids"] == want
+        meta = out["meta_info"]
+        assert meta["prompt_tokens"] == len(prompt) and meta["completion_tokens"] == len(want)
+        assert meta["weight_version"] == "default"
+        assert meta["finish_reason"] == ({"type": "length", "length": 10} if len(want) == 10 else
+                                         {"type": "stop", "matched": want[-1]})
+        assert [entry[1] for entry in meta["output_token_logprobs"]] == want
+        assert all(entry[0] <= 0 for entry in meta["output_token_logprobs"])
+    # text in: the tokenizer's ids of the text, the same tokens out
+    text = tokenizer.decode(ids[0])
+    r = post(served, "/generate", {"text": text, "sampling_params": {"max_new_tokens": 10, "temperature": 0}})
+    assert r.json()["output_ids"] == reference_greedy(model, tokenizer, [tokenizer.encode(text)], 10,
+                                                      eos_ids(tiny))[0]
+
+
+def test_completions_greedy_equals_transformers_generate(served, tiny):
+    model, tokenizer = tiny
+    prompt = prompt_ids(tokenizer, QUESTIONS)[2]
+    want = reference_greedy(model, tokenizer, [prompt], 12, eos_ids(tiny))[0]
+    r = post(served, "/v1/completions", {"model": "tiny", "prompt": prompt, "max_tokens": 12, "temperature": 0,
+                                         "logprobs": 0, "return_token_ids": True})
+    assert r.status_code == 200, r.text
+    out = r.json()
+    (c,) = out["choices"]
+    assert c["token_ids"] == want and c["prompt_token_ids"] == prompt
+    assert c["text"] == tokenizer.decode(want, skip_special_tokens=True)
+    assert len(c["logprobs"]["token_logprobs"]) == len(want)
+    assert out["usage"] == {"prompt_tokens": len(prompt), "completion_tokens": len(want),
+                            "total_tokens": len(prompt) + len(want)}
+
+
+def test_completions_stream_sends_the_greedy_tokens(served, tiny):
+    model, tokenizer = tiny
+    prompt = prompt_ids(tokenizer, QUESTIONS)[0]
+    want = reference_greedy(model, tokenizer, [prompt], 8, eos_ids(tiny))[0]
+    r = post(served, "/v1/completions", {"prompt": prompt, "max_tokens": 8, "temperature": 0, "stream": True,
+                                         "stream_options": {"include_usage": True}})
+    events = [line[len("data: "):] for line in r.text.splitlines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(e) for e in events[:-1]]
+    assert chunks[0]["choices"][0]["prompt_token_ids"] == prompt
+    streamed = [t for ch in chunks for c in ch["choices"] for t in c.get("token_ids", [])]
+    assert streamed == want
+    assert "".join(c["text"] for ch in chunks for c in ch["choices"]) == tokenizer.decode(want,
+                                                                                        skip_special_tokens=True)
+    assert chunks[-1]["usage"]["completion_tokens"] == len(want)
+
+
+def test_chat_completion_goes_through_the_chat_template(served, tiny):
+    model, tokenizer = tiny
+    messages = [{"role": "user", "content": QUESTIONS[1]}]
+    prompt = prompt_ids(tokenizer, [QUESTIONS[1]])[0]  # the template's ids, computed by the test's helper
+    want = reference_greedy(model, tokenizer, [prompt], 6, eos_ids(tiny))[0]
+    r = post(served, "/v1/chat/completions", {"messages": messages, "max_tokens": 6, "temperature": 0,
+                                              "logprobs": True})
+    assert r.status_code == 200, r.text
+    out = r.json()
+    assert out["prompt_token_ids"] == prompt
+    assert out["choices"][0]["token_ids"] == want
+    assert [e["logprob"] <= 0 for e in out["choices"][0]["logprobs"]["content"]] == [True] * len(want)
+
+
+def test_chat_tool_calls_come_from_rlvrs_parser(served, tiny):
+    """A turn that writes a hermes call becomes ``tool_calls`` with the JSON arguments as text and
+    finish reason ``tool_calls``; the text before the call stays the content."""
+    from rlvr.tools.schema import OpenAIFunctionToolSchema
+
+    _, tokenizer = tiny
+    tool = {"type": "function", "function": {"name": "calculator", "description": "math",
+                                             "parameters": {"type": "object", "properties": {
+                                                 "expression": {"type": "string"}}, "required": ["expression"]}}}
+    text = 'Let me compute.<tool_call>{"name": "calculator", "arguments": {"expression": "2+3"}}</tool_call>'
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    kind = Kind("chatcmpl", "chat.completion", chat=True, logprobs=False,
+                tools=[OpenAIFunctionToolSchema.from_dict(tool)])
+    out = choice(served, 0, Completion(ids, [0.0] * len(ids), "stop", matched="</tool_call>"),
+                 RowSpec([1], 8), kind, True)
+    assert out["finish_reason"] == "tool_calls"
+    assert out["message"]["content"] == "Let me compute."
+    (call,) = out["message"]["tool_calls"]
+    assert call["function"] == {"name": "calculator", "arguments": '{"expression": "2+3"}'}
+    # the route hands the tools to the chat template: the prompt is the template's with the tools
+    r = post(served, "/v1/chat/completions", {"messages": [{"role": "user", "content": "2+3?"}], "tools": [tool],
+                                              "max_tokens": 2, "temperature": 0})
+    want = tokenizer.encode(tokenizer.apply_chat_template([{"role": "user", "content": "2+3?"}], tools=[tool],
+                                                          add_generation_prompt=True, tokenize=False),
+                            add_special_tokens=False)
+    assert r.json()["prompt_token_ids"] == want
+
+
+def test_64_concurrent_openai_client_requests(tiny):
+    """The real openai client, 64 requests at once into 8 rows: each gets its prompt's greedy tokens."""
+    import openai
+
+    model, tokenizer = tiny
+    server, _ = make_server(model, tokenizer, max_num_seqs=8)
+    prompts = prompt_ids(tokenizer, QUESTIONS)
+    budgets = [4, 7, 10, 13]
+    want = {(p, b): reference_greedy(model, tokenizer, [prompts[p]], b, eos_ids(tiny))[0]
+            for p in range(4) for b in budgets}
+
+    async def main():
+        http = httpx.AsyncClient(transport=httpx.ASGITransport(app=build_app(server)), timeout=120)
+        client = openai.AsyncOpenAI(base_url="http://rlvr/v1", api_key="none", http_client=http, max_retries=0)
+        jobs = [(i % 4, budgets[(i // 4) % 4]) for i in range(64)]
+        results = await asyncio.gather(*(client.completions.create(
+            model="tiny", prompt=prompts[p], max_tokens=b, temperature=0, extra_body={"return_token_ids": True})
+            for p, b in jobs))
+        await http.aclose()
+        return jobs, results
+
+    try:
+        jobs, results = asyncio.run(main())
+    finally:
+        server.engine.stop()
+    assert len(results) == 64
+    for (p, b), result in zip(jobs, results):
+        assert result.choices[0].model_extra["token_ids"] == want[(p, b)], (p, b)
+
+
+# ---------------------------------------------------------------------- aborts, pauses, weights
+def test_abort_mid_generation_frees_the_row(served, tiny):
+    """A request decoding (held in place by a pause) is aborted by rid: it answers with finish
+    reason abort and its tokens so far, and the engine has no running row left."""
+    _, tokenizer = tiny
+    core = served.engine.core
+
+    async def go(client):
+        long = asyncio.create_task(client.post("/generate", json={
+            "input_ids": prompt_ids(tokenizer, QUESTIONS)[0], "rid": "long",
+            "sampling_params": {"max_new_tokens": 60, "ignore_eos": True, "temperature": 0}}))
+        await wait_until(lambda: len(core.running) == 1 and len(core.running[0].tokens) >= 2)
+        await client.post("/pause_generation", json={"mode": "in_place"})
+        r = await client.post("/abort_request", json={"rid": "long"})
+        assert r.json()["aborted"] == 1
+        out = (await long).json()
+        await client.post("/continue_generation", json={})
+        return out
+
+    out = run(served, go)
+    assert out["meta_info"]["finish_reason"]["type"] == "abort"
+    assert 2 <= out["meta_info"]["completion_tokens"] < 60
+    assert core.running == [] and not core.waiting and served.inflight == {}
+
+
+def perturbed(model):
+    """The model's weights, each moved by noise of a fixed seed: a policy whose greedy tokens differ."""
+    new_model = copy.deepcopy(model)
+    generator = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for p in new_model.parameters():
+            p.add_(torch.randn(p.shape, generator=generator) * p.std())
+    return new_model
+
+
+def test_update_weights_from_disk_moves_tokens_and_version(tiny, tmp_path):
+    model, tokenizer = tiny
+    mine = copy.deepcopy(model)
+    server, _ = make_server(mine, tokenizer)
+    new_model = perturbed(model)
+    new_dir = tmp_path / "new"
+    new_model.save_pretrained(new_dir)
+    prompt = tokenizer.encode("Once upon a time")
+    old_want = reference_greedy(model, tokenizer, [prompt], 8, eos_ids(tiny))[0]
+    new_want = reference_greedy(new_model, tokenizer, [prompt], 8, eos_ids(tiny))[0]
+    assert old_want != new_want  # the two seeds' models disagree, or the test proves nothing
+    body = {"input_ids": prompt, "sampling_params": {"max_new_tokens": 8, "temperature": 0}}
+
+    async def go(client):
+        before = (await client.post("/generate", json=body)).json()
+        refused = await client.post("/update_weights_from_disk", json={"model_path": str(tmp_path / "none"),
+                                                                        "weight_version": "bad"})
+        after_refusal = (await client.post("/generate", json=body)).json()
+        ok = await client.post("/update_weights_from_disk", json={"model_path": str(new_dir),
+                                                                   "weight_version": "step-1"})
+        version = (await client.get("/get_weight_version")).json()
+        after = (await client.post("/generate", json=body)).json()
+        return before, refused, after_refusal, ok, version, after
+
+    try:
+        before, refused, after_refusal, ok, version, after = run(server, go)
+    finally:
+        server.engine.stop()
+    assert before["output_ids"] == old_want and before["meta_info"]["weight_version"] == "default"
+    assert refused.status_code == 400 and refused.json()["success"] is False
+    assert after_refusal["output_ids"] == old_want  # a refused folder changes nothing
+    assert ok.status_code == 200 and ok.json()["success"] is True, ok.text
+    assert version == {"weight_version": "step-1"}
+    assert after["output_ids"] == new_want and after["meta_info"]["weight_version"] == "step-1"
+
+
+def test_update_weights_from_distributed_moves_tokens_and_version(tiny):
+    """SGLang's flow on gloo over 127.0.0.1: the trainer (rank 0, here a thread with its own group
+    object) hosts the store, both join, the trainer broadcasts every parameter of a new policy
+    while the server receives them; greedy tokens become the new policy's and the version moves.
+    A name the model lacks is refused before any tensor is sent."""
+    from rlvr.serve.weight_sync import broadcast, open_group
+
+    model, tokenizer = tiny
+    server, _ = make_server(copy.deepcopy(model), tokenizer)
+    new_model = perturbed(model)
+    prompt = tokenizer.encode("Once upon a time")
+    new_want = reference_greedy(new_model, tokenizer, [prompt], 8, eos_ids(tiny))[0]
+    assert new_want != reference_greedy(model, tokenizer, [prompt], 8, eos_ids(tiny))[0]
+    params = list(new_model.named_parameters())  # tied weights once
+    port = free_port()
+    update = {"names": [n for n, _ in params], "dtypes": [str(p.dtype) for _, p in params],
+              "shapes": [list(p.shape) for _, p in params], "group_name": "g", "weight_version": "step-2"}
+    body = {"input_ids": prompt, "sampling_params": {"max_new_tokens": 8, "temperature": 0}}
+
+    async def go(client):
+        joined = asyncio.create_task(client.post("/init_weights_update_group", json={
+            "master_address": "127.0.0.1", "master_port": port, "rank_offset": 1, "world_size": 2,
+            "group_name": "g", "backend": "gloo"}))
+        trainer = await asyncio.to_thread(open_group, "127.0.0.1", port, 0, 2, "g", 30.0, True)
+        joined = await joined
+        wrong = await client.post("/update_weights_from_distributed", json={**update, "names": ["nope"],
+                                                                            "dtypes": ["float32"], "shapes": [[1]]})
+        updated = asyncio.create_task(client.post("/update_weights_from_distributed", json=update))
+        await asyncio.to_thread(lambda: [broadcast(trainer, p.detach().clone()) for _, p in params])
+        updated = await updated
+        after = (await client.post("/generate", json=body)).json()
+        left = await client.post("/destroy_weights_update_group", json={"group_name": "g"})
+        return joined, wrong, updated, after, left
+
+    try:
+        joined, wrong, updated, after, left = run(server, go)
+    finally:
+        server.engine.stop()
+    assert joined.status_code == 200 and joined.json()["success"], joined.text
+    assert wrong.status_code == 400 and wrong.json()["error"]["param"] == "names.0"
+    assert updated.status_code == 200 and updated.json()["success"], updated.text
+    assert after["output_ids"] == new_want and after["meta_info"]["weight_version"] == "step-2"
+    assert left.status_code == 200 and server.groups == {}
+
+
+# ---------------------------------------------------------------------- bad input: one test each
+def test_unimplemented_field_is_refused_by_name(served):
+    r = post(served, "/v1/completions", {"prompt": "Hi", "max_tokens": 2, "frequency_penalty": 0.5})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "frequency_penalty"
+    r = post(served, "/generate", {"text": "Hi", "sampling_params": {"regex": "[0-9]+"}})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "sampling_params.regex"
+    r = post(served, "/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}], "foo": 1})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "foo"
+    # at its neutral value the field changes nothing, so it is accepted
+    r = post(served, "/v1/completions", {"prompt": "Hi", "max_tokens": 2, "frequency_penalty": 0})
+    assert r.status_code == 200, r.text
+
+
+def test_malformed_json_is_refused(served):
+    r = post(served, "/v1/completions", b'{"prompt": "Hi",')
+    assert r.status_code == 400 and r.json()["error"]["param"] == "body"
+    r = post(served, "/generate", b"[1, 2]")
+    assert r.status_code == 400 and "JSON object" in r.json()["error"]["message"]
+
+
+def test_prompt_longer_than_the_context_is_refused(served):
+    r = post(served, "/v1/completions", {"prompt": [5] * CONTEXT, "max_tokens": 1})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "prompt"
+    # 100 prompt tokens + 29 new ones = 129 > 128: refused naming max_tokens; 28 fit
+    r = post(served, "/v1/completions", {"prompt": [5] * 100, "max_tokens": 29})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "max_tokens"
+    assert "at most 28" in r.json()["error"]["message"]
+
+
+def test_max_tokens_below_one_is_refused(served):
+    r = post(served, "/v1/completions", {"prompt": "Hi", "max_tokens": 0})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "max_tokens"
+    r = post(served, "/generate", {"text": "Hi", "sampling_params": {"max_new_tokens": 0}})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "sampling_params.max_new_tokens"
+
+
+def test_token_id_outside_the_vocabulary_is_refused(served, tiny):
+    vocab = tiny[0].get_input_embeddings().weight.shape[0]
+    r = post(served, "/generate", {"input_ids": [1, vocab], "sampling_params": {"max_new_tokens": 1}})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "input_ids"
+    assert f"token id {vocab} is outside" in r.json()["error"]["message"]
+    r = post(served, "/v1/completions", {"prompt": [-1], "max_tokens": 1})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "prompt"
+
+
+def test_bad_n_is_refused(served):
+    r = post(served, "/v1/completions", {"prompt": "Hi", "max_tokens": 1, "n": 0})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "n"
+    r = post(served, "/generate", {"text": "Hi", "sampling_params": {"n": 100000}})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "sampling_params.n"
+
+
+def test_bad_temperature_is_refused(served):
+    r = post(served, "/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}], "temperature": -0.5})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "temperature"
+    r = post(served, "/generate", {"text": "Hi", "sampling_params": {"temperature": "hot"}})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "sampling_params.temperature"
+
+
+def test_full_queue_answers_503_with_retry_after(tiny):
+    """Two requests may wait; the engine is paused, so a third finds the queue full."""
+    server, _ = make_server(*tiny, max_waiting=2)
+    core = server.engine.core
+
+    async def go(client):
+        await client.post("/pause_generation", json={"mode": "abort"})
+        body = {"text": "Hi", "sampling_params": {"max_new_tokens": 2}}
+        waiting = [asyncio.create_task(client.post("/generate", json=body)) for _ in range(2)]
+        await wait_until(lambda: len(core.waiting) == 2)
+        third = await client.post("/generate", json=body)
+        streamed = await client.post("/v1/completions", json={"prompt": "Hi", "max_tokens": 2, "stream": True})
+        await client.post("/continue_generation", json={})
+        return third, streamed, [await w for w in waiting]
+
+    try:
+        third, streamed, first_two = run(server, go)
+    finally:
+        server.engine.stop()
+    assert third.status_code == 503 and third.headers["retry-after"] == "1"
+    assert streamed.status_code == 503 and streamed.headers["retry-after"] == "1"  # before the stream starts
+    assert [r.status_code for r in first_two] == [200, 200]
+
+
+def test_request_past_the_timeout_is_aborted(tiny):
+    server, _ = make_server(*tiny, timeout=0.3)
+    core = server.engine.core
+
+    async def go(client):
+        await client.post("/pause_generation", json={"mode": "in_place"})  # nothing decodes: it must time out
+        r = await client.post("/generate", json={"text": "Hi", "sampling_params": {"max_new_tokens": 50}})
+        await client.post("/continue_generation", json={})
+        return r
+
+    try:
+        r = run(server, go)
+    finally:
+        server.engine.stop()
+    assert r.status_code == 504 and "--request-timeout 0.3" in r.json()["error"]["message"]
+    assert core.running == [] and not core.waiting
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Uvicorn:
+    """The app on a real loopback socket, uvicorn on a thread of this process."""
+
+    def __init__(self, server):
+        import uvicorn
+
+        self.port = free_port()
+        self.uv = uvicorn.Server(uvicorn.Config(build_app(server), host="127.0.0.1", port=self.port,
+                                               log_level="error"))
+        self.thread = threading.Thread(target=self.uv.run, daemon=True)
+
+    def __enter__(self):
+        self.thread.start()
+        deadline = time.monotonic() + 30
+        while not self.uv.started:
+            assert time.monotonic() < deadline, "uvicorn did not start"
+            time.sleep(0.02)
+        return f"http://127.0.0.1:{self.port}"
+
+    def __exit__(self, *exc):
+        self.uv.should_exit = True
+        self.thread.join(10)
+
+
+def wait_idle(server, deadline_s=10.0):
+    end = time.monotonic() + deadline_s
+    while (server.engine.core.running or server.inflight) and time.monotonic() < end:
+        time.sleep(0.02)
+
+
+def test_client_that_disconnects_from_a_stream_has_its_request_aborted(tiny):
+    """A real socket: the client reads three events of a long stream and closes it; the server
+    aborts the request and frees its row."""
+    server, _ = make_server(*tiny, context=2048)
+    try:
+        with Uvicorn(server) as base:
+            with httpx.stream("POST", f"{base}/v1/completions", json={
+                    "prompt": "Hi", "max_tokens": 1900, "ignore_eos": True, "stream": True}, timeout=30) as r:
+                events = []
+                for line in r.iter_lines():
+                    events += [line] if line.startswith("data: ") else []
+                    if len(events) == 3:
+                        break  # leaving the block closes the connection
+            assert len(events) == 3 and "[DONE]" not in events[-1]
+            wait_idle(server)
+            assert server.engine.core.running == [] and server.inflight == {} and server.aborted == 1
+    finally:
+        server.engine.stop()
+
+
+def test_client_that_disconnects_has_its_request_aborted(tiny):
+    """A real socket: the client gives up after 1 s on a request held in place; the server
+    notices the disconnect, aborts the request and frees its row."""
+    server, _ = make_server(*tiny, context=2048)  # room for a request that runs long enough to be caught
+    core = server.engine.core
+    uv = Uvicorn(server)
+    base = uv.__enter__()
+    try:
+        prompt = prompt_ids(tiny[1], QUESTIONS)[0]
+
+        def pause_when_running():
+            end = time.monotonic() + 10
+            while not core.running and time.monotonic() < end:
+                time.sleep(0.002)
+            httpx.post(f"{base}/pause_generation", json={"mode": "in_place"})
+
+        pauser = threading.Thread(target=pause_when_running)
+        pauser.start()
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(f"{base}/generate", json={"input_ids": prompt, "sampling_params": {
+                "max_new_tokens": 1900, "ignore_eos": True}}, timeout=1.0)
+        pauser.join()
+        wait_idle(server)
+        assert core.running == [] and server.inflight == {} and server.aborted == 1
+        httpx.post(f"{base}/continue_generation", json={})
+    finally:
+        uv.__exit__()
+        server.engine.stop()
+
+
+def test_api_key_is_required_on_every_route(tiny):
+    server, _ = make_server(*tiny, api_key="sekret")
+
+    async def go(client):
+        bare = await client.get("/health")
+        wrong = await client.post("/v1/completions", json={"prompt": "Hi", "max_tokens": 1},
+                                  headers={"Authorization": "Bearer nope"})
+        right = await client.post("/v1/completions", json={"prompt": "Hi", "max_tokens": 1},
+                                  headers={"Authorization": "Bearer sekret"})
+        return bare, wrong, right
+
+    try:
+        bare, wrong, right = run(server, go)
+    finally:
+        server.engine.stop()
+    assert bare.status_code == 401 and wrong.status_code == 401 and right.status_code == 200
+
+
+def test_another_host_needs_an_api_key(capsys):
+    from rlvr.cli import main
+
+    # refused before the model loads (a path that does not exist would be the error otherwise)
+    assert main(["serve", "--host", "0.0.0.0", "actor_rollout_ref.model.path=/nonexistent"]) == 2
+    assert "--host 0.0.0.0: a server reachable from other machines needs --api-key" in capsys.readouterr().err
+    with pytest.raises(ConfigError, match="--api-key"):
+        check_host(ServeOptions(host="0.0.0.0"))
+    check_host(ServeOptions(host="0.0.0.0", api_key="k"))
+    check_host(ServeOptions(host="::1"))
+    check_host(ServeOptions(host="localhost"))
+
+
+# ---------------------------------------------------------------------- the real command
+def test_rlvr_serve_subprocess_answers_and_stops_on_sigterm(tiny_model_dir, tmp_path):
+    port = free_port()
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    cmd = [sys.executable, "-m", "rlvr.cli", "serve", f"actor_rollout_ref.model.path={tiny_model_dir}",
+           f"trainer.default_local_dir={tmp_path}", "--port", str(port), "--max-model-len", "2048"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        base = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 120
+        while True:
+            assert proc.poll() is None, proc.communicate()[1][-2000:]
+            assert time.monotonic() < deadline, "rlvr serve did not answer /health in 120 s"
+            try:
+                if httpx.get(f"{base}/health", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                time.sleep(0.2)
+        r = httpx.post(f"{base}/v1/completions", json={"prompt": "Hi", "max_tokens": 3, "temperature": 0}, timeout=30)
+        assert r.status_code == 200 and len(r.json()["choices"][0]["token_ids"]) == 3, r.text
+        # a long request in flight when SIGTERM comes: it is aborted and answered, then the server exits
+        answers = []
+        long = threading.Thread(target=lambda: answers.append(httpx.post(f"{base}/generate", json={
+            "text": "Hi", "sampling_params": {"max_new_tokens": 1900, "ignore_eos": True}}, timeout=60)))
+        long.start()
+        time.sleep(0.5)
+        os.kill(proc.pid, signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+        long.join(10)
+    finally:
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 0, err[-2000:]
+    assert "rlvr serve: stopped" in err
+    (answer,) = answers
+    meta = answer.json()["meta_info"]
+    assert meta["finish_reason"]["type"] == "abort" and meta["completion_tokens"] < 1900
+
+
+def test_a_request_cancelled_before_its_add_runs_is_aborted(tiny):
+    """The engine thread is busy (a command that sleeps), so a cancelled request's add is still
+    queued when it is cancelled: the abort must come after the add, not be skipped (the request
+    decoded its 1900 tokens for nobody before)."""
+    from rlvr.rollout.core import Request
+    from rlvr.rollout.sampling import SamplingParams
+
+    server, _ = make_server(*tiny, context=2048)
+    core = server.engine.core
+    prompt = prompt_ids(tiny[1], QUESTIONS)[0]
+
+    async def go():
+        server.engine._post_nowait(lambda: time.sleep(0.3))
+        task = asyncio.create_task(server.engine.generate(Request("orphan", prompt, SamplingParams(
+            max_new_tokens=1900, do_sample=False), ignore_eos=True)))
+        await asyncio.sleep(0.05)  # the task waits on its queued add
+        task.cancel()
+        await asyncio.sleep(0.5)  # the sleep, the add and what follows it have run
+        return await server.engine.call(lambda: (len(core.running), len(core.waiting)))
+
+    try:
+        assert asyncio.run(go()) == (0, 0)
+    finally:
+        server.engine.stop()
+
+
+def test_weight_group_meets_a_trainer_that_opens_its_side_with_torchs_helpers():
+    """The trainer's side built as SGLang's ``init_custom_process_group`` builds it (torch's tcp://
+    rendezvous and its group helper), the server's by ``open_group``: the broadcast arrives."""
+    import datetime
+
+    from torch.distributed.distributed_c10d import _new_process_group_helper, rendezvous
+
+    from rlvr.serve.weight_sync import broadcast, open_group
+
+    port = free_port()
+    received = torch.zeros(4)
+    server_side = threading.Thread(target=lambda: broadcast(open_group("127.0.0.1", port, 1, 2, "weight_update_group",
+                                                                       30.0), received))
+    server_side.start()
+    timeout = datetime.timedelta(seconds=30)
+    store, _, _ = next(rendezvous(f"tcp://127.0.0.1:{port}", 0, 2, timeout=timeout))
+    group, _ = _new_process_group_helper(2, 0, [], "gloo", store, group_name="weight_update_group", timeout=timeout)
+    group.broadcast([torch.arange(4.0)]).wait()
+    server_side.join(30)
+    assert received.tolist() == [0.0, 1.0, 2.0, 3.0]
+
+
+def test_chat_stream_sends_the_greedy_tokens(served, tiny):
+    model, tokenizer = tiny
+    prompt = prompt_ids(tokenizer, [QUESTIONS[0]])[0]
+    want = reference_greedy(model, tokenizer, [prompt], 6, eos_ids(tiny))[0]
+    r = post(served, "/v1/chat/completions", {"messages": [{"role": "user", "content": QUESTIONS[0]}],
+                                              "max_tokens": 6, "temperature": 0, "stream": True})
+    events = [line[len("data: "):] for line in r.text.splitlines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(e) for e in events[:-1]]
+    assert chunks[0]["prompt_token_ids"] == prompt and chunks[0]["choices"][0]["delta"]["role"] == "assistant"
+    assert [t for ch in chunks for c in ch["choices"] for t in c.get("token_ids", [])] == want
+    text = "".join(c["delta"].get("content", "") for ch in chunks for c in ch["choices"])
+    assert text == tokenizer.decode(want, skip_special_tokens=True)
+    assert chunks[-1]["choices"][0]["finish_reason"] == ("length" if len(want) == 6 else "stop")
+
+
+def test_sampled_n_rows_equal_the_batch_engine_with_the_same_seed(served, tiny):
+    """``n`` = 3 samples with ``sampling_seed`` 7 draw rows 0..2 of seed 7's uniforms, as the batch
+    engine's three rows of one prompt do: the same tokens. The same request again: the same tokens."""
+    from rlvr.rollout.sampling import SamplingParams
+
+    model, tokenizer = tiny
+    prompt = prompt_ids(tokenizer, QUESTIONS)[1]
+    engine = NativeRollout(model, tokenizer, RolloutConfig(), 1)
+    want = [c.token_ids for c in engine.generate([prompt] * 3, SamplingParams(max_new_tokens=10, seed=7))]
+    body = {"input_ids": prompt, "sampling_params": {"max_new_tokens": 10, "n": 3, "sampling_seed": 7}}
+    first, again = post(served, "/generate", body).json(), post(served, "/generate", body).json()
+    assert [o["output_ids"] for o in first] == want
+    assert [o["output_ids"] for o in again] == want
+    assert len({tuple(w) for w in want}) > 1  # the rows sampled differently, or the test shows nothing
+
+
+def test_generate_stream_sends_the_greedy_tokens(served, tiny):
+    """SGLang's stream: cumulative text and ids per event, the last the whole output, then [DONE]."""
+    model, tokenizer = tiny
+    prompt = prompt_ids(tokenizer, QUESTIONS)[3]
+    want = reference_greedy(model, tokenizer, [prompt], 7, eos_ids(tiny))[0]
+    r = post(served, "/generate", {"input_ids": prompt, "stream": True,
+                                   "sampling_params": {"max_new_tokens": 7, "temperature": 0}})
+    events = [line[len("data: "):] for line in r.text.splitlines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(e) for e in events[:-1]]
+    assert [c["output_ids"] for c in chunks[:-1]] == [want[:k] for k in range(1, len(want) + 1)]
+    assert chunks[-1]["output_ids"] == want and chunks[-1]["meta_info"]["finish_reason"]["type"] in ("stop", "length")
+    assert chunks[-1]["text"] == tokenizer.decode(want, skip_special_tokens=True)
