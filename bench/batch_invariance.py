@@ -40,7 +40,8 @@ def main() -> int:
     model, tokenizer = load_model("builtin"), load_tokenizer("builtin")
     rng = random.Random(1)
     questions = [PROMPT_TEMPLATE.format(expression=make_problem(rng, ArithmeticSpec())[0]) for _ in range(args.requests)]
-    prompts = [tokenizer.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True) for q in questions]
+    prompts = [tokenizer.encode(tokenizer.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True,
+                                                          tokenize=False), add_special_tokens=False) for q in questions]
 
     def requests():
         return [Request(f"r{i}", list(p), SamplingParams(max_new_tokens=args.max_new_tokens, seed=1000 + i))

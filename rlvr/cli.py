@@ -380,7 +380,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-waiting", type=_at_least(1), default=4096,
                    help="requests that may wait for a free row; more get 503 with Retry-After")
     p.add_argument("--max-model-len", type=_at_least(2), default=None,
-                   help="prompt + new tokens of one request (default: the model's max_position_embeddings)")
+                   help="prompt + new tokens of one request (default: rollout.max_model_len, else the model's "
+                        "max_position_embeddings)")
     p.add_argument("--served-model-name", default=None, help="the name /v1/models lists (default: model.path)")
     p.add_argument("--tool-call-parser", default="hermes", help="how chat tool calls are read: hermes or tag")
     _add_config_args(p)

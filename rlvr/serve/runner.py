@@ -90,7 +90,10 @@ def build_server(config, options: ServeOptions):
     device = "cuda" if config.trainer.device == "cuda" else "cpu"
     model, tokenizer = load_model_and_tokenizer(path, dtype=dtype, device=device)
     rollout = NativeRollout(model, tokenizer, rollout_cfg, max_response_length=1)
-    context = options.max_model_len or getattr(model.config, "max_position_embeddings", None) or 4096
+    # --max-model-len, else the config's rollout.max_model_len, else the model's own context
+    context = options.max_model_len or rollout_cfg.max_model_len or getattr(model.config, "max_position_embeddings",
+                                                                            None) or 4096
+    rollout.core.max_model_len = context  # the core refuses what the routes would
     engine = AsyncEngine(rollout.core, max_waiting=options.max_waiting,
                          step_context=lambda: decode_attention(model.device))
 
