@@ -54,7 +54,8 @@ prompt, a template's header) prefill them once."""
 
 PREFILL_CHUNK = 2048
 """Prompt columns one prefill forward takes; a longer prompt prefills in chunks (bounded
-activation memory)."""
+activation memory). The chunks run one after another within one admission, not between decode
+steps as vLLM's chunked prefill does: the running rows wait for a long prompt's whole prefill."""
 
 COLUMNS_AHEAD_MAX = 512
 """Columns the slab reserves beyond the current length at most; past them it grows when needed."""

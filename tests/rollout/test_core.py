@@ -204,3 +204,22 @@ def test_a_request_longer_than_max_model_len_is_refused(tiny):
     with pytest.raises(ValueError, match=rf"request long: {len(prompt)} prompt tokens \+ max_new_tokens {fits + 1} = 41 "
                                          r"is more than max_model_len 40"):
         engine.core.add(Request("long", prompt, SamplingParams(max_new_tokens=fits + 1)))
+
+
+def test_a_prompt_prefilled_in_chunks_decodes_as_one_prefill(tiny, monkeypatch):
+    """Prompts of ~30-40 tokens prefilled 7 columns at a time (left padding and all, with a second
+    request joining a running one) give generate()'s greedy tokens."""
+    monkeypatch.setattr("rlvr.rollout.core.PREFILL_CHUNK", 7)
+    model, tokenizer = tiny
+    core, engine = core_of(model, tokenizer)
+    ids = prompt_ids(tokenizer)
+    calls = []
+    forward = model.forward
+    monkeypatch.setattr(model, "forward", lambda *a, **k: calls.append(k["input_ids"].shape[1]) or forward(*a, **k))
+    first = core.add(Request("a", ids[0], GREEDY))
+    core.step()
+    assert calls == [7] * (len(ids[0]) // 7) + ([len(ids[0]) % 7] if len(ids[0]) % 7 else [])  # chunks of 7
+    rest = [core.add(Request(str(i), p, GREEDY)) for i, p in enumerate(ids[1:])]
+    out = step_until_done(core, [first, *rest])
+    for got, prompt in zip(out, ids):
+        assert got.token_ids == reference_greedy(model, tokenizer, [prompt], 12, engine.eos_ids)[0]
