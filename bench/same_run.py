@@ -29,7 +29,8 @@ MODES = {
                "trainer.v1.colocate_async.num_warmup_batches=1"],
 }
 # Keys that measure the machine, not the run.
-MACHINE_KEYS = ("time", "perf/time_per_step", "perf/throughput", "perf/cpu_max_rss_gb")
+MACHINE_KEYS = ("time", "perf/time_per_step", "perf/throughput", "perf/cpu_max_rss_gb",
+                "perf/rollout_idle_ratio", "perf/trainer_idle_ratio")  # async: shares of wall time
 MACHINE_PREFIXES = ("timing_s/", "timing_per_token_ms/")
 
 
