@@ -256,13 +256,14 @@ def stream(server: Server, request: Request, body: OpenAISampling, specs: list[R
         sent = ["" for _ in tasks]
         open_rows = len(tasks)
         try:
-            for index in range(len(tasks)):
-                prompt = specs[index // n].prompt_ids
-                first = {"role": "assistant", "content": ""} if kind.chat else {"content": ""}
-                yield chunk(index, first, prompt_token_ids=prompt) if not kind.chat else \
-                    sse({"id": f"{kind.prefix}-{base}", "object": chunk_object, "created": created,
-                         "model": server.model_name, "prompt_token_ids": prompt,
-                         "choices": [{"index": index, "delta": first, "logprobs": None, "finish_reason": None}]})
+            if kind.chat:  # vLLM's chat stream opens with the role, before any token
+                for index in range(len(tasks)):
+                    sse_first = {"id": f"{kind.prefix}-{base}", "object": chunk_object, "created": created,
+                                 "model": server.model_name, "prompt_token_ids": specs[index // n].prompt_ids,
+                                 "choices": [{"index": index, "delta": {"role": "assistant", "content": ""},
+                                              "logprobs": None, "finish_reason": None}]}
+                    yield sse(sse_first)
+            opened = [kind.chat] * len(tasks)  # a completion's first chunk is its first token's (vLLM's), with the prompt ids
             loop = asyncio.get_running_loop()
             deadline = loop.time() + server.request_timeout
             while open_rows:
@@ -276,7 +277,9 @@ def stream(server: Server, request: Request, body: OpenAISampling, specs: list[R
                     safe = safe.rstrip("\ufffd")
                     delta, sent[index] = safe[len(sent[index]):], max(sent[index], safe, key=len)
                     lp = token_logprobs(server, Completion(ids, lps, "stop"), kind)
-                    yield chunk(index, {"content": delta}, logprobs=lp, token_ids=ids)
+                    extra = {} if opened[index] else {"prompt_token_ids": specs[index // n].prompt_ids}
+                    opened[index] = True
+                    yield chunk(index, {"content": delta}, logprobs=lp, token_ids=ids, **extra)
                     continue
                 open_rows -= 1
                 completion = tasks[index].result()

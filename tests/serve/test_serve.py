@@ -138,6 +138,8 @@ def test_completions_stream_sends_the_greedy_tokens(served, tiny):
     assert events[-1] == "[DONE]"
     chunks = [json.loads(e) for e in events[:-1]]
     assert chunks[0]["choices"][0]["prompt_token_ids"] == prompt
+    # the first chunk is the first token's (as vLLM's): a client's time to first token is not an empty chunk's
+    assert chunks[0]["choices"][0]["token_ids"] == want[:1]
     streamed = [t for ch in chunks for c in ch["choices"] for t in c.get("token_ids", [])]
     assert streamed == want
     assert "".join(c["text"] for ch in chunks for c in ch["choices"]) == tokenizer.decode(want,
