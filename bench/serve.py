@@ -105,8 +105,9 @@ def measure(port: int, model: str, tokenizer: str, concurrency: int, args, seed:
     if done.returncode != 0 or not result.exists():
         raise RuntimeError(f"vllm bench serve failed ({done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
     data = json.loads(result.read_text())
-    if data.get("failed"):
-        raise RuntimeError(f"{data['failed']} requests failed on port {port}: {data.get('errors', [])[:3]}")
+    if data.get("failed"):  # the load generator keeps no error texts in its result: its output may say more
+        raise RuntimeError(f"{data['failed']} of {data['failed'] + data['completed']} requests failed on port {port}; "
+                           f"the load generator said:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
     return {"tok_s": data["output_throughput"], "ttft": data["median_ttft_ms"], "tpot": data["median_tpot_ms"]}
 
 
