@@ -441,6 +441,10 @@ class EngineCore:
         device = self.model.device
         if self.slab is not None:
             ahead = max(s.budget for s in new + self.running)
+            if self.running and max(self.slab.length, int(mask.shape[1])) + min(ahead, COLUMNS_AHEAD_MAX) + 1 \
+                    > self.slab.capacity:  # drop the holes before growing: under steady traffic the
+                # shared column count only grows, and growing alone took a server to 24 GB
+                self.mask = self.slab.make_room(self.mask, min(ahead, COLUMNS_AHEAD_MAX) + 1)
             running_mask = self.mask if self.running else None
             keys = [layer.keys for layer in cache.layers]
             values = [layer.values for layer in cache.layers]

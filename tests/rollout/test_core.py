@@ -223,3 +223,24 @@ def test_a_prompt_prefilled_in_chunks_decodes_as_one_prefill(tiny, monkeypatch):
     out = step_until_done(core, [first, *rest])
     for got, prompt in zip(out, ids):
         assert got.token_ids == reference_greedy(model, tokenizer, [prompt], 12, engine.eos_ids)[0]
+
+
+def test_the_slab_stays_bounded_under_steady_traffic(tiny):
+    """A request joins every other step for 60 requests, with budgets of 5-12 tokens, so rows
+    keep overlapping and the shared column count grows with the steps (one a step; on a server,
+    forever: growing alone took one to 24 GB). An admission drops the holes before it grows: the
+    slab stays one context wide (longest prompt + longest budget) plus its reserve (budget + 1)."""
+    model, tokenizer = tiny
+    core, engine = core_of(model, tokenizer, max_num_seqs=3)
+    ids = prompt_ids(tokenizer)
+    seqs = []
+    for i in range(60):
+        budget = 5 + (i * 3) % 8
+        seqs.append(core.add(Request(str(i), ids[i % 4], SamplingParams(max_new_tokens=budget, do_sample=False))))
+        core.step()
+        core.step()
+    step_until_done(core, seqs)
+    assert core.slab.capacity <= max(map(len, ids)) + 12 + (12 + 1)  # 95 columns before the fix
+    for seq in seqs[:4]:
+        want = reference_greedy(model, tokenizer, [seq.request.prompt_ids], seq.budget, engine.eos_ids)[0]
+        assert seq.tokens == want
