@@ -41,6 +41,7 @@ from collections.abc import Callable, Hashable
 from collections.abc import Sequence as Seq
 
 import torch
+from transformers.cache_utils import LinearAttentionCacheLayerMixin
 
 from rlvr.data.dataset import left_pad
 from rlvr.rollout.base import Completion
@@ -168,8 +169,6 @@ def select_cache_rows(cache, rows: torch.Tensor) -> None:
     A linear-attention layer (Qwen3.5, Qwen3-Next) has no ``batch_select_indices``, and its
     combined layers' one selects the attention keys only, leaving the recurrent state of the
     old rows; its ``reorder_cache`` selects both (an ``index_select`` on the batch dimension)."""
-    from transformers.cache_utils import LinearAttentionCacheLayerMixin
-
     for layer in cache.layers:
         if isinstance(layer, LinearAttentionCacheLayerMixin):
             layer.reorder_cache(rows)
@@ -232,7 +231,9 @@ class EngineCore:
                 return True
         for i, seq in enumerate(self.running):
             if seq.request.id == request_id and seq.finish_reason is None:
-                self._remove_rows(torch.tensor([j == i for j in range(len(self.running))]), "abort")
+                done = torch.zeros(len(self.running), dtype=torch.bool)
+                done[i] = True
+                self._remove_rows(done, "abort")
                 return True
         return False
 
@@ -245,7 +246,7 @@ class EngineCore:
         return n
 
     def has_work(self) -> bool:
-        return bool(self.running) and self.stepping or bool(self.waiting) and self.admitting
+        return (bool(self.running) and self.stepping) or (bool(self.waiting) and self.admitting)
 
     # ------------------------------------------------------------------ weights
     def pause(self, mode: str = "wait") -> None:
@@ -440,16 +441,11 @@ class EngineCore:
         rows = torch.tensor(row_to_unique)
         device = self.model.device
         if self.slab is not None:
-            ahead = max(s.budget for s in new + self.running)
-            if self.running and max(self.slab.length, int(mask.shape[1])) + min(ahead, COLUMNS_AHEAD_MAX) + 1 \
-                    > self.slab.capacity:  # drop the holes before growing: under steady traffic the
-                # shared column count only grows, and growing alone took a server to 24 GB
-                self.mask = self.slab.make_room(self.mask, min(ahead, COLUMNS_AHEAD_MAX) + 1)
-            running_mask = self.mask if self.running else None
+            ahead = min(max(s.budget for s in new + self.running), COLUMNS_AHEAD_MAX) + 1
             keys = [layer.keys for layer in cache.layers]
             values = [layer.values for layer in cache.layers]
-            self.mask = self.slab.admit(keys, values, rows, mask.to(device),
-                                        running_mask, self.max_num_seqs, min(ahead, COLUMNS_AHEAD_MAX) + 1)
+            self.mask = self.slab.admit(keys, values, rows, mask.to(device), self.mask if self.running else None,
+                                        self.max_num_seqs, ahead)
         else:
             select_cache_rows(cache, rows.to(device))
             self.cache, self.mask = cache, mask.to(device)[rows.to(device)]

@@ -168,9 +168,9 @@ class NativeRollout(BaseRollout):
         core = self.core
         if self._turns:  # the last call's turns: used now or dropped
             core.kept, core.keeping = core.keeping or [], []
-        seqs = [core.add(Request(f"r{r}", list(p), replace(params, max_new_tokens=b),
+        seqs = [core.add(Request(f"r{i}", list(p), replace(params, max_new_tokens=b),
                                  group=None if groups is None else ("g", groups[i]), row=row, width=width))
-                for i, (r, p, b, row) in enumerate(zip(range(len(prompts)), prompts, budgets, rows))]
+                for i, (p, b, row) in enumerate(zip(prompts, budgets, rows))]
         finished = 0
         with decode_attention(self.model.device):
             while any(s.finish_reason is None for s in seqs):

@@ -79,14 +79,18 @@ class Slab:
         ``running_mask`` is the running rows' (rows, length) key mask; ``columns_ahead`` the
         columns still to be written (the longest budget left). -> the key mask of all rows."""
         b, P = len(source_rows), source_mask.shape[1]
+        if self.rows and max(self.length, P) + columns_ahead > self.capacity:
+            # drop the holes before growing: under steady traffic rows always run and the shared
+            # column count only grows (growing alone took a server to 24 GB)
+            running_mask = self.make_room(running_mask, columns_ahead)
         if self.rows and P > self.length:  # a longer prompt: the running rows move right
             running_mask = self.shift_right(P - self.length, running_mask)
         L = max(self.length, P) if self.rows else P
         need_rows, need_cols = self.rows + b, L + columns_ahead
         if need_rows > self.row_capacity or need_cols > self.capacity:
-            grow_rows = need_rows if not self.rows else min(max_rows, max(need_rows, 2 * self.row_capacity))
-            grow_cols = max(need_cols, self.capacity)
-            self._reallocate(max(grow_rows, need_rows), grow_cols, keys, values)
+            # rows grow by doubling (up to max_rows) while others run; the first rows get their count
+            rows = need_rows if not self.rows else max(need_rows, min(max_rows, 2 * self.row_capacity))
+            self._reallocate(rows, max(need_cols, self.capacity), keys, values)
         idx = source_rows.to(keys[0].device)
         for base, src in zip(self.base_k + self.base_v, keys + values):
             base[self.rows:self.rows + b, :, L - P:L] = src[idx, :, :P]
