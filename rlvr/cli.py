@@ -275,7 +275,8 @@ def _cmd_serve(args: argparse.Namespace) -> None:
     from rlvr.serve.runner import ServeOptions, check_host, serve
 
     options = ServeOptions(args.host, args.port, args.api_key, args.request_timeout, args.max_waiting,
-                           args.max_model_len, args.served_model_name, args.tool_call_parser)
+                           args.max_model_len, args.served_model_name, args.tool_call_parser,
+                           args.max_num_batched_tokens)
     check_host(options)  # before anything loads
     cfg = _load(args)
     pin_threads()  # one fixed intra-op thread count (rlvr/determinism.py)
@@ -382,6 +383,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-model-len", type=_at_least(2), default=None,
                    help="prompt + new tokens of one request (default: rollout.max_model_len, else the model's "
                         "max_position_embeddings)")
+    p.add_argument("--max-num-batched-tokens", type=_at_least(1), default=None,
+                   help="tokens one engine step takes: a decode token per running row plus the prompts it admits "
+                        "(default: rollout.max_num_batched_tokens, else 1024: a burst of requests is prefilled a part "
+                        "per step)")
     p.add_argument("--served-model-name", default=None, help="the name /v1/models lists (default: model.path)")
     p.add_argument("--tool-call-parser", default="hermes", help="how chat tool calls are read: hermes or tag")
     _add_config_args(p)

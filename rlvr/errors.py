@@ -13,3 +13,8 @@ class StopTraining(RuntimeError):
 
 class TrainingInterrupted(Exception):
     """Ctrl-C during training; the message says what was saved."""
+
+
+class RolloutUnavailable(StopTraining):
+    """The rollout cannot generate any more (every rollout server down): the trainer saves the
+    last complete step, as on Ctrl-C, and stops with the reason."""

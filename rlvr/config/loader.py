@@ -478,6 +478,7 @@ def load_config(config_file: str | Path | None = None, overrides: Iterable[str] 
     resolve_device(cfg, device_hint)
     resolve_precision(cfg)
     resolve_strategy(cfg)
+    resolve_rollout_mode(cfg)
     resolve_critic_batches(cfg)
     validate(cfg)
     _check_tools(cfg)
@@ -562,6 +563,27 @@ def resolve_strategy(cfg: RLVRConfig) -> None:
         actor.strategy = "fsdp2"
     elif actor.strategy == "auto":
         actor.strategy = "local" if trainer.n_gpus_per_node * trainer.nnodes == 1 else "fsdp2"
+
+
+def resolve_rollout_mode(cfg: RLVRConfig) -> None:
+    """``rollout.mode=async`` where rlvr has no rollout servers yet (``vllm serve`` replicas,
+    several training ranks, a rollout pool of its own, the trainer.v1 async modes): the engine
+    runs in the training process, as with ``mode=sync`` (verl's example scripts set async with
+    vLLM on 8 GPUs), said in a notice. SGLang has no in-process engine: validation refuses it."""
+    arr, trainer = cfg.actor_rollout_ref, cfg.trainer
+    rollout = arr.rollout
+    if rollout.mode != "async" or rollout.name == "sglang":
+        return
+    missing = [why for why, unbuilt in (
+        ("vllm serve replicas", rollout.name == "vllm"),
+        ("several training ranks", trainer.n_gpus_per_node * trainer.nnodes > 1),
+        ("a rollout pool of its own (hybrid_engine=false)", not arr.hybrid_engine),
+        (f"trainer.v1.trainer_mode={trainer.v1.trainer_mode}", trainer.v1.trainer_mode != "sync")) if unbuilt]
+    if missing and not rollout.external_server_addresses:
+        print(f"[rlvr] note: actor_rollout_ref.rollout.mode=async: rollout servers with {' and '.join(missing)} are "
+              "not built yet, so the engine runs in the training process (mode=sync: the same samples, driven as "
+              "one batch); docs/servers.md says what runs on servers", file=sys.stderr, flush=True)
+        rollout.mode = "sync"
 
 
 def resolve_critic_batches(cfg: RLVRConfig) -> None:

@@ -251,11 +251,44 @@ class CheckpointEngineConfig:
 
 
 @dataclass
+class RolloutServerConfig:
+    """Rollout servers (``rollout.mode=async``): verl's ``rollout.server`` keys with verl's meaning,
+    and how the weights reach the servers."""
+    timeout: float = 600.0
+    """Seconds one request may take; past it the request is aborted there and sent again (verl's
+    default is 60 s; a CPU replica decoding a full validation batch takes longer)."""
+    max_attempts: int = 3
+    """Tries per request across replicas; a replica that refuses connections leaves the rotation."""
+    retry_delay: float = 2.0
+    """Seconds before a failed request is sent again."""
+    max_connections: int = 1000
+    """Connections the client keeps open to all servers together."""
+    max_start_wait_time: float = 300.0
+    """Seconds a server may take to answer ``/health`` (a replica rlvr starts, or an external one
+    before step 1)."""
+    weight_sync: str = "distributed"
+    """distributed: a gloo broadcast from the trainer to the servers (SGLang's
+    ``/init_weights_update_group`` + ``/update_weights_from_distributed``); disk: a safetensors
+    folder the trainer writes, loaded by ``/update_weights_from_disk``."""
+    weights_dir: Optional[str] = None
+    """Where the disk route writes the weights (None: the system's temporary folder)."""
+
+
+@dataclass
 class RolloutConfig:
     name: str = "native"
     """Rollout engine: native (rlvr's engine over any transformers causal LM, sharing the actor's
     weights) or vllm (vLLM in each training process, its weights streamed from the actor before
-    each rollout; the engine of GPU users). sglang is refused: no CPU build installs here."""
+    each rollout; the engine of GPU users). With ``mode=async`` it names the servers' protocol:
+    native (``rlvr serve`` replicas rlvr starts) or sglang (SGLang's HTTP protocol, servers at
+    ``external_server_addresses``)."""
+    mode: str = "sync"
+    """sync: the engine runs in the training process; async: rollout replicas are HTTP servers,
+    driven request by request (``rlvr/rollout/servers.py``)."""
+    external_server_addresses: list[str] = field(default_factory=list)
+    """``host:port`` of servers rlvr did not start (mode=async): checked before step 1, never
+    stopped. Empty: rlvr starts ``n_gpus_per_node`` local ``rlvr serve`` replicas."""
+    server: RolloutServerConfig = field(default_factory=RolloutServerConfig)
     n: int = 4
     """Responses sampled per prompt (the GRPO group size)."""
     temperature: float = 1.0
@@ -311,7 +344,8 @@ class RolloutConfig:
     no sleep mode: there its KV cache stays allocated. The native engine always frees its cache."""
     n_gpus_per_node: int = 1
     """Devices of the rollout's own pool when ``actor_rollout_ref.hybrid_engine=false`` (one
-    rollout worker each, on one node, beside the actor's ``trainer.n_gpus_per_node``)."""
+    rollout worker each, on one node, beside the actor's ``trainer.n_gpus_per_node``); with
+    ``mode=async``, the ``rlvr serve`` replicas rlvr starts (one per device, as verl's)."""
 
 
 @dataclass

@@ -123,7 +123,6 @@ def _choices(cfg: RLVRConfig) -> list[str]:
 ROLLOUT_ENGINES = ("native", "vllm")
 # vLLM's settings the native engine has no use for: key -> (its default, what the native engine does instead)
 VLLM_ONLY = {
-    "max_num_batched_tokens": (None, "it bounds the rows it runs: use max_num_seqs"),
     "gpu_memory_utilization": (None, "it allocates the KV cache of the rows it runs (bound them with max_num_seqs)"),
     "enforce_eager": (True, "it always runs eagerly"),
     "enable_prefix_caching": (True, "it always prefills a group's shared prompt once"),
@@ -138,9 +137,17 @@ def _rollout_engine(cfg: RLVRConfig) -> list[str]:
 
     arr = cfg.actor_rollout_ref
     rollout, key = arr.rollout, "actor_rollout_ref.rollout"
+    if rollout.mode not in ("sync", "async"):
+        return [f"{key}.mode = {rollout.mode!r}: use sync (the engine in the training process) or async "
+                "(rollout servers)"]
+    if rollout.mode == "async":
+        return _rollout_servers(cfg)
+    if rollout.external_server_addresses:
+        return [f"{key}.external_server_addresses is set with {key}.mode=sync, which runs no servers; set "
+                f"{key}.mode=async to generate on them"]
     if rollout.name == "sglang":
-        return [f"{key}.name=sglang is not available: SGLang has no CPU build that installs here, so rlvr cannot "
-                f"build or test it; use {key}.name=vllm (vLLM, the same role) or native"]
+        return [f"{key}.name=sglang runs as servers: set {key}.mode=async and {key}.external_server_addresses "
+                "(SGLang has no CPU build that installs here, so rlvr cannot run it in-process)"]
     if rollout.name not in ROLLOUT_ENGINES:
         return [f"{key}.name = {rollout.name!r} is not one of {list(ROLLOUT_ENGINES)}"]
     errors = []
@@ -167,6 +174,51 @@ def _rollout_engine(cfg: RLVRConfig) -> list[str]:
                       "several devices with the hybrid engine")
     if rollout.gpu_memory_utilization is not None and not 0 < rollout.gpu_memory_utilization <= 1:
         errors.append(f"{key}.gpu_memory_utilization = {rollout.gpu_memory_utilization} must be in (0, 1]")
+    return errors
+
+
+SERVER_PROTOCOLS = ("native", "sglang")
+
+
+def _rollout_servers(cfg: RLVRConfig) -> list[str]:
+    """mode=async: a protocol rlvr speaks, servers it can start or reach, settings it reads."""
+    import importlib.util
+
+    arr = cfg.actor_rollout_ref
+    rollout, key = arr.rollout, "actor_rollout_ref.rollout"
+    if rollout.name not in SERVER_PROTOCOLS:
+        return [f"{key}.name = {rollout.name!r} with {key}.mode=async: rollout servers speak native (rlvr serve) "
+                f"or sglang; vllm serve replicas are not built yet: use {key}.mode=sync with {key}.name=vllm"]
+    # (vllm, several ranks, a pool, the v1 modes without external servers: the loader's notice, mode=sync)
+    errors = []
+    for i, address in enumerate(rollout.external_server_addresses):
+        host, _, port = str(address).rpartition(":")
+        if not host or not port.isdigit():
+            errors.append(f"{key}.external_server_addresses[{i}] = {address!r}: write host:port (e.g. 127.0.0.1:30000)")
+    if rollout.name == "sglang" and not rollout.external_server_addresses \
+            and importlib.util.find_spec("sglang") is None:
+        return errors + [f"{key}.name=sglang with {key}.mode=async: SGLang is not installed here, so rlvr cannot "
+                         f"start its servers; give running ones in {key}.external_server_addresses"]
+    if rollout.server.weight_sync not in ("distributed", "disk"):
+        errors.append(f"{key}.server.weight_sync = {rollout.server.weight_sync!r}: use distributed (a gloo "
+                      "broadcast to the servers) or disk (a safetensors folder they load)")
+    server = rollout.server
+    if server.timeout <= 0 or server.max_start_wait_time <= 0 or server.retry_delay < 0:
+        errors.append(f"{key}.server.timeout and max_start_wait_time must be > 0 seconds, retry_delay >= 0")
+    if server.max_attempts < 1 or server.max_connections < 1:
+        errors.append(f"{key}.server.max_attempts and max_connections must be at least 1")
+    if rollout.n_gpus_per_node < 1 and not rollout.external_server_addresses:
+        errors.append(f"{key}.n_gpus_per_node = {rollout.n_gpus_per_node}: the number of rlvr serve replicas to "
+                      "start, at least 1")
+    for name, (default, _) in VLLM_ONLY.items():
+        if getattr(rollout, name) != default:
+            errors.append(f"{key}.{name} = {getattr(rollout, name)!r} is a vLLM setting that rlvr serve replicas do "
+                          "not read; remove it")
+    world = cfg.trainer.n_gpus_per_node * cfg.trainer.nnodes
+    if world > 1 or not arr.hybrid_engine or cfg.trainer.v1.trainer_mode != "sync":
+        errors.append(f"{key}.mode=async runs with one training process, the hybrid engine and "
+                      "trainer.v1.trainer_mode=sync so far (several ranks, rollout pools of their own and the "
+                      f"async trainer modes on servers are not built); use {key}.mode=sync there")
     return errors
 
 
@@ -557,7 +609,7 @@ def _distributed(cfg: RLVRConfig) -> list[str]:
         if arr.model.lora_rank > 0:
             errors.append("actor_rollout_ref.hybrid_engine=false with LoRA is not implemented yet: the rollout workers "
                           "load full weights; use hybrid_engine=true with lora_rank > 0")
-    elif arr.rollout.n_gpus_per_node != 1:
+    elif arr.rollout.n_gpus_per_node != 1 and arr.rollout.mode != "async":  # async: the replicas rlvr starts
         errors.append("actor_rollout_ref.rollout.n_gpus_per_node sizes the rollout's own pool, which exists only with "
                       "actor_rollout_ref.hybrid_engine=false; with the hybrid engine the rollout uses the actor's devices")
     if trainer.nnodes > 1 and cfg.ray_kwargs.ray_init.address is None:

@@ -153,9 +153,6 @@ VERL_NO_EFFECT: dict[str, tuple[str, tuple | None]] = {
                              "for it)", None),
     "actor_rollout_ref.ref.strategy": ("the reference is sharded as actor_rollout_ref.actor.strategy says", None),
     # rollout
-    "actor_rollout_ref.rollout.mode": (
-        "the engine generates in each worker's process when the step calls it; verl's sync and async (server) "
-        "modes sample the same batch", ("sync", "async")),
     "actor_rollout_ref.rollout.load_format": ("the native engine uses the actor's weights in place; vLLM starts "
                                               "empty (dummy) and gets them streamed before each rollout", None),
     "actor_rollout_ref.rollout.enable_chunked_prefill": (

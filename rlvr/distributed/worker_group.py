@@ -16,7 +16,7 @@ from rlvr.protocol import DataProto
 
 WORKER_METHODS = ("init_model", "generate_sequences", "compute_log_prob", "compute_ref_log_prob", "update_actor",
                   "compute_values", "update_critic", "save_checkpoint", "load_checkpoint", "full_weights",
-                  "update_weights", "open_weight_channel", "send_weights", "load_weights")
+                  "update_weights", "open_weight_channel", "send_weights", "load_weights", "shutdown")
 
 
 class LocalWorkerGroup:

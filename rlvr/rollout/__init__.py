@@ -18,16 +18,28 @@ from rlvr.rollout.vllm_rollout import VLLMRollout
 def build_rollout(model, tokenizer, config, max_response_length: int, tool_setup: "ToolSetup | None" = None,
                   max_prompt_length: int | None = None, device=None):
     """The engine named by ``actor_rollout_ref.rollout.name`` over ``model`` on ``device`` (the
-    worker's, from ``trainer.device``; None: the model's), driven by the multi-turn tool loop
-    when ``multi_turn.enable`` (its tools from ``tool_setup``, else read from the config)."""
-    engine = get_rollout_class(config.name)(model, tokenizer, config, max_response_length, max_prompt_length,
-                                            device)
+    worker's, from ``trainer.device``; None: the model's), or with ``rollout.mode=async`` the
+    servers of that protocol (``servers.py``), driven by the multi-turn tool loop when
+    ``multi_turn.enable`` (its tools from ``tool_setup``, else read from the config)."""
+    if config.mode == "async":
+        from rlvr.rollout.servers import ServerRollout
+
+        engine = ServerRollout(model, tokenizer, config, max_response_length, max_prompt_length, device)
+    else:
+        engine = get_rollout_class(config.name)(model, tokenizer, config, max_response_length, max_prompt_length,
+                                                device)
     if not config.multi_turn.enable:
         return engine
     setup = tool_setup or ToolSetup.from_config(tokenizer, config)
     return MultiTurnRollout(engine, setup.tools, config.multi_turn, setup.chat, max_response_length)
 
 
-__all__ = ["build_rollout", "BaseRollout", "Completion", "GenerateRollout", "MultiTurnRollout", "NativeRollout",
+def streams_weights(config) -> bool:
+    """Whether the rollout of ``config`` reads the policy itself, sharded or not (vLLM, rollout
+    servers): the worker then builds no unsharded copy for it."""
+    return config.mode == "async" or get_rollout_class(config.name).streams_weights
+
+
+__all__ = ["build_rollout", "streams_weights", "BaseRollout", "Completion", "GenerateRollout", "MultiTurnRollout", "NativeRollout",
            "Request", "RequestState", "ToolSetup", "SamplingParams", "VLLMRollout", "end_token_ids", "filter_probs",
            "get_rollout_class", "register_rollout", "response_mask_from_eos", "sample_tokens"]

@@ -134,6 +134,9 @@ class BaseRollout(ABC):
     def wake_up(self, tags: Sequence[str]) -> None:
         """Take back the memory of ``tags`` that ``free_cache`` released (default: nothing)."""
 
+    def close(self) -> None:
+        """The run is over: stop what the engine started (default: nothing)."""
+
     def generate_in_group(self, prompts: DataProto, rollout=None) -> DataProto:
         """``rollout.generate_sequences(prompts)`` (``rollout``: this engine or a loop over it, such
         as the multi-turn one), called on every rank with its own rows. An engine that spans

@@ -181,10 +181,12 @@ class EngineCore:
     thread at a time; ``add`` and ``abort`` between steps."""
 
     def __init__(self, model, tokenizer, eos_ids: Seq[int], pad_id: int, max_num_seqs: int,
-                 decode_step: Callable | None = None, max_model_len: int | None = None):
+                 decode_step: Callable | None = None, max_model_len: int | None = None,
+                 max_num_batched_tokens: int | None = None):
         self.model, self.tokenizer = model, tokenizer
         self.eos_ids, self.pad_id = frozenset(eos_ids), pad_id
         self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens  # tokens one step may take (vLLM's meaning; None: no bound)
         self.max_model_len = max_model_len  # a request's prompt + max_new_tokens at most (None: no bound)
         self.decode_step = decode_step  # (tokens, mask, positions, cache) -> logits; None: the model's forward
         self.slab_ok = supports_preallocated(model.config)
@@ -398,14 +400,24 @@ class EngineCore:
     # ------------------------------------------------------------------ admission
     def _take_waiting(self) -> list[Sequence]:
         """Waiting requests in arrival order, as many as free rows allow, a group's rows together
-        (one that does not fit waits, unless it alone is larger than ``max_num_seqs``)."""
+        (one that does not fit waits, unless it alone is larger than ``max_num_seqs``), and as
+        many prompt tokens as ``max_num_batched_tokens`` leaves beside one decode token per
+        running row (vLLM's budget; a group's prompt counts once; the first group always goes):
+        a burst of requests is prefilled a part per step, so the first get their first token
+        while the rest wait, instead of all waiting for the whole burst's prefill."""
         if not self.slab_ok and self.running:
             return []  # transformers' own cache: a new batch once this one is done
         free = self.max_num_seqs - len(self.running)
+        tokens_left = None if self.max_num_batched_tokens is None else self.max_num_batched_tokens - len(self.running)
         taken: list[Sequence] = []
         while self.waiting and free > 0:
             key = self._group_key(self.waiting[0])
             members = [s for s in self.waiting if self._group_key(s) == key]
+            if tokens_left is not None:
+                cost = len(members[0].request.prompt_ids)
+                if taken and cost > tokens_left:
+                    break  # the next step's
+                tokens_left -= cost
             if len(members) > free:
                 if taken or self.running:
                     break  # the group waits for rows to free

@@ -105,7 +105,8 @@ class NativeRollout(BaseRollout):
             self.model = model  # shared: no copy, always the actor's (or the worker's gathered) weights
         self.lean = LeanDecoder(self.model) if config.lean_decode and supports_lean_decode(self.model) else None
         self.core = EngineCore(self.model, tokenizer, self.eos_ids, self.pad_id, config.max_num_seqs,
-                               self.lean.step if self.lean is not None else None, config.max_model_len)
+                               self.lean.step if self.lean is not None else None, config.max_model_len,
+                               config.max_num_batched_tokens)
         self._turns = False  # inside turn_cache()
 
     @property

@@ -200,6 +200,9 @@ class MultiTurnRollout:
     def wake_up(self, tags) -> None:
         self.engine.wake_up(tags)
 
+    def close(self) -> None:
+        self.engine.close()
+
     def generate_in_group(self, prompts: DataProto) -> DataProto:
         """``generate_sequences`` where the engine may span several ranks (see the engine's)."""
         return self.engine.generate_in_group(prompts, self)

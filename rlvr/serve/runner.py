@@ -31,6 +31,14 @@ class ServeOptions:
     max_model_len: int | None = None
     served_model_name: str | None = None
     tool_call_parser: str = "hermes"
+    max_num_batched_tokens: int | None = None
+
+
+SERVE_BATCHED_TOKENS = 1024
+"""A server's default step budget (vLLM's default differs between its server and its offline
+engine too): a burst of requests is prefilled a part per step, so the first ones get their first
+token while the rest wait. Measured with 32 requests of 64 tokens at once (the built-in model,
+2 cores): time to first token p50 2.5 s unbounded, 1.8 s at 1024 or 512, the same tokens/s."""
 
 
 def is_loopback(host: str) -> bool:
@@ -94,6 +102,8 @@ def build_server(config, options: ServeOptions):
     context = options.max_model_len or rollout_cfg.max_model_len or getattr(model.config, "max_position_embeddings",
                                                                             None) or 4096
     rollout.core.max_model_len = context  # the core refuses what the routes would
+    rollout.core.max_num_batched_tokens = (options.max_num_batched_tokens or rollout_cfg.max_num_batched_tokens
+                                           or SERVE_BATCHED_TOKENS)
     engine = AsyncEngine(rollout.core, max_waiting=options.max_waiting,
                          step_context=lambda: decode_attention(model.device))
 

@@ -463,7 +463,10 @@ def plan_memory(config: RLVRConfig, model_cfg: dict, device_memory_gb: float | N
     t: dict[str, Term] = {}
     state_terms(run, t)
     read_terms(run, t, critic)
-    if run.vllm:
+    if run.arr.rollout.mode == "async":
+        kv_floor = 0.0
+        server_terms(run, t)
+    elif run.vllm:
         kv_floor = vllm_terms(run, t)
     else:
         kv_floor = 0.0
@@ -525,6 +528,29 @@ def native_engine_terms(run: Run, t: dict[str, Term]) -> None:
     rows_at_once = min(rows, arr.rollout.max_num_seqs)
     kv = shape.kv_values_per_token(vllm=False) * run.roll_b * rows_at_once * run.positions
     t["kv_cache"] = Term("KV cache", kv, False, f"{rows_at_once} rows x {run.positions} positions")
+
+
+def server_terms(run: Run, t: dict[str, Term]) -> None:
+    """``rollout.mode=async``: no engine in the training process. The ``rlvr serve`` replicas rlvr
+    starts on this machine each hold the model in the rollout dtype, the CPU decode's packed
+    projections and the KV cache of its share of the rows, for the whole run; external servers
+    hold their own memory elsewhere."""
+    rollout = run.arr.rollout
+    if rollout.external_server_addresses:
+        t["rollout_servers"] = Term("rollout servers", 0.0, True, f"{len(rollout.external_server_addresses)} "
+                                    "external: their memory is their machines', not counted")
+        return
+    one: dict[str, Term] = {}
+    native_engine_terms(run, one)  # the terms of one engine over every row of the batch
+    replicas = rollout.n_gpus_per_node
+    rows = run.gen_rows(run.config.data.gen_batch_size or run.config.data.train_batch_size)
+    share = min(-(-rows // replicas), rollout.max_num_seqs)
+    kv = one["kv_cache"].bytes / max(1, min(rows, rollout.max_num_seqs)) * share
+    weights = run.roll_b * run.shape.params() + one["packed_weights"].bytes
+    t["rollout_servers"] = Term(f"{replicas} rlvr serve replica{'s' if replicas > 1 else ''} (weights + KV cache each)",
+                                replicas * (weights + kv), True,
+                                f"{share} rows x {run.positions} positions each, kept for the whole run; "
+                                "each process's Python and torch (about 0.5 GB) not counted")
 
 
 def own_engine_terms(run: Run, t: dict[str, Term]) -> None:
@@ -705,6 +731,8 @@ def phases(run: Run, t: dict[str, Term]) -> dict[str, list[str]]:
                                   + ["critic_gradients", "critic_activations", "critic_gathered"])
     if run.pool:  # a pool device: its model and engine, generating, while a version is received
         named["rollout pool"] = list(ENGINE_TERMS)
+    for names in named.values():  # local rollout servers live beside the trainer from start to end
+        names.append("rollout_servers")
     return {phase: [n for n in names if n in t] for phase, names in named.items()}
 
 
@@ -776,6 +804,10 @@ def term_fix(name: str, config: RLVRConfig) -> str:
     if name == "pending_weights":
         return ("lower trainer.v1.colocate_async.num_warmup_batches (each batch ahead holds one more fp32 version "
                 "until the engine loads it)")
+    if name == "rollout_servers":
+        return ("fewer replicas (actor_rollout_ref.rollout.n_gpus_per_node), fewer rows each "
+                "(actor_rollout_ref.rollout.max_num_seqs), or servers on other machines "
+                "(actor_rollout_ref.rollout.external_server_addresses)")
     if name == "rollout_model":
         return ("it is the rollout worker's own fp32 copy of the policy: trainer.v1.trainer_mode=sync with the "
                 "hybrid engine streams vLLM's weights from the actor's instead, or a device with more memory")
@@ -818,8 +850,8 @@ def format_plan(plan: MemoryPlan) -> str:
 def check_plan(plan: MemoryPlan, config: RLVRConfig) -> None:
     """Refuse a plan whose peak exceeds its device's capacity, or whose vLLM engine would refuse to
     start (a KV cache short of one max_model_len row), naming the setting to change."""
-    kv = plan.terms["kv_cache"]
-    if kv.bytes < plan.kv_floor:
+    kv = plan.terms.get("kv_cache")  # none in the training process with rollout servers
+    if kv is not None and kv.bytes < plan.kv_floor:
         weights = plan.terms["engine_weights"].bytes
         raise ConfigError(f"vLLM would refuse to start: beside its weights ({weights / GB:.2f} GB) its KV cache gets "
                           f"{kv.bytes / GB:.2f} GB ({kv.note}), less than the {plan.kv_floor / GB:.3f} GB of one row "

@@ -64,7 +64,7 @@ def compute_data_metrics(batch: DataProto, max_response_length: int, max_prompt_
     response_length = b["response_mask"].sum(-1).float()  # the model's tokens (tool output excluded)
     budget_used = b["attention_mask"][:, -R:].sum(-1).float()  # what max_response_length bounds
     prompt_length = prompt_mask.sum(-1).float()
-    metrics = {}
+    metrics = dict(batch.meta_info.get("rollout_metrics", {}))  # the engine's own counters (rollout servers)
     metrics.update(_stats("critic/score", b["token_level_scores"].sum(-1)))
     metrics.update(_stats("critic/rewards", b["token_level_rewards"].sum(-1)))
     metrics.update(_stats("critic/advantages", b["advantages"][mask]))

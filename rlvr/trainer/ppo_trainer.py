@@ -34,7 +34,7 @@ from rlvr.data.sampler import PromptLoader
 from rlvr.protocol import DataProto, concat_rollouts, loss_mask
 from rlvr.rewards.manager import TRAJECTORY_KEYS
 from rlvr.rewards.reward_model import add_reward_model_scores
-from rlvr.errors import StopTraining, TrainingInterrupted
+from rlvr.errors import RolloutUnavailable, StopTraining, TrainingInterrupted
 from rlvr.trainer import checkpoint
 from rlvr.trainer.evaluate import evaluate, generation_batch
 from rlvr.trainer.guards import (GAP_TEMPERATURE, PROBE_TOKENS, EngineParity, check_groups, check_masks,
@@ -139,10 +139,17 @@ class RLTrainer:
                 message = (f"interrupted again while saving step {self._completed['global_step']}: that save was "
                            f"discarded; {kept}")
             raise TrainingInterrupted(message) from None
+        except RolloutUnavailable as err:  # nothing left to generate on: keep what is complete, say why
+            if progress is not None:
+                progress.close()
+            raise RolloutUnavailable(f"{err}\n{self._save_on_interrupt()}") from None
         finally:
             self.progress.close()
             if self.ahead is not None:
                 self.ahead.close()
+            shutdown = getattr(self.wg, "shutdown", None)  # a worker without one (a test's) has nothing to stop
+            if shutdown is not None:
+                shutdown()  # servers the rollout started (mode=async) stop with the run
         progress.close()
         return last
 

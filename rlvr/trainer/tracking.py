@@ -38,6 +38,7 @@ WARNING_FIELDS = (
     ("training/dropped_groups", "dropped groups"),
     ("training/zero_variance_groups", "groups without signal"),
     ("actor/grad_norm_nonfinite", "skipped steps"),
+    ("rollout/server_retries", "server retries"),
 )
 
 

@@ -44,7 +44,7 @@ from rlvr.distributed.dispatch import Dispatch, register
 from rlvr.distributed.weight_sync import WeightGroup, WeightSender, weight_meta, weight_tensors
 from rlvr.distributed.worker import Worker, free_port
 from rlvr.protocol import DataProto
-from rlvr.rollout import build_rollout, get_rollout_class
+from rlvr.rollout import build_rollout, streams_weights
 from rlvr.rollout.engine import trim_heap
 from rlvr.workers.actor import Actor, build_optimizer
 
@@ -112,7 +112,7 @@ class ActorRolloutRefWorker(Worker):
         # own (hybrid_engine=false), or beside this worker, generating ahead (trainer.v1.trainer_mode)
         if arr.hybrid_engine and self.config.trainer.v1.trainer_mode == "sync":
             # sharded: an engine that decodes on a module gets unsharded weights only while a rollout runs
-            if self.sharded and not get_rollout_class(arr.rollout.name).streams_weights:
+            if self.sharded and not streams_weights(arr.rollout):
                 self.engine_weights = fsdp.EngineWeights(
                     empty_model(model_cfg.path, arr.rollout.dtype, model_cfg.trust_remote_code,
                                 model_cfg.override_config).requires_grad_(False), self.device)
@@ -227,6 +227,12 @@ class ActorRolloutRefWorker(Worker):
             torch.cuda.empty_cache()
 
     # ------------------------------------------------------------------ worker methods
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def shutdown(self) -> None:
+        """The run is over: the rollout stops what it started (servers of ``mode=async``)."""
+        if self.rollout is not None:
+            self.rollout.close()
+
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def full_weights(self, to_cpu: bool = True) -> dict[str, torch.Tensor] | None:
         """The policy's full weights, for rollout workers of their own (rank 0 answers; sharded,

@@ -395,8 +395,7 @@ def test_auto_precision_follows_the_device():
         .reduce_dtype == "float32"
 
 
-@pytest.mark.parametrize("setting", ["gpu_memory_utilization=0.6", "max_num_batched_tokens=4096",
-                                     "enforce_eager=false", "enable_prefix_caching=false", "free_cache_engine=false",
+@pytest.mark.parametrize("setting", ["gpu_memory_utilization=0.6", "enforce_eager=false", "enable_prefix_caching=false", "free_cache_engine=false",
                                      "tensor_model_parallel_size=2"])
 def test_the_native_engine_refuses_vllm_settings(setting):
     """A vLLM key on the native engine would do nothing: refused with what to do instead."""
@@ -407,8 +406,7 @@ def test_the_native_engine_refuses_vllm_settings(setting):
 
 
 def test_rollout_engine_names():
-    with pytest.raises(ConfigError, match="sglang is not available: SGLang has no CPU build that installs here.*"
-                                          "use actor_rollout_ref.rollout.name=vllm"):
+    with pytest.raises(ConfigError, match="name=sglang runs as servers: set actor_rollout_ref.rollout.mode=async"):
         load_config(overrides=["actor_rollout_ref.rollout.name=sglang"])
     with pytest.raises(ConfigError, match=r"rollout.name = 'hf' is not one of \['native', 'vllm'\]"):
         load_config(overrides=["actor_rollout_ref.rollout.name=hf"])
@@ -449,7 +447,6 @@ VERL_SCRIPT_KEYS = [  # keys verl's current example scripts set that change noth
     "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu=24000",
     "actor_rollout_ref.ref.log_prob_use_dynamic_bsz=True",
     "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu=24000",
-    "actor_rollout_ref.rollout.mode=async",
     "actor_rollout_ref.ref.strategy=fsdp2",
     "critic.model.use_remove_padding=True",
     "critic.use_dynamic_bsz=True",

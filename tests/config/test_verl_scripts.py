@@ -136,7 +136,7 @@ def test_the_multi_turn_script_as_written_is_refused_only_for_sglang(tmp_path):
                             tmp_path)[:-len(ON_VLLM)]
     with pytest.raises(ConfigError) as err:
         load_config(str(CONFIG_DIR / "gsm8k_multiturn_grpo.yaml"), overrides_only(args), base="verl")
-    assert "rollout.name=sglang is not available" in str(err.value)
+    assert "rollout.name=sglang with actor_rollout_ref.rollout.mode=async: SGLang is not installed here" in str(err.value)
     assert str(err.value).count("\n  - ") == 1  # the only refusal
 
 

@@ -244,3 +244,27 @@ def test_the_slab_stays_bounded_under_steady_traffic(tiny):
     for seq in seqs[:4]:
         want = reference_greedy(model, tokenizer, [seq.request.prompt_ids], seq.budget, engine.eos_ids)[0]
         assert seq.tokens == want
+
+
+def test_a_burst_is_prefilled_a_part_per_step_within_the_token_budget(tiny):
+    """max_num_batched_tokens (vLLM's meaning: a step's tokens, one per running row plus the
+    prompts it prefills): a burst of four distinct prompts enters over several steps, the first
+    request's first token comes before the last is admitted, and every greedy completion is
+    still generate()'s."""
+    model, tokenizer = tiny
+    ids = prompt_ids(tokenizer)
+    lengths = [len(p) for p in ids]
+    budget = lengths[0] + lengths[1]  # step 1: prompts 0 and 1; then one decode token per running row
+    core, engine = core_of(model, tokenizer)
+    core.max_num_batched_tokens = budget
+    seqs = [core.add(Request(f"q{i}", p, GREEDY)) for i, p in enumerate(ids)]
+    admitted = []
+    while any(s.finish_reason is None for s in seqs):
+        core.step()
+        admitted.append(sum(1 for s in seqs if s.tokens))
+    # step 1: prompts 0 and 1 fill the budget; step 2: 2 running rows leave budget - 2, which
+    # prompt 2 fits and prompts 2 + 3 do not; step 3: 3 running rows leave budget - 3 for prompt 3
+    assert lengths[2] <= budget - 2 < lengths[2] + lengths[3] and lengths[3] <= budget - 3, lengths
+    assert admitted[:3] == [2, 3, 4]
+    for seq, prompt in zip(seqs, ids):
+        assert seq.tokens == reference_greedy(model, tokenizer, [prompt], 12, engine.eos_ids)[0]

@@ -1,0 +1,536 @@
+"""Rollout servers (``actor_rollout_ref.rollout.mode=async``): generation on HTTP servers, driven
+request by request, behind one load balancer, with the weights synced over the servers' routes.
+
+``rollout.name`` picks the protocol:
+
+- ``native``: ``rlvr serve`` replicas that rlvr starts, local processes on free loopback ports
+  (``rollout.n_gpus_per_node`` of them: one per device, as verl's replicas), stopped by their pid;
+- ``sglang``: SGLang's native protocol (``rlvr serve`` speaks the same routes): ``POST /generate``
+  with ``input_ids``, ``sampling_params`` and ``return_logprob``; the weights by
+  ``/update_weights_from_disk`` or ``/init_weights_update_group`` + ``/update_weights_from_distributed``.
+
+``rollout.external_server_addresses`` (``host:port``, verl-based recipes' spelling) names servers
+rlvr did not start: it checks ``/health`` before step 1, syncs their weights, and never stops them.
+
+Requests (``LoadBalancer``, verl's ``GlobalRequestLoadBalancer``): a prompt group (its n rows,
+one request with ``n``, one prefill) goes to the replica with the fewest requests in flight;
+a key seen before (a conversation's next turn) returns to the replica that holds its prefix.
+A replica that fails a request (connection refused or reset, a 5xx, no answer within
+``rollout.server.timeout``) leaves the rotation and its requests are retried on the
+others (counted: ``rollout/server_retries``); when none is left the rollout raises
+``ServersDown`` with each replica's reason.
+
+Versions: each update names the weights ``str(version)``; a completion whose server reports
+another version stops the run, naming the replica (``WeightVersionMismatch``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Hashable, Sequence
+
+import torch
+
+from rlvr.config.schema import RolloutConfig
+from rlvr.errors import RolloutUnavailable
+from rlvr.rollout.base import BaseRollout, Completion
+from rlvr.rollout.sampling import SamplingParams
+
+PROTOCOLS = ("native", "sglang")
+RETRIABLE_STATUS = (500, 502, 503, 504)
+
+
+class ServersDown(RolloutUnavailable):
+    """Every replica has left the rotation, or a request failed ``server.max_attempts`` times."""
+
+
+class WeightVersionMismatch(RuntimeError):
+    """A server answered with weights other than the ones the trainer sent."""
+
+
+class ReplicaFailed(RuntimeError):
+    """One request failed on one replica in a way another replica may not (retried there)."""
+
+
+@dataclass
+class Replica:
+    index: int
+    address: str  # host:port
+    process: subprocess.Popen | None = None  # started by rlvr (None: an external server, never stopped)
+    log: Path | None = None
+    in_flight: int = 0
+    down: str | None = None  # why it left the rotation
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.address}"
+
+    @property
+    def name(self) -> str:
+        where = f", log {self.log}" if self.log else ""
+        return f"replica {self.index} ({self.address}{where})"
+
+
+class LoadBalancer:
+    """Least requests in flight, sticky per key (verl's ``GlobalRequestLoadBalancer``): the first
+    request of a key goes to the replica with the fewest in flight (the lowest index on a tie),
+    later ones of that key to the same replica while it is up."""
+
+    def __init__(self, replicas: Sequence[Replica]):
+        self.replicas = list(replicas)
+        self.sticky: dict[Hashable, int] = {}
+
+    def acquire(self, key: Hashable | None = None) -> Replica:
+        up = [r for r in self.replicas if r.down is None]
+        if not up:
+            raise ServersDown("every rollout server is down: " + "; ".join(
+                f"{r.name}: {r.down}" for r in self.replicas))
+        index = self.sticky.get(key) if key is not None else None
+        if index is None or self.replicas[index].down is not None:
+            index = min(up, key=lambda r: (r.in_flight, r.index)).index
+            if key is not None:
+                self.sticky[key] = index
+        replica = self.replicas[index]
+        replica.in_flight += 1
+        return replica
+
+    def release(self, replica: Replica) -> None:
+        replica.in_flight -= 1
+
+    def forget(self, key: Hashable) -> None:
+        self.sticky.pop(key, None)
+
+
+# ---------------------------------------------------------------------- SGLang's protocol
+def generate_body(prompt_ids: Sequence[int], params: SamplingParams, n: int, max_new_tokens: int, seed: int,
+                  rid: str, stop_token_ids: Sequence[int] = ()) -> dict:
+    """SGLang's ``GenerateReqInput`` for ``n`` samples of one prompt (field names from SGLang's
+    ``io_struct.py`` and ``sampling_params.py``). Greedy is temperature 0."""
+    sampling = {"max_new_tokens": int(max_new_tokens), "temperature": 0.0 if params.greedy else params.temperature,
+                "top_p": params.top_p, "top_k": params.top_k, "min_p": params.min_p, "n": n,
+                "sampling_seed": int(seed), "skip_special_tokens": False}
+    if params.stop:
+        sampling["stop"] = list(params.stop)
+    if stop_token_ids:
+        sampling["stop_token_ids"] = list(stop_token_ids)
+    return {"input_ids": list(prompt_ids), "sampling_params": sampling, "return_logprob": True, "rid": rid}
+
+
+def parse_generate(data, n: int, replica: Replica) -> list[Completion]:
+    """``/generate``'s answer (one object, or a list of n) -> n completions."""
+    outputs = data if isinstance(data, list) else [data]
+    if len(outputs) != n:
+        raise ReplicaFailed(f"{replica.name} answered {len(outputs)} outputs for n = {n}")
+    completions = []
+    for out in outputs:
+        meta = out.get("meta_info", {})
+        ids = [int(t) for t in out["output_ids"]]
+        logprobs = meta.get("output_token_logprobs")
+        if logprobs is None or len(logprobs) != len(ids):
+            raise ReplicaFailed(f"{replica.name}: meta_info.output_token_logprobs missing or not one per token")
+        reason = (meta.get("finish_reason") or {}).get("type", "length")
+        version = meta.get("weight_version")
+        completions.append(Completion(ids, [float(entry[0]) for entry in logprobs],
+                                      reason if reason in ("stop", "length", "abort") else "stop",
+                                      weight_version=int(version) if str(version).lstrip("-").isdigit() else -1,
+                                      request_id=meta.get("id"),
+                                      matched=(meta.get("finish_reason") or {}).get("matched")))
+    return completions
+
+
+# ---------------------------------------------------------------------- local replicas
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def port_taken(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+            return False
+        except OSError:
+            return True
+
+
+def wait_healthy(replica: Replica, deadline_s: float) -> None:
+    """Poll ``/health`` until it answers 200; a process that exits or a deadline passed raises,
+    naming the replica and its log."""
+    import httpx
+
+    end = time.monotonic() + deadline_s
+    while True:
+        if replica.process is not None and replica.process.poll() is not None:
+            raise RuntimeError(f"{replica.name} exited with status {replica.process.returncode} before it became "
+                               f"healthy; see its log")
+        try:
+            if httpx.get(f"{replica.url}/health", timeout=5.0).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > end:
+            raise RuntimeError(f"{replica.name} did not answer /health within {deadline_s:.0f} s "
+                               "(rollout.server.max_start_wait_time)")
+        time.sleep(0.2)
+
+
+def stop_process(process: subprocess.Popen, grace_s: float = 15.0) -> None:
+    """SIGTERM the process (by its pid), SIGKILL it if it is still there after ``grace_s``."""
+    if process.poll() is not None:
+        return
+    process.send_signal(signal.SIGTERM)
+    try:
+        process.wait(grace_s)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait(5)
+
+
+def serve_command(model_path: str, port: int, config: RolloutConfig, max_model_len: int | None) -> list[str]:
+    """``rlvr serve`` for one replica: the policy's model, rlvr's rollout settings, loopback only."""
+    cmd = [sys.executable, "-m", "rlvr.cli", "serve", "--host", "127.0.0.1", "--port", str(port),
+           f"actor_rollout_ref.model.path={model_path}", f"actor_rollout_ref.rollout.dtype={config.dtype}",
+           f"actor_rollout_ref.rollout.max_num_seqs={config.max_num_seqs}",
+           f"actor_rollout_ref.rollout.lean_decode={str(config.lean_decode).lower()}",
+           "--request-timeout", str(config.server.timeout)]
+    if max_model_len:
+        cmd += ["--max-model-len", str(max_model_len)]
+    return cmd
+
+
+def sglang_command(model_path: str, port: int, config: RolloutConfig, max_model_len: int | None) -> list[str]:
+    """SGLang's server for one replica (where sglang is installed: GPU machines; never run here)."""
+    cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", model_path, "--host", "127.0.0.1",
+           "--port", str(port), "--tp-size", str(config.tensor_model_parallel_size)]
+    if config.dtype != "auto":
+        cmd += ["--dtype", config.dtype]
+    if max_model_len:
+        cmd += ["--context-length", str(max_model_len)]
+    return cmd
+
+
+COMMANDS = {"native": serve_command, "sglang": sglang_command}
+
+
+def start_local_replicas(model_path: str, config: RolloutConfig, count: int, log_dir: Path,
+                         max_model_len: int | None) -> list[Replica]:
+    """``count`` server processes (``rlvr serve``, or SGLang's) on free loopback ports, each healthy before this returns
+    (all start together, then each is waited on); on any failure every one started is stopped."""
+    log_dir.mkdir(parents=True, exist_ok=True)
+    replicas: list[Replica] = []
+    env = {**os.environ, "GLOO_SOCKET_IFNAME": "lo", "PYTHONUNBUFFERED": "1"}
+    try:
+        for i in range(count):
+            port = free_port()
+            log = log_dir / f"replica_{i}.log"
+            with open(log, "w") as handle:
+                process = subprocess.Popen(COMMANDS[config.name](model_path, port, config, max_model_len), stdout=handle,
+                                           stderr=subprocess.STDOUT, env=env, start_new_session=True)
+            replicas.append(Replica(i, f"127.0.0.1:{port}", process, log))
+        for replica in replicas:
+            wait_healthy(replica, config.server.max_start_wait_time)
+    except BaseException:
+        for replica in replicas:
+            stop_process(replica.process)
+        raise
+    return replicas
+
+
+# ---------------------------------------------------------------------- the rollout
+@dataclass
+class ServerStats:
+    retries: int = 0
+    requests: int = 0
+    weight_syncs: int = 0
+    sync_seconds: float = 0.0
+    down: list[str] = field(default_factory=list)
+
+
+class ServerRollout(BaseRollout):
+    """The rollout of ``mode=async``: requests to servers (module docstring). ``model`` is the
+    policy whose weights ``sync_weights`` sends."""
+
+    streams_weights = True
+
+    def __init__(self, model, tokenizer, config: RolloutConfig, max_response_length: int,
+                 max_prompt_length: int | None = None, device=None, replicas: Sequence[Replica] | None = None,
+                 log_dir: Path | None = None):
+        super().__init__(model, tokenizer, config, max_response_length, max_prompt_length, device)
+        self.policy = model
+        self.max_model_len = config.max_model_len or (
+            max_prompt_length + max_response_length if max_prompt_length else None)
+        if replicas is None:
+            replicas = self._replicas(log_dir or Path(tempfile.mkdtemp(prefix="rlvr-servers-")))
+        self.replicas = list(replicas)
+        self.balancer = LoadBalancer(self.replicas)
+        self.stats = ServerStats()
+        self.version: int | None = None  # the weights the servers hold (None: theirs, not yet synced)
+        self._closed = False
+        atexit.register(self.close)
+
+    def _replicas(self, log_dir: Path) -> list[Replica]:
+        cfg = self.config
+        if cfg.external_server_addresses:
+            replicas = [Replica(i, address) for i, address in enumerate(cfg.external_server_addresses)]
+            for replica in replicas:
+                wait_healthy(replica, cfg.server.max_start_wait_time)
+            return replicas
+        path = getattr(self.policy, "name_or_path", None) or self.policy.config._name_or_path
+        return start_local_replicas(path, cfg, cfg.n_gpus_per_node, log_dir, self.max_model_len)
+
+    # ------------------------------------------------------------------ generation
+    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams,
+                 groups: Sequence[Hashable] | None = None,
+                 max_new_tokens: Sequence[int] | None = None) -> list[Completion]:
+        """One request per prompt group (rows with the same group key, prompt and budget, sent
+        with ``n``), all in flight at once, gathered in row order. A group's seed is the call's
+        seed and the group's first row, so its samples do not depend on the replica it lands on."""
+        if not prompts:
+            return []
+        budgets = [min(int(b), params.max_new_tokens) for b in max_new_tokens] if max_new_tokens is not None \
+            else [params.max_new_tokens] * len(prompts)
+        rows = params.row_ids or tuple(range(params.row_offset, params.row_offset + len(prompts)))
+        batches: dict[tuple, list[int]] = {}
+        for i, (prompt, budget) in enumerate(zip(prompts, budgets)):
+            key = (groups[i] if groups is not None else None, tuple(prompt), budget)
+            batches.setdefault(key, []).append(i)
+        results: list[Completion | None] = [None] * len(prompts)
+        jobs = [(key, members, (int(params.seed) * 1_000_003 + rows[members[0]]) % 2**31)
+                for key, members in batches.items()]
+        outputs = asyncio.run(self._gather(prompts, params, jobs))
+        for (_, members, _), completions in zip(jobs, outputs):
+            for i, completion in zip(members, completions):
+                results[i] = completion
+        return results  # type: ignore[return-value]
+
+    def to_dataproto(self, prompts, completions: list[Completion]):
+        """The base layout, plus each row's ``weight_version`` (as its server reported it) and the
+        servers' counters in ``meta_info["rollout_metrics"]`` (logged with the step)."""
+        import numpy as np
+
+        out = super().to_dataproto(prompts, completions)
+        out.non_tensor_batch["weight_version"] = np.array([c.weight_version for c in completions], dtype=np.int64)
+        out.meta_info["rollout_metrics"] = self.metrics()
+        return out
+
+    async def _gather(self, prompts, params: SamplingParams, jobs) -> list[list[Completion]]:
+        import httpx
+
+        limits = httpx.Limits(max_connections=self.config.server.max_connections)
+        async with httpx.AsyncClient(timeout=self.config.server.timeout, limits=limits) as client:
+            return await asyncio.gather(*[
+                self._request(client, prompts[members[0]], params, len(members), key[2], seed, key[0])
+                for key, members, seed in jobs])
+
+    async def _request(self, client, prompt_ids, params: SamplingParams, n: int, budget: int, seed: int,
+                       sticky: Hashable | None) -> list[Completion]:
+        """One request, sent again (``server.max_attempts`` tries in all, ``server.retry_delay``
+        apart) when its replica fails: a replica that cannot be reached leaves the rotation; one
+        that timed out or answered 5xx has the request aborted there and stays."""
+        import httpx
+
+        server = self.config.server
+        failures: list[str] = []
+        while True:
+            replica = self.balancer.acquire(("group", sticky) if sticky is not None else None)
+            rid = uuid.uuid4().hex
+            try:
+                response = await client.post(f"{replica.url}/generate",
+                                             json=generate_body(prompt_ids, params, n, budget, seed, rid))
+                if response.status_code in RETRIABLE_STATUS:
+                    raise ReplicaFailed(f"HTTP {response.status_code}: {response.text[:200]}")
+                if response.status_code != 200:  # the request itself is wrong: no replica would take it
+                    raise RuntimeError(f"{replica.name} refused a rollout request: HTTP {response.status_code} "
+                                       f"{response.text[:300]}")
+                completions = parse_generate(response.json(), n, replica)
+            except (httpx.TransportError, ReplicaFailed, ValueError) as err:  # ValueError: a broken JSON body
+                why = f"{type(err).__name__}: {err}"
+                failures.append(f"{replica.name}: {why}")
+                if isinstance(err, httpx.TimeoutException) or isinstance(err, ReplicaFailed):
+                    await self._abort_there(client, replica, rid)
+                else:  # refused, reset, closed: the server is gone
+                    self._take_down(replica, why)
+                self.stats.retries += 1
+                if len(failures) >= server.max_attempts:
+                    raise ServersDown(f"a rollout request failed {len(failures)} times "
+                                      f"(rollout.server.max_attempts): " + "; ".join(failures)) from None
+                await asyncio.sleep(server.retry_delay)
+                continue
+            finally:
+                self.balancer.release(replica)
+            self.stats.requests += 1
+            self._check_version(replica, completions)
+            return completions
+
+    async def _abort_there(self, client, replica: Replica, rid: str) -> None:
+        """Best effort: the server stops a request nobody waits for any more."""
+        import httpx
+
+        try:
+            await client.post(f"{replica.url}/abort_request", json={"rid": rid}, timeout=5.0)
+        except httpx.HTTPError:
+            pass
+
+    def _take_down(self, replica: Replica, why: str) -> None:
+        if replica.down is None:
+            replica.down = why
+            self.stats.down.append(f"{replica.name}: {why}")
+            print(f"[rlvr] rollout server {replica.name} left the rotation ({why}); its requests go to the others",
+                  file=sys.stderr, flush=True)
+
+    def _check_version(self, replica: Replica, completions: list[Completion]) -> None:
+        if self.version is None:
+            return
+        for c in completions:
+            if c.weight_version != self.version or c.version_starts:
+                raise WeightVersionMismatch(
+                    f"{replica.name} generated with weight_version {c.weight_version}, not {self.version} that "
+                    "the trainer sent: it did not take the last update (or another trainer updates it); stopping")
+
+    # ------------------------------------------------------------------ weights
+    def sync_weights(self, version: int | None = None) -> None:
+        """The policy's weights to every replica that is up, named ``version``, unless they hold it."""
+        if version is not None and version == self.version:
+            return
+        version = version if version is not None else (self.version or 0) + 1
+        started = time.perf_counter()
+        if self.config.server.weight_sync == "disk":
+            self._sync_by_disk(version)
+        else:
+            self._sync_distributed(version)
+        self.version = version
+        self.stats.weight_syncs += 1
+        self.stats.sync_seconds += time.perf_counter() - started
+
+    def _up(self) -> list[Replica]:
+        up = [r for r in self.replicas if r.down is None]
+        if not up:
+            raise ServersDown("every rollout server is down: " + "; ".join(f"{r.name}: {r.down}"
+                                                                         for r in self.replicas))
+        return up
+
+    def _sync_by_disk(self, version: int) -> None:
+        """The policy as a safetensors folder, then ``/update_weights_from_disk`` on each replica."""
+        import httpx
+        from safetensors.torch import save_file
+
+        from rlvr.rollout.vllm_rollout import policy_weights
+
+        folder = Path(tempfile.mkdtemp(prefix="rlvr-weights-", dir=self.config.server.weights_dir or None))
+        try:
+            tensors = {name: t.contiguous() for name, t in policy_weights(self.policy, tied_head=False)}
+            save_file(tensors, str(folder / "model.safetensors"))
+            for replica in self._up():
+                r = httpx.post(f"{replica.url}/update_weights_from_disk", timeout=self.config.server.timeout,
+                               json={"model_path": str(folder), "weight_version": str(version), "flush_cache": True})
+                body = r.json() if r.headers.get("content-type", "").startswith("application/json") else {}
+                if r.status_code != 200 or not body.get("success", False):
+                    raise RuntimeError(f"{replica.name} refused the weights of version {version}: HTTP "
+                                       f"{r.status_code} {body.get('message', r.text[:300])}")
+        finally:
+            for file in folder.glob("*"):
+                file.unlink()
+            folder.rmdir()
+
+    def _sync_distributed(self, version: int) -> None:
+        """A gloo broadcast from this process (rank 0) to the replicas (ranks 1..), opened once with
+        ``/init_weights_update_group``; each update is ``/update_weights_from_distributed`` with
+        the tensors' names, dtypes and shapes, then the tensors in that order."""
+        import httpx
+
+        from rlvr.rollout.vllm_rollout import policy_weights
+        from rlvr.serve import weight_sync
+
+        up = self._up()
+        if self._group is None or self._group_members != [r.index for r in up]:
+            self._open_group(up)
+        tensors = [(name, t.contiguous()) for name, t in policy_weights(self.policy, tied_head=False)]
+        body = {"names": [n for n, _ in tensors], "dtypes": [str(t.dtype).removeprefix("torch.") for _, t in tensors],
+                "shapes": [list(t.shape) for _, t in tensors], "group_name": self._group.name,
+                "weight_version": str(version), "flush_cache": True}
+        answers: list = [None] * len(up)
+
+        def post(j: int, replica: Replica) -> None:
+            try:
+                answers[j] = httpx.post(f"{replica.url}/update_weights_from_distributed", json=body,
+                                        timeout=self.config.server.timeout)
+            except httpx.HTTPError as err:
+                answers[j] = err
+
+        threads = [threading.Thread(target=post, args=(j, r), daemon=True) for j, r in enumerate(up)]
+        for t in threads:
+            t.start()
+        for _, tensor in tensors:  # the servers check every name and shape, then receive in this order
+            weight_sync.broadcast(self._group, tensor)
+        for t in threads:
+            t.join(self.config.server.timeout)
+        for replica, answer in zip(up, answers):
+            ok = not isinstance(answer, Exception) and answer is not None and answer.status_code == 200 \
+                and answer.json().get("success", False)
+            if not ok:
+                raise RuntimeError(f"{replica.name} did not take the broadcast weights of version {version}: "
+                                   f"{answer if isinstance(answer, Exception) or answer is None else answer.text[:300]}")
+
+    _group = None
+    _group_members: list[int] = []
+    _reported_retries = 0
+
+    def _open_group(self, up: list[Replica]) -> None:
+        import httpx
+
+        from rlvr.serve import weight_sync
+
+        port = free_port()
+        name = f"rlvr_weights_{uuid.uuid4().hex[:8]}"
+        world = len(up) + 1
+        answers: list = [None] * len(up)
+
+        def join(j: int, replica: Replica) -> None:
+            try:
+                answers[j] = httpx.post(f"{replica.url}/init_weights_update_group", timeout=120.0, json={
+                    "master_address": "127.0.0.1", "master_port": port, "rank_offset": j + 1, "world_size": world,
+                    "group_name": name, "backend": "gloo"})
+            except httpx.HTTPError as err:
+                answers[j] = err
+
+        threads = [threading.Thread(target=join, args=(j, r), daemon=True) for j, r in enumerate(up)]
+        for t in threads:
+            t.start()
+        group = weight_sync.open_group("127.0.0.1", port, 0, world, name, timeout_s=120.0, is_master=True)
+        for t in threads:
+            t.join(130)
+        for replica, answer in zip(up, answers):
+            if isinstance(answer, Exception) or answer is None or answer.status_code != 200:
+                raise RuntimeError(f"{replica.name} did not join the weight group: "
+                                   f"{answer if isinstance(answer, Exception) or answer is None else answer.text[:300]}")
+        self._group, self._group_members = group, [r.index for r in up]
+
+    # ------------------------------------------------------------------ lifetime
+    def metrics(self) -> dict[str, float]:
+        """Requests sent again since the last call (a step's), servers up, weight-sync seconds in all."""
+        retries, self._reported_retries = self.stats.retries - self._reported_retries, self.stats.retries
+        return {"rollout/server_retries": float(retries),
+                "rollout/servers_up": float(sum(r.down is None for r in self.replicas)),
+                "rollout/weight_sync_s": self.stats.sync_seconds}
+
+    def close(self) -> None:
+        """Stop the replicas rlvr started (by pid); external servers are left running."""
+        if self._closed:
+            return
+        self._closed = True
+        for replica in self.replicas:
+            if replica.process is not None:
+                stop_process(replica.process)

@@ -1,0 +1,372 @@
+"""Rollout servers (``rollout.mode=async``): the load balancer, SGLang's request shapes, and two
+real ``rlvr serve`` replicas on free loopback ports, started and stopped by their pids.
+
+Expected tokens come from transformers' ``generate`` (``reference_greedy``) or from the
+in-process engine, never from the servers under test."""
+
+import copy
+import os
+import signal
+import threading
+import time
+
+import pytest
+import torch
+
+from rlvr.config import ConfigError, load_config
+from rlvr.config.schema import RolloutConfig, RolloutServerConfig
+from rlvr.models import load_model, load_tokenizer
+from rlvr.rollout.base import end_token_ids
+from rlvr.rollout.sampling import SamplingParams
+from rlvr.rollout.servers import (LoadBalancer, Replica, ServerRollout, ServersDown, WeightVersionMismatch,
+                                  generate_body, parse_generate)
+from tests.rollout.test_engine import reference_greedy
+
+QUESTIONS = ["What is 2 + 3?", "Name a colour.", "Tell me a story about a dragon.", "Hi", "Count to five.",
+             "Why is the sky blue?"]
+
+
+def prompt_ids(tokenizer, questions):
+    """Plain text, no chat template: the random tiny model mostly repeats a prompt's last token,
+    and the template's last token is the same newline for every prompt."""
+    return [tokenizer.encode(q) for q in questions]
+
+
+# ---------------------------------------------------------------------- the balancer
+def test_balancer_sends_new_keys_to_the_least_loaded_and_keeps_a_key_on_its_replica():
+    replicas = [Replica(0, "a:1"), Replica(1, "b:1"), Replica(2, "c:1")]
+    lb = LoadBalancer(replicas)
+    first = [lb.acquire(("g", i)).index for i in range(3)]
+    assert first == [0, 1, 2]  # 0 in flight everywhere: lowest index, then the next least loaded
+    assert lb.acquire(("g", 1)).index == 1  # sticky: its replica, though 1 has the most in flight now
+    lb.release(replicas[0])
+    assert lb.acquire(("g", 9)).index == 0  # 0 in flight on replica 0 only
+    replicas[1].down = "refused"
+    assert lb.acquire(("g", 1)).index in (0, 2)  # its replica is down: moved, and stays there
+    moved = lb.sticky[("g", 1)]
+    assert lb.acquire(("g", 1)).index == moved
+    for r in replicas:
+        r.down = "gone"
+    with pytest.raises(ServersDown, match="every rollout server is down: replica 0 .*gone"):
+        lb.acquire()
+
+
+# ---------------------------------------------------------------------- SGLang's shapes
+def test_generate_body_has_sglangs_field_names():
+    """GenerateReqInput: input_ids, sampling_params, return_logprob, rid; greedy is temperature 0."""
+    body = generate_body([5, 6], SamplingParams(max_new_tokens=7, do_sample=False, stop=("\n\n",)), 2, 5, 11, "r1",
+                         stop_token_ids=[2])
+    assert body == {"input_ids": [5, 6], "return_logprob": True, "rid": "r1", "sampling_params": {
+        "max_new_tokens": 5, "temperature": 0.0, "top_p": 1.0, "top_k": -1, "min_p": 0.0, "n": 2,
+        "sampling_seed": 11, "skip_special_tokens": False, "stop": ["\n\n"], "stop_token_ids": [2]}}
+
+
+def test_generate_answer_is_read_as_sglang_writes_it():
+    """One output per sample; output_token_logprobs are [logprob, token id, text] triples."""
+    one = {"text": "ab", "output_ids": [3, 4], "meta_info": {
+        "id": "r1", "finish_reason": {"type": "stop", "matched": 4}, "weight_version": "7",
+        "output_token_logprobs": [[-0.5, 3, None], [-0.25, 4, None]]}}
+    [c] = parse_generate(one, 1, Replica(0, "a:1"))
+    assert (c.token_ids, c.log_probs, c.finish_reason, c.weight_version, c.matched) == ([3, 4], [-0.5, -0.25],
+                                                                                     "stop", 7, 4)
+    length = {**one, "meta_info": {**one["meta_info"], "finish_reason": {"type": "length", "length": 2}}}
+    assert [c.finish_reason for c in parse_generate([one, length], 2, Replica(0, "a:1"))] == ["stop", "length"]
+
+
+def test_async_mode_config_is_checked_at_load():
+    with pytest.raises(ConfigError, match=r"external_server_addresses\[0\] = 'localhost': write host:port"):
+        load_config(overrides=["actor_rollout_ref.rollout.mode=async",
+                               "actor_rollout_ref.rollout.external_server_addresses=[localhost]"])
+    with pytest.raises(ConfigError, match="mode=sync, which runs no servers"):
+        load_config(overrides=["actor_rollout_ref.rollout.external_server_addresses=['127.0.0.1:1']"])
+    with pytest.raises(ConfigError, match="name=sglang runs as servers"):
+        load_config(overrides=["actor_rollout_ref.rollout.name=sglang"])
+    with pytest.raises(ConfigError, match="mode = 'server'"):
+        load_config(overrides=["actor_rollout_ref.rollout.mode=server"])
+    with pytest.raises(ConfigError, match="weight_sync = 'nccl'"):
+        load_config(overrides=["actor_rollout_ref.rollout.mode=async",
+                               "actor_rollout_ref.rollout.server.weight_sync=nccl"])
+    cfg = load_config(overrides=["actor_rollout_ref.rollout.mode=async", "actor_rollout_ref.rollout.name=sglang",
+                                 "actor_rollout_ref.rollout.external_server_addresses=['127.0.0.1:30000']"])
+    assert cfg.actor_rollout_ref.rollout.server.max_attempts == 3  # verl's default
+
+
+# ---------------------------------------------------------------------- real replicas
+@pytest.fixture(scope="module")
+def tiny(tiny_model_dir):
+    return load_model(tiny_model_dir), load_tokenizer(tiny_model_dir)
+
+
+@pytest.fixture(scope="module")
+def servers(tiny, tmp_path_factory):
+    """Two ``rlvr serve`` replicas of the tiny model, started by the rollout."""
+    model, tokenizer = tiny
+    policy = copy.deepcopy(model)
+    config = RolloutConfig(mode="async", n_gpus_per_node=2, max_num_seqs=16,
+                           server=RolloutServerConfig(max_start_wait_time=120, retry_delay=0.1))
+    rollout = ServerRollout(policy, tokenizer, config, max_response_length=12, max_prompt_length=64,
+                            log_dir=tmp_path_factory.mktemp("replicas"))
+    yield rollout
+    rollout.close()
+    for r in rollout.replicas:
+        assert r.process.poll() is not None  # stopped by its pid
+
+
+def greedy(max_new_tokens=12):
+    return SamplingParams(max_new_tokens=max_new_tokens, do_sample=False)
+
+
+def test_greedy_through_two_replicas_equals_generate(servers, tiny):
+    model, tokenizer = tiny
+    ids = prompt_ids(tokenizer, QUESTIONS)
+    expected = reference_greedy(model, tokenizer, ids, 12, end_token_ids(model, tokenizer))
+    assert len({tuple(e) for e in expected}) >= 3  # prompts with their own answers: rows cannot be swapped unseen
+    served_before = [r.in_flight for r in servers.replicas]
+    got = servers.generate(ids, greedy(), groups=[f"u{i}" for i in range(len(ids))])
+    assert [c.token_ids for c in got] == expected
+    assert served_before == [0, 0] and [r.in_flight for r in servers.replicas] == [0, 0]
+    # both replicas served: sticky keys were spread by load
+    assert len({servers.balancer.sticky[("group", f"u{i}")] for i in range(len(ids))}) == 2
+
+
+def perturbed(model, scale=1.0, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn(p.shape, generator=g) * scale * p.std().clamp(min=1e-3))
+
+
+@pytest.mark.parametrize("route", ["distributed", "disk"])
+def test_weight_sync_turns_the_replicas_greedy_tokens_into_the_new_policys(servers, tiny, route):
+    """After a sync the replicas' greedy tokens are the updated policy's (by transformers'
+    generate on it), and every completion carries the version sent."""
+    model, tokenizer = tiny
+    servers.config.server.weight_sync = route
+    perturbed(servers.policy, seed=1 if route == "disk" else 2)  # seeds whose greedy tokens differ
+    ids = prompt_ids(tokenizer, QUESTIONS[:4])
+    expected = reference_greedy(servers.policy, tokenizer, ids, 12, end_token_ids(model, tokenizer))
+    assert expected != reference_greedy(model, tokenizer, ids, 12, end_token_ids(model, tokenizer))
+    version = (servers.version or 0) + 1
+    servers.sync_weights(version)
+    got = servers.generate(ids, greedy())
+    assert [c.token_ids for c in got] == expected
+    assert {c.weight_version for c in got} == {version}
+    servers.sync_weights(version)  # the servers hold it: nothing is sent
+    assert servers.stats.weight_syncs == version
+
+
+def test_a_server_with_other_weights_stops_the_run(servers, tiny):
+    model, tokenizer = tiny
+    servers.version = (servers.version or 0) + 100  # as if an update had not reached the servers
+    try:
+        with pytest.raises(WeightVersionMismatch, match=r"replica \d .*generated with weight_version"):
+            servers.generate(prompt_ids(tokenizer, QUESTIONS[:1]), greedy())
+    finally:
+        servers.version -= 100
+
+
+def test_sampled_rows_of_a_group_do_not_depend_on_the_replica(servers, tiny):
+    """A group's seed is the call's seed and its first row: the same call twice gives the same
+    samples whichever replica each group lands on."""
+    _, tokenizer = tiny
+    ids = prompt_ids(tokenizer, QUESTIONS[:3])
+    rows = [p for p in ids for _ in range(4)]
+    groups = [f"s{i // 4}" for i in range(len(rows))]
+    params = SamplingParams(max_new_tokens=8, top_k=8, seed=5)
+    first = servers.generate(rows, params, groups=groups)
+    servers.balancer.sticky.clear()
+    servers.replicas[0].in_flight += 5  # the next call's groups land elsewhere
+    try:
+        second = servers.generate(rows, params, groups=groups)
+    finally:
+        servers.replicas[0].in_flight -= 5
+    assert [c.token_ids for c in first] == [c.token_ids for c in second]
+    assert len({tuple(c.token_ids) for c in first[:4]}) > 1  # n samples of one prompt differ
+
+
+# ---------------------------------------------------------------------- faults (own replicas)
+def test_a_replica_killed_mid_rollout_loses_no_row(tiny, tmp_path):
+    """SIGKILL one of two replicas while its requests run: they are retried on the other, every
+    row comes back with the greedy tokens, the retries are counted, the dead one is out."""
+    model, tokenizer = tiny
+    config = RolloutConfig(mode="async", n_gpus_per_node=2, max_num_seqs=64,
+                           server=RolloutServerConfig(max_start_wait_time=120, retry_delay=0.1))
+    rollout = ServerRollout(copy.deepcopy(model), tokenizer, config, max_response_length=400, max_prompt_length=64,
+                            log_dir=tmp_path)
+    try:
+        ids = prompt_ids(tokenizer, QUESTIONS) * 4
+        expected = reference_greedy(model, tokenizer, ids[:len(QUESTIONS)], 300, end_token_ids(model, tokenizer))
+        victim = rollout.replicas[1]
+
+        def kill_when_busy():
+            end = time.monotonic() + 60
+            while victim.in_flight == 0 and time.monotonic() < end:
+                time.sleep(0.01)
+            time.sleep(0.3)  # its requests are decoding now
+            os.kill(victim.process.pid, signal.SIGKILL)
+
+        killer = threading.Thread(target=kill_when_busy)
+        killer.start()
+        got = rollout.generate(ids, greedy(300), groups=[f"k{i}" for i in range(len(ids))])
+        killer.join()
+        assert [c.token_ids for c in got] == expected * 4
+        assert rollout.stats.retries >= 1 and victim.down is not None and rollout.replicas[0].down is None
+        again = rollout.generate(ids[:2], greedy(300))  # the run goes on with the survivor
+        assert [c.token_ids for c in again] == expected[:2]
+    finally:
+        rollout.close()
+    assert all(r.process.poll() is not None for r in rollout.replicas)
+
+
+def test_external_servers_are_checked_and_never_stopped(servers, tiny):
+    """external_server_addresses: rlvr connects to running servers (here the fixture's), checks
+    /health, and its close() leaves them running."""
+    model, tokenizer = tiny
+    addresses = [r.address for r in servers.replicas]
+    config = RolloutConfig(mode="async", external_server_addresses=addresses,
+                           server=RolloutServerConfig(max_start_wait_time=10))
+    client = ServerRollout(servers.policy, tokenizer, config, max_response_length=12)
+    assert [r.process for r in client.replicas] == [None, None]
+    client.close()
+    assert all(r.process.poll() is None for r in servers.replicas)
+    bad = RolloutConfig(mode="async", external_server_addresses=["127.0.0.1:9"],
+                        server=RolloutServerConfig(max_start_wait_time=1))
+    with pytest.raises(RuntimeError, match=r"replica 0 \(127.0.0.1:9\) did not answer /health within 1 s"):
+        ServerRollout(servers.policy, tokenizer, bad, max_response_length=12)
+
+
+def test_a_replica_that_cannot_start_is_named_with_its_log(tiny, tmp_path):
+    model, tokenizer = tiny
+    broken = copy.deepcopy(model)
+    broken.name_or_path = str(tmp_path / "no-such-model")
+    config = RolloutConfig(mode="async", server=RolloutServerConfig(max_start_wait_time=60))
+    with pytest.raises(RuntimeError, match=r"replica 0 \(127.0.0.1:\d+, log .*replica_0.log\) exited with status"):
+        ServerRollout(broken, tokenizer, config, max_response_length=12, log_dir=tmp_path / "logs")
+
+
+# ---------------------------------------------------------------------- SGLang, by a stand-in
+class SGLangStandIn:
+    """What rlvr sends to an SGLang server, recorded: SGLang's routes (field names from SGLang's
+    ``io_struct.py``), on uvicorn in a thread on a free loopback port. /generate answers fixed
+    tokens; the weight group is joined for real (the trainer's broadcast needs a peer), and the
+    tensors received are kept."""
+
+    def __init__(self):
+        import uvicorn
+        from fastapi import FastAPI, Request
+
+        from rlvr.serve import weight_sync
+
+        from tests.serve.test_serve import free_port
+
+        self.calls: list[tuple[str, dict]] = []
+        self.received: dict[str, torch.Tensor] = {}
+        self.version = "default"
+        app, groups = FastAPI(), {}
+
+        @app.get("/health")
+        async def health():
+            return {}
+
+        @app.post("/generate")
+        async def generate(request: Request):
+            body = await request.json()
+            self.calls.append(("/generate", body))
+            n = body["sampling_params"]["n"]
+            out = {"text": "x", "output_ids": [7, 8], "meta_info": {
+                "id": body["rid"], "finish_reason": {"type": "length", "length": 2}, "prompt_tokens": 3,
+                "completion_tokens": 2, "weight_version": self.version,
+                "output_token_logprobs": [[-1.0, 7, None], [-2.0, 8, None]]}}
+            return out if n == 1 else [out] * n
+
+        @app.post("/init_weights_update_group")
+        async def init_group(request: Request):
+            import asyncio
+
+            body = await request.json()
+            self.calls.append(("/init_weights_update_group", body))
+            groups[body["group_name"]] = await asyncio.to_thread(
+                weight_sync.open_group, body["master_address"], body["master_port"], body["rank_offset"],
+                body["world_size"], body["group_name"], 30.0)
+            return {"success": True, "message": "joined"}
+
+        @app.post("/update_weights_from_distributed")
+        async def update_distributed(request: Request):
+            import asyncio
+
+            body = await request.json()
+            self.calls.append(("/update_weights_from_distributed", body))
+
+            def receive():
+                for name, dtype, shape in zip(body["names"], body["dtypes"], body["shapes"]):
+                    buffer = torch.empty(shape, dtype=getattr(torch, dtype))
+                    weight_sync.broadcast(groups[body["group_name"]], buffer)
+                    self.received[name] = buffer
+
+            await asyncio.to_thread(receive)
+            self.version = body["weight_version"]
+            return {"success": True, "message": "updated"}
+
+        @app.post("/update_weights_from_disk")
+        async def update_disk(request: Request):
+            from safetensors.torch import load_file
+
+            body = await request.json()
+            self.calls.append(("/update_weights_from_disk", body))
+            self.received = load_file(f"{body['model_path']}/model.safetensors")
+            self.version = body["weight_version"]
+            return {"success": True, "message": "loaded", "num_paused_requests": 0}
+
+        self.port = free_port()
+        self.uv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="error"))
+        self.thread = threading.Thread(target=self.uv.run, daemon=True)
+
+    def __enter__(self):
+        self.thread.start()
+        deadline = time.monotonic() + 30
+        while not self.uv.started:
+            assert time.monotonic() < deadline, "the stand-in did not start"
+            time.sleep(0.02)
+        return self
+
+    def __exit__(self, *exc):
+        self.uv.should_exit = True
+        self.thread.join(10)
+
+
+def test_what_rlvr_sends_an_sglang_server(tiny):
+    """name=sglang at an external address: the exact payloads of a rollout and of both weight
+    routes, and the tensors the server receives are the policy's."""
+    model, tokenizer = tiny
+    with SGLangStandIn() as sglang:
+        config = RolloutConfig(mode="async", name="sglang", external_server_addresses=[f"127.0.0.1:{sglang.port}"])
+        rollout = ServerRollout(model, tokenizer, config, max_response_length=8)
+        rollout.sync_weights(1)
+        got = rollout.generate([[1, 2, 3]] * 2 + [[4, 5]], SamplingParams(max_new_tokens=8, temperature=0.7, seed=3),
+                               groups=["a", "a", "b"])
+        config.server.weight_sync = "disk"
+        rollout.sync_weights(2)
+        rollout.close()
+    routes = [route for route, _ in sglang.calls]
+    assert routes == ["/init_weights_update_group", "/update_weights_from_distributed", "/generate", "/generate",
+                      "/update_weights_from_disk"]
+    init, update, *gens, disk = [body for _, body in sglang.calls]
+    gen_a, gen_b = sorted(gens, key=lambda body: -len(body["input_ids"]))  # sent together: either may arrive first
+    assert {k: v for k, v in init.items() if k not in ("master_port", "group_name")} == {
+        "master_address": "127.0.0.1", "rank_offset": 1, "world_size": 2, "backend": "gloo"}
+    assert isinstance(init["master_port"], int) and update["group_name"] == init["group_name"]
+    state = model.state_dict()
+    assert update["weight_version"] == "1" and update["flush_cache"] is True
+    assert update["names"] == [n for n in state if n != "lm_head.weight"]  # the tied head is the embedding
+    assert update["shapes"] == [list(state[n].shape) for n in update["names"]]
+    assert set(update["dtypes"]) == {"float32"}
+    assert gen_a["sampling_params"] == {"max_new_tokens": 8, "temperature": 0.7, "top_p": 1.0, "top_k": -1,
+                                        "min_p": 0.0, "n": 2, "sampling_seed": 3 * 1_000_003 % 2**31,
+                                        "skip_special_tokens": False}
+    gen_b_seed = (3 * 1_000_003 + 2) % 2**31  # the group's first row is row 2
+    assert gen_b["sampling_params"]["n"] == 1 and gen_b["sampling_params"]["sampling_seed"] == gen_b_seed
+    assert [gen_a["input_ids"], gen_b["input_ids"]] == [[1, 2, 3], [4, 5]] and gen_a["return_logprob"] is True
+    assert [c.token_ids for c in got] == [[7, 8]] * 3 and {c.weight_version for c in got} == {1}
+    assert set(disk) == {"model_path", "weight_version", "flush_cache"} and disk["weight_version"] == "2"
+    for name, tensor in sglang.received.items():
+        assert torch.equal(tensor, state[name]), name
