@@ -39,6 +39,7 @@ class AsyncEngine:
         self.stopping = False
         self.thread = threading.Thread(target=self._loop, name="rlvr-engine", daemon=True)
         self.error: BaseException | None = None
+        self._outbox: list[tuple[asyncio.AbstractEventLoop, Callable, tuple]] = []  # the engine thread's, per step
 
     def start(self) -> None:
         self.thread.start()
@@ -79,10 +80,10 @@ class AsyncEngine:
         done = loop.create_future()
 
         def finished(completion: Completion) -> None:
-            loop.call_soon_threadsafe(lambda: done.done() or done.set_result(completion))
+            self._outbox.append((loop, _finish, (done, completion)))
 
         def tokens(ids: list[int], log_probs: list[float]) -> None:
-            loop.call_soon_threadsafe(on_tokens, ids, log_probs)
+            self._outbox.append((loop, on_tokens, (ids, log_probs)))
 
         request = replace(request, on_finish=finished, on_tokens=tokens if on_tokens is not None else None)
 
@@ -144,15 +145,30 @@ class AsyncEngine:
             if loop is not None:
                 loop.call_soon_threadsafe(_settle, future, result, error)
 
+    def _deliver(self) -> None:
+        """Hand a step's tokens and completions to their loops: one wake-up per loop and step,
+        not one per row and token (32 streams at once made that the server's main cost)."""
+        if not self._outbox:
+            return
+        by_loop: dict[asyncio.AbstractEventLoop, list] = {}
+        for loop, fn, args in self._outbox:
+            by_loop.setdefault(loop, []).append((fn, args))
+        self._outbox = []
+        for loop, calls in by_loop.items():
+            with contextlib.suppress(RuntimeError):  # a loop closed meanwhile: nobody waits
+                loop.call_soon_threadsafe(_run_all, calls)
+
     def _loop(self) -> None:
         try:
             while not self.stopping:
                 self._run_commands()
+                self._deliver()
                 if self.stopping:
                     break
                 if self.core.has_work():
                     with self.step_context():
                         self.core.step()
+                    self._deliver()
                     continue
                 self.wake.wait(0.05)
                 self.wake.clear()
@@ -160,7 +176,24 @@ class AsyncEngine:
             self.error = err
             with contextlib.suppress(Exception):
                 self.core.abort_all()
+                self._deliver()
             raise
+
+
+def _finish(done: asyncio.Future, completion: Completion) -> None:
+    if not done.done():
+        done.set_result(completion)
+
+
+def _run_all(calls: list[tuple[Callable, tuple]]) -> None:
+    """On the caller's loop: each call alone, as separate callbacks would run (one failing stream
+    is reported by the loop and does not stop the others)."""
+    for fn, args in calls:
+        try:
+            fn(*args)
+        except Exception as err:
+            asyncio.get_running_loop().call_exception_handler({"message": "a stream callback failed",
+                                                               "exception": err})
 
 
 def _settle(future: asyncio.Future, result: Any, error: BaseException | None) -> None:
