@@ -566,8 +566,8 @@ def resolve_strategy(cfg: RLVRConfig) -> None:
 
 
 def resolve_rollout_mode(cfg: RLVRConfig) -> None:
-    """``rollout.mode=async`` where rlvr has no rollout servers yet (``vllm serve`` replicas,
-    several training ranks, a rollout pool of its own, the trainer.v1 async modes): the engine
+    """``rollout.mode=async`` where rlvr has no rollout servers yet (several training ranks, a
+    rollout pool of its own, the trainer.v1 async modes): the engine
     runs in the training process, as with ``mode=sync`` (verl's example scripts set async with
     vLLM on 8 GPUs), said in a notice. SGLang has no in-process engine: validation refuses it."""
     arr, trainer = cfg.actor_rollout_ref, cfg.trainer
@@ -575,7 +575,6 @@ def resolve_rollout_mode(cfg: RLVRConfig) -> None:
     if rollout.mode != "async" or rollout.name == "sglang":
         return
     missing = [why for why, unbuilt in (
-        ("vllm serve replicas", rollout.name == "vllm"),
         ("several training ranks", trainer.n_gpus_per_node * trainer.nnodes > 1),
         ("a rollout pool of its own (hybrid_engine=false)", not arr.hybrid_engine),
         (f"trainer.v1.trainer_mode={trainer.v1.trainer_mode}", trainer.v1.trainer_mode != "sync")) if unbuilt]

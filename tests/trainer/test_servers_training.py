@@ -3,6 +3,8 @@ starts on free loopback ports and stops with it. The reward rises as it does in 
 replica that kept its first weights would keep sampling the first policy), and greedy
 validation through the servers equals the in-process engine's."""
 
+import json
+
 import pytest
 import torch
 
@@ -62,3 +64,36 @@ def test_greedy_validation_on_a_server_equals_the_in_process_engine(tiny_config,
     for a, b in zip(sync_out, async_out):
         assert torch.equal(a, b)
     assert int((sync_out[0] != sync_out[0][:, :1]).sum()) > 0  # responses that differ: a real comparison
+
+
+@pytest.mark.slow
+def test_reward_rises_on_a_vllm_serve_replica(tiny_config, tmp_path, tiny_vllm_model_dir):
+    """rollout.name=vllm with mode=async: one `vllm serve` replica, its weights reloaded from disk
+    after every update (a replica that kept its first weights would keep sampling the first policy)."""
+    trainer, records = train(tiny_config, tmp_path, LEADING_SPACE, *LEARN, *ASYNC,
+                             "actor_rollout_ref.rollout.name=vllm", f"actor_rollout_ref.model.path={tiny_vllm_model_dir}",
+                             "actor_rollout_ref.actor.optim.lr=1e-1", "trainer.total_training_steps=10")
+    scores = [r["critic/score/mean"] for r in records]
+    assert scores[0] < 0.8, scores
+    assert min(scores[-3:]) >= 0.9, scores
+    assert trainer.wg.worker.rollout.stats.weight_syncs == 10
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["native", "vllm"])
+def test_the_default_jobs_first_two_steps_on_one_replica(name, tmp_path):
+    """The built-in task and recipe (the built-in model, 64 rows a step) on one replica of each
+    kind: two steps whose weights reach the replica, finite losses, a score in [0, 1]."""
+    from rlvr.config import load_config
+
+    cfg = load_config(None, [f"trainer.default_local_dir={tmp_path}", "trainer.total_training_steps=2",
+                             "trainer.val_before_train=false", "trainer.test_freq=-1", "trainer.save_freq=-1",
+                             "actor_rollout_ref.rollout.mode=async", f"actor_rollout_ref.rollout.name={name}",
+                             "trainer.logger=[jsonl]"])
+    trainer = build_trainer(cfg, progress_bar=False)
+    trainer.fit()
+    trainer.tracker.close()
+    records = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
+    assert len(records) == 2 and trainer.wg.worker.rollout.stats.weight_syncs == 2
+    assert all(0.0 <= r["critic/score/mean"] <= 1.0 and r["response_length/mean"] > 1 for r in records)
+    assert records[0]["training/freshness/greedy_gap_max"] <= 1e-3  # the replica's greedy tokens are the actor's
