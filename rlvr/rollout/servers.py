@@ -348,12 +348,17 @@ SERVER_ENV = {"vllm": {"VLLM_SERVER_DEV_MODE": "1"}}  # vLLM's pause, reload and
 
 
 def start_local_replicas(model_path: str, config: RolloutConfig, count: int, log_dir: Path,
-                         max_model_len: int | None, model_config=None) -> list[Replica]:
-    """``count`` server processes (``rlvr serve``, or SGLang's) on free loopback ports, each healthy before this returns
-    (all start together, then each is waited on); on any failure every one started is stopped."""
+                         max_model_len: int | None, model_config=None, on_cpu: bool = True) -> list[Replica]:
+    """``count`` server processes (``rlvr serve``, vLLM's or SGLang's) on free loopback ports, each
+    healthy before this returns (all start together, then each is waited on); on any failure every
+    one started is stopped. On a CPU each gets its share of the cores as its thread count."""
     log_dir.mkdir(parents=True, exist_ok=True)
     replicas: list[Replica] = []
     env = {**os.environ, "GLOO_SOCKET_IFNAME": "lo", "PYTHONUNBUFFERED": "1", **SERVER_ENV.get(config.name, {})}
+    if on_cpu and "OMP_NUM_THREADS" not in os.environ:
+        # the replicas share the cores: two of 2 threads each on 2 cores spun on each other's
+        # descheduled threads (generation 13x slower, bench/step.py)
+        env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // count))
     try:
         for i in range(count):
             port = free_port()
@@ -413,7 +418,8 @@ class ServerRollout(BaseRollout):
                 wait_healthy(replica, cfg.server.max_start_wait_time)
             return replicas
         path = getattr(self.policy, "name_or_path", None) or self.policy.config._name_or_path
-        return start_local_replicas(path, cfg, cfg.n_gpus_per_node, log_dir, self.max_model_len, self.policy.config)
+        return start_local_replicas(path, cfg, cfg.n_gpus_per_node, log_dir, self.max_model_len, self.policy.config,
+                                    on_cpu=self.device.type != "cuda")
 
     # ------------------------------------------------------------------ generation
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams,

@@ -262,6 +262,7 @@ class SGLangStandIn:
         self.calls: list[tuple[str, dict]] = []
         self.received: dict[str, torch.Tensor] = {}
         self.version = "default"
+        self.hang_s = 0.0  # the next /generate answers only after this long (a server that hangs)
         app, groups = FastAPI(), {}
 
         @app.get("/health")
@@ -270,14 +271,23 @@ class SGLangStandIn:
 
         @app.post("/generate")
         async def generate(request: Request):
+            import asyncio
+
             body = await request.json()
             self.calls.append(("/generate", body))
+            hang, self.hang_s = self.hang_s, 0.0
+            await asyncio.sleep(hang)
             n = body["sampling_params"]["n"]
             out = {"text": "x", "output_ids": [7, 8], "meta_info": {
                 "id": body["rid"], "finish_reason": {"type": "length", "length": 2}, "prompt_tokens": 3,
                 "completion_tokens": 2, "weight_version": self.version,
                 "output_token_logprobs": [[-1.0, 7, None], [-2.0, 8, None]]}}
             return out if n == 1 else [out] * n
+
+        @app.post("/abort_request")
+        async def abort(request: Request):
+            self.calls.append(("/abort_request", await request.json()))
+            return {}
 
         @app.post("/init_weights_update_group")
         async def init_group(request: Request):
@@ -404,3 +414,22 @@ def test_a_vllm_serve_replica_generates_and_takes_new_weights(tiny_vllm_model_di
     finally:
         rollout.close()
     assert rollout.replicas[0].process.poll() is not None
+
+
+def test_a_request_to_a_server_that_hangs_times_out_is_aborted_there_and_sent_again(tiny):
+    """rollout.server.timeout: the first /generate hangs past it; the client aborts it there by its
+    rid, waits retry_delay, sends it again (the replica stays in the rotation) and counts it."""
+    model, tokenizer = tiny
+    with SGLangStandIn() as sglang:
+        config = RolloutConfig(mode="async", name="sglang", external_server_addresses=[f"127.0.0.1:{sglang.port}"],
+                               server=RolloutServerConfig(timeout=1.0, retry_delay=0.1))
+        rollout = ServerRollout(model, tokenizer, config, max_response_length=8)
+        sglang.hang_s = 3.0
+        [got] = rollout.generate([[1, 2, 3]], SamplingParams(max_new_tokens=8, do_sample=False))
+        rollout.close()
+    routes = [route for route, _ in sglang.calls]
+    assert routes == ["/generate", "/abort_request", "/generate"], routes
+    first, abort, second = [body for _, body in sglang.calls]
+    assert abort == {"rid": first["rid"]} and second["rid"] != first["rid"]
+    assert got.token_ids == [7, 8] and rollout.stats.retries == 1 and rollout.replicas[0].down is None
+    assert rollout.metrics()["rollout/server_retries"] == 1.0 and rollout.metrics()["rollout/server_retries"] == 0.0

@@ -97,3 +97,47 @@ def test_the_default_jobs_first_two_steps_on_one_replica(name, tmp_path):
     assert len(records) == 2 and trainer.wg.worker.rollout.stats.weight_syncs == 2
     assert all(0.0 <= r["critic/score/mean"] <= 1.0 and r["response_length/mean"] > 1 for r in records)
     assert records[0]["training/freshness/greedy_gap_max"] <= 1e-3  # the replica's greedy tokens are the actor's
+
+
+def test_ctrl_c_stops_the_replicas_and_resume_starts_new_ones(tiny_config, tmp_path, interrupt_and_resume):
+    """Ctrl-C in step 2: the run saves step 1 and stops the replicas it started (by pid); running
+    the same command again resumes with replicas of its own and finishes."""
+    cfg = tiny_config(*ASYNC, "trainer.total_training_steps=3")
+    trainer = build_trainer(cfg, progress_bar=False)
+    first = trainer.wg.worker.rollout
+    resumed = interrupt_and_resume(trainer, 2, "saved step 1")
+    assert all(r.process.poll() is not None for r in first.replicas)
+    second = resumed.wg.worker.rollout
+    assert second is not first and resumed.global_step == 3
+    assert all(r.process.poll() is not None for r in second.replicas)
+    assert {r.process.pid for r in second.replicas}.isdisjoint(r.process.pid for r in first.replicas)
+
+
+def test_every_replica_down_saves_the_last_step_and_stops_with_the_reason(tiny_config, tmp_path):
+    """Both replicas killed before step 2's rollout: the run saves step 1, as Ctrl-C does, and
+    stops naming each replica and why it is out."""
+    import os
+    import signal
+
+    from rlvr.errors import RolloutUnavailable
+    from rlvr.trainer import checkpoint
+
+    cfg = tiny_config(*ASYNC, "actor_rollout_ref.rollout.n_gpus_per_node=2", "trainer.total_training_steps=3",
+                      "trainer.save_freq=-1")
+    trainer = build_trainer(cfg, progress_bar=False)
+    rollout = trainer.wg.worker.rollout
+    generate = rollout.generate
+
+    def killing(*args, **kwargs):
+        if trainer.global_step == 2:
+            for r in rollout.replicas:
+                if r.process.poll() is None:
+                    os.kill(r.process.pid, signal.SIGKILL)
+                    r.process.wait(10)
+        return generate(*args, **kwargs)
+
+    rollout.generate = killing
+    with pytest.raises(RolloutUnavailable, match=r"(?s)replica 0 .*ConnectError.*replica 1 .*saved step 1"):
+        trainer.fit()
+    trainer.tracker.close()
+    assert checkpoint.latest_checkpoint(checkpoint.checkpoint_root(cfg)).name == "global_step_1"
