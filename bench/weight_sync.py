@@ -1,7 +1,7 @@
 """One weight sync to a rollout pool of its own: the broadcast against an in-process copy.
 
     .venv/bin/python bench/weight_sync.py [--models builtin,0.36b] [--receivers 1] [--bucket-mb 2048,256]
-                                          [--repeats 3]
+                                          [--repeats 3] [--servers]
 
 For each model shape (Llama-style, built on the meta device: ``builtin`` is SmolLM2-135M's,
 ``0.36b`` a wider one of 0.36B parameters) and bucket size, a root process broadcasts the fp32
@@ -11,6 +11,8 @@ the version. Printed per case, medians of ``--repeats`` versions: seconds from t
 until every receiver holds the version, the rate in GB/s, and the ratio to the reference run in
 the same process: cloning the same tensors (what ``colocate_async`` does to hand a version to
 an engine in the trainer's process; a memory-bound lower bound for moving the bytes once).
+``--servers`` times the sync of ``rollout.mode=async`` to one ``rlvr serve`` replica instead
+(``server_cases``).
 """
 
 from __future__ import annotations
@@ -92,13 +94,64 @@ def copy_time(tensors, repeats: int) -> list[float]:
     return times
 
 
+def server_cases(names: list[str], repeats: int) -> None:
+    """``--servers``: one ``rlvr serve`` replica of each shape (random weights, the built-in
+    model's tokenizer), started as ``rollout.mode=async`` starts it, and the trainer's sync to it
+    by each route: the gloo broadcast (``/update_weights_from_distributed``) and the disk route
+    (a safetensors folder, ``/update_weights_from_disk``). Medians of ``repeats`` versions."""
+    import tempfile
+    from pathlib import Path
+
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from rlvr.config.schema import RolloutConfig
+    from rlvr.models import load_tokenizer
+    from rlvr.rollout.servers import ServerRollout
+
+    tokenizer = load_tokenizer("builtin")
+    print(f"{'model':>8} {'params':>7} {'MB':>6} {'route':>12} {'sync s':>7} {'GB/s':>6}")
+    for name in names:
+        hidden, layers, inter, heads, kv, vocab = SHAPES[name]
+        config = LlamaConfig(hidden_size=hidden, num_hidden_layers=layers, intermediate_size=inter,
+                             num_attention_heads=heads, num_key_value_heads=kv, vocab_size=vocab,
+                             tie_word_embeddings=True, bos_token_id=tokenizer.bos_token_id,
+                             eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+        folder = Path(tempfile.mkdtemp(prefix=f"rlvr-bench-{name}-"))
+        model = LlamaForCausalLM(config).eval()
+        model.save_pretrained(folder)
+        tokenizer.save_pretrained(folder)
+        model.name_or_path = str(folder)
+        nbytes = sum(p.numel() * p.element_size() for p in model.parameters())
+        rollout = ServerRollout(model, tokenizer, RolloutConfig(mode="async", max_num_seqs=8), 16, 64,
+                                log_dir=folder / "logs")
+        try:
+            version = 0
+            for route in ("distributed", "disk"):
+                rollout.config.server.weight_sync = route
+                times = []
+                for _ in range(repeats + 1):  # the first opens the group (distributed): not counted
+                    version += 1
+                    start = time.perf_counter()
+                    rollout.sync_weights(version)
+                    times.append(time.perf_counter() - start)
+                sync = statistics.median(times[1:])
+                print(f"{name:>8} {sum(p.numel() for p in model.parameters()) / 1e9:>6.2f}B {nbytes / 2**20:>6.0f} "
+                      f"{route:>12} {sync:>7.3f} {nbytes / sync / 1e9:>6.2f}", flush=True)
+        finally:
+            rollout.close()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", default="builtin,0.36b")
     parser.add_argument("--receivers", type=int, default=1)
     parser.add_argument("--bucket-mb", default="2048,256")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--servers", action="store_true", help="the sync to an rlvr serve replica, by each route")
     args = parser.parse_args()
+    if args.servers:
+        server_cases(args.models.split(","), args.repeats)
+        return
     print(f"{'model':>8} {'params':>7} {'MB':>6} {'bucket':>7} {'recv':>4} {'sync s':>7} {'GB/s':>6} "
           f"{'copy s':>7} {'sync/copy':>9}")
     for name in args.models.split(","):

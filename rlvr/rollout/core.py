@@ -283,6 +283,7 @@ class EngineCore:
             return self._finished_now
         next_tok, next_lp = self._sample()
         next_tok = next_tok.cpu()
+        self.logits = None  # consumed: the decode step makes the next (no (rows, V) copy when rows finish)
         done = torch.zeros(len(self.running), dtype=torch.bool)
         for i, (seq, tok, lp) in enumerate(zip(self.running, next_tok.tolist(), next_lp.tolist())):
             seq.tokens.append(tok)
@@ -370,15 +371,16 @@ class EngineCore:
             self._finish(seq, reason)
         keep = fill_finished_slots(done)
         self.running = [self.running[i] for i in keep.tolist()]
-        device = self.logits.device
+        device = self.mask.device
         if self.slab is not None:
             self.slab.keep(keep.to(self.slab.base_k[0].device) if self.slab.base_k else keep)
         elif self.running:
             select_cache_rows(self.cache, keep.to(device))
         else:
             self.cache = None
-        self.logits, self.mask, self.last_pos = self.logits[keep.to(device)], self.mask[keep.to(device)], \
-            self.last_pos[keep.to(device)]
+        if self.logits is not None:  # between steps (an abort): the next step samples from them
+            self.logits = self.logits[keep.to(device)]
+        self.mask, self.last_pos = self.mask[keep.to(device)], self.last_pos[keep.to(device)]
         return keep
 
     def _decode(self, tokens: torch.Tensor) -> None:

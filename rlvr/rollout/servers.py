@@ -30,7 +30,6 @@ import asyncio
 import atexit
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -44,6 +43,7 @@ from typing import Hashable, Sequence
 import httpx
 
 from rlvr.config.schema import RolloutConfig
+from rlvr.distributed.worker import free_port
 from rlvr.errors import RolloutUnavailable
 from rlvr.rollout.base import BaseRollout, Completion
 from rlvr.rollout.sampling import SamplingParams
@@ -251,12 +251,6 @@ class VLLMProtocol:
 
 
 # ---------------------------------------------------------------------- local replicas
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def wait_healthy(replica: Replica, deadline_s: float) -> None:
     """Poll ``/health`` until it answers 200; a process that exits or a deadline passed raises,
     naming the replica and its log."""

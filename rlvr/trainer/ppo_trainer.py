@@ -147,9 +147,8 @@ class RLTrainer:
             self.progress.close()
             if self.ahead is not None:
                 self.ahead.close()
-            shutdown = getattr(self.wg, "shutdown", None)  # a worker without one (a test's) has nothing to stop
-            if shutdown is not None:
-                shutdown()  # servers the rollout started (mode=async) stop with the run
+            if self.config.actor_rollout_ref.rollout.mode == "async":  # one process (validated): its servers stop
+                self.wg.shutdown()  # with the run; a Ray group that lost a worker is not called again to say so
         progress.close()
         return last
 
