@@ -270,8 +270,9 @@ class RolloutServerConfig:
     """distributed: a gloo broadcast from the trainer to the servers (SGLang's
     ``/init_weights_update_group`` + ``/update_weights_from_distributed``); disk: a safetensors
     folder the trainer writes, which each server loads (SGLang's ``/update_weights_from_disk``,
-    vLLM's ``reload_weights``); auto: distributed for native and sglang, disk for vllm (vLLM's
-    weight-transfer engine is NCCL, GPU-only)."""
+    vLLM's ``reload_weights``); auto: disk for the replicas rlvr starts (this machine's files:
+    twice as fast as the broadcast here) and for vllm (vLLM's weight-transfer engine is NCCL,
+    GPU-only), distributed for external native and sglang servers."""
     weights_dir: Optional[str] = None
     """Where the disk route writes the weights (None: the system's temporary folder)."""
 
