@@ -36,6 +36,7 @@ import tempfile
 import threading
 import time
 import uuid
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Hashable, Sequence
@@ -86,11 +87,13 @@ class Replica:
 class LoadBalancer:
     """Least requests in flight, sticky per key (verl's ``GlobalRequestLoadBalancer``): the first
     request of a key goes to the replica with the fewest in flight (the lowest index on a tie),
-    later ones of that key to the same replica while it is up."""
+    later ones of that key to the same replica while it is up. The newest ``max_keys`` keys are
+    remembered (verl's LRU of 10,000): a run's groups never end, so the map would only grow."""
 
-    def __init__(self, replicas: Sequence[Replica]):
+    def __init__(self, replicas: Sequence[Replica], max_keys: int = 10_000):
         self.replicas = list(replicas)
-        self.sticky: dict[Hashable, int] = {}
+        self.sticky: OrderedDict[Hashable, int] = OrderedDict()
+        self.max_keys = max_keys
 
     def acquire(self, key: Hashable | None = None) -> Replica:
         up = [r for r in self.replicas if r.down is None]
@@ -100,8 +103,11 @@ class LoadBalancer:
         index = self.sticky.get(key) if key is not None else None
         if index is None or self.replicas[index].down is not None:
             index = min(up, key=lambda r: (r.in_flight, r.index)).index
-            if key is not None:
-                self.sticky[key] = index
+        if key is not None:
+            self.sticky[key] = index
+            self.sticky.move_to_end(key)
+            if len(self.sticky) > self.max_keys:
+                self.sticky.popitem(last=False)
         replica = self.replicas[index]
         replica.in_flight += 1
         return replica

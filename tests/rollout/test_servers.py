@@ -49,6 +49,10 @@ def test_balancer_sends_new_keys_to_the_least_loaded_and_keeps_a_key_on_its_repl
         r.down = "gone"
     with pytest.raises(ServersDown, match="every rollout server is down: replica 0 .*gone"):
         lb.acquire()
+    small = LoadBalancer([Replica(0, "a:1")], max_keys=2)
+    for key in ("x", "y", "x", "z"):  # x used again: y is the oldest when z comes
+        small.acquire(key)
+    assert list(small.sticky) == ["x", "z"]
 
 
 # ---------------------------------------------------------------------- SGLang's shapes
