@@ -47,6 +47,7 @@ from rlvr.config.schema import RolloutConfig
 from rlvr.distributed.worker import free_port
 from rlvr.errors import RolloutUnavailable
 from rlvr.rollout.base import BaseRollout, Completion
+from rlvr.serve.weight_sync import is_loopback
 from rlvr.rollout.sampling import SamplingParams
 
 PROTOCOLS = ("native", "sglang")
@@ -549,7 +550,10 @@ class ServerRollout(BaseRollout):
         if route != "auto":
             return route
         local = all(r.process is not None for r in self.replicas)
-        return "disk" if local or not self.protocol.distributed else "distributed"
+        # remote servers reach a broadcast only at an address of this machine they can route to,
+        # which rlvr does not guess: they read a folder instead (server.weights_dir, shared storage)
+        remote = not all(is_loopback(r.address.rpartition(":")[0]) for r in self.replicas)
+        return "disk" if local or remote or not self.protocol.distributed else "distributed"
 
     def _up(self) -> list[Replica]:
         up = [r for r in self.replicas if r.down is None]
@@ -622,8 +626,14 @@ class ServerRollout(BaseRollout):
     _reported_retries = 0
 
     def _open_group(self, up: list[Replica]) -> None:
+        """The trainer hosts the group on the loopback, where its servers are (a remote server
+        is sent the weights by disk, ``route``)."""
         from rlvr.serve import weight_sync
 
+        if not all(is_loopback(r.address.rpartition(":")[0]) for r in up):
+            raise RuntimeError("rollout.server.weight_sync=distributed reaches servers on this machine only "
+                               f"({', '.join(r.address for r in up)}); for servers on other machines set "
+                               "rollout.server.weight_sync=disk with rollout.server.weights_dir on storage they share")
         port = free_port()
         name = f"rlvr_weights_{uuid.uuid4().hex[:8]}"
         world = len(up) + 1
