@@ -437,3 +437,19 @@ def test_a_request_to_a_server_that_hangs_times_out_is_aborted_there_and_sent_ag
     assert abort == {"rid": first["rid"]} and second["rid"] != first["rid"]
     assert got.token_ids == [7, 8] and rollout.stats.retries == 1 and rollout.replicas[0].down is None
     assert rollout.metrics()["rollout/server_retries"] == 1.0 and rollout.metrics()["rollout/server_retries"] == 0.0
+
+
+def test_servers_on_other_machines_get_the_weights_by_disk(tiny):
+    """auto: a broadcast is hosted on the loopback, so servers elsewhere read a folder; naming
+    the broadcast for them is refused with the fix (nothing is contacted: the replicas are given)."""
+    model, tokenizer = tiny
+    remote = [Replica(0, "10.0.0.5:30000")]
+    rollout = ServerRollout(model, tokenizer, RolloutConfig(mode="async", name="sglang"), 8, replicas=remote)
+    assert rollout.route == "disk"
+    local = ServerRollout(model, tokenizer, RolloutConfig(mode="async", name="sglang"), 8,
+                          replicas=[Replica(0, "127.0.0.1:30000")])
+    assert local.route == "distributed"
+    rollout.config.server.weight_sync = "distributed"
+    with pytest.raises(RuntimeError, match="weight_sync=distributed reaches servers on this machine only.*"
+                                           "weight_sync=disk with rollout.server.weights_dir"):
+        rollout.sync_weights(1)
