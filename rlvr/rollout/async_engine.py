@@ -168,8 +168,7 @@ class AsyncEngine:
                     break
                 if self.core.has_work():
                     with self.step_context():
-                        self.core.step()
-                    self._deliver()
+                        self.core.step()  # hands its tokens over itself (core.on_sampled)
                     continue
                 self.wake.wait(0.05)
                 self.wake.clear()

@@ -37,7 +37,7 @@ import threading
 import time
 import uuid
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Hashable, Sequence
 
@@ -96,11 +96,16 @@ class LoadBalancer:
         self.sticky: OrderedDict[Hashable, int] = OrderedDict()
         self.max_keys = max_keys
 
-    def acquire(self, key: Hashable | None = None) -> Replica:
+    def up(self) -> list[Replica]:
+        """The replicas in the rotation; none: ``ServersDown`` with each one's reason."""
         up = [r for r in self.replicas if r.down is None]
         if not up:
             raise ServersDown("every rollout server is down: " + "; ".join(
                 f"{r.name}: {r.down}" for r in self.replicas))
+        return up
+
+    def acquire(self, key: Hashable | None = None) -> Replica:
+        up = self.up()
         index = self.sticky.get(key) if key is not None else None
         if index is None or self.replicas[index].down is not None:
             index = min(up, key=lambda r: (r.in_flight, r.index)).index
@@ -115,9 +120,6 @@ class LoadBalancer:
 
     def release(self, replica: Replica) -> None:
         replica.in_flight -= 1
-
-    def forget(self, key: Hashable) -> None:
-        self.sticky.pop(key, None)
 
 
 # ---------------------------------------------------------------------- SGLang's protocol
@@ -257,6 +259,30 @@ class VLLMProtocol:
             raise WeightVersionMismatch(f"{replica.name} holds weight_version {held!r} after loading {version}")
 
 
+def post_to_all(replicas: Sequence[Replica], route: str, body_of, timeout: float, meanwhile, what: str) -> None:
+    """POST ``body_of(j)`` to replica j's ``route``, all at once on threads, while this thread runs
+    ``meanwhile()`` (the trainer's side of a process group the servers join or receive from);
+    then each answer is checked (``check_answer``)."""
+    answers: list = [None] * len(replicas)
+
+    def post(j: int, replica: Replica) -> None:
+        try:
+            answers[j] = httpx.post(f"{replica.url}{route}", json=body_of(j), timeout=timeout)
+        except httpx.HTTPError as err:
+            answers[j] = err
+
+    threads = [threading.Thread(target=post, args=(j, r), daemon=True) for j, r in enumerate(replicas)]
+    for t in threads:
+        t.start()
+    meanwhile()
+    for t in threads:
+        t.join(timeout + 10)
+    for replica, answer in zip(replicas, answers):
+        if answer is None or isinstance(answer, Exception):
+            raise RuntimeError(f"{replica.name} did not answer {what}: {answer or 'no answer in time'}")
+        check_answer(answer, replica, what)
+
+
 # ---------------------------------------------------------------------- local replicas
 def wait_healthy(replica: Replica, deadline_s: float) -> None:
     """Poll ``/health`` until it answers 200; a process that exits or a deadline passed raises,
@@ -382,10 +408,8 @@ def start_local_replicas(model_path: str, config: RolloutConfig, count: int, log
 @dataclass
 class ServerStats:
     retries: int = 0
-    requests: int = 0
     weight_syncs: int = 0
     sync_seconds: float = 0.0
-    down: list[str] = field(default_factory=list)
 
 
 class ServerRollout(BaseRollout):
@@ -408,6 +432,9 @@ class ServerRollout(BaseRollout):
         self.balancer = LoadBalancer(self.replicas)
         self.stats = ServerStats()
         self.version: int | None = None  # the weights the servers hold (None: theirs, not yet synced)
+        self._group = None  # the broadcast's process group, and the replicas in it
+        self._group_members: list[int] = []
+        self._reported_retries = 0  # retries already in a step's metrics
         self._closed = False
         atexit.register(self.close)
 
@@ -486,7 +513,7 @@ class ServerRollout(BaseRollout):
             except (httpx.TransportError, ReplicaFailed, ValueError) as err:  # ValueError: a broken JSON body
                 why = f"{type(err).__name__}: {err}"
                 failures.append(f"{replica.name}: {why}")
-                if isinstance(err, httpx.TimeoutException) or isinstance(err, ReplicaFailed):
+                if isinstance(err, (httpx.TimeoutException, ReplicaFailed)):
                     await self._abort_there(client, replica, rid)
                 else:  # refused, reset, closed: the server is gone
                     self._take_down(replica, why)
@@ -498,7 +525,6 @@ class ServerRollout(BaseRollout):
                 continue
             finally:
                 self.balancer.release(replica)
-            self.stats.requests += 1
             self._check_version(replica, completions)
             return completions
 
@@ -513,7 +539,6 @@ class ServerRollout(BaseRollout):
     def _take_down(self, replica: Replica, why: str) -> None:
         if replica.down is None:
             replica.down = why
-            self.stats.down.append(f"{replica.name}: {why}")
             print(f"[rlvr] rollout server {replica.name} left the rotation ({why}); its requests go to the others",
                   file=sys.stderr, flush=True)
 
@@ -555,13 +580,6 @@ class ServerRollout(BaseRollout):
         remote = not all(is_loopback(r.address.rpartition(":")[0]) for r in self.replicas)
         return "disk" if local or remote or not self.protocol.distributed else "distributed"
 
-    def _up(self) -> list[Replica]:
-        up = [r for r in self.replicas if r.down is None]
-        if not up:
-            raise ServersDown("every rollout server is down: " + "; ".join(f"{r.name}: {r.down}"
-                                                                         for r in self.replicas))
-        return up
-
     def _sync_by_disk(self, version: int) -> None:
         """The policy as a safetensors folder (its config beside it), which each replica loads
         by its protocol's route; the folder is deleted after."""
@@ -579,7 +597,7 @@ class ServerRollout(BaseRollout):
                 seen.add(t.data_ptr())
             save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
             self.policy.config.to_json_file(str(folder / "config.json"))
-            for replica in self._up():
+            for replica in self.balancer.up():
                 self.protocol.load_from_disk(replica, folder, version, self.config.server.timeout)
         finally:
             shutil.rmtree(folder, ignore_errors=True)
@@ -591,39 +609,20 @@ class ServerRollout(BaseRollout):
         from rlvr.rollout.vllm_rollout import policy_weights
         from rlvr.serve import weight_sync
 
-        up = self._up()
+        up = self.balancer.up()
         if self._group is None or self._group_members != [r.index for r in up]:
             self._open_group(up)
         tensors = [(name, t.contiguous()) for name, t in policy_weights(self.policy, tied_head=False)]
         body = {"names": [n for n, _ in tensors], "dtypes": [str(t.dtype).removeprefix("torch.") for _, t in tensors],
                 "shapes": [list(t.shape) for _, t in tensors], "group_name": self._group.name,
                 "weight_version": str(version), "flush_cache": True}
-        answers: list = [None] * len(up)
 
-        def post(j: int, replica: Replica) -> None:
-            try:
-                answers[j] = httpx.post(f"{replica.url}/update_weights_from_distributed", json=body,
-                                        timeout=self.config.server.timeout)
-            except httpx.HTTPError as err:
-                answers[j] = err
+        def broadcast() -> None:  # the servers check every name and shape, then receive in this order
+            for _, tensor in tensors:
+                weight_sync.broadcast(self._group, tensor)
 
-        threads = [threading.Thread(target=post, args=(j, r), daemon=True) for j, r in enumerate(up)]
-        for t in threads:
-            t.start()
-        for _, tensor in tensors:  # the servers check every name and shape, then receive in this order
-            weight_sync.broadcast(self._group, tensor)
-        for t in threads:
-            t.join(self.config.server.timeout)
-        for replica, answer in zip(up, answers):
-            ok = not isinstance(answer, Exception) and answer is not None and answer.status_code == 200 \
-                and answer.json().get("success", False)
-            if not ok:
-                raise RuntimeError(f"{replica.name} did not take the broadcast weights of version {version}: "
-                                   f"{answer if isinstance(answer, Exception) or answer is None else answer.text[:300]}")
-
-    _group = None
-    _group_members: list[int] = []
-    _reported_retries = 0
+        post_to_all(up, "/update_weights_from_distributed", lambda j: body, self.config.server.timeout, broadcast,
+                    f"the broadcast weights of version {version}")
 
     def _open_group(self, up: list[Replica]) -> None:
         """The trainer hosts the group on the loopback, where its servers are (a remote server
@@ -637,27 +636,14 @@ class ServerRollout(BaseRollout):
         port = free_port()
         name = f"rlvr_weights_{uuid.uuid4().hex[:8]}"
         world = len(up) + 1
-        answers: list = [None] * len(up)
-
-        def join(j: int, replica: Replica) -> None:
-            try:
-                answers[j] = httpx.post(f"{replica.url}/init_weights_update_group", timeout=120.0, json={
-                    "master_address": "127.0.0.1", "master_port": port, "rank_offset": j + 1, "world_size": world,
-                    "group_name": name, "backend": "gloo"})
-            except httpx.HTTPError as err:
-                answers[j] = err
-
-        threads = [threading.Thread(target=join, args=(j, r), daemon=True) for j, r in enumerate(up)]
-        for t in threads:
-            t.start()
-        group = weight_sync.open_group("127.0.0.1", port, 0, world, name, timeout_s=120.0, is_master=True)
-        for t in threads:
-            t.join(130)
-        for replica, answer in zip(up, answers):
-            if isinstance(answer, Exception) or answer is None or answer.status_code != 200:
-                raise RuntimeError(f"{replica.name} did not join the weight group: "
-                                   f"{answer if isinstance(answer, Exception) or answer is None else answer.text[:300]}")
-        self._group, self._group_members = group, [r.index for r in up]
+        joined: list = []
+        post_to_all(up, "/init_weights_update_group", lambda j: {
+            "master_address": "127.0.0.1", "master_port": port, "rank_offset": j + 1, "world_size": world,
+            "group_name": name, "backend": "gloo"}, 120.0,
+            lambda: joined.append(weight_sync.open_group("127.0.0.1", port, 0, world, name, timeout_s=120.0,
+                                                         is_master=True)),
+            "joining the weight group")
+        self._group, self._group_members = joined[0], [r.index for r in up]
 
     # ------------------------------------------------------------------ lifetime
     def metrics(self) -> dict[str, float]:

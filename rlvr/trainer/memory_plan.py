@@ -541,11 +541,11 @@ def server_terms(run: Run, t: dict[str, Term]) -> None:
                                     "external: their memory is their machines', not counted")
         return
     one: dict[str, Term] = {}
-    native_engine_terms(run, one)  # the terms of one engine over every row of the batch
+    native_engine_terms(run, one)  # one engine's weights and packed projections
     replicas = rollout.n_gpus_per_node
     rows = run.gen_rows(run.config.data.gen_batch_size or run.config.data.train_batch_size)
     share = min(-(-rows // replicas), rollout.max_num_seqs)
-    kv = one["kv_cache"].bytes / max(1, min(rows, rollout.max_num_seqs)) * share
+    kv = run.shape.kv_values_per_token(vllm=False) * run.roll_b * share * run.positions
     weights = run.roll_b * run.shape.params() + one["packed_weights"].bytes
     t["rollout_servers"] = Term(f"{replicas} rlvr serve replica{'s' if replicas > 1 else ''} (weights + KV cache each)",
                                 replicas * (weights + kv), True,

@@ -256,12 +256,10 @@ class SGLangStandIn:
     tensors received are kept."""
 
     def __init__(self):
-        import uvicorn
         from fastapi import FastAPI, Request
 
         from rlvr.serve import weight_sync
-
-        from tests.serve.test_serve import free_port
+        from tests.serve.test_serve import Uvicorn
 
         self.calls: list[tuple[str, dict]] = []
         self.received: dict[str, torch.Tensor] = {}
@@ -331,21 +329,15 @@ class SGLangStandIn:
             self.version = body["weight_version"]
             return {"success": True, "message": "loaded", "num_paused_requests": 0}
 
-        self.port = free_port()
-        self.uv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="error"))
-        self.thread = threading.Thread(target=self.uv.run, daemon=True)
+        self.uvicorn = Uvicorn(app=app)
+        self.port = self.uvicorn.port
 
     def __enter__(self):
-        self.thread.start()
-        deadline = time.monotonic() + 30
-        while not self.uv.started:
-            assert time.monotonic() < deadline, "the stand-in did not start"
-            time.sleep(0.02)
+        self.uvicorn.__enter__()
         return self
 
     def __exit__(self, *exc):
-        self.uv.should_exit = True
-        self.thread.join(10)
+        self.uvicorn.__exit__(*exc)
 
 
 def test_what_rlvr_sends_an_sglang_server(tiny):

@@ -443,13 +443,14 @@ def free_port() -> int:
 
 
 class Uvicorn:
-    """The app on a real loopback socket, uvicorn on a thread of this process."""
+    """The app of ``server`` (or an ASGI ``app``) on a real loopback socket, uvicorn on a thread of
+    this process."""
 
-    def __init__(self, server):
+    def __init__(self, server=None, app=None):
         import uvicorn
 
         self.port = free_port()
-        self.uv = uvicorn.Server(uvicorn.Config(build_app(server), host="127.0.0.1", port=self.port,
+        self.uv = uvicorn.Server(uvicorn.Config(app or build_app(server), host="127.0.0.1", port=self.port,
                                                log_level="error"))
         self.thread = threading.Thread(target=self.uv.run, daemon=True)
 
