@@ -482,7 +482,11 @@ def load_config(config_file: str | Path | None = None, overrides: Iterable[str] 
     resolve_critic_batches(cfg)
     validate(cfg)
     _check_tools(cfg)
-    if engine_set_by and cfg.actor_rollout_ref.hybrid_engine:
+    if engine_set_by and cfg.actor_rollout_ref.rollout.mode == "async":
+        print(f"[rlvr] note: actor_rollout_ref.rollout.checkpoint_engine (from {', '.join(engine_set_by)}) has no "
+              "effect with rollout.mode=async: the servers get the weights by actor_rollout_ref.rollout.server."
+              "weight_sync (docs/servers.md)", file=sys.stderr, flush=True)
+    elif engine_set_by and cfg.actor_rollout_ref.hybrid_engine:
         print(f"[rlvr] note: actor_rollout_ref.rollout.checkpoint_engine (from {', '.join(engine_set_by)}) has no "
               "effect with hybrid_engine=true: the engine shares the actor's process and gets the weights in place "
               "(vLLM: streamed one tensor at a time); it sets the broadcast to a rollout pool of its own "
@@ -566,21 +570,16 @@ def resolve_strategy(cfg: RLVRConfig) -> None:
 
 
 def resolve_rollout_mode(cfg: RLVRConfig) -> None:
-    """``rollout.mode=async`` where rlvr has no rollout servers yet (several training ranks, a
-    rollout pool of its own, the trainer.v1 async modes): the engine
-    runs in the training process, as with ``mode=sync`` (verl's example scripts set async with
-    vLLM on 8 GPUs), said in a notice. SGLang has no in-process engine: validation refuses it."""
+    """``rollout.mode=async`` with several training ranks, where rlvr has no rollout servers yet: the
+    engine runs in the training processes, as with ``mode=sync`` (verl's example scripts set async
+    with vLLM on 8 GPUs), said in a notice. SGLang has no in-process engine: validation refuses it."""
     arr, trainer = cfg.actor_rollout_ref, cfg.trainer
     rollout = arr.rollout
-    if rollout.mode != "async" or rollout.name == "sglang":
+    if rollout.mode != "async" or rollout.name == "sglang" or rollout.external_server_addresses:
         return
-    missing = [why for why, unbuilt in (
-        ("several training ranks", trainer.n_gpus_per_node * trainer.nnodes > 1),
-        ("a rollout pool of its own (hybrid_engine=false)", not arr.hybrid_engine),
-        (f"trainer.v1.trainer_mode={trainer.v1.trainer_mode}", trainer.v1.trainer_mode != "sync")) if unbuilt]
-    if missing and not rollout.external_server_addresses:
-        print(f"[rlvr] note: actor_rollout_ref.rollout.mode=async: rollout servers with {' and '.join(missing)} are "
-              "not built yet, so the engine runs in the training process (mode=sync: the same samples, driven as "
+    if trainer.n_gpus_per_node * trainer.nnodes > 1:
+        print("[rlvr] note: actor_rollout_ref.rollout.mode=async: rollout servers with several training ranks are "
+              "not built yet, so the engine runs in the training processes (mode=sync: the same samples, driven as "
               "one batch); docs/servers.md says what runs on servers", file=sys.stderr, flush=True)
         rollout.mode = "sync"
 

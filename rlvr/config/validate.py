@@ -188,7 +188,6 @@ def _rollout_servers(cfg: RLVRConfig) -> list[str]:
     rollout, key = arr.rollout, "actor_rollout_ref.rollout"
     if rollout.name not in SERVER_PROTOCOLS:
         return [f"{key}.name = {rollout.name!r} with {key}.mode=async: rollout servers speak {list(SERVER_PROTOCOLS)}"]
-    # (several ranks, a pool, the v1 modes without external servers: the loader's notice, mode=sync)
     errors = []
     for i, address in enumerate(rollout.external_server_addresses):
         host, _, port = str(address).rpartition(":")
@@ -221,11 +220,10 @@ def _rollout_servers(cfg: RLVRConfig) -> list[str]:
     if rollout.tensor_model_parallel_size != 1:
         errors.append(f"{key}.tensor_model_parallel_size = {rollout.tensor_model_parallel_size}: rollout servers "
                       "run one device each so far")
-    world = cfg.trainer.n_gpus_per_node * cfg.trainer.nnodes
-    if world > 1 or not arr.hybrid_engine or cfg.trainer.v1.trainer_mode != "sync":
-        errors.append(f"{key}.mode=async runs with one training process, the hybrid engine and "
-                      "trainer.v1.trainer_mode=sync so far (several ranks, rollout pools of their own and the "
-                      f"async trainer modes on servers are not built); use {key}.mode=sync there")
+    if drives_servers(cfg) and arr.model.lora_rank > 0:
+        errors.append(f"{key}.mode=async with actor_rollout_ref.model.lora_rank > 0 and hybrid_engine=false: the "
+                      "servers are sent full weights from a copy of the actor, which a LoRA actor does not gather; "
+                      "train LoRA on servers with the hybrid engine")
     return errors
 
 
@@ -554,9 +552,21 @@ def _not_implemented(cfg: RLVRConfig) -> list[str]:
 
 
 def uses_ray(cfg: RLVRConfig) -> bool:
-    """More than one device, a rollout on devices of its own, or an existing cluster: Ray."""
+    """More than one device, a rollout on devices of its own, or an existing cluster: Ray. Rollout
+    servers (``rollout.mode=async``) are the rollout's own devices without Ray."""
+    arr = cfg.actor_rollout_ref
     return cfg.trainer.n_gpus_per_node * cfg.trainer.nnodes > 1 or cfg.ray_kwargs.ray_init.address is not None \
-        or not cfg.actor_rollout_ref.hybrid_engine
+        or (not arr.hybrid_engine and arr.rollout.mode != "async")
+
+
+def drives_servers(cfg: RLVRConfig) -> bool:
+    """``rollout.mode=async`` where the actor's worker holds no rollout (a rollout of its own with
+    ``hybrid_engine=false``, the trainer.v1 modes that generate ahead): the trainer drives the
+    servers through a ``RolloutWorker`` of its own, in its process, which each weight version
+    reaches as a copy of the actor's and is sent on from. With the hybrid engine and
+    trainer_mode=sync the actor's worker drives them, sending its own weights."""
+    arr = cfg.actor_rollout_ref
+    return arr.rollout.mode == "async" and (not arr.hybrid_engine or cfg.trainer.v1.trainer_mode != "sync")
 
 
 def _reward_model(cfg: RLVRConfig) -> list[str]:
@@ -604,7 +614,7 @@ def _distributed(cfg: RLVRConfig) -> list[str]:
     elif offloads and trainer.device == "cpu":
         errors.append(f"actor_rollout_ref.{offloads[0]} moves GPU memory to the CPU; with trainer.device=cpu the "
                       "model is already there: set it to false")
-    if not arr.hybrid_engine:
+    if not arr.hybrid_engine and arr.rollout.mode != "async":  # async: the servers are the rollout's own devices
         rollout_world = arr.rollout.n_gpus_per_node
         if rollout_world < 1:
             errors.append(f"actor_rollout_ref.rollout.n_gpus_per_node = {rollout_world}: the rollout's own pool needs "
@@ -650,12 +660,13 @@ def _async_training(cfg: RLVRConfig) -> list[str]:
                       f"with num_warmup_batches = {ahead} every batch after the first spans {ahead + 1} (it is "
                       f"dispatched {ahead} steps before it trains): every group would pass the threshold. Raise it to "
                       f"at least {ahead + 1}, or generate fewer batches ahead")
-    if mode == "colocate_async" and uses_ray(cfg):
+    servers = arr.rollout.mode == "async"  # the engine ahead is the servers, whatever the training ranks
+    if mode == "colocate_async" and uses_ray(cfg) and not servers:
         errors.append("trainer.v1.trainer_mode=colocate_async runs a rollout engine with its own weights in the "
                       "trainer's process, on one device with the hybrid engine's layout; with several devices, "
                       "hybrid_engine=false or a Ray cluster use trainer_mode=separate_async with "
                       "actor_rollout_ref.hybrid_engine=false (a rollout pool of its own)")
-    if mode == "separate_async" and arr.hybrid_engine:
+    if mode == "separate_async" and arr.hybrid_engine and not servers:
         errors.append("trainer.v1.trainer_mode=separate_async generates on a rollout worker group of its own: set "
                       "actor_rollout_ref.hybrid_engine=false and actor_rollout_ref.rollout.n_gpus_per_node (or use "
                       "colocate_async on one device)")
@@ -670,7 +681,7 @@ def _async_training(cfg: RLVRConfig) -> list[str]:
             (arr.model.lora_rank > 0, "actor_rollout_ref.model.lora_rank > 0",
              "the engine ahead holds full weights, and a LoRA actor sends its adapter only; use "
              "trainer.v1.trainer_mode=sync"),
-            (arr.rollout.name not in ("native", "vllm"), f"actor_rollout_ref.rollout.name={arr.rollout.name}",
+            (arr.rollout.name not in ("native", "vllm") and not servers, f"actor_rollout_ref.rollout.name={arr.rollout.name}",
              "generating ahead runs on the native engine or vLLM, which seed each row; "
              f"{arr.rollout.name} draws from torch's global random state, which the update shares: use "
              "trainer.v1.trainer_mode=sync")):

@@ -21,7 +21,7 @@ import numpy as np
 
 from rlvr.config import ConfigError, to_yaml
 from rlvr.config.loader import import_custom_modules
-from rlvr.config.validate import uses_ray
+from rlvr.config.validate import drives_servers, uses_ray
 from rlvr.config.schema import CustomRewardFunctionConfig, DataConfig, OverlongBufferConfig, RewardConfig, RLVRConfig
 from rlvr.data import RLHFDataset
 from rlvr.data.io import DatasetError
@@ -135,7 +135,8 @@ def local_worker_groups(config: RLVRConfig, steps: int, tokenizer, tool_setup, r
         critic.init_model()
         critic_wg = LocalWorkerGroup(critic)
     rollout_wg = None
-    if config.trainer.v1.trainer_mode == "colocate_async":  # an engine with its own weights, generating ahead
+    # an engine with its own weights, generating ahead, or the driver of rollout servers (drives_servers)
+    if config.trainer.v1.trainer_mode == "colocate_async" or drives_servers(config):
         rollout = RolloutWorker(config, tokenizer, tool_setup)
         rollout.init_model()
         rollout_wg = LocalWorkerGroup(rollout)

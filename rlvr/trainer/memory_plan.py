@@ -445,13 +445,18 @@ class Run:
     @property
     def pool(self) -> bool:
         """``hybrid_engine=false``: the engine runs on a rollout pool's devices, none of it on the actor's."""
-        return not self.arr.hybrid_engine
+        return not self.arr.hybrid_engine and not self.servers
+
+    @property
+    def servers(self) -> bool:
+        """``rollout.mode=async``: rollout servers generate; no engine on the actor's device."""
+        return self.arr.rollout.mode == "async"
 
     @property
     def own_engine(self) -> bool:
         """The engine is a ``RolloutWorker`` with a model of its own (async or a pool), not the hybrid
         worker's: the hybrid worker's rollout_mode, where the offloads happen, never runs."""
-        return bool(self.ahead) or self.pool
+        return (bool(self.ahead) or self.pool) and not self.servers
 
 
 def plan_memory(config: RLVRConfig, model_cfg: dict, device_memory_gb: float | None = None) -> MemoryPlan:
@@ -551,6 +556,23 @@ def server_terms(run: Run, t: dict[str, Term]) -> None:
                                 replicas * (weights + kv), True,
                                 f"{share} rows x {run.positions} positions each, kept for the whole run; "
                                 "each process's Python and torch (about 0.5 GB) not counted")
+    staging_terms(run, t)
+
+
+def staging_terms(run: Run, t: dict[str, Term]) -> None:
+    """Servers driven by a ``RolloutWorker`` in the trainer's process (``drives_servers``: the
+    trainer.v1 modes, hybrid_engine=false): its fp32 model, which each version is loaded into and
+    sent on from, and the versions sent and not yet loaded (k ahead, one for a pool's sync), all in
+    host memory: on a GPU none of it is on the device."""
+    from rlvr.config.validate import drives_servers
+
+    if not drives_servers(run.config):
+        return
+    P, k = run.shape.params(), run.ahead
+    copies = 1 + max(1, k)
+    where = "host memory, not the GPU's" if run.gpu else "kept"
+    t["server_staging"] = Term(f"the servers' driver: its model and {max(1, k)} version(s) sent (fp32)",
+                               0.0 if run.gpu else copies * 4 * P, True, where)
 
 
 def own_engine_terms(run: Run, t: dict[str, Term]) -> None:
@@ -731,16 +753,17 @@ def phases(run: Run, t: dict[str, Term]) -> dict[str, list[str]]:
                                   + ["critic_gradients", "critic_activations", "critic_gathered"])
     if run.pool:  # a pool device: its model and engine, generating, while a version is received
         named["rollout pool"] = list(ENGINE_TERMS)
-    for names in named.values():  # local rollout servers live beside the trainer from start to end
-        names.append("rollout_servers")
+    for names in named.values():  # local rollout servers (and their driver) live beside the trainer throughout
+        names += ["rollout_servers", "server_staging"]
     return {phase: [n for n in names if n in t] for phase, names in named.items()}
 
 
 def engine_residency(run: Run) -> tuple[list[str], list[str], list[str]]:
     """The engine's terms on the actor's device: those kept between rollouts, those at init, and
     those an update overlaps (async: the engine generates while the actor and the critic update,
-    so they hold its whole working set). A pool's engine is on devices of its own: none."""
-    if run.pool:
+    so they hold its whole working set). A pool's engine is on devices of its own, servers' on
+    theirs: none."""
+    if run.pool or run.servers:
         return [], [], []
     if run.vllm:  # vLLM awake between rollouts unless it sleeps; started (awake) at init
         kept, init = ([] if run.vllm_sleeps else ["engine_weights", "kv_cache"]), ["engine_weights", "kv_cache"]

@@ -100,7 +100,9 @@ class RLTrainer:
         ahead = config.trainer.v1.colocate_async.num_warmup_batches
         # how a weight version reaches rollout workers of their own: broadcast to a Ray pool, or copied
         broadcast = getattr(self.rollout_wg, "weight_channel_open", False)
-        self.weights = (BroadcastWeights if broadcast else CopyWeights)(self.wg, self.rollout_wg)
+        servers = config.actor_rollout_ref.rollout.mode == "async"
+        self.weights = BroadcastWeights(self.wg, self.rollout_wg) if broadcast else \
+            CopyWeights(self.wg, self.rollout_wg, to_cpu=servers)
         self.ahead = RolloutAhead(self.rollout_wg, ahead, self.weights) if config.trainer.v1.trainer_mode != "sync" else None
         self._prompt_batches = None  # async: the prompt stream the dispatches draw from
         self.progress = StepProgress()  # the phase of the step under way (fit gives it the bar)
@@ -147,8 +149,8 @@ class RLTrainer:
             self.progress.close()
             if self.ahead is not None:
                 self.ahead.close()
-            if self.config.actor_rollout_ref.rollout.mode == "async":  # one process (validated): its servers stop
-                self.wg.shutdown()  # with the run; a Ray group that lost a worker is not called again to say so
+            if self.config.actor_rollout_ref.rollout.mode == "async":  # the servers stop with the run, by the
+                self.rollout_wg.shutdown()  # worker in this process that drives them (never a Ray group's)
         progress.close()
         return last
 

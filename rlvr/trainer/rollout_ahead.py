@@ -60,14 +60,16 @@ class Dispatched:
 class CopyWeights:
     """How a version reaches an engine in the trainer's process: a copy of the actor's full
     weights, taken when it is sent, given to the engine when its thread loads it. The copy is made
-    on the actor's device (on a GPU, never a round trip through host memory); the memory plan
-    counts it (``pending_weights``)."""
+    on the actor's device (on a GPU, never a round trip through host memory), or in host memory for
+    rollout servers, whose driver sends it on from there; the memory plan counts it
+    (``pending_weights``)."""
 
-    def __init__(self, wg, rollout_wg):
+    def __init__(self, wg, rollout_wg, to_cpu: bool = False):
         self.wg, self.rollout_wg = wg, rollout_wg
+        self.to_cpu = to_cpu  # rollout servers: the copy they are sent from lives in host memory
 
     def send(self, version: int) -> Callable[[], None]:
-        weights = self.wg.full_weights(to_cpu=False)
+        weights = self.wg.full_weights(to_cpu=self.to_cpu)
         weights = weights[0] if isinstance(weights, list) else weights
         copy = {name: tensor.detach().clone() for name, tensor in weights.items()}
         return lambda: self.rollout_wg.update_weights(copy, version)

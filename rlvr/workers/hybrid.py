@@ -109,7 +109,8 @@ class ActorRolloutRefWorker(Worker):
             self.ref = Actor(ref_model, arr.actor, self.config.algorithm, pad_id=pad_id, max_response_length=max_len,
                              root=ref_root, dp=dp)
         # else the rollout lives in RolloutWorkers of its own (workers/rollout.py): on devices of their
-        # own (hybrid_engine=false), or beside this worker, generating ahead (trainer.v1.trainer_mode)
+        # own (hybrid_engine=false), or beside this worker, generating ahead (trainer.v1.trainer_mode);
+        # with rollout servers (mode=async) that is the trainer's driver of them
         if arr.hybrid_engine and self.config.trainer.v1.trainer_mode == "sync":
             # sharded: an engine that decodes on a module gets unsharded weights only while a rollout runs
             if self.sharded and not streams_weights(arr.rollout):

@@ -5,6 +5,10 @@ optimizer, no reference. The trainer sends it the actor's full weights after eve
 (``update_weights``; the hybrid worker's ``full_weights`` gathers them from the shards), so
 it always samples from the policy the actor just became, as the hybrid engine does in place.
 Its ranks are a data-parallel group of their own: each samples its share of the prompt groups.
+
+With rollout servers (``rollout.mode=async``, ``drives_servers``) one such worker runs in the
+trainer's process and its engine is ``ServerRollout``: its model is the copy on the CPU that each
+weight version is loaded into and sent on from, to the replicas that generate.
 """
 
 from __future__ import annotations
@@ -28,7 +32,9 @@ class RolloutWorker(Worker):
         super().__init__()
         import_custom_modules(config.custom_modules)  # a Ray worker's process: what they register
         self.config, self.tokenizer, self.tool_setup = config, tokenizer, tool_setup
-        self.device = resolve_device(config.trainer.device)
+        # servers generate on devices of their own; this process only holds the version it sends them
+        servers = config.actor_rollout_ref.rollout.mode == "async"
+        self.device = torch.device("cpu") if servers else resolve_device(config.trainer.device)
         self.model = self.rollout = None
         self.version: int | None = None  # the policy version of the weights held (None: not told)
 
@@ -39,8 +45,18 @@ class RolloutWorker(Worker):
             self.tokenizer = load_tokenizer(model_cfg.tokenizer_path or model_cfg.path, model_cfg.trust_remote_code)
         self.model = load_model(model_cfg.path, "float32", self.device, model_cfg.trust_remote_code,
                                 model_cfg.override_config).eval().requires_grad_(False)
-        self.rollout = build_rollout(self.model, self.tokenizer, self.config.actor_rollout_ref.rollout,
-                                     self.config.data.max_response_length, self.tool_setup, device=self.device)
+        rollout = self.config.actor_rollout_ref.rollout
+        self.rollout = build_rollout(self.model, self.tokenizer, rollout, self.config.data.max_response_length,
+                                     self.tool_setup,  # servers: their context, as the hybrid worker's are sized
+                                     self.config.data.max_prompt_length if rollout.mode == "async" else None,
+                                     device=self.device)
+        self.version = 0  # the weights it loaded are the initial policy's: servers are sent them as version 0
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def shutdown(self) -> None:
+        """The run is over: the rollout stops what it started (the servers of ``mode=async``)."""
+        if self.rollout is not None:
+            self.rollout.close()
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     @torch.no_grad()

@@ -453,6 +453,24 @@ def test_colocate_async_holds_the_engines_own_model_and_the_versions_sent_throug
     assert "engine_weights" in sharded.phases["update"] and "engine_weights" in sharded.phases["init"]
 
 
+
+def test_servers_driven_ahead_hold_a_staging_copy_in_host_memory_only(tiny_folder):
+    # colocate_async k = 2 on rollout servers: no engine on the actor's device; the trainer's process holds
+    # the servers' driver, its fp32 model (4 x 1448 = 5792) and 2 versions sent (2 x 5792): 3 x 5792 = 17376
+    overrides = tiny_overrides(tiny_folder) + ["actor_rollout_ref.actor.strategy=local", "trainer.n_gpus_per_node=1",
+                                               "actor_rollout_ref.rollout.mode=async",
+                                               "trainer.v1.trainer_mode=colocate_async",
+                                               "trainer.v1.colocate_async.num_warmup_batches=2"]
+    plan = plan_memory(load_config(None, overrides), TINY)
+    b = {name: term.bytes for name, term in plan.terms.items()}
+    assert b["server_staging"] == 3 * 5792 == 17376
+    assert not {"engine_weights", "pending_weights", "kv_cache"} & set(b)
+    assert all("server_staging" in names for names in plan.phases.values())
+    # the hybrid engine on one server-driving worker has none; on a GPU it is host memory: 0 on the device
+    assert "server_staging" not in plan_memory(load_config(None, overrides[:-2]), TINY).terms
+    gpu = plan_memory(load_config(None, overrides + ["trainer.device=cuda"]), TINY, device_memory_gb=80)
+    assert gpu.terms["server_staging"].bytes == 0
+
 # ---------------------------------------------------------------- parameter counts, family by family
 # Tiny configs as config.json would hold them; Gemma-2's has no tie_word_embeddings key (as gemma-2-2b-it's),
 # where the family's default is tied.
