@@ -221,9 +221,9 @@ def _rollout_servers(cfg: RLVRConfig) -> list[str]:
         errors.append(f"{key}.tensor_model_parallel_size = {rollout.tensor_model_parallel_size}: rollout servers "
                       "run one device each so far")
     if drives_servers(cfg) and arr.model.lora_rank > 0:
-        errors.append(f"{key}.mode=async with actor_rollout_ref.model.lora_rank > 0 and hybrid_engine=false: the "
-                      "servers are sent full weights from a copy of the actor, which a LoRA actor does not gather; "
-                      "train LoRA on servers with the hybrid engine")
+        errors.append(f"{key}.mode=async with actor_rollout_ref.model.lora_rank > 0 and several ranks or "
+                      "hybrid_engine=false: the servers are sent full weights from a copy of the actor, which a LoRA "
+                      "actor does not gather; train LoRA on servers with one process and the hybrid engine")
     return errors
 
 
@@ -560,13 +560,15 @@ def uses_ray(cfg: RLVRConfig) -> bool:
 
 
 def drives_servers(cfg: RLVRConfig) -> bool:
-    """``rollout.mode=async`` where the actor's worker holds no rollout (a rollout of its own with
-    ``hybrid_engine=false``, the trainer.v1 modes that generate ahead): the trainer drives the
-    servers through a ``RolloutWorker`` of its own, in its process, which each weight version
-    reaches as a copy of the actor's and is sent on from. With the hybrid engine and
-    trainer_mode=sync the actor's worker drives them, sending its own weights."""
+    """``rollout.mode=async`` where the actor's workers hold no rollout (several training ranks, a
+    rollout of its own with ``hybrid_engine=false``, the trainer.v1 modes that generate ahead):
+    the trainer drives the servers through a ``RolloutWorker`` of its own, in its process, which
+    each weight version reaches as a copy of the actor's (gathered by rank 0) and is sent on from.
+    One process with the hybrid engine and trainer_mode=sync drives them from its worker, sending
+    the actor's own weights."""
     arr = cfg.actor_rollout_ref
-    return arr.rollout.mode == "async" and (not arr.hybrid_engine or cfg.trainer.v1.trainer_mode != "sync")
+    return arr.rollout.mode == "async" and (cfg.trainer.n_gpus_per_node * cfg.trainer.nnodes > 1
+                                            or not arr.hybrid_engine or cfg.trainer.v1.trainer_mode != "sync")
 
 
 def _reward_model(cfg: RLVRConfig) -> list[str]:

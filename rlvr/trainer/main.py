@@ -154,7 +154,9 @@ def ray_worker_groups(config: RLVRConfig, steps: int, tokenizer, tool_setup, run
     use_gpu = trainer.device == "cuda" or (trainer.device == "auto" and ray.cluster_resources().get("GPU", 0) > 0)
     pools = {"global_pool": [trainer.n_gpus_per_node] * trainer.nnodes}
     hybrid = config.actor_rollout_ref.hybrid_engine
-    if not hybrid:  # the rollout on devices of its own
+    servers = drives_servers(config)  # the rollout is the servers, driven from this process
+    pool = not hybrid and not servers
+    if pool:  # the rollout on devices of its own
         pools["rollout_pool"] = [config.actor_rollout_ref.rollout.n_gpus_per_node]
     manager = ResourcePoolManager(pools, {Role.ActorRollout: "global_pool", Role.Critic: "global_pool",
                                           Role.Rollout: "rollout_pool"}, use_gpu)
@@ -167,19 +169,24 @@ def ray_worker_groups(config: RLVRConfig, steps: int, tokenizer, tool_setup, run
     group = RayWorkerGroup(manager.get_resource_pool(Role.ActorRollout), create_colocated_worker_cls(classes),
                            run_dir, local_cluster=config.ray_kwargs.ray_init.address is None)
     groups = group.spawn(classes)
-    if not hybrid:
+    if pool:
         rollout_cls = create_colocated_worker_cls({Role.Rollout.value: RayClassWithInitArgs(RolloutWorker, config)})
         groups.update(RayWorkerGroup(manager.get_resource_pool(Role.Rollout), rollout_cls, run_dir / "rollout_pool",
                                      local_cluster=config.ray_kwargs.ray_init.address is None).spawn([Role.Rollout.value]))
     for wg in groups.values():
         wg.init_model()
-    if not hybrid:  # the weights reach the pool by broadcast from the actor's rank 0
+    if pool:  # the weights reach the pool by broadcast from the actor's rank 0
         engine = config.actor_rollout_ref.rollout.checkpoint_engine
         backend = engine.backend if engine.backend != "naive" else "nccl" if on_gpu(config) else "gloo"
         open_channel(groups[Role.ActorRollout.value], groups[Role.Rollout.value], backend,
                      engine.update_weights_bucket_megabytes)
         groups[Role.Rollout.value].weight_channel_open = True
-    return groups[Role.ActorRollout.value], groups.get(Role.Critic.value), groups.get(Role.Rollout.value)
+    rollout_wg = groups.get(Role.Rollout.value)
+    if servers:  # rank 0 gathers each version, this process's driver sends it on to the servers
+        driver = RolloutWorker(config, tokenizer, tool_setup)
+        driver.init_model()
+        rollout_wg = LocalWorkerGroup(driver)
+    return groups[Role.ActorRollout.value], groups.get(Role.Critic.value), rollout_wg
 
 
 def build_trainer(config: RLVRConfig, progress_bar: bool = True) -> RLTrainer:

@@ -37,6 +37,7 @@ import torch
 from rlvr.config import ConfigError
 from rlvr.config.loader import import_custom_modules
 from rlvr.config.schema import RLVRConfig
+from rlvr.config.validate import drives_servers
 from rlvr.models.loader import empty_model, load_model, load_tokenizer
 from rlvr.models.lora import apply_lora, load_adapter, save_adapter, unwrap
 from rlvr.distributed import fsdp
@@ -111,7 +112,7 @@ class ActorRolloutRefWorker(Worker):
         # else the rollout lives in RolloutWorkers of its own (workers/rollout.py): on devices of their
         # own (hybrid_engine=false), or beside this worker, generating ahead (trainer.v1.trainer_mode);
         # with rollout servers (mode=async) that is the trainer's driver of them
-        if arr.hybrid_engine and self.config.trainer.v1.trainer_mode == "sync":
+        if arr.hybrid_engine and self.config.trainer.v1.trainer_mode == "sync" and not drives_servers(self.config):
             # sharded: an engine that decodes on a module gets unsharded weights only while a rollout runs
             if self.sharded and not streams_weights(arr.rollout):
                 self.engine_weights = fsdp.EngineWeights(

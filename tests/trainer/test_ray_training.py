@@ -408,3 +408,54 @@ def test_the_default_job_on_two_ray_workers_trains_on_rows_that_stop_at_eos(tmp_
     assert any(r["actor/grad_norm"] > 0 for r in got)
     weights, initial = final_weights(run_dir, 3), load_file(Path(builtin_dir) / "model.safetensors")
     assert max(float((weights[k] - initial[k]).abs().max()) for k in initial if k in weights) > 0
+
+
+SERVED_RUN = '''
+import subprocess, sys, time
+import httpx
+from rlvr.distributed.worker import free_port
+
+port = free_port()
+server = subprocess.Popen([sys.executable, "-m", "rlvr.cli", "serve", "--host", "127.0.0.1", "--port", str(port),
+                           "actor_rollout_ref.model.path=MODEL"], stdout=open("LOG", "w"), stderr=subprocess.STDOUT)
+try:
+    deadline = time.monotonic() + 120
+    while True:
+        assert server.poll() is None and time.monotonic() < deadline, "the server did not start; see LOG"
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=5).status_code == 200:
+                break
+        except httpx.HTTPError:
+            time.sleep(0.2)
+    done = subprocess.run([sys.executable, "-m", "rlvr.cli", "train", "--config", "CONFIG",
+                           f"actor_rollout_ref.rollout.external_server_addresses=['127.0.0.1:{port}']"])
+    print("VERSION", httpx.get(f"http://127.0.0.1:{port}/get_weight_version", timeout=5).json(), flush=True)
+    sys.exit(done.returncode)
+finally:
+    server.terminate()
+    server.wait(30)
+'''
+
+
+def test_two_ray_ranks_train_on_an_external_server(tiny_config, tmp_path, tiny_model_dir):
+    """FSDP2 over 2 Ray ranks with rollout.mode=async and an external rlvr serve (started in the
+    same loopback-only namespace, never stopped by the run): no rank holds an engine; rank 0
+    gathers each version, the driver sends it on, and the server generates every step with the
+    weights of the update before (steps 1 and 2's freshness probes: its greedy tokens are the
+    actor's), the final validation with the last update's: version 3."""
+    run_dir = tmp_path / "served"
+    config = tiny_config(*STEPS, *RAY_2_CPU, "actor_rollout_ref.rollout.mode=async",
+                         "actor_rollout_ref.rollout.external_server_addresses=['127.0.0.1:1']",  # the script's port
+                         "actor_rollout_ref.rollout.server.weight_sync=disk", f"trainer.default_local_dir={run_dir}")
+    (tmp_path / "config.yaml").write_text(to_yaml(config))
+    script = tmp_path / "served_run.py"
+    script.write_text(SERVED_RUN.replace("MODEL", str(tiny_model_dir)).replace("LOG", str(tmp_path / "server.log"))
+                      .replace("CONFIG", str(tmp_path / "config.yaml")))
+    done = subprocess.run(loopback_only([sys.executable, str(script)]), capture_output=True, text=True, timeout=500)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    got = records(run_dir)
+    assert [r["step"] for r in got] == [0, 1, 2, 3]
+    assert all(r["training/freshness/greedy_gap_max"] <= 1e-3 for r in got[1:3])
+    assert got[-1]["rollout/servers_up"] == 1.0 and any(k.startswith("val-core/") for k in got[-1])
+    assert "VERSION {'weight_version': '3'}" in done.stdout, done.stdout[-2000:]  # the server ran on after the run
+    assert json.loads((run_dir / "workers.json").read_text())[1]["rank"] == 1
