@@ -275,6 +275,10 @@ class RolloutServerConfig:
     GPU-only), distributed for external native and sglang servers."""
     weights_dir: Optional[str] = None
     """Where the disk route writes the weights (None: the system's temporary folder)."""
+    api_key: Optional[str] = None
+    """Sent to every server as ``Authorization: Bearer KEY``: for external servers started with
+    ``--api-key`` (rlvr serve, vllm serve, SGLang). Replicas rlvr starts on another node of a Ray
+    cluster get a key of the run's own instead (a server reachable from other machines needs one)."""
 
 
 @dataclass

@@ -16,15 +16,16 @@ from rlvr.rollout.vllm_rollout import VLLMRollout
 
 
 def build_rollout(model, tokenizer, config, max_response_length: int, tool_setup: "ToolSetup | None" = None,
-                  max_prompt_length: int | None = None, device=None):
+                  max_prompt_length: int | None = None, device=None, log_dir=None):
     """The engine named by ``actor_rollout_ref.rollout.name`` over ``model`` on ``device`` (the
     worker's, from ``trainer.device``; None: the model's), or with ``rollout.mode=async`` the
-    servers of that protocol (``servers.py``), driven by the multi-turn tool loop when
+    servers of that protocol (``servers.py``; their logs in ``log_dir``), driven by the multi-turn tool loop when
     ``multi_turn.enable`` (its tools from ``tool_setup``, else read from the config)."""
     if config.mode == "async":
         from rlvr.rollout.servers import ServerRollout
 
-        engine = ServerRollout(model, tokenizer, config, max_response_length, max_prompt_length, device)
+        engine = ServerRollout(model, tokenizer, config, max_response_length, max_prompt_length, device,
+                               log_dir=log_dir)
     else:
         engine = get_rollout_class(config.name)(model, tokenizer, config, max_response_length, max_prompt_length,
                                                 device)

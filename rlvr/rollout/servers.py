@@ -37,7 +37,7 @@ import threading
 import time
 import uuid
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Hashable, Sequence
 
@@ -74,10 +74,17 @@ class Replica:
     log: Path | None = None
     in_flight: int = 0
     down: str | None = None  # why it left the rotation
+    headers: dict = field(default_factory=dict)  # Authorization: Bearer KEY, where the server wants a key
 
     @property
     def url(self) -> str:
         return f"http://{self.address}"
+
+    def post(self, route: str, **kwargs) -> httpx.Response:
+        return httpx.post(f"{self.url}{route}", headers=self.headers, **kwargs)
+
+    def get(self, route: str, **kwargs) -> httpx.Response:
+        return httpx.get(f"{self.url}{route}", headers=self.headers, **kwargs)
 
     @property
     def name(self) -> str:
@@ -189,7 +196,7 @@ class SGLangProtocol:
         return "/abort_request", {"rid": rid}
 
     def load_from_disk(self, replica: Replica, folder: Path, version: int, timeout: float) -> None:
-        check_answer(httpx.post(f"{replica.url}/update_weights_from_disk", timeout=timeout, json={
+        check_answer(replica.post("/update_weights_from_disk", timeout=timeout, json={
             "model_path": str(folder), "weight_version": str(version), "flush_cache": True}), replica,
             f"the weights of version {version}")
 
@@ -243,18 +250,17 @@ class VLLMProtocol:
         return "/abort_requests", {"request_ids": [rid]}
 
     def load_from_disk(self, replica: Replica, folder: Path, version: int, timeout: float) -> None:
-        url = replica.url
-        check_answer(httpx.post(f"{url}/pause", params={"mode": "wait"}, timeout=timeout), replica, "/pause")
+        check_answer(replica.post("/pause", params={"mode": "wait"}, timeout=timeout), replica, "/pause")
         try:
-            check_answer(httpx.post(f"{url}/collective_rpc", timeout=timeout, json={
+            check_answer(replica.post("/collective_rpc", timeout=timeout, json={
                 "method": "reload_weights", "kwargs": {"weights_path": str(folder)}}), replica,
                 f"reloading the weights of version {version}")
-            check_answer(httpx.post(f"{url}/update_weight_version", json={"new_version": str(version)},
-                                    timeout=timeout), replica, "/update_weight_version")
-            check_answer(httpx.post(f"{url}/reset_prefix_cache", timeout=timeout), replica, "/reset_prefix_cache")
+            check_answer(replica.post("/update_weight_version", json={"new_version": str(version)},
+                                      timeout=timeout), replica, "/update_weight_version")
+            check_answer(replica.post("/reset_prefix_cache", timeout=timeout), replica, "/reset_prefix_cache")
         finally:
-            httpx.post(f"{url}/resume", timeout=timeout)
-        held = httpx.get(f"{url}/weight_info", timeout=timeout).json().get("weight_version")
+            replica.post("/resume", timeout=timeout)
+        held = replica.get("/weight_info", timeout=timeout).json().get("weight_version")
         if held != str(version):
             raise WeightVersionMismatch(f"{replica.name} holds weight_version {held!r} after loading {version}")
 
@@ -267,7 +273,7 @@ def post_to_all(replicas: Sequence[Replica], route: str, body_of, timeout: float
 
     def post(j: int, replica: Replica) -> None:
         try:
-            answers[j] = httpx.post(f"{replica.url}{route}", json=body_of(j), timeout=timeout)
+            answers[j] = replica.post(route, json=body_of(j), timeout=timeout)
         except httpx.HTTPError as err:
             answers[j] = err
 
@@ -293,8 +299,12 @@ def wait_healthy(replica: Replica, deadline_s: float) -> None:
             raise RuntimeError(f"{replica.name} exited with status {replica.process.returncode} before it became "
                                f"healthy; see its log")
         try:
-            if httpx.get(f"{replica.url}/health", timeout=5.0).status_code == 200:
+            status = replica.get("/health", timeout=5.0).status_code
+            if status == 200:
                 return
+            if status == 401:
+                raise RuntimeError(f"{replica.name} wants an API key (HTTP 401 on /health): set "
+                                   "actor_rollout_ref.rollout.server.api_key to the key it was started with")
         except httpx.HTTPError:
             pass
         if time.monotonic() > end:
@@ -404,6 +414,122 @@ def start_local_replicas(model_path: str, config: RolloutConfig, count: int, log
     return replicas
 
 
+# ---------------------------------------------------------------------- replicas on a Ray cluster
+def on_ray() -> bool:
+    """This process is part of a Ray job (the trainer's TaskRunner of a run on Ray workers)."""
+    import importlib.util
+
+    if importlib.util.find_spec("ray") is None:
+        return False
+    import ray
+
+    return ray.is_initialized()
+
+
+class ReplicaLauncher:
+    """A Ray actor that starts one replica's server on its node (``start``) and answers for that
+    process: the driver reaches the server over HTTP, and its lifetime through this actor."""
+
+    def start(self, name: str, model_path: str, config: RolloutConfig, max_model_len, model_config, log: str,
+              env: dict, api_key: str | None) -> tuple[str, int, int]:
+        import ray
+
+        host = ray.util.get_node_ip_address()
+        port = free_port(host)
+        command = COMMANDS[name](model_path, port, config, max_model_len, model_config)
+        command[command.index("--host") + 1] = host
+        if not is_loopback(host) and api_key:  # reachable from other machines: only with the run's key
+            command += ["--api-key", api_key]
+        Path(log).parent.mkdir(parents=True, exist_ok=True)
+        with open(log, "w") as handle:
+            self.process = subprocess.Popen(command, stdout=handle, stderr=subprocess.STDOUT,
+                                            env={**os.environ, **env}, start_new_session=True)
+        return host, port, self.process.pid
+
+    def poll(self) -> int | None:
+        return self.process.poll()
+
+    def send_signal(self, sig: int) -> None:
+        self.process.send_signal(sig)
+
+    def wait(self, timeout: float) -> int | None:
+        try:
+            return self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            return None
+
+    def kill(self) -> None:
+        self.process.kill()
+
+
+class RemoteProcess:
+    """``subprocess.Popen``'s part that ``wait_healthy`` and ``stop_process`` use, for a server that a
+    ``ReplicaLauncher`` started on its node."""
+
+    def __init__(self, launcher, pid: int):
+        self.launcher, self.pid, self.returncode = launcher, pid, None
+
+    def _call(self, method: str, *args):
+        import ray
+
+        try:
+            return ray.get(getattr(self.launcher, method).remote(*args))
+        except ray.exceptions.RayActorError:  # the launcher (its node) is gone, and the server with it
+            self.returncode = -9
+            return self.returncode
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            self.returncode = self._call("poll")
+        return self.returncode
+
+    def send_signal(self, sig: int) -> None:
+        self._call("send_signal", sig)
+
+    def wait(self, timeout: float) -> int:
+        code = self._call("wait", timeout)
+        if code is None:
+            raise subprocess.TimeoutExpired("rlvr serve", timeout)
+        self.returncode = code
+        return code
+
+    def kill(self) -> None:
+        self._call("kill")
+
+
+def start_ray_replicas(model_path: str, config: RolloutConfig, count: int, log_dir: Path,
+                       max_model_len: int | None, model_config=None, on_cpu: bool = True) -> list[Replica]:
+    """``count`` servers, each started by a ``ReplicaLauncher`` actor that Ray places on a node of the
+    cluster (spread over the nodes; one GPU each on a GPU cluster), listening on that node's address;
+    each healthy before this returns, as ``start_local_replicas``'s. A replica on a node that is not
+    this one's loopback is started with a key of the run's own, which every request sends."""
+    import secrets
+
+    import ray
+
+    launcher_cls = ray.remote(num_cpus=0, num_gpus=0 if on_cpu else 1, scheduling_strategy="SPREAD")(ReplicaLauncher)
+    env = {"GLOO_SOCKET_IFNAME": "lo", "PYTHONUNBUFFERED": "1", **SERVER_ENV.get(config.name, {})}
+    if on_cpu and "OMP_NUM_THREADS" not in os.environ:
+        env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // count))
+    key = config.server.api_key or secrets.token_hex(16)
+    replicas: list[Replica] = []
+    try:
+        for i in range(count):
+            launcher = launcher_cls.remote()
+            log = log_dir / f"replica_{i}.log"
+            host, port, pid = ray.get(launcher.start.remote(config.name, model_path, config, max_model_len,
+                                                            model_config, str(log), env, key))
+            headers = {} if is_loopback(host) else {"Authorization": f"Bearer {key}"}
+            replicas.append(Replica(i, f"{host}:{port}", RemoteProcess(launcher, pid), log, headers=headers))
+        for replica in replicas:
+            wait_healthy(replica, config.server.max_start_wait_time)
+    except BaseException:
+        for replica in replicas:
+            stop_process(replica.process)
+        raise
+    return replicas
+
+
 # ---------------------------------------------------------------------- the rollout
 @dataclass
 class ServerStats:
@@ -441,13 +567,15 @@ class ServerRollout(BaseRollout):
     def _replicas(self, log_dir: Path) -> list[Replica]:
         cfg = self.config
         if cfg.external_server_addresses:
-            replicas = [Replica(i, address) for i, address in enumerate(cfg.external_server_addresses)]
+            headers = {"Authorization": f"Bearer {cfg.server.api_key}"} if cfg.server.api_key else {}
+            replicas = [Replica(i, address, headers=headers) for i, address in enumerate(cfg.external_server_addresses)]
             for replica in replicas:
                 wait_healthy(replica, cfg.server.max_start_wait_time)
             return replicas
         path = getattr(self.policy, "name_or_path", None) or self.policy.config._name_or_path
-        return start_local_replicas(path, cfg, cfg.n_gpus_per_node, log_dir, self.max_model_len, self.policy.config,
-                                    on_cpu=self.device.type != "cuda")
+        start = start_ray_replicas if on_ray() else start_local_replicas
+        return start(path, cfg, cfg.n_gpus_per_node, log_dir, self.max_model_len, self.policy.config,
+                     on_cpu=self.device.type != "cuda")
 
     # ------------------------------------------------------------------ generation
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams,
@@ -503,7 +631,7 @@ class ServerRollout(BaseRollout):
             rid = uuid.uuid4().hex
             try:
                 route, body = self.protocol.request(prompt_ids, params, n, budget, seed, rid)
-                response = await client.post(f"{replica.url}{route}", json=body)
+                response = await client.post(f"{replica.url}{route}", json=body, headers=replica.headers)
                 if response.status_code in RETRIABLE_STATUS:
                     raise ReplicaFailed(f"HTTP {response.status_code}: {response.text[:200]}")
                 if response.status_code != 200:  # the request itself is wrong: no replica would take it
@@ -532,7 +660,7 @@ class ServerRollout(BaseRollout):
         """Best effort: the server stops a request nobody waits for any more."""
         try:
             route, body = self.protocol.abort(rid)
-            await client.post(f"{replica.url}{route}", json=body, timeout=5.0)
+            await client.post(f"{replica.url}{route}", json=body, timeout=5.0, headers=replica.headers)
         except httpx.HTTPError:
             pass
 
@@ -598,7 +726,11 @@ class ServerRollout(BaseRollout):
             save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
             self.policy.config.to_json_file(str(folder / "config.json"))
             for replica in self.balancer.up():
-                self.protocol.load_from_disk(replica, folder, version, self.config.server.timeout)
+                try:
+                    self.protocol.load_from_disk(replica, folder, version, self.config.server.timeout)
+                except httpx.TransportError as err:  # gone since its last request: out, as a request would put it
+                    self._take_down(replica, f"{type(err).__name__} while loading version {version}: {err}")
+            self.balancer.up()  # none left: ServersDown, naming each
         finally:
             shutil.rmtree(folder, ignore_errors=True)
 
@@ -609,6 +741,11 @@ class ServerRollout(BaseRollout):
         from rlvr.rollout.vllm_rollout import policy_weights
         from rlvr.serve import weight_sync
 
+        for replica in self.balancer.up():  # a replica gone since its last request would hang the broadcast
+            try:
+                replica.get("/health", timeout=10.0)
+            except httpx.TransportError as err:
+                self._take_down(replica, f"{type(err).__name__} before the broadcast of version {version}: {err}")
         up = self.balancer.up()
         if self._group is None or self._group_members != [r.index for r in up]:
             self._open_group(up)
@@ -646,6 +783,12 @@ class ServerRollout(BaseRollout):
         self._group, self._group_members = joined[0], [r.index for r in up]
 
     # ------------------------------------------------------------------ lifetime
+    def describe(self) -> list[dict]:
+        """Each replica's index, address, pid (None: external) and log, as the run folder's
+        ``servers.json`` lists them."""
+        return [{"index": r.index, "address": r.address, "pid": getattr(r.process, "pid", None),
+                 "log": str(r.log) if r.log else None} for r in self.replicas]
+
     def metrics(self) -> dict[str, float]:
         """Requests sent again since the last call (a step's), servers up, weight-sync seconds in all."""
         retries, self._reported_retries = self.stats.retries - self._reported_retries, self.stats.retries

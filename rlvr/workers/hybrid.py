@@ -130,9 +130,11 @@ class ActorRolloutRefWorker(Worker):
             self._offload(True)
             self._return_cached_memory()
         try:
+            servers = self.config.actor_rollout_ref.rollout.mode == "async"  # their logs in the run folder
             return build_rollout(engine_model, self.tokenizer, self.config.actor_rollout_ref.rollout,
                                  self.config.data.max_response_length, self.tool_setup,
-                                 self.config.data.max_prompt_length, self.device)
+                                 self.config.data.max_prompt_length, self.device,
+                                 Path(self.config.trainer.default_local_dir).expanduser() / "servers" if servers else None)
         finally:
             if self.sharded:
                 self._offload(False)

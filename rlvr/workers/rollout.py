@@ -13,6 +13,9 @@ weight version is loaded into and sent on from, to the replicas that generate.
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import numpy as np
 import torch
 
@@ -45,11 +48,16 @@ class RolloutWorker(Worker):
             self.tokenizer = load_tokenizer(model_cfg.tokenizer_path or model_cfg.path, model_cfg.trust_remote_code)
         self.model = load_model(model_cfg.path, "float32", self.device, model_cfg.trust_remote_code,
                                 model_cfg.override_config).eval().requires_grad_(False)
-        rollout = self.config.actor_rollout_ref.rollout
+        rollout, servers = self.config.actor_rollout_ref.rollout, self.config.actor_rollout_ref.rollout.mode == "async"
+        run_dir = Path(self.config.trainer.default_local_dir).expanduser()
         self.rollout = build_rollout(self.model, self.tokenizer, rollout, self.config.data.max_response_length,
                                      self.tool_setup,  # servers: their context, as the hybrid worker's are sized
-                                     self.config.data.max_prompt_length if rollout.mode == "async" else None,
-                                     device=self.device)
+                                     self.config.data.max_prompt_length if servers else None,
+                                     device=self.device, log_dir=run_dir / "servers" if servers else None)
+        if servers:  # where the replicas are, their pids and logs
+            run_dir.mkdir(parents=True, exist_ok=True)
+            engine = getattr(self.rollout, "engine", self.rollout)  # under the multi-turn loop
+            (run_dir / "servers.json").write_text(json.dumps(engine.describe(), indent=1))
         self.version = 0  # the weights it loaded are the initial policy's: servers are sent them as version 0
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)

@@ -445,3 +445,60 @@ def test_servers_on_other_machines_get_the_weights_by_disk(tiny):
     with pytest.raises(RuntimeError, match="weight_sync=distributed reaches servers on this machine only.*"
                                            "weight_sync=disk with rollout.server.weights_dir"):
         rollout.sync_weights(1)
+
+
+def test_an_external_server_with_an_api_key_gets_it_on_every_request(tiny, tmp_path):
+    """rollout.server.api_key: every route rlvr calls (health, generate, the disk weight update)
+    carries Authorization: Bearer KEY, so a server started with --api-key serves the rollout and
+    takes the weights; without the key the health check stops at once, saying which key to set."""
+    from tests.serve.test_serve import Uvicorn, make_server
+
+    model, tokenizer = tiny
+    server, _ = make_server(copy.deepcopy(model), tokenizer, path=str(tmp_path), api_key="sekret")
+    try:
+        with Uvicorn(server) as url:
+            address = url.removeprefix("http://")
+            config = RolloutConfig(mode="async", external_server_addresses=[address],
+                                   server=RolloutServerConfig(max_start_wait_time=30, api_key="sekret",
+                                                              weight_sync="disk"))
+            client = ServerRollout(copy.deepcopy(model), tokenizer, config, max_response_length=8)
+            ids = prompt_ids(tokenizer, QUESTIONS[:2])
+            got = client.generate(ids, greedy(8))
+            assert [c.token_ids for c in got] == reference_greedy(model, tokenizer, ids, 8, end_token_ids(model, tokenizer))
+            client.sync_weights(7)
+            assert client.generate(ids[:1], greedy(8))[0].weight_version == 7
+            client.close()
+            keyless = RolloutConfig(mode="async", external_server_addresses=[address],
+                                    server=RolloutServerConfig(max_start_wait_time=30))
+            started = time.monotonic()
+            with pytest.raises(RuntimeError, match=r"wants an API key \(HTTP 401 on /health\): set "
+                                                   r"actor_rollout_ref.rollout.server.api_key"):
+                ServerRollout(copy.deepcopy(model), tokenizer, keyless, max_response_length=8)
+            assert time.monotonic() - started < 10  # not the 30 s deadline
+    finally:
+        server.engine.stop()
+
+
+def test_a_replica_gone_before_a_weight_update_leaves_the_rotation(tiny, tmp_path):
+    """A replica killed between two rollouts is found by the next weight update (disk route): it
+    leaves the rotation, the survivor takes the version and serves the next rollout. Before the
+    fix the update's ConnectError ended the run."""
+    model, tokenizer = tiny
+    config = RolloutConfig(mode="async", n_gpus_per_node=2,
+                           server=RolloutServerConfig(max_start_wait_time=120, retry_delay=0.1, weight_sync="disk"))
+    rollout = ServerRollout(copy.deepcopy(model), tokenizer, config, max_response_length=8, max_prompt_length=64,
+                            log_dir=tmp_path)
+    try:
+        victim = rollout.replicas[1]
+        os.kill(victim.process.pid, signal.SIGKILL)
+        victim.process.wait(10)
+        rollout.sync_weights(3)
+        assert victim.down is not None and "ConnectError while loading version 3" in victim.down
+        got = rollout.generate(prompt_ids(tokenizer, QUESTIONS[:2]), greedy(8), groups=["a", "b"])
+        assert {c.weight_version for c in got} == {3}
+        os.kill(rollout.replicas[0].process.pid, signal.SIGKILL)
+        rollout.replicas[0].process.wait(10)
+        with pytest.raises(ServersDown, match=r"(?s)replica 0 .*ConnectError while loading version 4.*replica 1"):
+            rollout.sync_weights(4)
+    finally:
+        rollout.close()

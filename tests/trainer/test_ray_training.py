@@ -459,3 +459,49 @@ def test_two_ray_ranks_train_on_an_external_server(tiny_config, tmp_path, tiny_m
     assert got[-1]["rollout/servers_up"] == 1.0 and any(k.startswith("val-core/") for k in got[-1])
     assert "VERSION {'weight_version': '3'}" in done.stdout, done.stdout[-2000:]  # the server ran on after the run
     assert json.loads((run_dir / "workers.json").read_text())[1]["rank"] == 1
+
+
+def test_replicas_as_ray_actors_lose_a_replica_and_no_group(tiny_config, tmp_path):
+    """2 CPU ranks on Ray with rollout.mode=async and no external servers: the 2 rlvr serve replicas
+    are started by Ray actors (servers.json says where, with their pids and logs in the run folder).
+    One replica is SIGKILLed after step 1: the next weight update (or a request, if it lands
+    mid-rollout) finds it gone and takes it out of the rotation, the run finishes its 5 steps on
+    the other, and every step trains each of its scheduled groups once, n rows each."""
+    run_dir = tmp_path / "run"
+    config = tiny_config(*STEPS, *RAY_2_CPU, "actor_rollout_ref.rollout.mode=async",
+                         "actor_rollout_ref.rollout.n_gpus_per_node=2", "actor_rollout_ref.rollout.server.retry_delay=0.1",
+                         "trainer.total_training_steps=5", "trainer.test_freq=-1", "trainer.save_freq=-1",
+                         f"trainer.default_local_dir={run_dir}")
+    proc = subprocess.Popen(train_command(config, tmp_path), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.time() + 300
+        while not (run_dir / "metrics.jsonl").exists() or sum(1 for _ in open(run_dir / "metrics.jsonl")) < 2:
+            assert proc.poll() is None and time.time() < deadline, proc.stdout.read()[-3000:] if proc.poll() else ""
+            time.sleep(0.1)
+        servers = json.loads((run_dir / "servers.json").read_text())
+        assert [s["index"] for s in servers] == [0, 1] and all(s["address"].startswith("127.0.0.1:") for s in servers)
+        assert all(Path(s["log"]).parent == run_dir / "servers" for s in servers)
+        os.kill(servers[1]["pid"], signal.SIGKILL)
+        out = proc.communicate(timeout=300)[0]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, out[-3000:]
+    got = records(run_dir)
+    assert [r["step"] for r in got] == [0, 1, 2, 3, 4, 5]
+    assert got[1]["rollout/servers_up"] == 2.0 and got[-1]["rollout/servers_up"] == 1.0
+    n, prompts = config.actor_rollout_ref.rollout.n, config.data.train_batch_size
+    for step in range(1, 6):
+        rows = [json.loads(line) for line in open(run_dir / "rollouts" / f"{step}.jsonl")]
+        uids = [r["uid"] for r in rows]
+        assert sorted(set(uids)) == sorted(f"{step}-0-{i}" for i in range(prompts)), step
+        assert all(uids.count(u) == n for u in set(uids)), step
+    assert all(not psutil_alive(s["pid"]) for s in servers)  # the survivor stopped with the run
+
+
+def psutil_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"  # a zombie is gone
