@@ -570,21 +570,24 @@ def resolve_strategy(cfg: RLVRConfig) -> None:
 
 
 def resolve_rollout_mode(cfg: RLVRConfig) -> None:
-    """``rollout.mode=async`` with several GPU training ranks (or tensor-parallel replicas) and no
-    external servers, where rlvr would have to place replicas of its own on the ranks' GPUs (sleeping
-    through each update: not built): the engine runs in the training processes, as with
-    ``mode=sync`` (verl's example scripts set async with vLLM and TP 2 on 8 GPUs), said in a notice.
-    Several CPU ranks start their replicas as Ray actors; any ranks train on servers given in
-    ``rollout.external_server_addresses``. SGLang has no in-process engine: validation refuses it."""
+    """``rollout.mode=async`` with the hybrid engine on several GPU training ranks and no external
+    servers, where rlvr would have to place replicas of its own on the ranks' GPUs (asleep through
+    each update: not built): the engine runs in the training processes, as with ``mode=sync``
+    (verl's example scripts set async with vLLM and TP 2 on 8 GPUs), said in a notice. Several CPU
+    ranks, or GPU ranks with ``hybrid_engine=false``, start their replicas as Ray actors; any ranks
+    train on servers given in ``rollout.external_server_addresses``. SGLang has no in-process
+    engine: validation refuses it."""
     arr, trainer = cfg.actor_rollout_ref, cfg.trainer
     rollout = arr.rollout
     if rollout.mode != "async" or rollout.name == "sglang" or rollout.external_server_addresses:
         return
-    if trainer.n_gpus_per_node * trainer.nnodes > 1 and (trainer.device != "cpu" or rollout.tensor_model_parallel_size > 1):
-        print("[rlvr] note: actor_rollout_ref.rollout.mode=async: replicas that rlvr starts beside several GPU training "
-              "ranks (or over several devices each) are not built yet, so the engine runs in the training processes "
-              "(mode=sync: the same samples, driven as one batch); several ranks train on servers given in "
-              "actor_rollout_ref.rollout.external_server_addresses (docs/servers.md)", file=sys.stderr, flush=True)
+    if trainer.n_gpus_per_node * trainer.nnodes > 1 and arr.hybrid_engine and trainer.device != "cpu":
+        print("[rlvr] note: actor_rollout_ref.rollout.mode=async: replicas that rlvr starts on the GPUs of several "
+              "training ranks (asleep through each update, as verl colocates them) are not built yet, so the engine "
+              "runs in the training processes (mode=sync: the same samples, driven as one batch); for servers set "
+              "actor_rollout_ref.hybrid_engine=false (replicas on GPUs of their own, rollout.n_gpus_per_node of "
+              "them) or give actor_rollout_ref.rollout.external_server_addresses (docs/servers.md)",
+              file=sys.stderr, flush=True)
         rollout.mode = "sync"
 
 

@@ -217,9 +217,13 @@ def _rollout_servers(cfg: RLVRConfig) -> list[str]:
         if rollout.name != "vllm" and getattr(rollout, name) != default:
             errors.append(f"{key}.{name} = {getattr(rollout, name)!r} is a vLLM setting that {rollout.name} servers "
                           f"do not read; remove it or set {key}.name=vllm")
-    if rollout.tensor_model_parallel_size != 1:
-        errors.append(f"{key}.tensor_model_parallel_size = {rollout.tensor_model_parallel_size}: rollout servers "
-                      "run one device each so far")
+    tp = rollout.tensor_model_parallel_size
+    on_ray_replicas = uses_ray(cfg) and not rollout.external_server_addresses  # each launcher reserves tp GPUs
+    if tp != 1 and not (tp > 1 and rollout.name != "native" and on_ray_replicas and cfg.trainer.device != "cpu"):
+        errors.append(f"{key}.tensor_model_parallel_size = {tp}: a rollout server over several devices is a vllm or "
+                      "sglang replica that rlvr starts as a Ray actor on GPUs (several training ranks with "
+                      "hybrid_engine=false); rlvr serve and replicas on this machine's device run one device each, "
+                      "and external servers set their own")
     if drives_servers(cfg) and arr.model.lora_rank > 0:
         errors.append(f"{key}.mode=async with actor_rollout_ref.model.lora_rank > 0 and several ranks or "
                       "hybrid_engine=false: the servers are sent full weights from a copy of the actor, which a LoRA "

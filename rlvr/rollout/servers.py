@@ -497,17 +497,26 @@ class RemoteProcess:
         self._call("kill")
 
 
+def launcher_resources(config: RolloutConfig, on_cpu: bool) -> dict:
+    """What Ray reserves for one replica's launcher: on a GPU cluster the replica's devices
+    (``tensor_model_parallel_size`` of them; Ray sets the launcher's ``CUDA_VISIBLE_DEVICES``, which
+    the server it starts inherits); on CPUs nothing (its threads are ``OMP_NUM_THREADS``)."""
+    return {"num_cpus": 0, "num_gpus": 0 if on_cpu else config.tensor_model_parallel_size,
+            "scheduling_strategy": "SPREAD"}
+
+
 def start_ray_replicas(model_path: str, config: RolloutConfig, count: int, log_dir: Path,
                        max_model_len: int | None, model_config=None, on_cpu: bool = True) -> list[Replica]:
     """``count`` servers, each started by a ``ReplicaLauncher`` actor that Ray places on a node of the
-    cluster (spread over the nodes; one GPU each on a GPU cluster), listening on that node's address;
+    cluster (spread over the nodes; on a GPU cluster with GPUs of its own, ``launcher_resources``),
+    listening on that node's address;
     each healthy before this returns, as ``start_local_replicas``'s. A replica on a node that is not
     this one's loopback is started with a key of the run's own, which every request sends."""
     import secrets
 
     import ray
 
-    launcher_cls = ray.remote(num_cpus=0, num_gpus=0 if on_cpu else 1, scheduling_strategy="SPREAD")(ReplicaLauncher)
+    launcher_cls = ray.remote(**launcher_resources(config, on_cpu))(ReplicaLauncher)
     env = {"GLOO_SOCKET_IFNAME": "lo", "PYTHONUNBUFFERED": "1", **SERVER_ENV.get(config.name, {})}
     if on_cpu and "OMP_NUM_THREADS" not in os.environ:
         env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // count))

@@ -95,6 +95,34 @@ def test_async_mode_config_is_checked_at_load():
     assert cfg.actor_rollout_ref.rollout.server.max_attempts == 3  # verl's default
 
 
+
+GPU_RANKS = ["actor_rollout_ref.rollout.mode=async", "trainer.device=cuda", "trainer.n_gpus_per_node=4",
+             "actor_rollout_ref.actor.strategy=fsdp2"]
+
+
+def test_who_starts_replicas_beside_several_ranks(capsys):
+    """Several GPU ranks with the hybrid engine: replicas on the ranks' own GPUs are not built, so
+    the engine runs in process, said in a notice (verl's 8-GPU scripts). With hybrid_engine=false
+    they are Ray actors on GPUs of their own, tensor_model_parallel_size each for vllm and sglang
+    (Ray's CUDA_VISIBLE_DEVICES reaches the server); rlvr serve and external servers take no TP."""
+    from rlvr.rollout.servers import launcher_resources
+
+    hybrid = load_config(overrides=GPU_RANKS)
+    assert hybrid.actor_rollout_ref.rollout.mode == "sync" and "asleep through each update" in capsys.readouterr().err
+    own = load_config(overrides=[*GPU_RANKS, "actor_rollout_ref.hybrid_engine=false", "actor_rollout_ref.rollout.name=vllm",
+                                 "actor_rollout_ref.rollout.tensor_model_parallel_size=2",
+                                 "actor_rollout_ref.rollout.n_gpus_per_node=2"])
+    assert own.actor_rollout_ref.rollout.mode == "async"
+    assert launcher_resources(own.actor_rollout_ref.rollout, on_cpu=False)["num_gpus"] == 2
+    assert launcher_resources(own.actor_rollout_ref.rollout, on_cpu=True)["num_gpus"] == 0
+    with pytest.raises(ConfigError, match="tensor_model_parallel_size = 2: a rollout server over several devices"):
+        load_config(overrides=[*GPU_RANKS, "actor_rollout_ref.hybrid_engine=false",
+                               "actor_rollout_ref.rollout.tensor_model_parallel_size=2"])  # native
+    with pytest.raises(ConfigError, match="tensor_model_parallel_size = 2"):
+        load_config(overrides=["actor_rollout_ref.rollout.mode=async", "actor_rollout_ref.rollout.name=vllm",
+                               "actor_rollout_ref.rollout.tensor_model_parallel_size=2",
+                               "actor_rollout_ref.rollout.external_server_addresses=['127.0.0.1:1']"])
+
 # ---------------------------------------------------------------------- real replicas
 @pytest.fixture(scope="module")
 def tiny(tiny_model_dir):
