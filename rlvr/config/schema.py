@@ -210,6 +210,17 @@ class ValKwargs:
 
 
 @dataclass
+class AgentConfig:
+    """verl's ``rollout.agent`` keys: which agent loop runs each row (``rlvr/agents``)."""
+    default_agent_loop: str = "single_turn_agent"
+    """The loop of rows without an ``agent_name`` column value: single_turn_agent (one generation:
+    the batch rollout), tool_agent (the multi-turn tool loop, ``multi_turn.enable``) or a loop
+    registered with ``rlvr.agents.register`` or listed in ``agent_loop_config_path``."""
+    agent_loop_config_path: Optional[str] = None
+    """A YAML list of ``{name, _target_: module.Class}``: agent loops to register (verl's format)."""
+
+
+@dataclass
 class MultiTurnConfig:
     enable: bool = False
     """Run the multi-turn tool-calling loop (needs tool_config_path and data.return_raw_chat=true)."""
@@ -318,6 +329,7 @@ class RolloutConfig:
     """Base seed of sampling (each step derives its own)."""
     val_kwargs: ValKwargs = field(default_factory=ValKwargs)
     multi_turn: MultiTurnConfig = field(default_factory=MultiTurnConfig)
+    agent: AgentConfig = field(default_factory=AgentConfig)
     checkpoint_engine: CheckpointEngineConfig = field(default_factory=CheckpointEngineConfig)
     """How the actor's weights reach a rollout pool of its own (hybrid_engine=false)."""
     max_num_seqs: int = 1024

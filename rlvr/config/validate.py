@@ -741,11 +741,37 @@ def _run_names(cfg: RLVRConfig) -> list[str]:
             for name in ("project_name", "experiment_name") if not str(getattr(cfg.trainer, name)).strip()]
 
 
+def _agent_loops(cfg: RLVRConfig) -> list[str]:
+    """The default agent loop exists (built in, registered by a custom module, or listed in the loop
+    config), tool_agent has its tools, and loops run where the batch rollout can be left."""
+    from rlvr.agents import AGENT_LOOPS, agent_loops_enabled, load_agent_loop_config
+
+    arr, key = cfg.actor_rollout_ref, "actor_rollout_ref.rollout.agent"
+    agent = arr.rollout.agent
+    try:
+        load_agent_loop_config(agent.agent_loop_config_path)
+    except ConfigError as err:
+        return [str(err)]
+    errors = []
+    if agent.default_agent_loop == "tool_agent" and not arr.rollout.multi_turn.enable:
+        errors.append(f"{key}.default_agent_loop=tool_agent is the multi-turn tool loop: set "
+                      "actor_rollout_ref.rollout.multi_turn.enable=true with its tool_config_path")
+    if agent.default_agent_loop not in AGENT_LOOPS.names() and agent.default_agent_loop != "tool_agent":
+        errors.append(f"{key}.default_agent_loop = {agent.default_agent_loop!r} is not a registered agent loop "
+                      f"(registered: {sorted(AGENT_LOOPS.names()) + ['tool_agent']}); register it with "
+                      f"@rlvr.agents.register in a custom_modules file, or list it in {key}.agent_loop_config_path")
+    if agent_loops_enabled(cfg) and arr.rollout.name == "vllm" and arr.rollout.mode == "sync" \
+            and arr.rollout.tensor_model_parallel_size > 1:
+        errors.append(f"{key}: agent loops with vLLM over several ranks (tensor_model_parallel_size > 1) are not "
+                      "built; use tensor_model_parallel_size=1")
+    return errors
+
+
 def validate(cfg: RLVRConfig) -> None:
     """Raise ConfigError listing every broken invariant of ``cfg``."""
     errors = _not_implemented(cfg) + _batch_sizes(cfg) + _choices(cfg) + _rollout_engine(cfg) \
         + _registered_names(cfg) + _algorithm(cfg) + _multi_turn(cfg) + _distributed(cfg) + _run_management(cfg) \
-        + _reward_model(cfg) + _async_training(cfg)
+        + _reward_model(cfg) + _async_training(cfg) + _agent_loops(cfg)
     errors += _grad_clips(cfg) + _training_sampling(cfg) + _run_names(cfg)
     if errors:
         raise ConfigError("invalid config:\n  - " + "\n  - ".join(errors))

@@ -199,10 +199,8 @@ VERL_NO_EFFECT: dict[str, tuple[str, tuple | None]] = {
         "rlvr counts mismatches (multi_turn/tokenization_mismatch) and never fails on them; "
         "multi_turn.enable_tokenization_sanity_check=false turns the count off", None),
     "actor_rollout_ref.rollout.multi_turn.num_repeat_rollouts": ("each prompt is sampled rollout.n times", (None,)),
-    "actor_rollout_ref.rollout.agent.num_workers": ("the tool loop runs in each worker's process", None),
-    "actor_rollout_ref.rollout.agent.default_agent_loop": (
-        "the tool loop runs when rollout.multi_turn.enable, else single-turn generation", None),
-    "actor_rollout_ref.rollout.agent.agent_loop_config_path": ("custom agent loops are not implemented", (None,)),
+    "actor_rollout_ref.rollout.agent.num_workers": ("agent loops run as coroutines of one event loop in each "
+                                                    "rollout worker's process", None),
     "actor_rollout_ref.rollout.agent.custom_async_server": ("custom rollout servers are not implemented", None),
     "actor_rollout_ref.rollout.agent.custom_async_server.path": ("custom rollout servers are not implemented",
                                                                  (None,)),

@@ -27,12 +27,17 @@ GENERATION_NON_TENSOR_KEYS = ("raw_prompt_ids", "raw_prompt", "tools_kwargs", "u
 BATCH_SEED_STRIDE = 104_729  # batch seeds: seed + stride x first row (the first batch keeps the caller's seed)
 
 
+AGENT_LOOP_COLUMNS = ("uid", "agent_name", "data_source", "reward_model", "extra_info")
+"""Copied to the rollout as well (both keep them): an agent loop's ``kwargs`` are its row's columns."""
+
+
 def generation_batch(batch: DataProto) -> DataProto:
-    """The keys the rollout needs, popped from ``batch`` (``uid`` is copied: both keep it)."""
-    non_tensor = [k for k in GENERATION_NON_TENSOR_KEYS if k in batch.non_tensor_batch and k != "uid"]
+    """The keys the rollout needs, popped from ``batch`` (``AGENT_LOOP_COLUMNS`` are copied)."""
+    non_tensor = [k for k in GENERATION_NON_TENSOR_KEYS if k in batch.non_tensor_batch and k not in AGENT_LOOP_COLUMNS]
     gen = batch.pop(batch_keys=list(GENERATION_KEYS), non_tensor_batch_keys=non_tensor)
-    if "uid" in batch.non_tensor_batch:
-        gen.non_tensor_batch["uid"] = batch.non_tensor_batch["uid"]
+    for key in AGENT_LOOP_COLUMNS:
+        if key in batch.non_tensor_batch:
+            gen.non_tensor_batch[key] = batch.non_tensor_batch[key]
     return gen
 
 

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
+from rlvr.agents import check_agent_names
 from rlvr.config import ConfigError, to_yaml
 from rlvr.config.loader import import_custom_modules
 from rlvr.config.validate import drives_servers, uses_ray
@@ -201,6 +202,9 @@ def build_trainer(config: RLVRConfig, progress_bar: bool = True) -> RLTrainer:
     check_scorable(train, config, "data.train_files")
     if val is not None:
         check_scorable(val, config, "data.val_files")
+    for dataset, split in ((train, "data.train_files"), (val, "data.val_files")):
+        if dataset is not None:
+            check_agent_names(dataset.rows, dataset.origins, config, split)
     for dataset, split in ((train, "data.train_files"), (val, "data.val_files")):
         report = dataset.filter_report(split) if dataset is not None else None
         if report:

@@ -38,6 +38,7 @@ from rlvr.config import ConfigError
 from rlvr.config.loader import import_custom_modules
 from rlvr.config.schema import RLVRConfig
 from rlvr.config.validate import drives_servers
+from rlvr.agents import with_agent_loops
 from rlvr.models.loader import empty_model, load_model, load_tokenizer
 from rlvr.models.lora import apply_lora, load_adapter, save_adapter, unwrap
 from rlvr.distributed import fsdp
@@ -121,7 +122,8 @@ class ActorRolloutRefWorker(Worker):
                 engine_model = self.engine_weights.model
             else:  # an engine that streams the weights reads the actor itself (gathering shards one at a time)
                 engine_model = unwrap(model)
-            self.rollout = self._build_rollout(engine_model)
+            self.rollout = with_agent_loops(self._build_rollout(engine_model), self.config, self.tokenizer,
+                                            self.config.data.max_response_length)
 
     def _build_rollout(self, engine_model):
         """The engine, started with the actor's offloaded state off the device (as verl does):

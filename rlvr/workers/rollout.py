@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from rlvr.agents import with_agent_loops
 from rlvr.config.loader import import_custom_modules
 from rlvr.config.schema import RLVRConfig
 from rlvr.distributed.dispatch import Dispatch, register
@@ -54,6 +55,7 @@ class RolloutWorker(Worker):
                                      self.tool_setup,  # servers: their context, as the hybrid worker's are sized
                                      self.config.data.max_prompt_length if servers else None,
                                      device=self.device, log_dir=run_dir / "servers" if servers else None)
+        self.rollout = with_agent_loops(self.rollout, self.config, self.tokenizer, self.config.data.max_response_length)
         if servers:  # where the replicas are, their pids and logs
             run_dir.mkdir(parents=True, exist_ok=True)
             engine = getattr(self.rollout, "engine", self.rollout)  # under the multi-turn loop

@@ -1,0 +1,202 @@
+"""The rollout of agent loops: every row's loop runs as a coroutine; their engine calls are
+gathered into rounds.
+
+A round starts when every loop is waiting (on the engine, or done): the calls waiting are sent
+to the engine together, in row order, one ``generate`` per call index (a loop's k-th call samples
+with the step's seed + 7919 k, from its own row of the batch, as the multi-turn loop's turns do),
+so a row's tokens depend on its seed and row, not on which other loops share the round, and a
+run repeats. A loop that awaits something else (a tool's I/O) rejoins at a later round.
+
+Where this departs from the issue's design: the rounds are turn by turn across the batch, as the
+multi-turn tool loop moves; a loop whose call is ready does not join a round under way (the
+engine core's continuous admission is not used here yet).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import dataclasses
+from collections.abc import Sequence
+
+import numpy as np
+
+from rlvr.agents.loop import AGENT_LOOPS, AgentLoopOutput, TokenOutput
+from rlvr.data.dataset import left_pad
+from rlvr.protocol import DataProto
+from rlvr.rollout.base import BaseRollout, pack_responses
+from rlvr.rollout.sampling import SamplingParams
+
+TURN_SEED_STRIDE = 7919  # a loop's k-th call: seed + 7919 k (the multi-turn loop's stride)
+SETTLE_YIELDS = 3  # event-loop passes without a new call or a finished loop before a round starts
+
+_row: contextvars.ContextVar[int] = contextvars.ContextVar("agent_row")
+
+
+class AgentLoopError(RuntimeError):
+    """A loop raised or returned an output that does not fit; names the loop and the row."""
+
+
+class RoundServer:
+    """``server_manager`` of the loops: ``generate`` queues a call and waits for its round."""
+
+    def __init__(self, engine: BaseRollout, params: SamplingParams):
+        self.engine, self.params = engine, params
+        self.waiting: list[tuple[int, int, list[int], SamplingParams, asyncio.Future]] = []
+        self.calls: dict[int, int] = {}  # row -> calls made
+        self.requests = 0
+
+    async def generate(self, request_id: str, *, prompt_ids: Sequence[int],
+                       sampling_params: SamplingParams | None = None, **kwargs) -> TokenOutput:
+        if kwargs.get("image_data") is not None:
+            raise AgentLoopError("image_data: rlvr's engine takes token ids only")
+        row = _row.get()
+        call = self.calls.get(row, 0)
+        self.calls[row] = call + 1
+        future = asyncio.get_running_loop().create_future()
+        self.waiting.append((row, call, list(prompt_ids), sampling_params or self.params, future))
+        self.requests += 1
+        return await future
+
+    def run_round(self) -> None:
+        """The waiting calls, grouped by call index and sampling parameters, each group one
+        ``generate`` in row order."""
+        waiting, self.waiting = sorted(self.waiting, key=lambda w: (w[1], w[0])), []
+        groups: dict[tuple, list] = {}
+        for entry in waiting:
+            row, call, _, params, _ = entry
+            groups.setdefault((call, dataclasses.replace(params, row_ids=(), seed=0)), []).append(entry)
+        for (call, _), entries in groups.items():
+            params = entries[0][3]
+            params = dataclasses.replace(params, seed=int(self.params.seed) + call * TURN_SEED_STRIDE,
+                                         row_ids=tuple(e[0] for e in entries),
+                                         total_rows=max(self.params.total_rows, max(e[0] for e in entries) + 1))
+            completions = self.engine.generate([e[2] for e in entries], params)
+            for entry, c in zip(entries, completions):
+                entry[4].set_result(TokenOutput(c.token_ids, c.log_probs, c.finish_reason, c.weight_version))
+
+
+class AgentLoopRollout:
+    """Runs each row's agent loop over ``engine`` (``actor_rollout_ref.rollout.agent``); the batch
+    goes to ``fallback`` (the batch rollout, or the multi-turn loop) when every row names a
+    built-in rollout (``single_turn_agent``, ``tool_agent``)."""
+
+    def __init__(self, engine: BaseRollout, fallback, config, tokenizer, max_response_length: int):
+        self.engine, self.fallback, self.config, self.tokenizer = engine, fallback, config, tokenizer
+        self.max_response_length = max_response_length
+        self.default = config.actor_rollout_ref.rollout.agent.default_agent_loop
+        self.stats = {"agent/calls": 0.0, "agent/truncated": 0.0}
+
+    def __getattr__(self, name):  # sync_weights, free_cache, wake_up, close, ...: the engine's
+        return getattr(self.fallback, name)
+
+    def generate_in_group(self, prompts: DataProto, rollout=None) -> DataProto:
+        return self.generate_sequences(prompts)
+
+    def names(self, prompts: DataProto) -> list[str]:
+        column = prompts.non_tensor_batch.get("agent_name")
+        return [str(n) if n else self.default for n in column] if column is not None else [self.default] * len(prompts)
+
+    def generate_sequences(self, prompts: DataProto) -> DataProto:
+        names = self.names(prompts)
+        if all(n in ("single_turn_agent", "tool_agent") for n in names) and \
+                (all(n == "tool_agent" for n in names) or all(n == "single_turn_agent" for n in names)):
+            return self.fallback.generate_sequences(prompts)
+        if "tool_agent" in names:
+            raise AgentLoopError("rows naming tool_agent share a batch with other agent loops: the multi-turn tool "
+                                 "loop runs whole batches only so far; give them batches of their own")
+        params = SamplingParams.from_config(self.engine.config, self.max_response_length, prompts.meta_info)
+        outputs = asyncio.run(self._run(prompts, names, params))
+        return self._pack(prompts, names, outputs)
+
+    async def _run(self, prompts: DataProto, names: list[str], params: SamplingParams) -> list[AgentLoopOutput]:
+        server = RoundServer(self.engine, params)
+        ids = prompts.batch["input_ids"].cpu()
+        mask = prompts.batch["attention_mask"].cpu().bool()
+        columns = {k: v for k, v in prompts.non_tensor_batch.items()}
+        results: list = [None] * len(prompts)
+
+        async def one(i: int):
+            _row.set(params.row_offset + i)
+            kwargs = {k: v[i] for k, v in columns.items()}
+            kwargs.setdefault("raw_prompt_ids", ids[i][mask[i]].tolist())
+            loop = AGENT_LOOPS.get(names[i])(self.config, server, self.tokenizer)
+            try:
+                results[i] = await loop.run(params, **kwargs)
+            except AgentLoopError:
+                raise
+            except Exception as err:
+                raise AgentLoopError(f"agent loop {names[i]!r} raised on row {i}: {type(err).__name__}: {err}") from err
+
+        tasks = [asyncio.ensure_future(one(i)) for i in range(len(prompts))]
+        try:
+            while True:
+                await self._settle(server, tasks)
+                for task in tasks:
+                    if task.done() and task.exception() is not None:
+                        raise task.exception()
+                if server.waiting:
+                    server.run_round()
+                elif all(t.done() for t in tasks):
+                    break
+                else:  # loops awaiting their own I/O
+                    await asyncio.sleep(0.005)
+        finally:
+            for task in tasks:
+                task.cancel()
+        self.stats["agent/calls"] = float(server.requests)
+        return results
+
+    @staticmethod
+    async def _settle(server: RoundServer, tasks) -> None:
+        """Let every loop run until it waits (no new call and no loop finishing for a few passes)."""
+        quiet, last = 0, None
+        while quiet < SETTLE_YIELDS:
+            await asyncio.sleep(0)
+            now = (len(server.waiting), sum(t.done() for t in tasks))
+            quiet = quiet + 1 if now == last else 0
+            last = now
+
+    def _pack(self, prompts: DataProto, names: list[str], outputs: list[AgentLoopOutput]) -> DataProto:
+        """The loops' prompts left-padded, their responses (cut at ``max_response_length``, counted)
+        right-padded beside them; ``response_mask`` is the loops' own."""
+        R, truncated = self.max_response_length, 0
+        resp, lps, masks = [], [], []
+        for i, (name, out) in enumerate(zip(names, outputs)):
+            where = f"agent loop {name!r}, row {i}"
+            if not isinstance(out, AgentLoopOutput):
+                raise AgentLoopError(f"{where} returned {type(out).__name__}, not an AgentLoopOutput")
+            if out.reward_score is not None:
+                raise AgentLoopError(f"{where} returned reward_score: rlvr scores rows with the reward function of "
+                                     "their data_source (reward.custom_reward_function for your own); leave it None")
+            if not out.prompt_ids:
+                raise AgentLoopError(f"{where} returned no prompt_ids")
+            logprobs = out.response_logprobs
+            if logprobs is None or not len(out.response_ids) == len(out.response_mask) == len(logprobs):
+                raise AgentLoopError(f"{where}: response_ids ({len(out.response_ids)}), response_mask "
+                                     f"({len(out.response_mask)}) and response_logprobs "
+                                     f"({None if logprobs is None else len(logprobs)}) must have one entry per token")
+            if set(out.response_mask) - {0, 1}:
+                raise AgentLoopError(f"{where}: response_mask holds {sorted(set(out.response_mask) - {0, 1})}; "
+                                     "use 1 (sampled by the model) and 0 (added by the loop)")
+            truncated += len(out.response_ids) > R
+            resp.append(list(out.response_ids[:R]))
+            masks.append(list(out.response_mask[:R]))
+            lps.append([float(x) if m else 0.0 for x, m in zip(logprobs[:R], out.response_mask[:R])])
+        self.stats["agent/truncated"] = float(truncated)
+        pad_id = self.engine.pad_id
+        device = prompts.batch["input_ids"].device
+        input_ids, attention_mask, position_ids = left_pad([o.prompt_ids for o in outputs], pad_id)
+        loop_prompts = DataProto.from_dict({"input_ids": input_ids.to(device), "attention_mask":
+                                            attention_mask.to(device), "position_ids": position_ids.to(device)})
+        non_tensors = {"finish_reason": ["length" if len(o.response_ids) > R else "stop" for o in outputs],
+                       "num_turns": np.array([o.num_turns for o in outputs], dtype=np.int64),
+                       "agent_name": np.array(names, dtype=object),
+                       "multi_turn_metrics": [{} for _ in outputs]}  # num_turns and added tokens are logged
+        for key in sorted({k for o in outputs for k in o.extra_fields}):
+            non_tensors[key] = [o.extra_fields.get(key) for o in outputs]  # one entry per row, lists kept whole
+        out = pack_responses(loop_prompts, resp, lps, masks, pad_id, non_tensors)
+        metrics = {f"agent/{k}": float(np.mean([o.metrics.get(k, 0.0) for o in outputs]))
+                   for k in sorted({k for o in outputs for k in o.metrics})}
+        out.meta_info["rollout_metrics"] = {**out.meta_info.get("rollout_metrics", {}), **self.stats, **metrics}
+        return out

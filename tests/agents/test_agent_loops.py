@@ -1,0 +1,132 @@
+"""Agent loops (verl's AgentLoopBase API) on the in-process engine: the single-turn loop through
+the agent path equals the batch rollout bit for bit; a two-turn loop's trajectory is exactly
+the engine's sampled tokens around the tokens it added (mask 0), reproducible whatever its
+I/O's timing; loops learn; a loop config file registers loops by _target_; broken loops and
+unknown names are refused naming the loop and the row."""
+
+import json
+
+import pytest
+import torch
+
+from rlvr.config import ConfigError
+from rlvr.trainer.main import build_trainer
+from tests.agents.loops import NUDGE  # and registers echo_single
+from tests.trainer.conftest import tiny_config, tiny_data  # noqa: F401 (fixtures)
+from tests.trainer.test_learning import LEADING_SPACE, LEARN, train
+
+LOOPS_YAML = """
+- name: two_turn
+  _target_: tests.agents.loops.TwoTurnLoop
+- name: broken
+  _target_: tests.agents.loops.Broken
+"""
+QUIET = ("trainer.val_before_train=false", "trainer.test_freq=-1", "trainer.freshness_check_freq=-1")
+
+
+@pytest.fixture
+def loops_file(tmp_path):
+    path = tmp_path / "agent_loops.yaml"
+    path.write_text(LOOPS_YAML)
+    return path
+
+
+def rollout_of(tiny_config, *overrides):
+    trainer = build_trainer(tiny_config(*QUIET, *overrides), progress_bar=False)
+    batch = next(iter(trainer._batches()))[0]
+    return trainer, batch
+
+
+def generate(trainer, batch, step=1):
+    batch, gen = trainer._dispatch(batch, step, 0)
+    return batch, trainer.rollout_wg.generate_sequences(gen)
+
+
+def test_the_single_turn_loop_through_the_agent_path_equals_the_batch_rollout(tiny_config):
+    """default_agent_loop=echo_single (the built-in SingleTurnAgentLoop registered again) runs every
+    row as a coroutine over the engine: responses, masks and log-probs equal the batch rollout's."""
+    _, a = generate(*rollout_of(tiny_config))  # one trainer at a time: each sets torch's thread count
+    looped, batch = rollout_of(tiny_config, "actor_rollout_ref.rollout.agent.default_agent_loop=echo_single")
+    assert type(looped.wg.worker.rollout).__name__ == "AgentLoopRollout"
+    _, b = generate(looped, batch)
+    for key in ("responses", "response_mask", "rollout_log_probs", "input_ids", "attention_mask"):
+        assert torch.equal(a.batch[key], b.batch[key]), key
+    assert int(a.batch["response_mask"].sum()) > 0
+
+
+def test_a_two_turn_loop_keeps_the_engines_tokens_and_masks_what_it_added(tiny_config, loops_file):
+    """Each row: turn 1's sampled tokens, NUDGE (mask 0, log-prob 0), turn 2's sampled tokens, as
+    the engine returned them (the loop's extra fields carry each turn's ids): nothing re-tokenised.
+    Odd rows sleep before turn 2, so turns 2 reach the engine in several rounds; a second run
+    samples the same tokens (each call draws from its row and call index, not its round)."""
+    overrides = (f"actor_rollout_ref.rollout.agent.agent_loop_config_path={loops_file}",
+                 "actor_rollout_ref.rollout.agent.default_agent_loop=two_turn", "data.max_response_length=24")
+    runs = []
+    for _ in range(2):
+        trainer, batch = rollout_of(tiny_config, *overrides)
+        _, out = generate(trainer, batch)
+        runs.append(out)
+    out = runs[0]
+    for r in range(len(out)):
+        first, second = out.non_tensor_batch["first_ids"][r], out.non_tensor_batch["second_ids"][r]
+        n = len(first) + len(NUDGE) + len(second)
+        assert out.batch["responses"][r, :n].tolist() == first + NUDGE + second
+        assert out.batch["response_mask"][r, :n].tolist() == [1] * len(first) + [0, 0] + [1] * len(second)
+        assert out.batch["rollout_log_probs"][r, len(first):len(first) + 2].tolist() == [0.0, 0.0]
+        assert int(out.batch["response_mask"][r, n:].sum()) == 0
+    assert list(out.non_tensor_batch["num_turns"]) == [4] * len(out)
+    assert out.meta_info["rollout_metrics"]["agent/calls"] == 2 * len(out)
+    assert torch.equal(runs[0].batch["responses"], runs[1].batch["responses"])
+    assert len({tuple(t) for t in out.non_tensor_batch["second_ids"]}) > 1  # rows sampled differently
+
+
+def test_a_custom_loop_learns(tiny_config, tmp_path, loops_file):
+    """GRPO through the two-turn loop on the leading-space task (the reward reads the whole
+    response, so turn 1's first token decides it): reward rises as the batch rollout's does."""
+    _, records = train(tiny_config, tmp_path, LEADING_SPACE, *LEARN, "actor_rollout_ref.actor.optim.lr=1e-1",
+                       "trainer.total_training_steps=10", "trainer.freshness_check_freq=-1",
+                       f"actor_rollout_ref.rollout.agent.agent_loop_config_path={loops_file}",
+                       "actor_rollout_ref.rollout.agent.default_agent_loop=two_turn", "data.max_response_length=24")
+    scores = [r["critic/score/mean"] for r in records]
+    assert scores[0] < 0.8 and min(scores[-3:]) >= 0.9, scores
+    assert all(r["agent/calls"] == 2 * 16 for r in records)  # two calls a row, 2 prompts x n = 8
+
+
+@pytest.mark.parametrize("how, message", [
+    ("raises", r"agent loop 'broken' raised on row 0: ValueError: the environment is down"),
+    ("reward", r"agent loop 'broken', row 0 returned reward_score"),
+    ("lengths", r"agent loop 'broken', row 0: response_ids \(\d+\), response_mask \(\d+\)"),
+])
+def test_a_broken_loop_is_named_with_its_row(tiny_config, loops_file, how, message):
+    from rlvr.agents.rollout import AgentLoopError
+
+    trainer, batch = rollout_of(tiny_config, f"actor_rollout_ref.rollout.agent.agent_loop_config_path={loops_file}",
+                                "actor_rollout_ref.rollout.agent.default_agent_loop=broken",
+                                f"trainer.experiment_name={how}")
+    with pytest.raises(AgentLoopError, match=message):
+        generate(trainer, batch)
+
+
+def test_loop_names_and_files_are_checked_at_load(tiny_config, tmp_path, tiny_data):  # noqa: F811
+    from rlvr.config import load_config
+
+    with pytest.raises(ConfigError, match="default_agent_loop = 'nope' is not a registered agent loop"):
+        tiny_config("actor_rollout_ref.rollout.agent.default_agent_loop=nope")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("- name: x\n  _target_: tests.agents.loops.Nowhere\n")
+    with pytest.raises(ConfigError, match=r"bad.yaml: entry 0 \(x\): cannot import tests.agents.loops.Nowhere"):
+        tiny_config(f"actor_rollout_ref.rollout.agent.agent_loop_config_path={bad}")
+    with pytest.raises(ConfigError, match="default_agent_loop=tool_agent is the multi-turn tool loop"):
+        load_config(overrides=["actor_rollout_ref.rollout.agent.default_agent_loop=tool_agent"])
+    # a row whose agent_name names no loop this run can run: refused naming the file and row
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(tiny_data["train"]).to_pylist()
+    table[1]["agent_name"] = "unknown_agent"
+    for row in table:
+        row.setdefault("agent_name", None)
+    named = tmp_path / "named.parquet"
+    import pyarrow as pa
+    pq.write_table(pa.Table.from_pylist(table), named)
+    with pytest.raises(ConfigError, match=r"agent_name 'unknown_agent' is not a loop this run can run"):
+        build_trainer(tiny_config(*QUIET, f"data.train_files=[{named}]"), progress_bar=False)
