@@ -15,9 +15,10 @@ or are listed in ``actor_rollout_ref.rollout.agent.agent_loop_config_path``, a Y
 ``rollout.agent.default_agent_loop`` the others'. ``kwargs`` are the row's columns
 (``raw_prompt`` messages, ``raw_prompt_ids``, ``extra_info``, ``data_source``, ...).
 
-Where rlvr departs from verl: ``sampling_params`` is rlvr's ``SamplingParams`` (a loop passes it
-on, or a ``dataclasses.replace`` of it), and ``reward_score`` on an output is refused for now:
-rows are scored by the reward function of their ``data_source``, as every other rollout's.
+A loop's ``reward_score`` is its row's score (a reward function's NaN guards apply: a value that
+is not a finite number is counted and its group left out); ``None`` leaves the row to the reward
+function of its ``data_source``. Where rlvr departs from verl: ``sampling_params`` is rlvr's
+``SamplingParams`` (a loop passes it on, or a ``dataclasses.replace`` of it).
 """
 
 from __future__ import annotations

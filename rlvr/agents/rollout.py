@@ -166,9 +166,6 @@ class AgentLoopRollout:
             where = f"agent loop {name!r}, row {i}"
             if not isinstance(out, AgentLoopOutput):
                 raise AgentLoopError(f"{where} returned {type(out).__name__}, not an AgentLoopOutput")
-            if out.reward_score is not None:
-                raise AgentLoopError(f"{where} returned reward_score: rlvr scores rows with the reward function of "
-                                     "their data_source (reward.custom_reward_function for your own); leave it None")
             if not out.prompt_ids:
                 raise AgentLoopError(f"{where} returned no prompt_ids")
             logprobs = out.response_logprobs
@@ -192,7 +189,8 @@ class AgentLoopRollout:
         non_tensors = {"finish_reason": ["length" if len(o.response_ids) > R else "stop" for o in outputs],
                        "num_turns": np.array([o.num_turns for o in outputs], dtype=np.int64),
                        "agent_name": np.array(names, dtype=object),
-                       "multi_turn_metrics": [{} for _ in outputs]}  # num_turns and added tokens are logged
+                       "multi_turn_metrics": [{} for _ in outputs],  # num_turns and added tokens are logged
+                       "reward_score": [o.reward_score for o in outputs]}  # None: the reward function scores it
         for key in sorted({k for o in outputs for k in o.extra_fields}):
             non_tensors[key] = [o.extra_fields.get(key) for o in outputs]  # one entry per row, lists kept whole
         out = pack_responses(loop_prompts, resp, lps, masks, pad_id, non_tensors)

@@ -165,6 +165,18 @@ def score_sample(fns: tuple, data_source: str, solution_str: str, ground_truth: 
             signal.signal(signal.SIGALRM, previous)
 
 
+def given_score(value) -> dict:
+    """An agent loop's ``reward_score`` as a scoring result: a finite number, else invalid (counted,
+    its group left out, as a reward function's NaN)."""
+    try:
+        score = float(value)
+    except (TypeError, ValueError):
+        return {"status": "invalid", "error": f"the agent loop returned reward_score {value!r}, not a number"}
+    if not math.isfinite(score) or abs(score) > MAX_SCORE:
+        return {"status": "invalid", "error": f"the agent loop returned reward_score {score!r}"}
+    return {"status": "ok", "score": score, "extras": {}}
+
+
 def score_chunk(jobs: list[tuple]) -> list[dict]:
     """``score_sample`` over a list of jobs (the unit of work sent to a pool worker)."""
     return [score_sample(*job) for job in jobs]
@@ -252,13 +264,19 @@ class RewardManager:
         sources = data.non_tensor_batch[self.reward_fn_key]
         reward_model = data.non_tensor_batch.get("reward_model")
         extra_info = with_trajectory_info(data)
+        given = data.non_tensor_batch.get("reward_score")  # an agent loop's own score of its row (None: none)
         jobs = []
         for i, text in enumerate(texts):
+            if given is not None and given[i] is not None:
+                continue
             truth = None if reward_model is None or reward_model[i] is None else reward_model[i].get("ground_truth")
             jobs.append((self._functions_for(sources[i]), sources[i], text, truth,
                          None if extra_info is None else extra_info[i], self.config.timeout_s))
         start = time.perf_counter()
         results = self._run(jobs)
+        if given is not None:  # the loops' scores in their rows' places, checked as a function's are
+            scored = iter(results)
+            results = [next(scored) if value is None else given_score(value) for value in given]
         result = self._collect(results, texts, sources, mask, time.perf_counter() - start)
         if self.config.overlong_buffer.enable:
             self._shape_overlong(result, mask, present.sum(dim=-1).cpu())

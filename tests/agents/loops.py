@@ -35,7 +35,7 @@ class TwoTurnLoop(AgentLoopBase):
 
 
 class Broken(AgentLoopBase):
-    """What kwargs["extra_info"]["broken"] says: raise, return a reward, or mismatched lengths."""
+    """What the run's experiment name says: raise, score its rows itself, or return mismatched lengths."""
 
     async def run(self, sampling_params, **kwargs):
         prompt = list(kwargs["raw_prompt_ids"])
@@ -43,6 +43,7 @@ class Broken(AgentLoopBase):
         how = self.config.trainer.experiment_name
         if how == "raises":
             raise ValueError("the environment is down")
-        if how == "reward":
-            return AgentLoopOutput(prompt, out.token_ids, [1] * len(out.token_ids), out.log_probs, reward_score=1.0)
+        if how in ("quarter", "nan"):  # its own score: 0.25 for every row, or NaN for even rows
+            score = float("nan") if how == "nan" and kwargs["extra_info"]["index"] % 2 == 0 else 0.25
+            return AgentLoopOutput(prompt, out.token_ids, [1] * len(out.token_ids), out.log_probs, reward_score=score)
         return AgentLoopOutput(prompt, out.token_ids, [1] * (len(out.token_ids) + 1), out.log_probs)

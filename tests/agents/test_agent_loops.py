@@ -94,7 +94,6 @@ def test_a_custom_loop_learns(tiny_config, tmp_path, loops_file):
 
 @pytest.mark.parametrize("how, message", [
     ("raises", r"agent loop 'broken' raised on row 0: ValueError: the environment is down"),
-    ("reward", r"agent loop 'broken', row 0 returned reward_score"),
     ("lengths", r"agent loop 'broken', row 0: response_ids \(\d+\), response_mask \(\d+\)"),
 ])
 def test_a_broken_loop_is_named_with_its_row(tiny_config, loops_file, how, message):
@@ -130,3 +129,18 @@ def test_loop_names_and_files_are_checked_at_load(tiny_config, tmp_path, tiny_da
     pq.write_table(pa.Table.from_pylist(table), named)
     with pytest.raises(ConfigError, match=r"agent_name 'unknown_agent' is not a loop this run can run"):
         build_trainer(tiny_config(*QUIET, f"data.train_files=[{named}]"), progress_bar=False)
+
+
+@pytest.mark.parametrize("how", ["quarter", "nan"])
+def test_a_loops_reward_score_is_its_rows_score_under_the_nan_guard(tiny_config, tmp_path, loops_file, how):
+    """reward_score replaces the reward function's score (the leading-space function gives 0 or
+    1, never 0.25); a NaN one is counted and its group left out, as a function's NaN is."""
+    _, records = train(tiny_config, tmp_path, LEADING_SPACE, "trainer.total_training_steps=1",
+                       "trainer.freshness_check_freq=-1", f"trainer.experiment_name={how}",
+                       f"actor_rollout_ref.rollout.agent.agent_loop_config_path={loops_file}",
+                       "actor_rollout_ref.rollout.agent.default_agent_loop=broken")
+    if how == "quarter":
+        assert records[0]["critic/score/mean"] == 0.25
+    else:
+        r = records[0]
+        assert r["training/dropped_groups"] >= 1 and r["reward/num_invalid"] == 3 * r["training/dropped_groups"]  # n = 3
