@@ -4,6 +4,7 @@ loops of a batch."""
 
 from rlvr.agents.loop import (AGENT_LOOPS, BUILT_IN, AgentLoopBase, AgentLoopOutput, SingleTurnAgentLoop,
                               TokenOutput, load_agent_loop_config, register)
+from rlvr.agents import gateway as _gateway  # registers openai_agent  # noqa: E402,F401
 
 
 def agent_loops_enabled(config) -> bool:

@@ -58,6 +58,11 @@ class RoundServer:
         self.requests += 1
         return await future
 
+    @staticmethod
+    def row_of_task() -> int:
+        """The batch row of the loop this is called from."""
+        return _row.get()
+
     def run_round(self) -> None:
         """The waiting calls, grouped by call index and sampling parameters, each group one
         ``generate`` in row order."""
@@ -115,12 +120,19 @@ class AgentLoopRollout:
         mask = prompts.batch["attention_mask"].cpu().bool()
         columns = {k: v for k, v in prompts.non_tensor_batch.items()}
         results: list = [None] * len(prompts)
+        gateway = None
+        if "openai_agent" in names:  # the user's agents reach the engine through rlvr serve's OpenAI routes
+            from rlvr.agents.gateway import Gateway
+
+            data = self.config.data
+            gateway = await Gateway(server, params, self.tokenizer, self.config,
+                                    data.max_prompt_length + data.max_response_length).__aenter__()
 
         async def one(i: int):
             _row.set(params.row_offset + i)
             kwargs = {k: v[i] for k, v in columns.items()}
             kwargs.setdefault("raw_prompt_ids", ids[i][mask[i]].tolist())
-            loop = AGENT_LOOPS.get(names[i])(self.config, server, self.tokenizer)
+            loop = AGENT_LOOPS.get(names[i])(self.config, server, self.tokenizer, gateway=gateway)
             try:
                 results[i] = await loop.run(params, **kwargs)
             except AgentLoopError:
@@ -144,6 +156,10 @@ class AgentLoopRollout:
         finally:
             for task in tasks:
                 task.cancel()
+            if gateway is not None:
+                await gateway.__aexit__(None, None, None)
+                self.stats["agent/context_breaks"] = float(gateway.breaks)
+                self.stats["agent/calls_dropped"] = float(gateway.dropped)
         self.stats["agent/calls"] = float(server.requests)
         return results
 

@@ -210,6 +210,23 @@ class ValKwargs:
 
 
 @dataclass
+class GatewayConfig:
+    """The ``openai_agent`` loop (``rlvr/agents/gateway.py``): the user's agent, through an
+    OpenAI-compatible endpoint on the loopback, trained on the tokens it was sampled."""
+    function: Optional[str] = None
+    """``file.py:name`` or ``module:name`` of ``async def agent(base_url, api_key, row) -> reward | None``."""
+    command: Optional[str] = None
+    """A shell command run per episode: ``OPENAI_BASE_URL`` and ``OPENAI_API_KEY`` set, the row (JSON)
+    on stdin, the reward on its stdout's last line (``None``: the reward function scores it)."""
+    timeout: float = 300.0
+    """Seconds an episode may take; past it the agent is stopped and the episode fails."""
+    max_calls: int = 32
+    """Model calls an episode may make; one more fails it."""
+    tool_call_parser: str = "hermes"
+    """How tool calls are read from the model's text in chat responses (``rlvr serve``'s parsers)."""
+
+
+@dataclass
 class AgentConfig:
     """verl's ``rollout.agent`` keys: which agent loop runs each row (``rlvr/agents``)."""
     default_agent_loop: str = "single_turn_agent"
@@ -218,6 +235,7 @@ class AgentConfig:
     registered with ``rlvr.agents.register`` or listed in ``agent_loop_config_path``."""
     agent_loop_config_path: Optional[str] = None
     """A YAML list of ``{name, _target_: module.Class}``: agent loops to register (verl's format)."""
+    gateway: GatewayConfig = field(default_factory=GatewayConfig)
 
 
 @dataclass

@@ -760,6 +760,16 @@ def _agent_loops(cfg: RLVRConfig) -> list[str]:
         errors.append(f"{key}.default_agent_loop = {agent.default_agent_loop!r} is not a registered agent loop "
                       f"(registered: {sorted(AGENT_LOOPS.names()) + ['tool_agent']}); register it with "
                       f"@rlvr.agents.register in a custom_modules file, or list it in {key}.agent_loop_config_path")
+    gateway = agent.gateway
+    if agent.default_agent_loop == "openai_agent" and bool(gateway.function) == bool(gateway.command):
+        errors.append(f"{key}.default_agent_loop=openai_agent runs your agent: set one of {key}.gateway.function "
+                      f"(file.py:name of async def agent(base_url, api_key, row)) and {key}.gateway.command")
+    if gateway.timeout <= 0 or gateway.max_calls < 1:
+        errors.append(f"{key}.gateway.timeout must be > 0 seconds and max_calls at least 1")
+    from rlvr.tools.parsers import TOOL_PARSERS
+
+    if gateway.tool_call_parser not in TOOL_PARSERS:
+        errors.append(f"{key}.gateway.tool_call_parser = {gateway.tool_call_parser!r}: use one of {sorted(TOOL_PARSERS)}")
     if agent_loops_enabled(cfg) and arr.rollout.name == "vllm" and arr.rollout.mode == "sync" \
             and arr.rollout.tensor_model_parallel_size > 1:
         errors.append(f"{key}: agent loops with vLLM over several ranks (tensor_model_parallel_size > 1) are not "

@@ -118,7 +118,10 @@ def chat_prompt(server: Server, body: ChatCompletionRequest) -> list[int]:
                                                     tokenize=False, **(body.chat_template_kwargs or {}))
     except Exception as err:  # jinja's errors are many kinds; each becomes the client's 400
         raise BadRequest("messages", f"the chat template refused them: {err}") from None
-    return server.check_prompt(server.tokenizer.encode(text, add_special_tokens=False), "messages")
+    ids = server.tokenizer.encode(text, add_special_tokens=False)
+    if server.render_chat is not None:
+        ids = server.render_chat(body, ids)
+    return server.check_prompt(ids, "messages")
 
 
 def openai_spec(server: Server, body: OpenAISampling, prompt: list[int], max_tokens: int | None,

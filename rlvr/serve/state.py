@@ -69,6 +69,9 @@ class Server:
     release: Callable[[set[str]], str] | None = None
     model: Any = None
     """The served model (the distributed weight update copies into it)."""
+    render_chat: Callable[[Any, list[int]], list[int]] | None = None
+    """A chat request's prompt ids from its template's (the training gateway puts the tokens the model
+    sampled in place of its earlier turns' re-rendered text, ``rlvr/agents/gateway.py``)."""
     groups: dict[str, Any] = field(default_factory=dict)
     """Weight-update process groups by name (``weight_sync.py``)."""
     weight_version: str = "default"

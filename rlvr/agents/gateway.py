@@ -1,0 +1,300 @@
+"""The OpenAI gateway: train an agent of the user's, which calls an OpenAI-compatible endpoint, on
+exactly the tokens the model sampled.
+
+``openai_agent`` is an agent loop (``loop.py``) that runs the user's code once per episode:
+
+- ``rollout.agent.gateway.function`` (``file.py:name`` or ``module:name``): ``async def
+  agent(base_url, api_key, row) -> reward``, called in the rollout's event loop;
+- ``rollout.agent.gateway.command``: a process started per episode with ``OPENAI_BASE_URL`` and
+  ``OPENAI_API_KEY`` set and the row (JSON) on stdin; its stdout's last line is the reward.
+
+A reward of ``None`` leaves the episode to the reward function of its ``data_source``.
+
+Its calls reach the engine through ``rlvr serve``'s own OpenAI routes (``/v1/chat/completions``,
+``/v1/completions``: the chat template, tool-call parsing, streaming), served on a free loopback
+port for the rollout. Each episode has a key of its own (``Authorization: Bearer KEY``); a call
+with another key, or after its episode ended, gets 401. Each call's prompt token ids and sampled
+token ids, log-probs and weight version are recorded, and the episode is assembled from them
+without re-tokenising anything: a call whose prompt extends the previous call's prompt and
+completion continues the sample (the model's tokens mask 1, what the agent or the template added
+between them mask 0).
+
+Where the calls stop extending each other (the agent rewrote its context, or the chat template
+rendered the model's earlier turn to other tokens), the episode keeps its first chain of calls and
+the rest are counted (``agent/context_breaks``, ``agent/calls_dropped``): splitting an episode into
+several samples that share its reward is not built yet.
+
+The rollout's sampling settings (temperature, top-p, top-k) apply to every call whatever the agent
+asks, since the update computes the sampled tokens' log-probs under them; an agent's
+``max_tokens`` caps its call. An episode fails (its reward NaN: counted, its group left out, as a
+reward function's NaN) when the agent raises, runs past ``gateway.timeout``, makes more than
+``gateway.max_calls`` calls, or returns something that is not a number or None.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import contextvars
+import dataclasses
+import json
+import math
+import os
+import secrets
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+from rlvr.agents.loop import AgentLoopBase, AgentLoopOutput, register
+from rlvr.rollout.base import Completion
+
+_episode: contextvars.ContextVar["Episode"] = contextvars.ContextVar("agent_episode")
+
+
+@dataclass
+class Episode:
+    row: int
+    key: str
+    calls: list[tuple[list[int], Any]] = field(default_factory=list)  # (prompt ids, TokenOutput)
+    open: bool = True
+    failed: str | None = None
+    messages: list | None = None  # the chat call being answered: its messages
+    last: tuple | None = None  # the last chat call: (messages, prompt ids, sampled ids, their text)
+
+
+class GatewayEngine:
+    """What ``rlvr serve``'s routes call as their engine: each request goes to the rollout's round
+    server as a call of the episode whose key it carries."""
+
+    def __init__(self, rounds, params, max_calls: int, decode):
+        self.rounds, self.params, self.max_calls, self.decode = rounds, params, max_calls, decode
+        self.core = SimpleNamespace(waiting=())  # the routes' queue check: the rounds have no bound
+        self.max_waiting = sys.maxsize
+
+    async def generate(self, request, on_tokens=None) -> Completion:
+        from rlvr.agents.rollout import _row
+        from rlvr.serve.protocol import BadRequest
+
+        episode = _episode.get()
+        if len(episode.calls) >= self.max_calls:
+            episode.failed = f"more than actor_rollout_ref.rollout.agent.gateway.max_calls={self.max_calls} calls"
+            raise BadRequest("request", episode.failed, status=429)
+        if request.stop_token_ids:
+            raise BadRequest("stop_token_ids", "not taken while training: the rollout's end tokens apply")
+        _row.set(episode.row)
+        params = dataclasses.replace(self.params, max_new_tokens=min(request.params.max_new_tokens,
+                                                                     self.params.max_new_tokens),
+                                     stop=tuple(request.params.stop))
+        out = await self.rounds.generate(request.id, prompt_ids=request.prompt_ids, sampling_params=params)
+        episode.calls.append((list(request.prompt_ids), out))
+        episode.last = None if episode.messages is None else (
+            episode.messages, list(request.prompt_ids), list(out.token_ids), self.decode(out.token_ids))
+        episode.messages = None
+        if on_tokens is not None:  # a streamed call: its tokens in one event
+            on_tokens(out.token_ids, out.log_probs)
+        return Completion(out.token_ids, out.log_probs, out.finish_reason, out.weight_version)
+
+
+class Gateway:
+    """``rlvr serve``'s app over ``GatewayEngine`` on a free loopback port, for one rollout."""
+
+    def __init__(self, rounds, params, tokenizer, config, max_model_len: int):
+        self.config = config.actor_rollout_ref.rollout.agent.gateway
+        self.tokenizer, self.max_model_len = tokenizer, max_model_len
+        self.engine = GatewayEngine(rounds, params, self.config.max_calls,
+                                    lambda ids: tokenizer.decode(ids, skip_special_tokens=True))
+        self.episodes: dict[str, Episode] = {}
+        self.breaks = self.dropped = 0
+
+    def episode(self, row: int) -> Episode:
+        episode = Episode(row, secrets.token_hex(16))
+        self.episodes[episode.key] = episode
+        return episode
+
+    async def __aenter__(self) -> "Gateway":
+        import uvicorn
+        from fastapi import Request
+
+        from rlvr.distributed.worker import free_port
+        from rlvr.serve.app import build_app, error_response
+        from rlvr.serve.state import Server
+
+        vocab = len(self.tokenizer)
+        server = Server(self.engine, self.tokenizer, "rlvr-policy", "rlvr-policy", self.max_model_len, vocab,
+                        request_timeout=self.config.timeout, tool_parser=self.config.tool_call_parser,
+                        render_chat=self.render_chat)
+        app = build_app(server)
+
+        @app.middleware("http")
+        async def episode_key(request: Request, call_next):  # runs before the handler: its episode is set there
+            given = request.headers.get("authorization", "").removeprefix("Bearer ").strip()
+            episode = self.episodes.get(given)
+            if episode is None or not episode.open:
+                return error_response(401, "unknown or ended episode key: send the key your episode was given "
+                                           "(OPENAI_API_KEY) as Authorization: Bearer KEY")
+            _episode.set(episode)
+            return await call_next(request)
+
+        self.port = free_port()
+        self.uv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="error",
+                                                lifespan="off"))
+        self.task = asyncio.ensure_future(self.uv.serve())
+        while not self.uv.started:
+            if self.task.done():
+                self.task.result()
+            await asyncio.sleep(0.01)
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        self.uv.should_exit = True
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self.task, 10)
+
+    def render_chat(self, body, template_ids: list[int]) -> list[int]:
+        """The prompt of a chat call that continues the episode's last one (its messages, then the
+        assistant turn it was answered with, then new ones): the last prompt's ids, the tokens the
+        model sampled, the template's glue after them (an end marker's newline), then the new
+        messages as the template renders them. Anything else keeps the template's ids (a context
+        break when it does not extend the last call: counted by ``assemble``)."""
+        episode = _episode.get()
+        episode.messages = [dict(m) for m in body.messages]
+        if episode.last is None:
+            return template_ids
+        before_msgs, before_ids, sampled, text = episode.last
+        n, messages = len(before_msgs), episode.messages
+        turn_msg = messages[n] if len(messages) > n else None
+        if messages[:n] != before_msgs or turn_msg is None or turn_msg.get("role") != "assistant" \
+                or (turn_msg.get("content") or "").strip() not in text:
+            return template_ids
+        tools = body.tools if body.tool_choice != "none" else None
+
+        def render(msgs, generation_prompt):
+            return self.tokenizer.encode(self.tokenizer.apply_chat_template(
+                msgs, tools=tools, add_generation_prompt=generation_prompt, tokenize=False,
+                **(body.chat_template_kwargs or {})), add_special_tokens=False)
+
+        with_turn = render(messages[:n + 1], False)
+        if render(before_msgs, True) != before_ids or template_ids[:len(with_turn)] != with_turn \
+                or with_turn[:len(before_ids)] != before_ids:
+            return template_ids
+        turn = with_turn[len(before_ids):]  # the template's text of the turn: content, end marker, glue
+        return before_ids + sampled + turn_glue(turn, sampled, self.tokenizer) + template_ids[len(with_turn):]
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    def assemble(self, episode: Episode, fallback_prompt: list[int]) -> tuple[list[int], list[int], list[int],
+                                                                             list[float]]:
+        """(prompt, response, mask, log-probs) of the episode's first chain of calls."""
+        if not episode.calls:
+            return fallback_prompt, [], [], []
+        prompt = episode.calls[0][0]
+        context, response, mask, logprobs = list(prompt), [], [], []
+        for i, (prompt_ids, out) in enumerate(episode.calls):
+            if prompt_ids[:len(context)] != context:
+                self.breaks += 1
+                self.dropped += len(episode.calls) - i
+                break
+            added = prompt_ids[len(context):]
+            response += added + list(out.token_ids)
+            mask += [0] * len(added) + [1] * len(out.token_ids)
+            logprobs += [0.0] * len(added) + list(out.log_probs)
+            context = list(prompt_ids) + list(out.token_ids)
+        return prompt, response, mask, logprobs
+
+
+def turn_glue(turn: list[int], sampled: list[int], tokenizer) -> list[int]:
+    """What the template puts after the sampled tokens of an assistant turn: after the turn's last
+    copy of the token the model ended on (its end marker), or, for a turn cut at its length, from
+    the template's end marker on."""
+    if sampled and sampled[-1] in turn:
+        at = len(turn) - 1 - turn[::-1].index(sampled[-1])
+        return turn[at + 1:]
+    ends = {tokenizer.eos_token_id, *getattr(tokenizer, "all_special_ids", [])}
+    marker = next((i for i in range(len(turn) - 1, -1, -1) if turn[i] in ends and i > 0), None)
+    return turn[marker:] if marker is not None else []
+
+
+def load_agent_function(spec: str):
+    """``file.py:name`` or ``module:name`` -> the function."""
+    import importlib
+
+    from rlvr.registry import import_file
+
+    where, _, name = spec.rpartition(":")
+    if not where or not name:
+        raise ValueError(f"actor_rollout_ref.rollout.agent.gateway.function = {spec!r}: write file.py:name or module:name")
+    module = import_file(Path(where).expanduser(), "rlvr_user_agent") if where.endswith(".py") \
+        else importlib.import_module(where)
+    fn = getattr(module, name, None)
+    if not callable(fn):
+        raise ValueError(f"actor_rollout_ref.rollout.agent.gateway.function = {spec!r}: {where} has no function {name!r}")
+    return fn
+
+
+def jsonable(row: dict) -> dict:
+    def convert(value):
+        if hasattr(value, "tolist"):
+            return value.tolist()
+        if isinstance(value, dict):
+            return {k: convert(v) for k, v in value.items()}
+        if isinstance(value, (list, tuple)):
+            return [convert(v) for v in value]
+        return value
+    return {k: convert(v) for k, v in row.items() if k != "raw_prompt_ids"}
+
+
+@register("openai_agent")
+class OpenAIAgentLoop(AgentLoopBase):
+    """One episode of the user's agent through the gateway (module docstring)."""
+
+    def __init__(self, config, server_manager, tokenizer, gateway: Gateway | None = None, **kwargs):
+        super().__init__(config, server_manager, tokenizer)
+        self.gateway = gateway
+
+    async def run(self, sampling_params, **kwargs) -> AgentLoopOutput:
+        cfg = self.gateway.config
+        episode = self.gateway.episode(self.server_manager.row_of_task())
+        row = jsonable(kwargs)
+        try:
+            reward = await asyncio.wait_for(self._agent(episode, row, cfg), cfg.timeout)
+            if reward is not None and not isinstance(reward, (int, float)):
+                raise ValueError(f"the agent returned {type(reward).__name__} {reward!r}: return a number or None")
+        except asyncio.TimeoutError:
+            episode.failed = f"ran past actor_rollout_ref.rollout.agent.gateway.timeout={cfg.timeout:g} s"
+        except Exception as err:
+            episode.failed = episode.failed or f"{type(err).__name__}: {err}"
+        finally:
+            episode.open = False
+        prompt, response, mask, logprobs = self.gateway.assemble(episode, list(kwargs["raw_prompt_ids"]))
+        if episode.failed is not None:
+            print(f"[rlvr] agent episode of row {episode.row} failed: {episode.failed}", file=sys.stderr, flush=True)
+            reward = math.nan  # counted, its group left out
+        return AgentLoopOutput(prompt, response, mask, logprobs, reward_score=None if reward is None else float(reward),
+                               num_turns=2 * len(episode.calls),
+                               metrics={"failed": float(episode.failed is not None), "calls": float(len(episode.calls))})
+
+    async def _agent(self, episode: Episode, row: dict, cfg):
+        if cfg.function:
+            return await load_agent_function(cfg.function)(self.gateway.base_url, episode.key, row)
+        process = await asyncio.create_subprocess_shell(
+            cfg.command, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+            env={**os.environ, "OPENAI_BASE_URL": self.gateway.base_url, "OPENAI_API_KEY": episode.key},
+            start_new_session=True)
+        try:
+            out, err = await process.communicate(json.dumps(row).encode())
+        finally:
+            if process.returncode is None:  # timed out or cancelled: stopped by its pid
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(process.pid, 9)
+                await process.wait()
+        if process.returncode != 0:
+            raise RuntimeError(f"the agent command exited with status {process.returncode}: "
+                               f"{err.decode(errors='replace')[-300:]}")
+        last = (out.decode(errors="replace").strip().splitlines() or [""])[-1].strip()
+        if last in ("", "None", "null"):
+            return None
+        return float(last)

@@ -1,0 +1,61 @@
+"""Agents the gateway tests run: they call the training gateway with the openai client (PyPI)."""
+
+import asyncio
+
+import httpx
+import openai
+
+SEEN: dict[str, list] = {}  # api key -> each call's (prompt_token_ids, token_ids), as the responses carried them
+
+
+async def two_chats(base_url, api_key, row):
+    """Ask, reply "Again?", ask again; reward: the first answer starts with a space."""
+    client = openai.AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0)
+    messages = list(row["raw_prompt"])
+    calls = SEEN.setdefault(api_key, [])
+    first = await client.chat.completions.create(model="rlvr-policy", messages=messages, max_tokens=6, temperature=0.3)
+    calls.append((first.model_extra["prompt_token_ids"], first.choices[0].model_extra["token_ids"]))
+    text = first.choices[0].message.content
+    messages += [{"role": "assistant", "content": text}, {"role": "user", "content": "Again?"}]
+    second = await client.chat.completions.create(model="rlvr-policy", messages=messages, max_tokens=6)
+    calls.append((second.model_extra["prompt_token_ids"], second.choices[0].model_extra["token_ids"]))
+    return float(text.startswith(" "))
+
+
+async def rewrites(base_url, api_key, row):
+    """Ask, then ask again with its first answer replaced by a summary: a context break."""
+    client = openai.AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0)
+    messages = list(row["raw_prompt"])
+    await client.chat.completions.create(model="rlvr-policy", messages=messages, max_tokens=4)
+    messages += [{"role": "assistant", "content": "(summarised)"}, {"role": "user", "content": "Go on."}]
+    await client.chat.completions.create(model="rlvr-policy", messages=messages, max_tokens=4)
+    return 1.0
+
+
+async def raises(base_url, api_key, row):
+    raise RuntimeError("the agent's environment is down")
+
+
+async def hangs(base_url, api_key, row):
+    await asyncio.sleep(60)
+
+
+async def too_many_calls(base_url, api_key, row):
+    client = openai.AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0)
+    for _ in range(5):
+        await client.completions.create(model="rlvr-policy", prompt="1 + 1 =", max_tokens=2)
+    return 1.0
+
+
+async def returns_text(base_url, api_key, row):
+    return "great"
+
+
+async def wrong_key(base_url, api_key, row):
+    """Another key than its own: 401, whatever it tries (a made-up key, none)."""
+    async with httpx.AsyncClient() as client:
+        for headers in ({"Authorization": "Bearer " + "0" * 32}, {}):
+            answer = await client.post(f"{base_url}/completions", headers=headers,
+                                       json={"model": "rlvr-policy", "prompt": "hi", "max_tokens": 2})
+            assert answer.status_code == 401, answer.text
+    return 0.5

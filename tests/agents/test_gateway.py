@@ -1,0 +1,112 @@
+"""The OpenAI gateway (openai_agent): agents of the user's, written with the openai client or as a
+process, trained on the tokens the model sampled; broken and hostile agents fail their episode
+alone."""
+
+import json
+import sys
+
+import pytest
+
+from rlvr.trainer.main import build_trainer
+from tests.agents import gateway_agents
+from tests.agents.test_agent_loops import QUIET, generate
+from tests.trainer.conftest import tiny_config, tiny_data  # noqa: F401 (fixtures)
+from tests.trainer.test_learning import LEADING_SPACE, LEARN, train
+
+GATEWAY = ("actor_rollout_ref.rollout.agent.default_agent_loop=openai_agent", "data.return_raw_chat=true",
+           "data.max_response_length=48")
+
+
+def agent(name):
+    return f"actor_rollout_ref.rollout.agent.gateway.function=tests.agents.gateway_agents:{name}"
+
+
+def test_a_chat_agent_trains_on_the_tokens_it_was_sampled(tiny_config):
+    """Two chat calls per episode through the openai client: the trajectory is the first call's
+    sampled ids, the ids between (the template's end-of-turn glue and the user's reply, mask 0),
+    the second call's sampled ids, bit for bit as the responses carried them; the second prompt
+    extends the first prompt and its sampled tokens (nothing re-tokenised), so no context break."""
+    gateway_agents.SEEN.clear()
+    trainer = build_trainer(tiny_config(*QUIET, *GATEWAY, agent("two_chats")), progress_bar=False)
+    batch = next(iter(trainer._batches()))[0]
+    _, out = generate(trainer, batch)
+    assert out.meta_info["rollout_metrics"]["agent/context_breaks"] == 0.0
+    assert len(gateway_agents.SEEN) == len(out)  # one key per episode
+    by_prompt = {}
+    for calls in gateway_agents.SEEN.values():
+        (p1, s1), (p2, s2) = calls
+        assert p2[:len(p1) + len(s1)] == p1 + s1  # the sampled tokens, not a re-rendering of their text
+        glue = p2[len(p1) + len(s1):]
+        by_prompt.setdefault(tuple(p1 + s1 + glue + s2), (p1, s1, glue, s2))
+    for r in range(len(out)):
+        n = int(out.batch["attention_mask"][r, -out.batch["responses"].shape[1]:].sum())
+        prompt = out.batch["prompts"][r][out.batch["attention_mask"][r, :out.batch["prompts"].shape[1]].bool()].tolist()
+        response = out.batch["responses"][r, :n].tolist()
+        p1, s1, glue, s2 = by_prompt[tuple(prompt + response)]
+        assert prompt == p1 and response == s1 + glue + s2
+        assert out.batch["response_mask"][r, :n].tolist() == [1] * len(s1) + [0] * len(glue) + [1] * len(s2)
+    assert list(out.non_tensor_batch["reward_score"]) == [float(r) for r in out.non_tensor_batch["reward_score"]]
+
+
+def test_a_chat_agent_learns(tiny_config, tmp_path):
+    """GRPO on the agent's own reward (its first answer starts with a space): it rises."""
+    _, records = train(tiny_config, tmp_path, LEADING_SPACE, *LEARN, *GATEWAY, agent("two_chats"),
+                       "actor_rollout_ref.actor.optim.lr=1e-1", "trainer.total_training_steps=10",
+                       "trainer.freshness_check_freq=-1")
+    scores = [r["critic/score/mean"] for r in records]
+    assert scores[0] < 0.8 and min(scores[-3:]) >= 0.9, scores
+    assert all(r["agent/failed"] == 0.0 and r["agent/calls"] == 2.0 for r in records)
+
+
+def test_a_process_agent_over_urllib_trains(tiny_config, tmp_path):
+    """gateway.command: a script with the standard library only, the row on stdin, its reward on
+    stdout; three steps train."""
+    script = tmp_path / "agent.py"
+    script.write_text('''
+import json, os, sys, urllib.request
+row = json.load(sys.stdin)
+body = json.dumps({"model": "rlvr-policy", "messages": row["raw_prompt"], "max_tokens": 5}).encode()
+request = urllib.request.Request(os.environ["OPENAI_BASE_URL"] + "/chat/completions", data=body, headers={
+    "Authorization": "Bearer " + os.environ["OPENAI_API_KEY"], "Content-Type": "application/json"})
+answer = json.load(urllib.request.urlopen(request, timeout=60))
+print(float(answer["choices"][0]["message"]["content"].startswith(" ")))
+''')
+    _, records = train(tiny_config, tmp_path, LEADING_SPACE, *GATEWAY, "trainer.total_training_steps=3",
+                       "trainer.freshness_check_freq=-1",
+                       f"actor_rollout_ref.rollout.agent.gateway.command={sys.executable} {script}")
+    assert len(records) == 3 and all(r["agent/failed"] == 0.0 and r["agent/calls"] == 1.0 for r in records)
+    assert any(r["actor/grad_norm"] > 0 for r in records)
+
+
+def test_a_rewritten_context_is_a_counted_break(tiny_config):
+    """The second call's context replaces the first answer: the episode keeps its first call and
+    counts the break and the dropped call."""
+    trainer = build_trainer(tiny_config(*QUIET, *GATEWAY, agent("rewrites")), progress_bar=False)
+    _, out = generate(trainer, next(iter(trainer._batches()))[0])
+    metrics = out.meta_info["rollout_metrics"]
+    assert metrics["agent/context_breaks"] == len(out) and metrics["agent/calls_dropped"] == len(out)
+    assert int(out.batch["response_mask"].sum()) == int(out.batch["attention_mask"][:, -out.batch["responses"].shape[1]:].sum())
+
+
+@pytest.mark.parametrize("name, why", [
+    ("raises", "RuntimeError: the agent's environment is down"),
+    ("hangs", "ran past actor_rollout_ref.rollout.agent.gateway.timeout=2 s"),
+    ("too_many_calls", "more than actor_rollout_ref.rollout.agent.gateway.max_calls=3 calls"),
+    ("returns_text", "the agent returned str 'great': return a number or None"),
+])
+def test_a_bad_agent_fails_its_episode_alone(tiny_config, tmp_path, capsys, name, why):
+    """Each failure is its episode's: the reason is printed, the episode's reward is NaN (counted,
+    its group left out of the update) and the run goes on."""
+    _, records = train(tiny_config, tmp_path, LEADING_SPACE, *GATEWAY, agent(name), "trainer.total_training_steps=1",
+                       "trainer.freshness_check_freq=-1", "actor_rollout_ref.rollout.agent.gateway.timeout=2",
+                       "actor_rollout_ref.rollout.agent.gateway.max_calls=3")
+    assert why in capsys.readouterr().err
+    r = records[0]
+    assert r["agent/failed"] == 1.0 and r["reward/num_invalid"] == 6.0 and r["training/dropped_groups"] == 2.0
+
+
+def test_an_agent_cannot_call_with_another_key(tiny_config, tmp_path):
+    """A made-up key, or none: 401; the agent's own episode is unaffected."""
+    _, records = train(tiny_config, tmp_path, LEADING_SPACE, *GATEWAY, agent("wrong_key"),
+                       "trainer.total_training_steps=1", "trainer.freshness_check_freq=-1")
+    assert records[0]["agent/failed"] == 0.0 and records[0]["critic/score/mean"] == 0.5
