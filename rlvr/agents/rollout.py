@@ -63,7 +63,7 @@ class RoundServer:
         """The batch row of the loop this is called from."""
         return _row.get()
 
-    def run_round(self) -> None:
+    async def run_round(self) -> None:
         """The waiting calls, grouped by call index and sampling parameters, each group one
         ``generate`` in row order."""
         waiting, self.waiting = sorted(self.waiting, key=lambda w: (w[1], w[0])), []
@@ -76,7 +76,11 @@ class RoundServer:
             params = dataclasses.replace(params, seed=int(self.params.seed) + call * TURN_SEED_STRIDE,
                                          row_ids=tuple(e[0] for e in entries),
                                          total_rows=max(self.params.total_rows, max(e[0] for e in entries) + 1))
-            completions = self.engine.generate([e[2] for e in entries], params)
+            prompts = [e[2] for e in entries]
+            if hasattr(self.engine, "agenerate"):  # servers: requests from this event loop
+                completions = await self.engine.agenerate(prompts, params)
+            else:  # the engine in this process: one synchronous batch
+                completions = self.engine.generate(prompts, params)
             for entry, c in zip(entries, completions):
                 entry[4].set_result(TokenOutput(c.token_ids, c.log_probs, c.finish_reason, c.weight_version))
 
@@ -148,7 +152,7 @@ class AgentLoopRollout:
                     if task.done() and task.exception() is not None:
                         raise task.exception()
                 if server.waiting:
-                    server.run_round()
+                    await server.run_round()
                 elif all(t.done() for t in tasks):
                     break
                 else:  # loops awaiting their own I/O

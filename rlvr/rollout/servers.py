@@ -593,6 +593,12 @@ class ServerRollout(BaseRollout):
         """One request per prompt group (rows with the same group key, prompt and budget, sent
         with ``n``), all in flight at once, gathered in row order. A group's seed is the call's
         seed and the group's first row, so its samples do not depend on the replica it lands on."""
+        return asyncio.run(self.agenerate(prompts, params, groups, max_new_tokens))
+
+    async def agenerate(self, prompts: Sequence[Sequence[int]], params: SamplingParams,
+                        groups: Sequence[Hashable] | None = None,
+                        max_new_tokens: Sequence[int] | None = None) -> list[Completion]:
+        """``generate`` from a running event loop (the agent loops' rounds)."""
         if not prompts:
             return []
         budgets = [min(int(b), params.max_new_tokens) for b in max_new_tokens] if max_new_tokens is not None \
@@ -605,7 +611,7 @@ class ServerRollout(BaseRollout):
         results: list[Completion | None] = [None] * len(prompts)
         jobs = [(key, members, (int(params.seed) * 1_000_003 + rows[members[0]]) % 2**31)
                 for key, members in batches.items()]
-        outputs = asyncio.run(self._gather(prompts, params, jobs))
+        outputs = await self._gather(prompts, params, jobs)
         for (_, members, _), completions in zip(jobs, outputs):
             for i, completion in zip(members, completions):
                 results[i] = completion

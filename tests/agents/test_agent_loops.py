@@ -144,3 +144,23 @@ def test_a_loops_reward_score_is_its_rows_score_under_the_nan_guard(tiny_config,
     else:
         r = records[0]
         assert r["training/dropped_groups"] >= 1 and r["reward/num_invalid"] == 3 * r["training/dropped_groups"]  # n = 3
+
+
+def test_agent_loops_run_on_rollout_servers(tiny_config, loops_file):
+    """rollout.mode=async: the rounds go to an rlvr serve replica as requests; the two-turn loop's
+    trajectory is still the tokens the server sampled around NUDGE, and each turn's tokens are
+    the server's (its log-probs are the rollout's)."""
+    trainer, batch = rollout_of(tiny_config, "actor_rollout_ref.rollout.mode=async",
+                                f"actor_rollout_ref.rollout.agent.agent_loop_config_path={loops_file}",
+                                "actor_rollout_ref.rollout.agent.default_agent_loop=two_turn", "data.max_response_length=24")
+    try:
+        assert type(trainer.wg.worker.rollout.engine).__name__ == "ServerRollout"
+        _, out = generate(trainer, batch)
+    finally:
+        trainer.wg.shutdown()
+    for r in range(len(out)):
+        first, second = out.non_tensor_batch["first_ids"][r], out.non_tensor_batch["second_ids"][r]
+        n = len(first) + len(NUDGE) + len(second)
+        assert out.batch["responses"][r, :n].tolist() == first + NUDGE + second
+        assert out.batch["response_mask"][r, :n].tolist() == [1] * len(first) + [0, 0] + [1] * len(second)
+        assert float(out.batch["rollout_log_probs"][r, :len(first)].abs().sum()) > 0
