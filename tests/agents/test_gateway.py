@@ -110,3 +110,13 @@ def test_an_agent_cannot_call_with_another_key(tiny_config, tmp_path):
     _, records = train(tiny_config, tmp_path, LEADING_SPACE, *GATEWAY, agent("wrong_key"),
                        "trainer.total_training_steps=1", "trainer.freshness_check_freq=-1")
     assert records[0]["agent/failed"] == 0.0 and records[0]["critic/score/mean"] == 0.5
+
+
+def test_the_example_agent_runs_as_documented(tiny_config, tmp_path):
+    """examples/agents/chat_agent.py, as docs/agents.md runs it: two calls an episode, none failed."""
+    from pathlib import Path
+
+    example = Path(__file__).parents[2] / "examples" / "agents" / "chat_agent.py"
+    _, records = train(tiny_config, tmp_path, LEADING_SPACE, *GATEWAY, "trainer.total_training_steps=1",
+                       "trainer.freshness_check_freq=-1", f"actor_rollout_ref.rollout.agent.gateway.function={example}:agent")
+    assert records[0]["agent/failed"] == 0.0 and records[0]["agent/calls"] == 2.0
