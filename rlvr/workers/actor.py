@@ -269,10 +269,6 @@ class Actor:
         """One optimizer step over a mini-batch; returns the tokens it fed through the model."""
         mask = loss_mask(data)
         mini_mask = mask[torch.tensor(mini_rows)]
-        if not bool(mini_mask.any()):  # every row left out (dropped groups): no loss, and no step, since Adam's
-            metrics["actor/empty_mini_batches"].append(1.0)  # moments would move the weights on zero gradients
-            return 0  # (the whole batch's mask: every rank skips the same mini-batches)
-        metrics["actor/empty_mini_batches"].append(0.0)
         totals = {"num_tokens": mini_mask.sum().clamp(min=1).float(), "num_seqs": count_seqs(mini_mask),
                   "norm_constant": self.max_response_length}
         self.optimizer.zero_grad(set_to_none=True)

@@ -482,4 +482,6 @@ def forward_log_probs(model, batch: dict, uids, temperature: float, calculate_en
     with autocast(batch["input_ids"].device, dtype):
         states = response_states(model, batch, uids, share_prompt, pad_id)
         lp, ent = token_log_probs(model, states.hidden, states.labels, temperature, calculate_entropy, entropy_grad)
+        if lp.numel() == 0 and states.hidden.requires_grad:  # no response token at all (failed agent episodes):
+            lp = lp + states.hidden.sum() * 0.0  # still a graph, so the backward runs (zero gradients, every collective)
     return scatter_responses(lp, states, shape), None if ent is None else scatter_responses(ent, states, shape)

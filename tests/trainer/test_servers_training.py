@@ -225,14 +225,15 @@ def test_one_step_off_on_servers_resumes_to_the_uninterrupted_run(tiny_config, t
     resumed run's records and samples equal the uninterrupted run's. The batch generated ahead
     before the interrupt is saved with the checkpoint and trained, not generated again; new
     replicas are started and sent the checkpoint's weights. The servers seed each group, so two
-    runs sample the same tokens. Only the servers' own log-probs of those tokens may differ, by
-    float rounding (measured: 1e-7): a server batches requests as they arrive, and a batch's
-    make-up changes the matmuls' blocking."""
+    runs sample the same tokens. Only the servers' own log-probs of those tokens (and the gaps
+    measured from them) may differ, by float rounding (measured: 1e-7): a server batches requests
+    as they arrive, and a batch's make-up changes the matmuls' blocking."""
     from tests.trainer.test_async import dumped, records, stable
 
     def same_run(record):
         return {k: v for k, v in stable(record).items()
-                if not k.startswith(("training/rollout_", "training/freshness/log_prob_gap", "rollout/weight_sync_s"))}
+                if not k.startswith(("training/rollout_", "training/freshness/log_prob_gap", "training/engine_parity/",
+                                     "rollout/weight_sync_s"))}
 
     overrides = (*ASYNC, *AHEAD, "trainer.v1.colocate_async.num_warmup_batches=1")
     whole = build_trainer(tiny_config(*overrides, f"trainer.default_local_dir={tmp_path / 'whole'}"), progress_bar=False)
@@ -242,7 +243,8 @@ def test_one_step_off_on_servers_resumes_to_the_uninterrupted_run(tiny_config, t
     resumed = interrupt_and_resume(cut, 3, "saved step 2")
     assert resumed.global_step == 4
     cut_records, whole_records = records(tmp_path / "cut"), records(tmp_path / "whole")
-    assert [same_run(r) for r in cut_records] == [same_run(r) for r in whole_records]
+    differ = [(r["step"], k) for r, w in zip(cut_records, whole_records) for k in same_run(r) if same_run(w).get(k) != r[k]]
+    assert not differ and len(cut_records) == len(whole_records), differ
     assert "actor/pg_loss" in same_run(cut_records[-1]) and len(cut_records) == 4
     for step in range(1, 5):
         assert dumped(tmp_path / "cut", step) == dumped(tmp_path / "whole", step), step
