@@ -390,23 +390,33 @@ def start_local_replicas(model_path: str, config: RolloutConfig, count: int, log
     healthy before this returns (all start together, then each is waited on); on any failure every
     one started is stopped. On a CPU each gets its share of the cores as its thread count."""
     log_dir.mkdir(parents=True, exist_ok=True)
-    replicas: list[Replica] = []
     env = {**os.environ, "GLOO_SOCKET_IFNAME": "lo", "PYTHONUNBUFFERED": "1", **SERVER_ENV.get(config.name, {})}
     if on_cpu and "OMP_NUM_THREADS" not in os.environ:
         # the replicas share the cores: two of 2 threads each on 2 cores spun on each other's
         # descheduled threads (generation 13x slower, bench/step.py)
         env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // count))
+
+    def start(i: int) -> Replica:
+        port = free_port()
+        log = log_dir / f"replica_{i}.log"
+        with open(log, "w") as handle:
+            command = COMMANDS[config.name](model_path, port, config, max_model_len, model_config)
+            process = subprocess.Popen(command, stdout=handle, stderr=subprocess.STDOUT, env=env,
+                                       start_new_session=True)
+        return Replica(i, f"127.0.0.1:{port}", process, log)
+
+    return start_all(start, count, config.server.max_start_wait_time)
+
+
+def start_all(start, count: int, deadline_s: float) -> list[Replica]:
+    """``start(i)`` for each replica, then each waited on until healthy; on any failure every one
+    started is stopped."""
+    replicas: list[Replica] = []
     try:
         for i in range(count):
-            port = free_port()
-            log = log_dir / f"replica_{i}.log"
-            with open(log, "w") as handle:
-                command = COMMANDS[config.name](model_path, port, config, max_model_len, model_config)
-                process = subprocess.Popen(command, stdout=handle,
-                                           stderr=subprocess.STDOUT, env=env, start_new_session=True)
-            replicas.append(Replica(i, f"127.0.0.1:{port}", process, log))
+            replicas.append(start(i))
         for replica in replicas:
-            wait_healthy(replica, config.server.max_start_wait_time)
+            wait_healthy(replica, deadline_s)
     except BaseException:
         for replica in replicas:
             stop_process(replica.process)
@@ -521,22 +531,16 @@ def start_ray_replicas(model_path: str, config: RolloutConfig, count: int, log_d
     if on_cpu and "OMP_NUM_THREADS" not in os.environ:
         env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // count))
     key = config.server.api_key or secrets.token_hex(16)
-    replicas: list[Replica] = []
-    try:
-        for i in range(count):
-            launcher = launcher_cls.remote()
-            log = log_dir / f"replica_{i}.log"
-            host, port, pid = ray.get(launcher.start.remote(config.name, model_path, config, max_model_len,
-                                                            model_config, str(log), env, key))
-            headers = {} if is_loopback(host) else {"Authorization": f"Bearer {key}"}
-            replicas.append(Replica(i, f"{host}:{port}", RemoteProcess(launcher, pid), log, headers=headers))
-        for replica in replicas:
-            wait_healthy(replica, config.server.max_start_wait_time)
-    except BaseException:
-        for replica in replicas:
-            stop_process(replica.process)
-        raise
-    return replicas
+
+    def start(i: int) -> Replica:
+        launcher = launcher_cls.remote()
+        log = log_dir / f"replica_{i}.log"
+        host, port, pid = ray.get(launcher.start.remote(config.name, model_path, config, max_model_len,
+                                                        model_config, str(log), env, key))
+        headers = {} if is_loopback(host) else {"Authorization": f"Bearer {key}"}
+        return Replica(i, f"{host}:{port}", RemoteProcess(launcher, pid), log, headers=headers)
+
+    return start_all(start, count, config.server.max_start_wait_time)
 
 
 # ---------------------------------------------------------------------- the rollout
