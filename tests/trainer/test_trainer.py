@@ -415,6 +415,46 @@ def test_a_group_with_an_invalid_reward_is_left_out_of_the_update(tiny_config, t
     assert f"invalid rewards {first['reward/num_invalid']:g}" in out and "dropped groups" in out  # on the console
 
 
+NAN_AFTER_FLAG = '''
+import os
+
+def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+    """The length's parity, or NaN for every sample once the flag file exists."""
+    return float("nan") if os.path.exists(FLAG) else float(len(solution_str) % 2)
+'''
+
+
+def test_a_step_whose_every_group_is_dropped_leaves_the_weights_alone(tiny_config, tmp_path):
+    """Step 1 learns (AdamW's moments are nonzero after it); every reward of step 2 is NaN, so
+    every group is left out and no token carries loss: the weights after step 2 equal those after
+    step 1. An AdamW step on the zero gradients would move them by its moments (and by weight
+    decay, 0.01 here)."""
+    flag = tmp_path / "all_nan"
+    reward = tmp_path / "reward.py"
+    reward.write_text(f"FLAG = {str(flag)!r}\n" + NAN_AFTER_FLAG)
+    trainer = build_trainer(tiny_config(f"reward.custom_reward_function.path={reward}", "trainer.val_before_train=false",
+                                        "data.val_files=[]", "actor_rollout_ref.actor.use_kl_loss=false",
+                                        "actor_rollout_ref.actor.optim.weight_decay=0.01",
+                                        "trainer.freshness_check_freq=-1", "trainer.total_training_steps=2"),
+                            progress_bar=False)
+    weights, commit = [], trainer._commit
+
+    def recording(metrics):
+        commit(metrics)
+        weights.append([p.detach().clone() for p in trainer.wg.worker.model.parameters()])
+        flag.touch()  # every later reward is NaN
+
+    trainer._commit = recording
+    trainer.fit()
+    trainer.tracker.close()
+    from tests.trainer.test_learning import records_of
+
+    first, second = records_of(trainer)
+    assert first["actor/grad_norm"] > 0 and second["actor/grad_norm"] == 0.0
+    assert second["training/dropped_groups"] == 2  # both prompts' groups
+    assert all(torch.equal(a, b) for a, b in zip(weights[0], weights[1]))
+
+
 NAN_OR_PARITY = '''
 def compute_score(data_source, solution_str, ground_truth, extra_info=None):
     """NaN when the length is a multiple of 3, else the length's parity: groups vary, some hold a NaN."""
