@@ -142,15 +142,13 @@ def shuffled_mini_batches(uids, num_rows: int, groups_per_mini: int, seed: list[
     return [sum(groups[i:i + groups_per_mini], []) for i in range(0, len(groups), groups_per_mini)]
 
 
-def clip_and_step(model, optimizer, grad_clip: float, learnable: bool = True) -> tuple[float, bool]:
+def clip_and_step(model, optimizer, grad_clip: float) -> tuple[float, bool]:
     """Clip the global gradient norm and step, unless the norm is not finite (then the
     gradients are dropped). Either way the gradients are freed: generation and the next
-    forwards do not hold them. Returns (grad_norm, stepped). ``learnable`` False (no token of
-    the mini-batch carries loss): no optimizer step, since AdamW's moments and weight decay move
-    the weights on zero gradients; it is not a skipped step (``stepped`` stays True)."""
+    forwards do not hold them. Returns (grad_norm, stepped)."""
     grad_norm = full_tensor(torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip))  # over all shards
     stepped = bool(torch.isfinite(grad_norm))
-    if stepped and learnable:
+    if stepped:
         optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     return float(grad_norm), stepped
@@ -289,8 +287,11 @@ class Actor:
         keys = sorted(step)
         step = dict(zip(keys, self.dp.sum([step[k] for k in keys])))  # the ranks' shares add up
         tokens = int(self.dp.sum([tokens])[0])
-        # the whole batch's mask: every rank agrees whether the mini-batch has a token to learn from
-        grad_norm, stepped = clip_and_step(self.model, self.optimizer, self.config.grad_clip, bool(mini_mask.any()))
+        if bool(mini_mask.any()):  # the whole batch's mask: every rank agrees
+            grad_norm, stepped = clip_and_step(self.model, self.optimizer, self.config.grad_clip)
+        else:  # no token carries loss: no step, since AdamW's moments and weight decay move the weights on
+            self.optimizer.zero_grad(set_to_none=True)  # zero gradients (not a skipped step: nothing was wrong)
+            grad_norm, stepped = 0.0, True
         self._count_skipped(stepped, step)
         metrics["actor/grad_norm_nonfinite"].append(0.0 if stepped else 1.0)
         metrics["actor/grad_norm"].append(grad_norm)
