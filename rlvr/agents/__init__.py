@@ -24,10 +24,6 @@ def with_agent_loops(rollout, config, tokenizer, max_response_length: int):
     return AgentLoopRollout(engine, rollout, config, tokenizer, max_response_length)
 
 
-__all__ = ["AGENT_LOOPS", "AgentLoopBase", "AgentLoopOutput", "SingleTurnAgentLoop", "TokenOutput", "check_agent_names",
-           "agent_loops_enabled", "load_agent_loop_config", "register", "with_agent_loops"]
-
-
 def check_agent_names(rows, origins, config, split: str) -> None:
     """Every row's ``agent_name`` names a loop that can run: built in, or registered with agent
     loops enabled. Raises ConfigError naming the row (its file and line, ``origins``)."""
@@ -46,3 +42,7 @@ def check_agent_names(rows, origins, config, split: str) -> None:
                               f"{AGENT_LOOPS.names()}); register it (@rlvr.agents.register in a custom_modules file, "
                               "or actor_rollout_ref.rollout.agent.agent_loop_config_path, which also turns agent "
                               "loops on; or set actor_rollout_ref.rollout.agent.default_agent_loop to it)")
+
+
+__all__ = ["AGENT_LOOPS", "AgentLoopBase", "AgentLoopOutput", "SingleTurnAgentLoop", "TokenOutput", "check_agent_names",
+           "agent_loops_enabled", "load_agent_loop_config", "register", "with_agent_loops"]

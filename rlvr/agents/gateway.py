@@ -107,6 +107,7 @@ class Gateway:
                                     lambda ids: tokenizer.decode(ids, skip_special_tokens=True))
         self.episodes: dict[str, Episode] = {}
         self.breaks = self.dropped = 0
+        self.agent = load_agent_function(self.config.function) if self.config.function else None  # once a rollout
 
     def episode(self, row: int) -> Episode:
         episode = Episode(row, secrets.token_hex(16))
@@ -278,8 +279,8 @@ class OpenAIAgentLoop(AgentLoopBase):
                                metrics={"failed": float(episode.failed is not None), "calls": float(len(episode.calls))})
 
     async def _agent(self, episode: Episode, row: dict, cfg):
-        if cfg.function:
-            return await load_agent_function(cfg.function)(self.gateway.base_url, episode.key, row)
+        if self.gateway.agent is not None:
+            return await self.gateway.agent(self.gateway.base_url, episode.key, row)
         process = await asyncio.create_subprocess_shell(
             cfg.command, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
             env={**os.environ, "OPENAI_BASE_URL": self.gateway.base_url, "OPENAI_API_KEY": episode.key},

@@ -15,13 +15,14 @@ engine core's continuous admission is not used here yet).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import dataclasses
 from collections.abc import Sequence
 
 import numpy as np
 
-from rlvr.agents.loop import AGENT_LOOPS, AgentLoopOutput, TokenOutput
+from rlvr.agents.loop import AGENT_LOOPS, BUILT_IN, AgentLoopOutput, TokenOutput
 from rlvr.data.dataset import left_pad
 from rlvr.protocol import DataProto
 from rlvr.rollout.base import BaseRollout, pack_responses
@@ -108,8 +109,7 @@ class AgentLoopRollout:
 
     def generate_sequences(self, prompts: DataProto) -> DataProto:
         names = self.names(prompts)
-        if all(n in ("single_turn_agent", "tool_agent") for n in names) and \
-                (all(n == "tool_agent" for n in names) or all(n == "single_turn_agent" for n in names)):
+        if len(set(names)) == 1 and names[0] in BUILT_IN:  # the batch rollout, or the tool loop, as it is
             return self.fallback.generate_sequences(prompts)
         if "tool_agent" in names:
             raise AgentLoopError("rows naming tool_agent share a batch with other agent loops: the multi-turn tool "
@@ -120,17 +120,28 @@ class AgentLoopRollout:
 
     async def _run(self, prompts: DataProto, names: list[str], params: SamplingParams) -> list[AgentLoopOutput]:
         server = RoundServer(self.engine, params)
+        async with contextlib.AsyncExitStack() as stack:
+            gateway = None
+            if "openai_agent" in names:  # the user's agents reach the engine through rlvr serve's OpenAI routes
+                from rlvr.agents.gateway import Gateway
+
+                data = self.config.data
+                gateway = await stack.enter_async_context(Gateway(server, params, self.tokenizer, self.config,
+                                                                  data.max_prompt_length + data.max_response_length))
+            results = await self._drive(prompts, names, params, server, gateway)
+        if gateway is not None:
+            self.stats["agent/context_breaks"] = float(gateway.breaks)
+            self.stats["agent/calls_dropped"] = float(gateway.dropped)
+        self.stats["agent/calls"] = float(server.requests)
+        return results
+
+    async def _drive(self, prompts: DataProto, names: list[str], params: SamplingParams, server: RoundServer,
+                     gateway) -> list[AgentLoopOutput]:
+        """Every row's loop as a task; a round whenever every loop is waiting."""
         ids = prompts.batch["input_ids"].cpu()
         mask = prompts.batch["attention_mask"].cpu().bool()
-        columns = {k: v for k, v in prompts.non_tensor_batch.items()}
+        columns = dict(prompts.non_tensor_batch)
         results: list = [None] * len(prompts)
-        gateway = None
-        if "openai_agent" in names:  # the user's agents reach the engine through rlvr serve's OpenAI routes
-            from rlvr.agents.gateway import Gateway
-
-            data = self.config.data
-            gateway = await Gateway(server, params, self.tokenizer, self.config,
-                                    data.max_prompt_length + data.max_response_length).__aenter__()
 
         async def one(i: int):
             _row.set(params.row_offset + i)
@@ -160,11 +171,6 @@ class AgentLoopRollout:
         finally:
             for task in tasks:
                 task.cancel()
-            if gateway is not None:
-                await gateway.__aexit__(None, None, None)
-                self.stats["agent/context_breaks"] = float(gateway.breaks)
-                self.stats["agent/calls_dropped"] = float(gateway.dropped)
-        self.stats["agent/calls"] = float(server.requests)
         return results
 
     @staticmethod

@@ -389,23 +389,34 @@ def start_local_replicas(model_path: str, config: RolloutConfig, count: int, log
     """``count`` server processes (``rlvr serve``, vLLM's or SGLang's) on free loopback ports, each
     healthy before this returns (all start together, then each is waited on); on any failure every
     one started is stopped. On a CPU each gets its share of the cores as its thread count."""
-    log_dir.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "GLOO_SOCKET_IFNAME": "lo", "PYTHONUNBUFFERED": "1", **SERVER_ENV.get(config.name, {})}
-    if on_cpu and "OMP_NUM_THREADS" not in os.environ:
-        # the replicas share the cores: two of 2 threads each on 2 cores spun on each other's
-        # descheduled threads (generation 13x slower, bench/step.py)
-        env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // count))
+    env = replica_env(config, count, on_cpu)
 
     def start(i: int) -> Replica:
         port = free_port()
+        command = COMMANDS[config.name](model_path, port, config, max_model_len, model_config)
         log = log_dir / f"replica_{i}.log"
-        with open(log, "w") as handle:
-            command = COMMANDS[config.name](model_path, port, config, max_model_len, model_config)
-            process = subprocess.Popen(command, stdout=handle, stderr=subprocess.STDOUT, env=env,
-                                       start_new_session=True)
-        return Replica(i, f"127.0.0.1:{port}", process, log)
+        return Replica(i, f"127.0.0.1:{port}", spawn(command, log, env), log)
 
     return start_all(start, count, config.server.max_start_wait_time)
+
+
+def replica_env(config: RolloutConfig, count: int, on_cpu: bool) -> dict[str, str]:
+    """What a replica's process gets besides this one's environment: gloo on the loopback, its
+    protocol's settings, and on a CPU its share of the cores as its thread count (the replicas
+    share the cores: two of 2 threads each on 2 cores spun on each other's descheduled threads,
+    generation 13x slower, bench/step.py)."""
+    env = {"GLOO_SOCKET_IFNAME": "lo", "PYTHONUNBUFFERED": "1", **SERVER_ENV.get(config.name, {})}
+    if on_cpu and "OMP_NUM_THREADS" not in os.environ:
+        env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // count))
+    return env
+
+
+def spawn(command: list[str], log: Path, env: dict[str, str]) -> subprocess.Popen:
+    """A replica's server in a session of its own (stopped by its pid), its output in ``log``."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "w") as handle:
+        return subprocess.Popen(command, stdout=handle, stderr=subprocess.STDOUT, env={**os.environ, **env},
+                                start_new_session=True)
 
 
 def start_all(start, count: int, deadline_s: float) -> list[Replica]:
@@ -441,19 +452,16 @@ class ReplicaLauncher:
     process: the driver reaches the server over HTTP, and its lifetime through this actor."""
 
     def start(self, name: str, model_path: str, config: RolloutConfig, max_model_len, model_config, log: str,
-              env: dict, api_key: str | None) -> tuple[str, int, int]:
+              env: dict, api_key: str) -> tuple[str, int, int]:
         import ray
 
         host = ray.util.get_node_ip_address()
         port = free_port(host)
         command = COMMANDS[name](model_path, port, config, max_model_len, model_config)
         command[command.index("--host") + 1] = host
-        if not is_loopback(host) and api_key:  # reachable from other machines: only with the run's key
+        if not is_loopback(host):  # reachable from other machines: only with the run's key
             command += ["--api-key", api_key]
-        Path(log).parent.mkdir(parents=True, exist_ok=True)
-        with open(log, "w") as handle:
-            self.process = subprocess.Popen(command, stdout=handle, stderr=subprocess.STDOUT,
-                                            env={**os.environ, **env}, start_new_session=True)
+        self.process = spawn(command, Path(log), env)
         return host, port, self.process.pid
 
     def poll(self) -> int | None:
@@ -527,9 +535,7 @@ def start_ray_replicas(model_path: str, config: RolloutConfig, count: int, log_d
     import ray
 
     launcher_cls = ray.remote(**launcher_resources(config, on_cpu))(ReplicaLauncher)
-    env = {"GLOO_SOCKET_IFNAME": "lo", "PYTHONUNBUFFERED": "1", **SERVER_ENV.get(config.name, {})}
-    if on_cpu and "OMP_NUM_THREADS" not in os.environ:
-        env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // count))
+    env = replica_env(config, count, on_cpu)
     key = config.server.api_key or secrets.token_hex(16)
 
     def start(i: int) -> Replica:

@@ -138,10 +138,15 @@ def local_worker_groups(config: RLVRConfig, steps: int, tokenizer, tool_setup, r
     rollout_wg = None
     # an engine with its own weights, generating ahead, or the driver of rollout servers (drives_servers)
     if config.trainer.v1.trainer_mode == "colocate_async" or drives_servers(config):
-        rollout = RolloutWorker(config, tokenizer, tool_setup)
-        rollout.init_model()
-        rollout_wg = LocalWorkerGroup(rollout)
+        rollout_wg = local_rollout_group(config, tokenizer, tool_setup)
     return LocalWorkerGroup(worker), critic_wg, rollout_wg
+
+
+def local_rollout_group(config: RLVRConfig, tokenizer, tool_setup) -> LocalWorkerGroup:
+    """A ``RolloutWorker`` in this process: an engine with weights of its own, or the servers' driver."""
+    rollout = RolloutWorker(config, tokenizer, tool_setup)
+    rollout.init_model()
+    return LocalWorkerGroup(rollout)
 
 
 def ray_worker_groups(config: RLVRConfig, steps: int, tokenizer, tool_setup, run_dir: Path):
@@ -182,11 +187,8 @@ def ray_worker_groups(config: RLVRConfig, steps: int, tokenizer, tool_setup, run
         open_channel(groups[Role.ActorRollout.value], groups[Role.Rollout.value], backend,
                      engine.update_weights_bucket_megabytes)
         groups[Role.Rollout.value].weight_channel_open = True
-    rollout_wg = groups.get(Role.Rollout.value)
-    if servers:  # rank 0 gathers each version, this process's driver sends it on to the servers
-        driver = RolloutWorker(config, tokenizer, tool_setup)
-        driver.init_model()
-        rollout_wg = LocalWorkerGroup(driver)
+    # with servers, rank 0 gathers each version and this process's driver sends it on to them
+    rollout_wg = local_rollout_group(config, tokenizer, tool_setup) if servers else groups.get(Role.Rollout.value)
     return groups[Role.ActorRollout.value], groups.get(Role.Critic.value), rollout_wg
 
 
