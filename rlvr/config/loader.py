@@ -30,7 +30,7 @@ from omegaconf.errors import OmegaConfBaseException
 from rlvr.config.schema import RayInitConfig, RLVRConfig
 from rlvr.config.verl_keys import VERL_ALIASES, VERL_NO_EFFECT, VERL_RENAMED
 from rlvr.registry import import_file
-from rlvr.config.validate import ConfigError, validate
+from rlvr.config.validate import ConfigError, distillation_notes, validate
 
 RECIPES_DIR = Path(__file__).parent
 DEFAULT_RECIPE = RECIPES_DIR / "grpo.yaml"
@@ -83,6 +83,13 @@ def _check_keys(user: dict[str, Any], source: str, cls: type = RLVRConfig, prefi
                     f"e.g. {key}.{next(iter(_field_types(tp)))}=..., not the value {value!r}"
                 )
             _check_keys(value, source, tp, key + ".")
+        elif typing.get_origin(tp) is dict and dataclasses.is_dataclass(typing.get_args(tp)[1]):
+            entry_type = typing.get_args(tp)[1]  # named entries of one section type (distillation.teacher_models)
+            if not isinstance(value, dict) or not all(isinstance(v, dict) for v in value.values()):
+                raise ConfigError(f"config key {key!r} (from {source}) holds named sections, e.g. "
+                                  f"{key}.<name>.{next(iter(_field_types(entry_type)))}=..., not {value!r}")
+            for entry, sub in value.items():
+                _check_keys(sub, source, entry_type, f"{key}.{entry}.")
         elif typing.get_origin(tp) is list and isinstance(value, str):
             user[name] = [value]  # verl accepts `data.train_files=one.parquet` for a list key
 
@@ -482,6 +489,8 @@ def load_config(config_file: str | Path | None = None, overrides: Iterable[str] 
     resolve_critic_batches(cfg)
     validate(cfg)
     _check_tools(cfg)
+    for note in distillation_notes(cfg):
+        print(f"[rlvr] note: {note}", file=sys.stderr, flush=True)
     if engine_set_by and cfg.actor_rollout_ref.rollout.mode == "async":
         print(f"[rlvr] note: actor_rollout_ref.rollout.checkpoint_engine (from {', '.join(engine_set_by)}) has no "
               "effect with rollout.mode=async: the servers get the weights by actor_rollout_ref.rollout.server."

@@ -642,6 +642,74 @@ class RayKwargsConfig:
 
 
 @dataclass
+class DistillationLossConfig:
+    """verl's ``distillation.distillation_loss``: the per-token term of on-policy distillation
+    (``rlvr/algos/distillation.py``)."""
+    loss_mode: str = "k3"
+    """How each sampled token's gap to the teacher becomes a loss: an estimator of the reverse KL
+    from the two log-probs of the sampled token (k1 = kl, abs, k2 = mse, k3 = low_var_kl), or
+    forward_kl_topk (the forward KL over the teacher's ``topk`` most likely tokens)."""
+    topk: Optional[int] = 32
+    """Teacher tokens per position that forward_kl_topk sums over (and the top-k share metric)."""
+    use_task_rewards: bool = True
+    """Add the distillation term to the task's policy loss (GRPO on the reward); False trains on the
+    distillation term alone."""
+    distillation_loss_coef: float = 1.0
+    """Weight of the distillation term beside the task loss (1 when ``use_task_rewards`` is False)."""
+    loss_max_clamp: Optional[float] = None
+    """Clamp each token's distillation loss to [-c, c] (None: no clamp)."""
+    log_prob_min_clamp: Optional[float] = None
+    """forward_kl_topk: clamp the student's and the teacher's top-k log-probs from below (None: none)."""
+    use_policy_gradient: bool = False
+    """True: the negated per-token loss is a per-token advantage in a PPO clipped update (verl's PG
+    OPD; k1 then rewards log teacher - log student); False: the loss is differentiated directly."""
+    policy_loss_mode: str = "vanilla"
+    """The PPO loss of ``use_policy_gradient`` (verl implements vanilla only, as does rlvr)."""
+    clip_ratio: float = 0.2
+    """``use_policy_gradient``: the clip range where clip_ratio_low/high are unset."""
+    clip_ratio_low: Optional[float] = 0.2
+    clip_ratio_high: Optional[float] = 0.2
+    use_chunked_topk: bool = False
+    """verl's streamed top-k for long contexts; rlvr's vocabulary projection always runs in chunks
+    (either value behaves the same)."""
+    chunked_topk_chunk_size: int = 4096
+    """Read with ``use_chunked_topk`` in verl; rlvr's chunk is the forward's (see above)."""
+
+
+@dataclass
+class TeacherModelConfig:
+    """One teacher of ``distillation.teacher_models``."""
+    key: Optional[str] = None
+    """The value of the row's ``distillation.teacher_key`` column that routes the row to this teacher
+    (several teachers); one teacher takes every row."""
+    model_path: Optional[str] = None
+    """The teacher: a Hugging Face folder, a .gguf file, ``builtin``, or a run's checkpoint. Its
+    tokenizer must be the student's (cross-tokenizer distillation is not supported)."""
+    num_replicas: Optional[int] = 0
+    """verl's teacher-server replicas; rlvr's teacher is one frozen model in the trainer's workers."""
+    inference: dict[str, Any] = field(default_factory=dict)
+    """verl's teacher-server settings (a rollout config); rlvr's teacher computes in the actor's
+    process and precision, so these have no effect (a notice lists them)."""
+
+
+@dataclass
+class DistillationConfig:
+    """On-policy distillation (verl's ``distillation``): a frozen teacher scores every token the
+    student sampled; the student minimises a per-token divergence to it, alone or beside the task
+    reward (docs/distillation.md)."""
+    enabled: bool = False
+    n_gpus_per_node: int = 8
+    """verl's teacher pool; rlvr's teacher lives on the actor's devices, sharded like the reference."""
+    nnodes: int = 0
+    """verl's teacher pool (see ``n_gpus_per_node``)."""
+    teacher_key: str = "data_source"
+    """The row column that routes each row to a teacher's ``key`` when there are several."""
+    teacher_models: dict[str, TeacherModelConfig] = field(default_factory=lambda: {"teacher_model": TeacherModelConfig()})
+    """The teachers by name; verl's single-teacher entry is ``teacher_model``."""
+    distillation_loss: DistillationLossConfig = field(default_factory=DistillationLossConfig)
+
+
+@dataclass
 class RLVRConfig:
     custom_modules: list[str] = field(default_factory=list)
     """Python files (or importable module names) imported before the config is validated, so
@@ -653,6 +721,7 @@ class RLVRConfig:
     reward: RewardConfig = field(default_factory=RewardConfig)
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    distillation: DistillationConfig = field(default_factory=DistillationConfig)
     ray_kwargs: RayKwargsConfig = field(default_factory=RayKwargsConfig)
     """Ray, used when the run has more than one device (n_gpus_per_node x nnodes > 1) or
     ``ray_init.address`` is set."""

@@ -3,7 +3,7 @@ numbers, and what to change. All failures are reported together."""
 
 from __future__ import annotations
 
-from rlvr.config.schema import RLVRConfig
+from rlvr.config.schema import DistillationConfig, RLVRConfig, TeacherModelConfig
 
 TRUNCATION_MODES = ("left", "right", "middle", "error")
 LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
@@ -781,7 +781,99 @@ def validate(cfg: RLVRConfig) -> None:
     """Raise ConfigError listing every broken invariant of ``cfg``."""
     errors = _not_implemented(cfg) + _batch_sizes(cfg) + _choices(cfg) + _rollout_engine(cfg) \
         + _registered_names(cfg) + _algorithm(cfg) + _multi_turn(cfg) + _distributed(cfg) + _run_management(cfg) \
-        + _reward_model(cfg) + _async_training(cfg) + _agent_loops(cfg)
+        + _reward_model(cfg) + _async_training(cfg) + _agent_loops(cfg) + _distillation(cfg)
     errors += _grad_clips(cfg) + _training_sampling(cfg) + _run_names(cfg)
     if errors:
         raise ConfigError("invalid config:\n  - " + "\n  - ".join(errors))
+
+
+def teacher_entries(config: DistillationConfig) -> dict[str, TeacherModelConfig]:
+    """The configured teachers by routing key. verl's default entry ``teacher_model`` counts when it
+    names a model (verl drops it silently beside named teachers); unconfigured, it is a placeholder.
+    One teacher takes every row, under the key ``default`` unless it names one."""
+    named = {name: entry for name, entry in config.teacher_models.items()
+             if name != "teacher_model" or entry.model_path is not None}
+    if len(named) == 1:
+        (name, entry), = named.items()
+        return {entry.key or "default": entry}
+    by_key: dict[str, TeacherModelConfig] = {}
+    for name, entry in named.items():
+        if entry.key in by_key:
+            other = next(n for n, e in named.items() if e is by_key[entry.key])
+            raise ConfigError(f"distillation.teacher_models.{other} and .{name} both have key={entry.key!r}: each "
+                              f"teacher needs its own value of the {config.teacher_key!r} column")
+        by_key[entry.key] = entry
+    return by_key
+
+
+def _distillation(cfg: RLVRConfig) -> list[str]:
+    """On-policy distillation: its teachers are named, routable and loadable by path, its loss mode
+    is registered, and its settings ask for what the loss does (verl's checks, and rlvr's)."""
+    d = cfg.distillation
+    if not d.enabled:
+        return []
+    from rlvr.algos.distillation import DISTILLATION_LOSSES
+
+    errors, key = [], "distillation"
+    named = {n: e for n, e in d.teacher_models.items() if n != "teacher_model" or e.model_path is not None}
+    if not named:
+        errors.append(f"{key}.enabled=true needs a teacher: set {key}.teacher_models.teacher_model.model_path (a Hugging "
+                      "Face folder, a .gguf file, builtin, or a run's checkpoint)")
+    for name, entry in named.items():
+        if entry.model_path is None:
+            errors.append(f"{key}.teacher_models.{name}.model_path is not set")
+        if len(named) > 1 and entry.key is None:
+            errors.append(f"{key}.teacher_models.{name}.key is not set: with {len(named)} teachers each row goes to the "
+                          f"teacher whose key is the row's {d.teacher_key!r} value")
+    if not errors:
+        try:
+            teacher_entries(d)
+        except ConfigError as err:
+            errors.append(str(err))
+    loss = d.distillation_loss
+    lk = f"{key}.distillation_loss"
+    if loss.loss_mode not in DISTILLATION_LOSSES.names():
+        errors.append(f"{lk}.loss_mode = {loss.loss_mode!r} is not a distillation loss (registered: "
+                      f"{DISTILLATION_LOSSES.names()})")
+    elif DISTILLATION_LOSSES.get(loss.loss_mode).use_topk and (loss.topk is None or loss.topk < 1):
+        errors.append(f"{lk}.loss_mode={loss.loss_mode} sums over the teacher's top-k tokens: set {lk}.topk >= 1")
+    if loss.loss_mode in ("k1", "kl") and not loss.use_policy_gradient:
+        errors.append(f"{lk}.loss_mode={loss.loss_mode} differentiated directly has a gradient that does not depend on "
+                      f"the teacher (d(s - t)/ds): use it with {lk}.use_policy_gradient=true (the per-token reward "
+                      "log p_teacher - log p_student), or choose k3 / forward_kl_topk")
+    if loss.policy_loss_mode != "vanilla":
+        errors.append(f"{lk}.policy_loss_mode = {loss.policy_loss_mode!r}: the distillation policy gradient is the "
+                      "vanilla PPO clipped loss (verl implements no other); remove it")
+    if loss.loss_max_clamp is not None and loss.loss_max_clamp <= 0:
+        errors.append(f"{lk}.loss_max_clamp = {loss.loss_max_clamp} must be > 0 (None: no clamp)")
+    actor = cfg.actor_rollout_ref.actor
+    if not loss.use_task_rewards and (actor.use_kl_loss or actor.entropy_coeff != 0):
+        errors.append(f"{lk}.use_task_rewards=false trains on the distillation term alone (verl drops the policy, "
+                      "entropy and KL terms with it): set actor_rollout_ref.actor.use_kl_loss=false and "
+                      "actor_rollout_ref.actor.entropy_coeff=0, or keep the task rewards")
+    return errors
+
+
+def distillation_notes(cfg: RLVRConfig) -> list[str]:
+    """verl's distillation settings that change nothing in rlvr's design, each with the reason."""
+    d, notes = cfg.distillation, []
+    if not d.enabled:
+        if any(e.model_path for e in d.teacher_models.values()):
+            notes.append("distillation.teacher_models names a teacher but distillation.enabled=false: no teacher runs")
+        return notes
+    where = ("rlvr's teacher lives on the actor's devices beside the reference (sharded like it under fsdp2), not "
+             "on a pool of its own")
+    if d.n_gpus_per_node != 8 or d.nnodes != 0:
+        notes.append(f"distillation.n_gpus_per_node / nnodes: {where}")
+    for name, entry in d.teacher_models.items():
+        if entry.inference or entry.num_replicas:
+            notes.append(f"distillation.teacher_models.{name}.inference / num_replicas: {where}, computing in the "
+                         "actor's precision with no server")
+    loss = d.distillation_loss
+    if loss.use_chunked_topk:
+        notes.append("distillation.distillation_loss.use_chunked_topk: rlvr's vocabulary projection always runs in "
+                     "chunks of the response tokens")
+    if loss.use_policy_gradient and loss.loss_mode == "forward_kl_topk":
+        notes.append("distillation.distillation_loss.use_policy_gradient with forward_kl_topk: the top-k KL of each "
+                     "position becomes a per-token advantage of the sampled token only (verl warns likewise)")
+    return notes

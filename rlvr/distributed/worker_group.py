@@ -14,7 +14,8 @@ from typing import Any
 from rlvr.distributed.dispatch import Dispatch, collect, dispatch, registration
 from rlvr.protocol import DataProto
 
-WORKER_METHODS = ("init_model", "generate_sequences", "compute_log_prob", "compute_ref_log_prob", "update_actor",
+WORKER_METHODS = ("init_model", "generate_sequences", "compute_log_prob", "compute_ref_log_prob",
+                  "compute_teacher_log_prob", "update_actor",
                   "compute_values", "update_critic", "save_checkpoint", "load_checkpoint", "full_weights",
                   "update_weights", "open_weight_channel", "send_weights", "load_weights", "shutdown")
 

@@ -70,6 +70,7 @@ from pathlib import Path
 
 from rlvr.config import ConfigError
 from rlvr.config.schema import RLVRConfig
+from rlvr.config.validate import teacher_entries
 from rlvr.models.loader import check_weight_files, read_config_json
 from rlvr.rollout.lean import LLAMA_FAMILY
 from rlvr.rollout.vllm_rollout import CPU_KV_CACHE_CAP, GPU_MEMORY_UTILIZATION, cpu_kv_cache_bytes
@@ -497,6 +498,14 @@ def state_terms(run: Run, t: dict[str, Term]) -> None:
     t["optimizer"] = Term("AdamW moments (2 x fp32)", 2 * shard32, not sharded)
     t["reference"] = Term("reference model (fp32)", shard32 if use_ref else 0.0, use_ref and not sharded,
                           "" if use_ref else "no KL term: none")
+    distillation = run.config.distillation
+    if distillation.enabled:  # frozen like the reference, beside it (rlvr.workers.teacher)
+        entries = teacher_entries(distillation)
+        params = sum(run.shape.params() if e.model_path == arr.model.path
+                     else ModelShape.from_config(read_model_config(e.model_path)).params() for e in entries.values())
+        t["teachers"] = Term(f"distillation teacher{'s' if len(entries) > 1 else ''} (fp32)", 4 * params / run.world,
+                             not sharded, f"{len(entries)} frozen, {params / 1e9:.3f}B parameters"
+                             + (", sharded" if sharded else ""))
 
 
 def read_terms(run: Run, t: dict[str, Term], critic: ModelShape | None) -> None:
@@ -739,17 +748,17 @@ def phases(run: Run, t: dict[str, Term]) -> dict[str, list[str]]:
                  "optimizer": offload and arr.actor.fsdp_config.optimizer_offload}
     engine_kept, engine_init, overlap = engine_residency(run)
     critic = ["critic_weights", "critic_optimizer"]  # never offloaded
-    init = ["weights", "reference", "init_read"] + engine_init + ["critic_weights"]
+    init = ["weights", "reference", "teachers", "init_read"] + engine_init + ["critic_weights"]
     named = {"init": init}
     if "resume_read" in t:  # after init (a sleeping vLLM asleep by then), the optimizer state filled from the file
         named["resume"] = ([n for n in init if n not in ("init_read", *engine_init)] + engine_kept
                            + ["optimizer", "critic_optimizer", "resume_read"])
-    named["generation"] = ([n for n in ("weights", "master", "reference", "optimizer") if not offloaded.get(n)]
+    named["generation"] = ([n for n in ("weights", "master", "reference", "teachers", "optimizer") if not offloaded.get(n)]
                            + ([] if run.pool else list(ENGINE_TERMS)) + critic)
-    named["update"] = (["weights", "master", "reference", "gradients", "optimizer", "activations", "logits",
+    named["update"] = (["weights", "master", "reference", "teachers", "gradients", "optimizer", "activations", "logits",
                         "gathered"] + engine_kept + overlap + critic)
     if "critic_weights" in t:  # its own update: the actor's gradients are freed by then
-        named["critic update"] = (["weights", "master", "reference", "optimizer"] + engine_kept + overlap + critic
+        named["critic update"] = (["weights", "master", "reference", "teachers", "optimizer"] + engine_kept + overlap + critic
                                   + ["critic_gradients", "critic_activations", "critic_gathered"])
     if run.pool:  # a pool device: its model and engine, generating, while a version is received
         named["rollout pool"] = list(ENGINE_TERMS)

@@ -44,6 +44,7 @@ from rlvr.trainer.metrics import (compute_data_metrics, compute_off_policy_metri
 from rlvr.trainer.progress import StepProgress
 from rlvr.trainer.rollout_ahead import BroadcastWeights, CopyWeights, Dispatched, RolloutAhead
 from rlvr.trainer.tracking import Tracking
+from rlvr.workers.teacher import screen_teacher_log_probs
 
 
 AHEAD_FILE = "rollouts_ahead.pt"  # async: the batches generated ahead of the checkpoint's step
@@ -324,6 +325,10 @@ class RLTrainer:
             if self.use_reference:
                 with self.progress.stage("ref", timings):
                     batch = batch.union(self.wg.compute_ref_log_prob(batch))
+            if self.config.distillation.enabled:
+                with self.progress.stage("teacher", timings):
+                    batch = batch.union(self.wg.compute_teacher_log_prob(batch))
+                    metrics.update(self._screen_teacher(batch))
             if self.critic_wg is not None:
                 with self.progress.stage("values", timings):
                     batch = batch.union(self.critic_wg.compute_values(batch))
@@ -615,6 +620,14 @@ class RLTrainer:
             full = kept.batch[key].new_zeros((len(batch), *kept.batch[key].shape[1:]))
             full[rows] = kept.batch[key]
             batch.batch[key] = full
+        return metrics
+
+    def _screen_teacher(self, batch: DataProto) -> dict[str, float]:
+        """A sample whose teacher log-probs are not finite carries no loss (counted, as a NaN
+        reward's group is); returns the teacher's metrics."""
+        keep, metrics = screen_teacher_log_probs(batch)
+        if not bool(keep.all()):
+            narrow_train_mask(batch, keep.to(batch.batch["response_mask"].dtype)[:, None])
         return metrics
 
     def _correct_rollout(self, batch: DataProto) -> dict[str, float]:

@@ -32,10 +32,11 @@ from collections import defaultdict
 import numpy as np
 import torch
 
+from rlvr.algos.distillation import distillation_loss, get_distillation_loss, topk_masses
 from rlvr.algos.kl import kl_penalty
 from rlvr.algos.losses import agg_loss, call_policy_loss, count_seqs, get_policy_loss_fn
 from rlvr.algos.rollout_correction import batch_norm_sums, reinforce_loss, rollout_correction
-from rlvr.config.schema import ActorConfig, AlgorithmConfig, OptimConfig
+from rlvr.config.schema import ActorConfig, AlgorithmConfig, DistillationConfig, OptimConfig
 from rlvr.distributed.fsdp import full_tensor
 from rlvr.distributed.worker import SINGLE, DataParallel
 from rlvr.protocol import DataProto, loss_mask
@@ -44,7 +45,7 @@ from rlvr.progress import advance
 from rlvr.workers.forward import forward_log_probs, group_rows
 
 FORWARD_KEYS = ("input_ids", "attention_mask", "position_ids", "responses")
-SUMMED_METRICS = ("actor/pg_loss", "actor/kl_loss")  # micro-batch shares of the mini-batch value
+SUMMED_METRICS = ("actor/pg_loss", "actor/kl_loss", "actor/distillation/loss")  # micro-batch shares of the mini-batch value
 FUSED_ADAMW_DEVICES = ("cpu", "cuda")  # where PyTorch has a fused AdamW kernel that rlvr has run
 
 
@@ -167,8 +168,9 @@ class Actor:
 
     def __init__(self, model, config: ActorConfig, algorithm: AlgorithmConfig | None = None, optimizer=None,
                  scheduler=None, pad_id: int = 0, max_response_length: int | None = None, seed: int = 0,
-                 root=None, dp: DataParallel = SINGLE):
+                 root=None, dp: DataParallel = SINGLE, distillation: DistillationConfig | None = None):
         self.model, self.config = model, config
+        self.distillation = distillation if distillation is not None and distillation.enabled else None
         self.root, self.dp = root, dp  # FSDP2: the sharded root unit; this rank among the data-parallel ones
         self.algorithm = algorithm or AlgorithmConfig()
         self.optimizer, self.scheduler = optimizer, scheduler
@@ -177,9 +179,11 @@ class Actor:
         self.updates = 0  # update_policy calls so far: seeds the mini-batch shuffle
         self.skipped_in_a_row = 0  # optimizer steps skipped for a non-finite gradient norm, consecutively
 
-    def _forward(self, batch: dict, uids, temperature: float, calculate_entropy: bool, entropy_grad: bool = False):
+    def _forward(self, batch: dict, uids, temperature: float, calculate_entropy: bool, entropy_grad: bool = False,
+                 **vocab):
+        """``forward_log_probs`` on this actor's model; ``vocab``: its ``topk`` or ``gather_ids``."""
         kwargs = dict(entropy_grad=entropy_grad, share_prompt=self.config.share_prompt_forward, pad_id=self.pad_id,
-                      dtype=self.config.dtype)
+                      dtype=self.config.dtype, **vocab)
         if self.root is not None:  # through the sharded root, which gathers the embeddings and head
             return self.root(forward_log_probs, batch, uids, temperature, calculate_entropy, **kwargs)
         return forward_log_probs(self.model, batch, uids, temperature, calculate_entropy, **kwargs)
@@ -193,8 +197,10 @@ class Actor:
 
     # ------------------------------------------------------------------ log-probs
     @torch.no_grad()
-    def compute_log_prob(self, data: DataProto, calculate_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """(B, R) log-probs of the responses under softmax(logits / temperature), and entropy."""
+    def compute_log_prob(self, data: DataProto, calculate_entropy: bool = False, topk: int = 0, extra: bool = False):
+        """(B, R) log-probs of the responses under softmax(logits / temperature), and entropy;
+        with ``extra`` a third result: with ``topk`` > 0 the (B, R, topk) largest log-probs and
+        their ids (``topk_log_probs``, ``topk_ids``), for a distillation teacher."""
         data.require(*FORWARD_KEYS, stage="compute_log_prob")
         temperature = float(data.meta_info.get("temperature", 1.0))
         micro_size = int(data.meta_info.get("micro_batch_size", 16))
@@ -203,19 +209,26 @@ class Actor:
         uids = data.non_tensor_batch.get("uid")
         log_probs = torch.zeros(data.batch["responses"].shape, dtype=torch.float32)
         entropy = torch.zeros_like(log_probs) if calculate_entropy else None
+        tops = {}
+        if topk:
+            tops = {"topk_log_probs": torch.zeros((*log_probs.shape, topk)),
+                    "topk_ids": torch.zeros((*log_probs.shape, topk), dtype=torch.long)}
         micros = self._micro_batches(data, list(range(len(data))), micro_size)[0]
         padding = self.dp.max(len(micros)) - len(micros)  # forwards that only keep the ranks in step
         for i, rows in enumerate(micros + micros[:1] * padding):
             idx = torch.tensor(rows)
             batch = {k: data.batch[k][idx].to(self.model.device) for k in FORWARD_KEYS}
-            lp, ent = self._forward(batch, None if uids is None else uids[rows], temperature, calculate_entropy)
+            lp, ent, *more = self._forward(batch, None if uids is None else uids[rows], temperature, calculate_entropy,
+                                           **({"topk": topk} if topk else {}))
             if i >= len(micros):
                 continue
             log_probs[idx] = lp.float().cpu()
             if calculate_entropy:
                 entropy[idx] = ent.float().cpu()
+            for name, values in (more[0].items() if more else ()):
+                tops[name][idx] = values.cpu().to(tops[name].dtype)
         self.model.train(was_training)
-        return log_probs, entropy
+        return (log_probs, entropy, tops) if extra else (log_probs, entropy)
 
     # ------------------------------------------------------------------ update
     def _mini_batches(self, data: DataProto, epoch: int) -> list[list[int]]:
@@ -233,6 +246,10 @@ class Actor:
         keys = [*FORWARD_KEYS, "response_mask", "advantages"]
         if self.config.use_kl_loss:
             keys.append("ref_log_prob")
+        if self.distillation is not None:
+            keys.append("teacher_log_prob")
+            if get_distillation_loss(self.distillation.distillation_loss.loss_mode).use_topk:
+                keys += ["teacher_topk_log_probs", "teacher_topk_ids"]
         data.require(*keys, stage="update_actor")
         temperature = float(data.meta_info.get("temperature", 1.0))
         self.model.train()
@@ -350,9 +367,12 @@ class Actor:
         mask = loss_mask(data)[idx].float().to(device)
         advantages = data.batch["advantages"][idx].to(device)
         uids = data.non_tensor_batch.get("uid")
-        cfg = self.config
-        log_prob, entropy = self._forward(batch, None if uids is None else uids[rows], temperature,
-                                          calculate_entropy=True, entropy_grad=cfg.entropy_coeff != 0)
+        cfg, distill = self.config, self.distillation
+        topk = distill is not None and get_distillation_loss(distill.distillation_loss.loss_mode).use_topk
+        vocab = {"gather_ids": data.batch["teacher_topk_ids"][idx].to(device)} if topk else {}
+        log_prob, entropy, *gathered = self._forward(batch, None if uids is None else uids[rows], temperature,
+                                                     calculate_entropy=True, entropy_grad=cfg.entropy_coeff != 0,
+                                                     **vocab)
         if on_policy:
             old_log_prob = log_prob.detach().float() * mask
             data.batch["old_log_probs"][idx] = old_log_prob.cpu()
@@ -368,7 +388,7 @@ class Actor:
         pg_loss, clipfrac, ppo_kl, clipfrac_lower = call_policy_loss(
             policy_loss_fn, old_log_prob, log_prob, advantages, pg_mask, cfg.loss_agg_mode, cfg,
             rollout_is_weights=is_weights, **totals)
-        loss = pg_loss
+        loss = pg_loss if distill is None or distill.distillation_loss.use_task_rewards else pg_loss.new_zeros(())
         if cfg.entropy_coeff != 0:
             loss = loss - cfg.entropy_coeff * agg_loss(entropy, mask, cfg.loss_agg_mode, **totals)
         out = {"actor/pg_loss": _item(pg_loss), "actor/pg_clipfrac": _item(clipfrac), "actor/ppo_kl": _item(ppo_kl),
@@ -379,7 +399,29 @@ class Actor:
             kl_loss = agg_loss(kld, mask, cfg.loss_agg_mode, **totals)
             loss = loss + cfg.kl_loss_coef * kl_loss
             out["actor/kl_loss"] = _item(kl_loss)
+        if distill is not None:
+            loss = loss + self._distillation_term(data, idx, log_prob, old_log_prob, mask, gathered, totals, out)
         # FSDP2 averages the ranks' gradients; each loss is a share of the global loss, so undo the mean
         scale = weight * (self.dp.world_size if self.root is not None else 1)
         (loss * scale if scale != 1.0 else loss).backward()
         return out
+
+    def _distillation_term(self, data: DataProto, idx: torch.Tensor, log_prob: torch.Tensor,
+                           old_log_prob: torch.Tensor, mask: torch.Tensor, gathered: list, totals: dict,
+                           out: dict) -> torch.Tensor:
+        """The distillation term of one micro-batch, weighted as it joins the loss (by
+        ``distillation_loss_coef`` beside the task loss, alone otherwise); its metrics into ``out``."""
+        cfg = self.distillation.distillation_loss
+        device = log_prob.device
+        teacher_log_prob = data.batch["teacher_log_prob"][idx].to(device)
+        if gathered:  # a top-k mode: the student's log-probs at the teacher's top-k tokens
+            student, teacher = gathered[0]["gathered_log_probs"], data.batch["teacher_topk_log_probs"][idx].to(device)
+            out.update(topk_masses(student, teacher, mask))
+        else:
+            student, teacher = log_prob, teacher_log_prob
+        term, metrics = distillation_loss(student, teacher, log_prob, old_log_prob, mask, cfg, self.config, **totals)
+        out.update(metrics)
+        # the k1 estimate of KL(student || teacher) per token, whichever loss is trained
+        out["actor/distillation/reverse_kl"] = float(((log_prob.detach() - teacher_log_prob) * mask).sum()
+                                                     / mask.sum().clamp(min=1))
+        return term * cfg.distillation_loss_coef if cfg.use_task_rewards else term

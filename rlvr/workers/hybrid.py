@@ -49,6 +49,7 @@ from rlvr.protocol import DataProto
 from rlvr.rollout import build_rollout, streams_weights
 from rlvr.rollout.engine import trim_heap
 from rlvr.workers.actor import Actor, build_optimizer
+from rlvr.workers.teacher import Teachers, check_teacher_tokenizers, teacher_entries
 
 
 def resolve_device(name: str) -> torch.device:
@@ -76,7 +77,7 @@ class ActorRolloutRefWorker(Worker):
         self.total_training_steps = total_training_steps
         self.device = resolve_device(config.trainer.device)
         self.tokenizer = tokenizer
-        self.actor = self.ref = self.rollout = None
+        self.actor = self.ref = self.rollout = self.teachers = None
         self.sharded = config.actor_rollout_ref.actor.strategy == "fsdp2"
         self.engine_weights = None  # fsdp2: the engine's unsharded weights, from a rollout until the actor computes
         self.weights_version = 0  # bumped whenever the policy's weights change: an engine never runs on older ones
@@ -106,10 +107,15 @@ class ActorRolloutRefWorker(Worker):
         max_len = self.config.data.max_response_length
         dp = self.data_parallel()
         self.actor = Actor(model, arr.actor, self.config.algorithm, optimizer, scheduler, pad_id, max_len,
-                           seed=self.config.trainer.seed, root=root, dp=dp)
+                           seed=self.config.trainer.seed, root=root, dp=dp, distillation=self.config.distillation)
         if ref_model is not None:
             self.ref = Actor(ref_model, arr.actor, self.config.algorithm, pad_id=pad_id, max_response_length=max_len,
                              root=ref_root, dp=dp)
+        if self.config.distillation.enabled:
+            self.teachers = Teachers({key: Actor(teacher, arr.actor, self.config.algorithm, pad_id=pad_id,
+                                                 max_response_length=max_len, root=teacher_root, dp=dp)
+                                      for key, (teacher, teacher_root) in self._load_teachers().items()},
+                                     self.config.distillation)
         # else the rollout lives in RolloutWorkers of its own (workers/rollout.py): on devices of their
         # own (hybrid_engine=false), or beside this worker, generating ahead (trainer.v1.trainer_mode);
         # with rollout servers (mode=async) that is the trainer's driver of them
@@ -162,6 +168,23 @@ class ActorRolloutRefWorker(Worker):
         if ref_model is not None:
             fsdp.load_sharded(ref_root, ref_model, self.device, full_state)
         return model, ref_model, root, ref_root
+
+    def _load_teachers(self) -> dict[str, tuple]:
+        """Each distillation teacher, frozen, built as the reference is: on the actor's device, or
+        (FSDP2) sharded over the same ranks with its weights read once on rank 0. Key -> (model, root)."""
+        remote = self.config.actor_rollout_ref.model.trust_remote_code
+        check_teacher_tokenizers(self.config.distillation, self.tokenizer, lambda path: load_tokenizer(path, remote))
+        teachers = {}
+        for key, entry in teacher_entries(self.config.distillation).items():
+            if not self.sharded:
+                teachers[key] = (load_model(entry.model_path, "float32", self.device, remote).requires_grad_(False), None)
+                continue
+            model = empty_model(entry.model_path, "float32", remote).requires_grad_(False)
+            root = self._shard(model, self.config.actor_rollout_ref.ref.fsdp_config.reshard_after_forward)
+            state = load_model(entry.model_path, "float32", "cpu", remote).state_dict() if self.rank == 0 else None
+            fsdp.load_sharded(root, model, self.device, state)
+            teachers[key] = (model, root)
+        return teachers
 
     def _shard(self, model, reshard_after_forward: bool):
         """FSDP2 over this group's ranks; the reference computes in the actor's precision."""
@@ -324,6 +347,17 @@ class ActorRolloutRefWorker(Worker):
             with self.model.disable_adapter():
                 log_probs, _ = self.actor.compute_log_prob(data)
         return DataProto.from_dict({"ref_log_prob": log_probs})
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def compute_teacher_log_prob(self, data: DataProto) -> DataProto:
+        """The distillation teachers' ``teacher_log_prob`` of the responses (and, for a top-k loss,
+        ``teacher_topk_log_probs`` / ``teacher_topk_ids``; ``rlvr.workers.teacher``)."""
+        self._leave_rollout_mode()
+        if self.teachers is None:
+            raise RuntimeError("no distillation teacher: set distillation.enabled=true and "
+                               "distillation.teacher_models.teacher_model.model_path")
+        self._log_prob_meta(data, self.config.actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu)
+        return self.teachers.compute(data, self.world_size)
 
     @register(dispatch_mode=Dispatch.DP_MINI_BATCH_PROTO)
     def update_actor(self, data: DataProto) -> DataProto:
