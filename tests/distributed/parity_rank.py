@@ -82,7 +82,8 @@ def main(spec_path: str, out_dir: str) -> None:
         worker.load_checkpoint(spec["resume_from"])
     world, rank = worker.world_size, worker.rank
     n = config.actor_rollout_ref.rollout.n
-    record = {"responses": [], "old_log_probs": [], "ref_log_prob": [], "metrics": [], "rank_widths": [],
+    record = {"responses": [], "old_log_probs": [], "ref_log_prob": [], "teacher_log_prob": [],
+              "teacher_topk_log_probs": [], "metrics": [], "rank_widths": [],
               "engine_bytes_at_init": engine_bytes_at_init}
     for step in range(spec.get("first_step", 0), spec.get("first_step", 0) + spec["steps"]):
         prompts = prompt_batch(worker.tokenizer, step, config.data.train_batch_size, n)
@@ -93,6 +94,8 @@ def main(spec_path: str, out_dir: str) -> None:
         batch = batch.union(gather(worker.compute_log_prob(mine)))
         if config.actor_rollout_ref.actor.use_kl_loss:
             batch = batch.union(gather(worker.compute_ref_log_prob(mine)))
+        if config.distillation.enabled:  # the sharded teacher: each rank scores its own rows
+            batch = batch.union(gather(worker.compute_teacher_log_prob(mine)))
         g = torch.Generator().manual_seed(step)
         advantages = torch.randn(len(batch), generator=g)[:, None] * batch.batch["response_mask"]
         batch.batch["advantages"] = advantages
@@ -100,7 +103,7 @@ def main(spec_path: str, out_dir: str) -> None:
         if modes:  # one aggregation mode per step, in turn
             worker.actor.config.loss_agg_mode = modes[(step - spec.get("first_step", 0)) % len(modes)]
         out = worker.update_actor(batch)
-        for key in ("responses", "old_log_probs", "ref_log_prob"):
+        for key in ("responses", "old_log_probs", "ref_log_prob", "teacher_log_prob", "teacher_topk_log_probs"):
             if key in batch.batch:
                 record[key].append(batch.batch[key])
         record["metrics"].append(out.meta_info["metrics"])

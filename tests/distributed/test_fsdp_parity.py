@@ -73,7 +73,8 @@ def assert_same_run(got, expected, atol=2e-5):
     ref_rec, ref_weights = expected
     # the layout too: the joined batch is as wide as the one process's
     assert [r.shape for r in rec["responses"]] == [r.shape for r in ref_rec["responses"]]
-    for key in ("responses", "old_log_probs", "ref_log_prob"):
+    for key in ("responses", "old_log_probs", "ref_log_prob", "teacher_log_prob", "teacher_topk_log_probs"):
+        assert len(rec[key]) == len(ref_rec[key]), key
         for a, b in zip(rec[key], ref_rec[key]):
             assert torch.allclose(a.float(), b.float(), atol=atol), key
     assert len(rec["metrics"]) == len(ref_rec["metrics"])
@@ -160,6 +161,20 @@ def test_two_fsdp2_ranks_with_vllm_equal_one_process(tiny_vllm_model_dir, tmp_pa
         if tp == 1:  # (with TP=2 both ranks answer slices of the leader's one batch: one width)
             assert any(len(set(widths)) > 1 for widths in two[0]["rank_widths"]), two[0]["rank_widths"]
         assert max(float((two[1][k] - initial[k]).abs().max()) for k in initial if k in two[1]) > 1e-3  # it trained
+
+
+@pytest.mark.slow
+def test_two_fsdp2_ranks_with_a_sharded_teacher_equal_one_process(tiny_model_dir, tmp_path):
+    """On-policy distillation with its teacher sharded like the reference: the teacher's log-probs and
+    top-k, the distillation loss and the weights after two steps equal one process's."""
+    extra = ("distillation.enabled=true", f"distillation.teacher_models.teacher_model.model_path={tiny_model_dir}",
+             "distillation.distillation_loss.loss_mode=forward_kl_topk", "distillation.distillation_loss.topk=3")
+    one = run_ranks(tmp_path, "one", 1, base_overrides(tiny_model_dir, 1, "local", *extra), steps=2)
+    two = run_ranks(tmp_path, "two", 2, base_overrides(tiny_model_dir, 2, "fsdp2", *extra), steps=2)
+    assert_same_run(two, one)
+    assert len(two[0]["teacher_topk_log_probs"]) == 2
+    for m, r in zip(two[0]["metrics"], one[0]["metrics"]):
+        assert m["actor/distillation/loss"] == pytest.approx(r["actor/distillation/loss"], rel=1e-4, abs=2e-5)
 
 
 def test_one_fsdp2_rank_in_process_equals_the_local_strategy(tiny_model_dir, tmp_path):
