@@ -3,6 +3,8 @@ numbers, and what to change. All failures are reported together."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from rlvr.config.schema import DistillationConfig, RLVRConfig, TeacherModelConfig
 
 TRUNCATION_MODES = ("left", "right", "middle", "error")
@@ -822,6 +824,10 @@ def _distillation(cfg: RLVRConfig) -> list[str]:
     for name, entry in named.items():
         if entry.model_path is None:
             errors.append(f"{key}.teacher_models.{name}.model_path is not set")
+        elif entry.model_path.lower() not in ("builtin", "default", "smollm2-135m-instruct") and not Path(entry.model_path).expanduser().exists():
+            errors.append(f"{key}.teacher_models.{name}.model_path = {entry.model_path!r} does not exist: train the "
+                          "teacher first (the distill recipe's is the default job's step-24 checkpoint: rlvr train), or "
+                          "point it at a Hugging Face folder, a .gguf file, builtin, or a run's checkpoint")
         if len(named) > 1 and entry.key is None:
             errors.append(f"{key}.teacher_models.{name}.key is not set: with {len(named)} teachers each row goes to the "
                           f"teacher whose key is the row's {d.teacher_key!r} value")

@@ -74,3 +74,37 @@ def test_dapo_recipe_runs_on_the_builtin_task(tmp_path):
         assert len(rows) == 16 and len({r["uid"] for r in rows}) == 4
         for uid in {r["uid"] for r in rows}:
             assert len({r["score"] for r in rows if r["uid"] == uid}) > 1
+
+
+def test_distill_recipe_trains_a_student_from_a_checkpoint(tmp_path, tiny_model_dir):
+    """``--config distill``: a teacher from a run's checkpoint folder (here the tiny model's first
+    step), its top-32 forward KL alone, no KL to the initial model; a missing teacher says how to
+    get one."""
+    from rlvr.config import ConfigError
+    from rlvr.data.prepare import prepare_arithmetic
+
+    paths = prepare_arithmetic(tmp_path / "data", train_size=16, test_size=4)
+    common = [f"data.train_files=[{paths['train']}]", "data.val_files=[]", f"actor_rollout_ref.model.path={tiny_model_dir}",
+              "data.max_response_length=8", "data.train_batch_size=2", "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+              "trainer.total_training_steps=1", "trainer.logger=[jsonl]", "trainer.val_before_train=false"]
+    with pytest.raises(ConfigError, match="arithmetic_grpo/checkpoints/global_step_24/actor' does not exist: train the teacher"):
+        load_config("distill", common)
+    teacher_run = tmp_path / "teacher"
+    build = build_trainer(load_config(None, common + ["trainer.save_freq=1", f"trainer.default_local_dir={teacher_run}"]),
+                          progress_bar=False)
+    build.fit()
+    build.tracker.close()
+    config = load_config("distill", common + [f"trainer.default_local_dir={tmp_path / 'student'}",
+                                              "distillation.teacher_models.teacher_model.model_path="
+                                              f"{teacher_run / 'checkpoints' / 'global_step_1' / 'actor'}"])
+    d = config.distillation
+    assert d.enabled and d.distillation_loss.loss_mode == "forward_kl_topk" and d.distillation_loss.topk == 32
+    assert not d.distillation_loss.use_task_rewards and not config.actor_rollout_ref.actor.use_kl_loss
+    trainer = build_trainer(config, progress_bar=False)
+    trainer.fit()
+    trainer.tracker.close()
+    (record,) = [json.loads(line) for line in open(tmp_path / "student" / "metrics.jsonl")]
+    # the teacher is the student one update on: near, not equal; the random tiny model's top 32 of
+    # 49,152 tokens hold a little more than 32 / 49152 = 6.5e-4 of its mass
+    assert 0.0 < record["actor/distillation/loss"] < 1e-3
+    assert 6.5e-4 < record["actor/distillation/teacher_mass"] < 0.01
