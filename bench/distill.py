@@ -20,30 +20,18 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
-import sys
-import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from runs import rlvr_train
 
 
 def run(name: str, out: Path, steps: int, device: str, *overrides: str) -> dict:
-    run_dir = out / name
-    command = [sys.executable, "-m", "rlvr.cli", "train", *overrides, f"trainer.device={device}",
-               f"trainer.total_training_steps={steps}", "trainer.test_freq=6", "trainer.resume_mode=disable",
-               f"trainer.default_local_dir={run_dir}", "trainer.logger=[jsonl]"]
-    start = time.perf_counter()
-    done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT)
-    wall = time.perf_counter() - start
-    (out / f"{name}.log").write_text(done.stdout + "\n" + done.stderr)
-    if done.returncode:
-        raise SystemExit(f"{name} failed:\n{done.stdout[-2000:]}\n{done.stderr[-4000:]}")
-    records = [json.loads(line) for line in open(run_dir / "metrics.jsonl")]
-    val_key = next(k for r in records for k in r if k.startswith("val-core/") and k.endswith("mean@1"))
-    accuracy = {r["step"]: r[val_key] for r in records if val_key in r}
-    steps_done = [r["timing_s/step"] for r in records if "timing_s/step" in r and r.get("step", 0) >= 2]
-    result = {"run": name, "wall_s": wall, "accuracy": accuracy, "median_step_s": statistics.median(steps_done)}
+    done = rlvr_train([*overrides, f"trainer.device={device}", f"trainer.total_training_steps={steps}",
+                       "trainer.test_freq=6"], out / name, out / f"{name}.log")
+    timed = [r for r in done["records"] if "timing_s/step" in r]
+    step_times = [r["timing_s/step"] for r in timed if r["step"] >= 2] or [r["timing_s/step"] for r in timed]
+    result = {"run": name, "wall_s": done["wall_s"], "accuracy": done["accuracy"],
+              "median_step_s": statistics.median(step_times)}
     print(json.dumps(result), flush=True)
     return result
 

@@ -34,15 +34,14 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
+from runs import rlvr_train  # noqa: E402 (bench/ on the path first)
 GB = 1e9
 DEVICE = "cuda"  # --device cpu runs the same code without the memory figures (a smoke test of this script)
 
@@ -225,26 +224,17 @@ def profile_engine(model_path: str, out: Path) -> str:
 
 
 def train(model: str, strategy: str, steps: int | None, out: Path) -> dict:
-    run_dir = out / f"train-{strategy}"
     extra = [f"trainer.total_training_steps={steps}"] if steps else []
-    command = [sys.executable, "-m", "rlvr.cli", "train", *job_overrides(model, strategy),
-               f"trainer.default_local_dir={run_dir}", "trainer.resume_mode=disable", "trainer.save_freq=-1",
-               "trainer.logger=[jsonl]", *extra]
-    start = time.perf_counter()
-    done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT)
-    wall = time.perf_counter() - start
-    (out / f"train-{strategy}.log").write_text(done.stdout + "\n" + done.stderr)
-    if done.returncode:
-        raise SystemExit(f"rlvr train ({strategy}) failed:\n{done.stdout[-3000:]}\n{done.stderr[-5000:]}")
-    records = [json.loads(line) for line in open(run_dir / "metrics.jsonl")]
-    val_key = next(k for r in records for k in r if k.startswith("val-core/") and k.endswith("mean@1"))
-    accuracy = {r["step"]: r[val_key] for r in records if val_key in r}
+    done = rlvr_train([*job_overrides(model, strategy), "trainer.save_freq=-1", *extra], out / f"train-{strategy}",
+                      out / f"train-{strategy}.log")
+    records = done["records"]
     steps_done = [r for r in records if "timing_s/step" in r and r.get("step", 0) >= 2]
     median = {k: statistics.median(r[k] for r in steps_done if k in r)
               for k in ("timing_s/step", "timing_s/gen", "timing_s/ref", "timing_s/update_actor")
               if any(k in r for r in steps_done)}
     peak = max((r.get("perf/max_memory_allocated_gb", 0) for r in records), default=0)
-    return {"strategy": strategy, "wall_s": wall, "accuracy": accuracy, "median": median, "peak_gib": peak}
+    return {"strategy": strategy, "wall_s": done["wall_s"], "accuracy": done["accuracy"], "median": median,
+            "peak_gib": peak}
 
 
 def print_table(title: str, columns: list[str], rows: list[list[str]]) -> None:
