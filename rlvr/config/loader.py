@@ -56,8 +56,16 @@ def _unwrap_optional(tp: Any) -> Any:
     return tp
 
 
+def _entry_type(tp: Any) -> Any:
+    """The section type of a key holding named sections (``dict[str, Section]``), else None."""
+    if typing.get_origin(tp) is dict and dataclasses.is_dataclass(typing.get_args(tp)[1]):
+        return typing.get_args(tp)[1]
+    return None
+
+
 def known_keys(cls: type = RLVRConfig, prefix: str = "") -> dict[str, Any]:
-    """Every dotted key of the schema mapped to its type (nested sections included)."""
+    """Every dotted key of the schema mapped to its type (nested sections included; the keys of
+    named sections under ``*``, e.g. ``distillation.teacher_models.*.model_path``)."""
     out: dict[str, Any] = {}
     for name, tp in _field_types(cls).items():
         key = f"{prefix}{name}"
@@ -65,6 +73,8 @@ def known_keys(cls: type = RLVRConfig, prefix: str = "") -> dict[str, Any]:
         out[key] = tp
         if dataclasses.is_dataclass(tp):
             out.update(known_keys(tp, key + "."))
+        elif _entry_type(tp) is not None:
+            out.update(known_keys(_entry_type(tp), key + ".*."))
     return out
 
 
@@ -83,8 +93,8 @@ def _check_keys(user: dict[str, Any], source: str, cls: type = RLVRConfig, prefi
                     f"e.g. {key}.{next(iter(_field_types(tp)))}=..., not the value {value!r}"
                 )
             _check_keys(value, source, tp, key + ".")
-        elif typing.get_origin(tp) is dict and dataclasses.is_dataclass(typing.get_args(tp)[1]):
-            entry_type = typing.get_args(tp)[1]  # named entries of one section type (distillation.teacher_models)
+        elif _entry_type(tp) is not None:
+            entry_type = _entry_type(tp)  # named entries of one section type (distillation.teacher_models)
             if not isinstance(value, dict) or not all(isinstance(v, dict) for v in value.values()):
                 raise ConfigError(f"config key {key!r} (from {source}) holds named sections, e.g. "
                                   f"{key}.<name>.{next(iter(_field_types(entry_type)))}=..., not {value!r}")
@@ -178,6 +188,10 @@ def _verl_walk(node: dict[str, Any], prefix: str, schema: dict[str, Any], refuse
                 continue
             dropped.setdefault(why, []).append(key)
             del node[name]
+        elif isinstance(value, dict) and key in schema and _entry_type(schema[key]) is not None:
+            for entry in value.values():  # named sections: their keys are the schema's under *
+                if isinstance(entry, dict):
+                    _verl_walk(entry, key + ".*.", schema, refused, dropped, source)
         elif isinstance(value, dict) and _is_section(key, schema):  # a dict-valued key's entries are its value
             _verl_walk(value, key + ".", schema, refused, dropped, source)
             if not value:  # emptied by the walk

@@ -669,11 +669,20 @@ class DistillationLossConfig:
     """``use_policy_gradient``: the clip range where clip_ratio_low/high are unset."""
     clip_ratio_low: Optional[float] = 0.2
     clip_ratio_high: Optional[float] = 0.2
-    use_chunked_topk: bool = False
-    """verl's streamed top-k for long contexts; rlvr's vocabulary projection always runs in chunks
-    (either value behaves the same)."""
-    chunked_topk_chunk_size: int = 4096
-    """Read with ``use_chunked_topk`` in verl; rlvr's chunk is the forward's (see above)."""
+
+
+@dataclass
+class TeacherInferenceConfig:
+    """verl's ``teacher_models.<name>.inference`` (a rollout config): rlvr reads where the teacher is
+    served; the rest of verl's server settings load with a notice."""
+    external_server_addresses: list[str] = field(default_factory=list)
+    """``host:port`` of servers already holding the teacher; empty: the teacher is a frozen model
+    in the actor's workers."""
+    name: str = "sglang"
+    """The servers' protocol: sglang (SGLang's ``/generate`` prompt log-probs; ``rlvr serve`` speaks
+    it) or vllm (``vllm serve``'s ``/v1/completions`` with ``prompt_logprobs``)."""
+    api_key: Optional[str] = None
+    """Sent as ``Authorization: Bearer KEY`` to servers started with ``--api-key``."""
 
 
 @dataclass
@@ -685,11 +694,8 @@ class TeacherModelConfig:
     model_path: Optional[str] = None
     """The teacher: a Hugging Face folder, a .gguf file, ``builtin``, or a run's checkpoint. Its
     tokenizer must be the student's (cross-tokenizer distillation is not supported)."""
-    num_replicas: Optional[int] = 0
-    """verl's teacher-server replicas; rlvr's teacher is one frozen model in the trainer's workers."""
-    inference: dict[str, Any] = field(default_factory=dict)
-    """verl's teacher-server settings (a rollout config); rlvr's teacher computes in the actor's
-    process and precision, so these have no effect (a notice lists them)."""
+    inference: TeacherInferenceConfig = field(default_factory=TeacherInferenceConfig)
+    """Where the teacher runs (verl: a rollout config for the teacher's servers)."""
 
 
 @dataclass
@@ -698,10 +704,6 @@ class DistillationConfig:
     student sampled; the student minimises a per-token divergence to it, alone or beside the task
     reward (docs/distillation.md)."""
     enabled: bool = False
-    n_gpus_per_node: int = 8
-    """verl's teacher pool; rlvr's teacher lives on the actor's devices, sharded like the reference."""
-    nnodes: int = 0
-    """verl's teacher pool (see ``n_gpus_per_node``)."""
     teacher_key: str = "data_source"
     """The row column that routes each row to a teacher's ``key`` when there are several."""
     teacher_models: dict[str, TeacherModelConfig] = field(default_factory=lambda: {"teacher_model": TeacherModelConfig()})

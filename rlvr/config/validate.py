@@ -828,6 +828,11 @@ def _distillation(cfg: RLVRConfig) -> list[str]:
             errors.append(f"{key}.teacher_models.{name}.model_path = {entry.model_path!r} does not exist: train the "
                           "teacher first (the distill recipe's is the default job's step-24 checkpoint: rlvr train), or "
                           "point it at a Hugging Face folder, a .gguf file, builtin, or a run's checkpoint")
+        served = entry.inference
+        if served.external_server_addresses and served.name not in ("sglang", "native", "vllm"):
+            errors.append(f"{key}.teacher_models.{name}.inference.name = {served.name!r}: a served teacher speaks sglang "
+                          "(SGLang's /generate prompt log-probs; rlvr serve: native) or vllm (vllm serve's "
+                          "prompt_logprobs)")
         if len(named) > 1 and entry.key is None:
             errors.append(f"{key}.teacher_models.{name}.key is not set: with {len(named)} teachers each row goes to the "
                           f"teacher whose key is the row's {d.teacher_key!r} value")
@@ -867,18 +872,7 @@ def distillation_notes(cfg: RLVRConfig) -> list[str]:
         if any(e.model_path for e in d.teacher_models.values()):
             notes.append("distillation.teacher_models names a teacher but distillation.enabled=false: no teacher runs")
         return notes
-    where = ("rlvr's teacher lives on the actor's devices beside the reference (sharded like it under fsdp2), not "
-             "on a pool of its own")
-    if d.n_gpus_per_node != 8 or d.nnodes != 0:
-        notes.append(f"distillation.n_gpus_per_node / nnodes: {where}")
-    for name, entry in d.teacher_models.items():
-        if entry.inference or entry.num_replicas:
-            notes.append(f"distillation.teacher_models.{name}.inference / num_replicas: {where}, computing in the "
-                         "actor's precision with no server")
     loss = d.distillation_loss
-    if loss.use_chunked_topk:
-        notes.append("distillation.distillation_loss.use_chunked_topk: rlvr's vocabulary projection always runs in "
-                     "chunks of the response tokens")
     if loss.use_policy_gradient and loss.loss_mode == "forward_kl_topk":
         notes.append("distillation.distillation_loss.use_policy_gradient with forward_kl_topk: the top-k KL of each "
                      "position becomes a per-token advantage of the sampled token only (verl warns likewise)")

@@ -33,7 +33,20 @@ _ONE_MANAGER = ("rlvr has one reward manager: the scorer of each row's data_sour
                 "reward.custom_reward_function), plus DAPO's reward.overlong_buffer when enabled")
 
 # verl key (or section) -> (why it has no effect in rlvr, the values that are harmless or None for any)
+_TEACHER_POOL = ("rlvr's distillation teachers are frozen models on the actor's devices (sharded like the reference "
+                 "under fsdp2), or servers at teacher_models.<name>.inference.external_server_addresses; verl's pool "
+                 "and server settings for them do not apply")
+
 VERL_NO_EFFECT: dict[str, tuple[str, tuple | None]] = {
+    # on-policy distillation: verl's teacher pool and servers
+    "distillation.n_gpus_per_node": (_TEACHER_POOL, None),
+    "distillation.nnodes": (_TEACHER_POOL, None),
+    "distillation.teacher_models.*.num_replicas": (_TEACHER_POOL, None),
+    "distillation.teacher_models.*.inference.*": (_TEACHER_POOL, None),
+    "distillation.distillation_loss.use_chunked_topk": (
+        "rlvr's vocabulary projection always runs in chunks of the response tokens", None),
+    "distillation.distillation_loss.chunked_topk_chunk_size": (
+        "rlvr's vocabulary projection always runs in chunks of the response tokens", None),
     # Hydra and verl's config plumbing
     "*._target_": ("Hydra's instantiation target of verl's config classes", None),
     "*.rollout_n": (_VERL_COPY + " (actor_rollout_ref.rollout.n)", None),

@@ -195,6 +195,32 @@ class SGLangProtocol:
     def abort(self, rid: str):
         return "/abort_request", {"rid": rid}
 
+    def score(self, ids: Sequence[int], start: int, topk: int):
+        """(route, body) asking for the log-probs of ``ids[start:]`` (start >= 1) as a prompt, and the
+        ``topk`` largest of each of their distributions: SGLang's ``logprob_start_len`` (whose first
+        entry is null, so it starts one earlier) and ``top_logprobs_num``, one token generated."""
+        body = {"input_ids": list(ids), "sampling_params": {"max_new_tokens": 1, "temperature": 1.0},
+                "return_logprob": True, "logprob_start_len": start - 1}
+        if topk:
+            body["top_logprobs_num"] = topk
+        return "/generate", body
+
+    def parse_score(self, data, ids: Sequence[int], start: int, topk: int, replica: Replica):
+        """-> (log-probs of ids[start:], their top-k log-probs, the top-k ids)."""
+        meta = (data if isinstance(data, dict) else {}).get("meta_info") or {}
+        entries = meta.get("input_token_logprobs")
+        if entries is None or len(entries) != len(ids) - start + 1:
+            raise ReplicaFailed(f"{replica.name} answered {None if entries is None else len(entries)} prompt log-probs "
+                                f"for {len(ids) - start + 1} positions (SGLang's input_token_logprobs)")
+        token = [float(e[0]) for e in entries[1:]]
+        if not topk:
+            return token, [], []
+        tops = meta.get("input_top_logprobs") or []
+        if len(tops) != len(entries) or any(len(row or ()) != topk for row in tops[1:]):
+            raise ReplicaFailed(f"{replica.name} answered no top-{topk} log-probs for every position "
+                                "(SGLang's input_top_logprobs)")
+        return token, [[float(e[0]) for e in row] for row in tops[1:]], [[int(e[1]) for e in row] for row in tops[1:]]
+
     def load_from_disk(self, replica: Replica, folder: Path, version: int, timeout: float) -> None:
         check_answer(replica.post("/update_weights_from_disk", timeout=timeout, json={
             "model_path": str(folder), "weight_version": str(version), "flush_cache": True}), replica,
@@ -248,6 +274,34 @@ class VLLMProtocol:
 
     def abort(self, rid: str):
         return "/abort_requests", {"request_ids": [rid]}
+
+    def score(self, ids: Sequence[int], start: int, topk: int):
+        """(route, body) asking for the prompt log-probs of ``ids`` (vLLM's ``prompt_logprobs``: each
+        position's token and its top-k; the server's ``--max-logprobs`` must allow k), one token
+        generated."""
+        return "/v1/completions", {"prompt": list(ids), "max_tokens": 1, "temperature": 1.0, "prompt_logprobs": topk,
+                                   "return_token_ids": True}
+
+    def parse_score(self, data, ids: Sequence[int], start: int, topk: int, replica: Replica):
+        """-> (log-probs of ids[start:], their top-k log-probs, the top-k ids): each position's dict
+        holds its own token and the top-k by rank (keys are token ids as strings)."""
+        choices = (data if isinstance(data, dict) else {}).get("choices") or [{}]
+        positions = choices[0].get("prompt_logprobs")
+        if positions is None or len(positions) != len(ids):
+            raise ReplicaFailed(f"{replica.name} answered {None if positions is None else len(positions)} prompt "
+                                f"log-probs for a prompt of {len(ids)} tokens (vLLM's prompt_logprobs)")
+        token, values, indices = [], [], []
+        for p in range(start, len(ids)):
+            entry = positions[p]
+            if str(ids[p]) not in entry:
+                raise ReplicaFailed(f"{replica.name}: prompt_logprobs[{p}] lacks the prompt's own token {ids[p]}")
+            token.append(float(entry[str(ids[p])]["logprob"]))
+            ranked = sorted((v["rank"], int(k), float(v["logprob"])) for k, v in entry.items() if v["rank"] <= topk)
+            if topk and len(ranked) != topk:
+                raise ReplicaFailed(f"{replica.name}: prompt_logprobs[{p}] holds {len(ranked)} of the top {topk}")
+            values.append([lp for _, _, lp in ranked])
+            indices.append([i for _, i, _ in ranked])
+        return token, (values if topk else []), (indices if topk else [])
 
     def load_from_disk(self, replica: Replica, folder: Path, version: int, timeout: float) -> None:
         check_answer(replica.post("/pause", params={"mode": "wait"}, timeout=timeout), replica, "/pause")

@@ -18,6 +18,7 @@ import secrets
 import time
 from typing import Any
 
+import torch
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 
@@ -113,18 +114,86 @@ def sglang_finish_reason(completion: Completion, budget: int) -> dict[str, Any]:
     return {"type": "abort", "message": "aborted"}
 
 
+def check_logprob_fields(body: GenerateRequest, prompt_len: int) -> None:
+    """SGLang's prompt log-prob fields: ``logprob_start_len`` -1 (none) or 0..L, ``top_logprobs_num``
+    >= 0, both only with ``return_logprob`` (SGLang ignores them without it; rlvr refuses)."""
+    asked = body.logprob_start_len != -1 or body.top_logprobs_num != 0
+    if asked and not body.return_logprob:
+        raise BadRequest("return_logprob", "logprob_start_len and top_logprobs_num need return_logprob=true")
+    if not -1 <= body.logprob_start_len <= prompt_len:
+        raise BadRequest("logprob_start_len", f"{body.logprob_start_len} is outside -1..{prompt_len} (the prompt's "
+                                              "length): the first prompt position whose log-prob to return")
+    if body.top_logprobs_num < 0:
+        raise BadRequest("top_logprobs_num", f"{body.top_logprobs_num} must be >= 0")
+    if asked and body.stream:
+        raise BadRequest("stream", "prompt log-probs and top log-probs come with the whole output: stream=false")
+
+
+def scored_sequence(model, ids: list[int], start: int, topk: int) -> tuple[list[float], list, list]:
+    """One forward over ``ids`` (prompt and output): for each position p > ``start`` the log-prob of
+    ``ids[p]`` given ``ids[:p]`` and the ``topk`` largest log-probs (with their ids) of that
+    distribution, in the served model's precision, at temperature 1 (SGLang's prompt log-probs)."""
+    rows = len(ids) - start  # the distributions at positions start .. len - 1 (the last predicts nothing)
+    with torch.inference_mode():
+        x = torch.tensor([ids], device=model.device)
+        logp = torch.log_softmax(model(input_ids=x, use_cache=False, logits_to_keep=rows).logits[0].float(), -1)
+        logp = logp[:-1]  # (rows - 1, V): row r predicts ids[start + 1 + r]
+        target = torch.tensor(ids[start + 1:], device=logp.device)
+        token = logp.gather(-1, target.unsqueeze(-1)).squeeze(-1).tolist()
+        if not topk:
+            return token, [], []
+        values, indices = logp.topk(min(topk, logp.shape[-1]), dim=-1)
+        return token, values.tolist(), indices.tolist()
+
+
+async def sequence_scores(server: Server, body: GenerateRequest, spec: RowSpec, completion: Completion):
+    """The prompt (from ``logprob_start_len``) and output log-probs SGLang returns beside an output."""
+    ids = list(spec.prompt_ids) + list(completion.token_ids)
+    start = scored_from(body, len(spec.prompt_ids))
+    return await server.engine.call(lambda: scored_sequence(server.model, ids, start, body.top_logprobs_num))
+
+
+def scored_from(body: GenerateRequest, prompt_len: int) -> int:
+    """The first position whose distribution ``scored_sequence`` keeps: ``logprob_start_len``, and
+    at most the prompt's last (whose distribution is the first output token's)."""
+    return min(body.logprob_start_len, prompt_len - 1) if body.logprob_start_len >= 0 else prompt_len - 1
+
+
 def sglang_output(server: Server, completion: Completion, spec: RowSpec, body: GenerateRequest,
-                  skip_special_tokens: bool, started: float) -> dict[str, Any]:
+                  skip_special_tokens: bool, started: float, scores=None) -> dict[str, Any]:
     meta: dict[str, Any] = {
         "id": completion.request_id, "finish_reason": sglang_finish_reason(completion, spec.max_new_tokens),
         "prompt_tokens": len(spec.prompt_ids), "completion_tokens": len(completion.token_ids),
         "weight_version": server.version_name(completion), "e2e_latency": time.perf_counter() - started}
     if body.return_logprob:
-        meta["output_token_logprobs"] = [
-            [lp, tok, server.decode([tok], False) if body.return_text_in_logprobs else None]
-            for tok, lp in zip(completion.token_ids, completion.log_probs)]
+        def text(tok: int):
+            return server.decode([tok], False) if body.return_text_in_logprobs else None
+
+        meta["output_token_logprobs"] = [[lp, tok, text(tok)] for tok, lp in zip(completion.token_ids, completion.log_probs)]
+        if body.logprob_start_len >= 0 or body.top_logprobs_num:
+            meta.update(sglang_scores(spec, body, completion, scores, text))
     return {"text": finish_text(server, completion, skip_special_tokens), "output_ids": completion.token_ids,
             "meta_info": meta}
+
+
+def sglang_scores(spec: RowSpec, body: GenerateRequest, completion: Completion, scores, text) -> dict[str, Any]:
+    """SGLang's ``input_token_logprobs`` (from ``logprob_start_len``: L - s entries, the first null),
+    ``input_top_logprobs`` and ``output_top_logprobs`` (``top_logprobs_num`` > 0) from one forward's
+    ``scores`` (``scored_sequence``; the output's own log-probs stay the engine's)."""
+    token, top_values, top_ids = scores  # entry r: the distribution predicting position start + 1 + r
+    L, s, prompt = len(spec.prompt_ids), body.logprob_start_len, spec.prompt_ids
+    start = scored_from(body, L)
+    out: dict[str, Any] = {}
+    if s >= 0:  # s < L here means start == s
+        out["input_token_logprobs"] = ([[None, prompt[s], text(prompt[s])]] if s < L else []) + [
+            [token[j], prompt[s + 1 + j], text(prompt[s + 1 + j])] for j in range(L - s - 1)]
+    if body.top_logprobs_num:
+        rows = [[[v, i, text(i)] for v, i in zip(values, ids)] for values, ids in zip(top_values, top_ids)]
+        if s >= 0:
+            out["input_top_logprobs"] = ([None] if s < L else []) + rows[:max(L - s - 1, 0)]
+        out["output_top_logprobs"] = rows[L - start - 1:][:len(completion.token_ids)]
+    return out
+
 
 
 async def sglang_stream(server: Server, request: Request, rid: str, rows, spec: RowSpec, body: GenerateRequest,
@@ -170,6 +239,7 @@ def add_sglang_routes(app: FastAPI, server: Server) -> None:
         started = time.perf_counter()
         body = validate(GenerateRequest, refuse_unimplemented(await read_body(request), UNIMPLEMENTED_GENERATE))
         spec, skip = sglang_spec(server, body)
+        check_logprob_fields(body, len(spec.prompt_ids))
         if body.stream and spec.n > 1:
             raise BadRequest("sampling_params.n", "a streamed /generate makes one sample; use n=1, or "
                                                   "/v1/completions with stream=true")
@@ -179,7 +249,9 @@ def add_sglang_routes(app: FastAPI, server: Server) -> None:
             return StreamingResponse(sglang_stream(server, request, rid, rows, spec, body, skip, started),
                                      media_type="text/event-stream")
         completions = await server.complete(request, rid, rows)
-        outputs = [sglang_output(server, c, spec, body, skip, started) for c in completions]
+        scores = [await sequence_scores(server, body, spec, c) if body.logprob_start_len >= 0 or body.top_logprobs_num
+                  else None for c in completions]
+        outputs = [sglang_output(server, c, spec, body, skip, started, s) for c, s in zip(completions, scores)]
         return outputs[0] if spec.n == 1 else outputs
 
     @app.get("/health")

@@ -37,7 +37,7 @@ UNIMPLEMENTED_SAMPLING = {
     "no_stop_trim": False, "spaces_between_special_tokens": True, "custom_params": None, "stream_interval": None,
 }
 UNIMPLEMENTED_GENERATE = {
-    "logprob_start_len": -1, "top_logprobs_num": 0, "token_ids_logprob": None, "image_data": None,
+    "token_ids_logprob": None, "image_data": None,
     "video_data": None, "audio_data": None, "input_embeds": None, "lora_path": None, "lora_id": None,
     "custom_logit_processor": None, "return_hidden_states": False, "session_params": None, "modalities": None,
     "bootstrap_host": None, "bootstrap_port": None, "bootstrap_room": None, "data_parallel_rank": None,
@@ -125,6 +125,8 @@ class GenerateRequest(Strict):
     input_ids: list[int] | None = None
     sampling_params: dict[str, Any] | None = None
     return_logprob: bool = False
+    logprob_start_len: int = -1
+    top_logprobs_num: int = 0
     return_text_in_logprobs: bool = False
     rid: str | None = None
     stream: bool = False

@@ -499,8 +499,9 @@ def state_terms(run: Run, t: dict[str, Term]) -> None:
     t["reference"] = Term("reference model (fp32)", shard32 if use_ref else 0.0, use_ref and not sharded,
                           "" if use_ref else "no KL term: none")
     distillation = run.config.distillation
-    if distillation.enabled:  # frozen like the reference, beside it (rlvr.workers.teacher)
-        entries = teacher_entries(distillation)
+    entries = {k: e for k, e in teacher_entries(distillation).items()
+               if not e.inference.external_server_addresses} if distillation.enabled else {}
+    if entries:  # frozen like the reference, beside it (rlvr.workers.teacher); a served one holds nothing here
         params = sum(run.shape.params() if e.model_path == arr.model.path
                      else ModelShape.from_config(read_model_config(e.model_path)).params() for e in entries.values())
         t["teachers"] = Term(f"distillation teacher{'s' if len(entries) > 1 else ''} (fp32)", 4 * params / run.world,

@@ -49,7 +49,7 @@ from rlvr.protocol import DataProto
 from rlvr.rollout import build_rollout, streams_weights
 from rlvr.rollout.engine import trim_heap
 from rlvr.workers.actor import Actor, build_optimizer
-from rlvr.workers.teacher import Teachers, check_teacher_tokenizers, teacher_entries
+from rlvr.workers.teacher import ServedTeacher, Teachers, check_teacher_tokenizers, teacher_entries
 
 
 def resolve_device(name: str) -> torch.device:
@@ -112,8 +112,9 @@ class ActorRolloutRefWorker(Worker):
             self.ref = Actor(ref_model, arr.actor, self.config.algorithm, pad_id=pad_id, max_response_length=max_len,
                              root=ref_root, dp=dp)
         if self.config.distillation.enabled:
-            self.teachers = Teachers({key: Actor(teacher, arr.actor, self.config.algorithm, pad_id=pad_id,
-                                                 max_response_length=max_len, root=teacher_root, dp=dp)
+            self.teachers = Teachers({key: teacher if isinstance(teacher, ServedTeacher) else
+                                      Actor(teacher, arr.actor, self.config.algorithm, pad_id=pad_id,
+                                            max_response_length=max_len, root=teacher_root, dp=dp)
                                       for key, (teacher, teacher_root) in self._load_teachers().items()},
                                      self.config.distillation)
         # else the rollout lives in RolloutWorkers of its own (workers/rollout.py): on devices of their
@@ -175,7 +176,11 @@ class ActorRolloutRefWorker(Worker):
         remote = self.config.actor_rollout_ref.model.trust_remote_code
         check_teacher_tokenizers(self.config.distillation, self.tokenizer, lambda path: load_tokenizer(path, remote))
         teachers = {}
+        server = self.config.actor_rollout_ref.rollout.server
         for key, entry in teacher_entries(self.config.distillation).items():
+            if entry.inference.external_server_addresses:  # served: nothing on this device
+                teachers[key] = (ServedTeacher(entry, server.timeout, server.max_start_wait_time), None)
+                continue
             if not self.sharded:
                 teachers[key] = (load_model(entry.model_path, "float32", self.device, remote).requires_grad_(False), None)
                 continue

@@ -16,14 +16,18 @@ they share the actor's devices, as the reference does, so nothing is sent anywhe
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
 import numpy as np
 import torch
 
 from rlvr.config import ConfigError
-from rlvr.config.schema import DistillationConfig
+from rlvr.config.schema import DistillationConfig, TeacherModelConfig
 from rlvr.config.validate import teacher_entries
 from rlvr.protocol import DataProto
 from rlvr.algos.distillation import get_distillation_loss
+from rlvr.rollout.servers import LoadBalancer, Replica, ReplicaFailed, SGLangProtocol, VLLMProtocol, wait_healthy
 
 
 def check_teacher_tokenizers(config: DistillationConfig, tokenizer, load_tokenizer) -> None:
@@ -40,6 +44,61 @@ def check_teacher_tokenizers(config: DistillationConfig, tokenizer, load_tokeniz
             f"the student's ({len(student)} tokens; they differ at {differ}): on-policy distillation compares the "
             "two models' log-probs of the same token ids, so the teacher must share the student's tokenizer "
             "(cross-tokenizer distillation is not supported)")
+
+
+class ServedTeacher:
+    """A teacher on servers that already hold it (``inference.external_server_addresses``): each row's
+    prompt and response go as one prompt whose log-probs the server returns (SGLang's
+    ``logprob_start_len`` / ``top_logprobs_num``, which ``rlvr serve`` speaks, or vLLM's
+    ``prompt_logprobs``), rows spread over the servers by the rollout's load balancer. The same
+    results as ``Actor.compute_log_prob`` (the servers score at temperature 1)."""
+
+    def __init__(self, entry: TeacherModelConfig, timeout: float, start_wait: float, threads: int = 16):
+        inference = entry.inference
+        headers = {"Authorization": f"Bearer {inference.api_key}"} if inference.api_key else {}
+        self.replicas = [Replica(i, address, headers=headers) for i, address in enumerate(inference.external_server_addresses)]
+        self.protocol = VLLMProtocol() if inference.name == "vllm" else SGLangProtocol()
+        self.balancer, self.timeout, self.threads = LoadBalancer(self.replicas), timeout, threads
+        for replica in self.replicas:
+            wait_healthy(replica, start_wait)
+
+    def _score(self, ids: list[int], start: int, topk: int):
+        """One row, tried on each server in turn until one answers."""
+        errors = []
+        for _ in self.replicas:
+            replica = self.balancer.acquire()
+            try:
+                route, body = self.protocol.score(ids, start, topk)
+                response = replica.post(route, json=body, timeout=self.timeout)
+                if response.status_code != 200:
+                    raise ReplicaFailed(f"{replica.name} answered HTTP {response.status_code}: {response.text[:300]}")
+                return self.protocol.parse_score(response.json(), ids, start, topk, replica)
+            except (httpx.HTTPError, ReplicaFailed, ValueError) as err:
+                errors.append(f"{replica.name}: {err}")
+            finally:
+                self.balancer.release(replica)
+        raise RuntimeError("the distillation teacher's servers did not score a row:\n  " + "\n  ".join(errors))
+
+    def compute_log_prob(self, data: DataProto, calculate_entropy: bool = False, topk: int = 0, extra: bool = False):
+        b = data.batch
+        R = b["responses"].shape[1]
+        P = b["input_ids"].shape[1] - R
+        log_probs = torch.zeros(b["responses"].shape)
+        tops = {"topk_log_probs": torch.zeros((*log_probs.shape, topk)),
+                "topk_ids": torch.zeros((*log_probs.shape, topk), dtype=torch.long)} if topk else {}
+        rows = []
+        for i in range(len(data)):
+            prompt = b["input_ids"][i, :P][b["attention_mask"][i, :P].bool()].tolist()
+            length = int(b["attention_mask"][i, P:].sum())
+            rows.append((prompt + b["responses"][i, :length].tolist(), len(prompt), length))
+        with ThreadPoolExecutor(self.threads) as pool:
+            scored = list(pool.map(lambda row: self._score(row[0], row[1], topk), rows))
+        for i, ((_, _, length), (token, values, ids)) in enumerate(zip(rows, scored)):
+            log_probs[i, :length] = torch.tensor(token)
+            if topk:
+                tops["topk_log_probs"][i, :length] = torch.tensor(values)
+                tops["topk_ids"][i, :length] = torch.tensor(ids)
+        return (log_probs, None, tops) if extra else (log_probs, None)
 
 
 class Teachers:

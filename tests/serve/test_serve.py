@@ -687,3 +687,40 @@ def test_generate_stream_sends_the_greedy_tokens(served, tiny):
     assert [c["output_ids"] for c in chunks[:-1]] == [want[:k] for k in range(1, len(want) + 1)]
     assert chunks[-1]["output_ids"] == want and chunks[-1]["meta_info"]["finish_reason"]["type"] in ("stop", "length")
     assert chunks[-1]["text"] == tokenizer.decode(want, skip_special_tokens=True)
+
+
+def test_generate_returns_prompt_log_probs_as_sglang_does(served, tiny):
+    """SGLang's ``logprob_start_len`` s and ``top_logprobs_num`` k: L - s prompt entries, the first
+    null, entry j the log-prob of prompt[s + j] given what precedes it; the top-k of each of those
+    distributions, and of the output's; all equal to one plain forward of the model."""
+    model, tokenizer = tiny
+    prompt = prompt_ids(tokenizer, QUESTIONS[:1])[0]
+    L, s, k = len(prompt), 5, 3
+    r = post(served, "/generate", {"input_ids": prompt, "return_logprob": True, "logprob_start_len": s,
+                                   "top_logprobs_num": k, "sampling_params": {"max_new_tokens": 2, "temperature": 0}})
+    assert r.status_code == 200, r.text
+    out = r.json()
+    meta, output = out["meta_info"], out["output_ids"]
+    with torch.no_grad():
+        logp = torch.log_softmax(model(torch.tensor([prompt + output])).logits[0].float(), -1)  # (L + 2, V)
+    entries = meta["input_token_logprobs"]
+    assert len(entries) == L - s and entries[0] == [None, prompt[s], None]
+    for j in range(1, L - s):
+        assert entries[j][1] == prompt[s + j]
+        assert entries[j][0] == pytest.approx(float(logp[s + j - 1, prompt[s + j]]), abs=1e-5)
+    tops = meta["input_top_logprobs"]
+    assert len(tops) == L - s and tops[0] is None
+    values, ids = logp.topk(k, dim=-1)
+    for j in range(1, L - s):
+        assert [e[1] for e in tops[j]] == ids[s + j - 1].tolist()
+        assert [e[0] for e in tops[j]] == pytest.approx(values[s + j - 1].tolist(), abs=1e-5)
+    out_tops = meta["output_top_logprobs"]
+    assert len(out_tops) == 2
+    assert [e[1] for e in out_tops[0]] == ids[L - 1].tolist() and out_tops[0][0][1] == output[0]  # greedy: its argmax
+    assert [e[1] for e in out_tops[1]] == ids[L].tolist()
+    # refused by name: the fields without return_logprob, a start past the prompt, a negative k
+    for body, param in (({"logprob_start_len": 0}, "return_logprob"),
+                        ({"return_logprob": True, "logprob_start_len": L + 1}, "logprob_start_len"),
+                        ({"return_logprob": True, "top_logprobs_num": -1}, "top_logprobs_num")):
+        r = post(served, "/generate", {"input_ids": prompt, "sampling_params": {"max_new_tokens": 1}, **body})
+        assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text

@@ -38,6 +38,8 @@ def teacher(path):
            "distillation.teacher_models.b.model_path=builtin", "distillation.teacher_models.b.key=math"),
      "teacher_models.a and .b both have key='math'"),
     (("distillation.teacher_models.a.modelpath=builtin",), "unknown config key 'distillation.teacher_models.a.modelpath'"),
+    (ON + (teacher("builtin"), "distillation.teacher_models.teacher_model.inference.external_server_addresses=[127.0.0.1:1]",
+           "distillation.teacher_models.teacher_model.inference.name=trtllm"), "a served teacher speaks sglang"),
 ])
 def test_settings_the_loss_cannot_honour_are_refused(overrides, message):
     with pytest.raises(ConfigError, match=message):
@@ -61,8 +63,9 @@ def test_verls_mopd_script_loads_and_keeps_every_teacher(capsys):
         "actor_rollout_ref.actor.use_kl_loss=False", "actor_rollout_ref.actor.entropy_coeff=0"])
     assert sorted(teacher_entries(cfg.distillation)) == ["arithmetic", "code"]
     notes = capsys.readouterr().err
-    assert "distillation.n_gpus_per_node / nnodes: rlvr's teacher lives on the actor's devices" in notes
-    assert "distillation.teacher_models.teacher_model.inference / num_replicas" in notes
+    assert ("distillation.n_gpus_per_node, distillation.nnodes, distillation.teacher_models.*.inference."
+            "tensor_model_parallel_size, distillation.teacher_models.*.num_replicas: rlvr's distillation teachers are "
+            "frozen models on the actor's devices") in notes
     # verl's YAML always holds an unconfigured teacher_model: beside a named teacher it is no teacher
     cfg = load_config(None, list(ON) + ["distillation.teacher_models.math.model_path=builtin"])
     assert list(teacher_entries(cfg.distillation)) == ["default"]
@@ -197,3 +200,33 @@ def test_plan_counts_the_teacher(tiny_model_dir):
     assert plan.terms["teachers"].bytes == 4 * params  # one fp32 copy of a teacher the student's size
     for phase in ("init", "generation", "update"):
         assert plan.phase_bytes(phase) == pytest.approx(plain.phase_bytes(phase) + 4 * params)
+
+
+def test_a_run_with_a_served_teacher(tiny_config, tmp_path, tiny_model_dir):
+    """``inference.external_server_addresses``: the teacher is an ``rlvr serve`` process the run did
+    not start; the plan holds no teacher on the device, and the step trains on its scores."""
+    from rlvr.config.schema import RolloutConfig, RolloutServerConfig
+    from rlvr.models.tiny import save_tiny_model
+    from rlvr.rollout.servers import start_local_replicas, stop_process
+    from rlvr.trainer.memory_plan import plan_memory, read_model_config
+    from rlvr.workers.teacher import ServedTeacher
+
+    teacher_dir = save_tiny_model(tmp_path / "teacher", tokenizer_path=str(tiny_model_dir), seed=1)
+    config = RolloutConfig(mode="async", name="native", max_model_len=256, server=RolloutServerConfig())
+    (replica,) = start_local_replicas(str(teacher_dir), config, 1, tmp_path, 256, on_cpu=True)
+    try:
+        cfg = tiny_config(*ON, teacher(teacher_dir), "distillation.distillation_loss.loss_mode=forward_kl_topk",
+                          "distillation.distillation_loss.topk=4",
+                          f"distillation.teacher_models.teacher_model.inference.external_server_addresses=[{replica.address}]",
+                          "data.val_files=[]", "trainer.val_before_train=false", "trainer.total_training_steps=1")
+        assert "teachers" not in plan_memory(cfg, read_model_config(str(tiny_model_dir)), 16).terms
+        trainer = build_trainer(cfg, progress_bar=False)
+        assert isinstance(trainer.wg.worker.teachers.actors["default"], ServedTeacher)
+        trainer.fit()
+        trainer.tracker.close()
+    finally:
+        stop_process(replica.process)
+    (record,) = records(trainer)
+    # two random tiny models: the student's tokens are ~uniform under the teacher too (log 49152 = 10.8)
+    assert -12.0 < record["distillation/teacher_log_prob"] < -10.0
+    assert record["actor/distillation/loss"] > 0 and record["timing_s/teacher"] > 0

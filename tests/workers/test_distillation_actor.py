@@ -124,3 +124,57 @@ def test_two_teachers_each_score_their_rows(batch, tiny_model_dir, teacher_dir):
     batch.non_tensor_batch["data_source"][4] = "poetry"
     with pytest.raises(ConfigError, match="row 4: its 'data_source' is 'poetry'.*'code', 'math'"):
         teachers.compute(batch)
+
+
+def served_teacher(model_dir, tmp_path, name, topk_allowed=None):
+    """One server process holding the teacher (rlvr serve, or vLLM's CPU build), started as the
+    rollout starts its replicas: a free loopback port, /health waited on, stopped by its pid."""
+    from rlvr.config.schema import RolloutConfig, RolloutServerConfig
+    from rlvr.rollout.servers import start_local_replicas
+
+    config = RolloutConfig(mode="async", name=name, max_num_seqs=8, max_model_len=256,
+                           server=RolloutServerConfig(max_start_wait_time=300))
+    from transformers import AutoConfig
+
+    (replica,) = start_local_replicas(str(model_dir), config, 1, tmp_path, 256, AutoConfig.from_pretrained(model_dir),
+                                      on_cpu=True)
+    return replica
+
+
+def assert_scores_as_in_process(batch, model_dir, replica, protocol, atol):
+    from rlvr.workers.teacher import ServedTeacher
+
+    entry = TeacherModelConfig(model_path=str(model_dir))
+    entry.inference.external_server_addresses, entry.inference.name = [replica.address], protocol
+    config = distillation("forward_kl_topk", topk=3)
+    served = Teachers({"default": ServedTeacher(entry, timeout=60, start_wait=60)}, config).compute(batch).batch
+    local = Teachers({"default": teacher_actor(model_dir)}, config).compute(batch).batch
+    mask = batch.batch["response_mask"].bool()
+    assert torch.allclose(served["teacher_log_prob"][mask], local["teacher_log_prob"][mask], atol=atol)
+    assert torch.allclose(served["teacher_topk_log_probs"][mask], local["teacher_topk_log_probs"][mask], atol=atol)
+    assert (served["teacher_topk_ids"][mask] == local["teacher_topk_ids"][mask]).float().mean() > 0.99  # ties aside
+    assert (served["teacher_log_prob"][~mask] == 0).all()  # padding stays empty
+
+
+def test_a_teacher_on_rlvr_serve_scores_as_the_in_process_one(batch, teacher_dir, tmp_path):
+    """SGLang's prompt log-probs from an ``rlvr serve`` process equal the in-process teacher's."""
+    from rlvr.rollout.servers import stop_process
+
+    replica = served_teacher(teacher_dir, tmp_path, "native")
+    try:
+        assert_scores_as_in_process(batch, teacher_dir, replica, "sglang", atol=1e-4)
+    finally:
+        stop_process(replica.process)
+
+
+@pytest.mark.slow
+def test_a_teacher_on_vllm_serve_scores_as_the_in_process_one(batch, tiny_vllm_model_dir, tmp_path):
+    """vLLM's ``prompt_logprobs`` from a ``vllm serve`` process (its CPU build, fp32) equal the
+    in-process teacher's within vLLM's own arithmetic."""
+    from rlvr.rollout.servers import stop_process
+
+    replica = served_teacher(tiny_vllm_model_dir, tmp_path, "vllm")
+    try:
+        assert_scores_as_in_process(batch, tiny_vllm_model_dir, replica, "vllm", atol=2e-3)
+    finally:
+        stop_process(replica.process)
