@@ -10,7 +10,10 @@ sequence totals), so the gradient of an optimizer step does not depend on the sp
 
 The loss is ``pg_loss - entropy_coeff * entropy + kl_loss_coef * kl_loss``, with the
 policy loss taken from the registry (``policy_loss.loss_mode``) and the KL estimator
-from ``kl_loss_type``. A non-finite gradient norm skips the optimizer step and is counted
+from ``kl_loss_type``; with on-policy distillation (``distillation.enabled``) plus
+``distillation_loss_coef`` times the distillation term (``rlvr.algos.distillation``), or that
+term alone when ``use_task_rewards`` is false. Its top-k modes gather the student's log-probs at
+the teacher's top-k tokens in the same forward. A non-finite gradient norm skips the optimizer step and is counted
 in ``actor/grad_norm_nonfinite``; ``max_consecutive_skipped_steps`` skipped in a row raise
 ``NonFiniteLossError`` (a NaN loss on every micro-batch must not pass as a quiet metric).
 
