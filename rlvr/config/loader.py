@@ -525,6 +525,10 @@ def _check_tools(cfg: RLVRConfig) -> None:
         from rlvr.tools.config import load_tools
 
         load_tools(mt.tool_config_path, instantiate=False)
+    if mt.enable and mt.interaction_config_path:
+        from rlvr.tools.interaction import load_interactions
+
+        load_interactions(mt.interaction_config_path)
 
 
 def _hydra_keys(data: dict[str, Any], source: str) -> bool:

@@ -249,6 +249,13 @@ class MultiTurnConfig:
     (``<calculator>12 * 34</calculator>``, for small models)."""
     max_assistant_turns: Optional[int] = None
     """Most assistant turns per trajectory; None: until the response budget is spent."""
+    max_user_turns: Optional[int] = None
+    """Most turns answered to the model per trajectory, tool results and interaction answers together
+    (verl's count); None: no limit of its own."""
+    interaction_config_path: Optional[str] = None
+    """verl's interactions YAML (``interaction: [{name, class_name, config}]``): a user or environment
+    that answers each assistant turn without a tool call, with a score per turn, for the rows whose
+    ``extra_info.interaction_kwargs`` names it (``rlvr/tools/interaction.py``)."""
     max_parallel_calls: int = 1
     """Calls run per assistant turn; only 1 is accepted: generation stops at the first call's
     closing tag, so a sampled turn holds one call (verl's key, kept so its configs load)."""

@@ -249,17 +249,22 @@ def _multi_turn(cfg: RLVRConfig) -> list[str]:
         errors.append(f"{key}.max_parallel_calls = {mt.max_parallel_calls} would have no effect: generation stops at "
                       "the first call's closing tag, so a turn holds one call; set it to 1 (the model calls again in "
                       "its next turn)")
-    if mt.max_assistant_turns is not None and mt.max_assistant_turns < 1:
-        errors.append(f"{key}.max_assistant_turns = {mt.max_assistant_turns} must be >= 1 (or null: no limit)")
+    for name in ("max_assistant_turns", "max_user_turns"):
+        if getattr(mt, name) is not None and getattr(mt, name) < 1:
+            errors.append(f"{key}.{name} = {getattr(mt, name)} must be >= 1 (or null: no limit)")
     if mt.tool_timeout_s <= 0:
         errors.append(f"{key}.tool_timeout_s = {mt.tool_timeout_s} must be > 0")
     if not mt.enable:
+        if mt.interaction_config_path is not None:
+            errors.append(f"{key}.interaction_config_path is set but {key}.enable=false: interactions answer turns of "
+                          f"the multi-turn loop; set {key}.enable=true")
         if mt.tool_config_path is not None:
             errors.append(f"{key}.tool_config_path is set but {key}.enable=false: the tools would never be called; "
                           f"set {key}.enable=true or remove the tool config")
         return errors
-    if mt.tool_config_path is None:
-        errors.append(f"{key}.enable=true needs {key}.tool_config_path (a tools YAML, or the name of a shipped one: calculator, python)")
+    if mt.tool_config_path is None and mt.interaction_config_path is None:
+        errors.append(f"{key}.enable=true needs {key}.tool_config_path (a tools YAML, or the name of a shipped one: "
+                      f"calculator, python) or {key}.interaction_config_path")
     if not cfg.data.return_raw_chat:
         errors.append(f"{key}.enable=true needs data.return_raw_chat=true (the rollout continues each prompt's "
                       "conversation)")

@@ -202,10 +202,6 @@ VERL_NO_EFFECT: dict[str, tuple[str, tuple | None]] = {
         "gpu_memory_utilization, enforce_eager, enable_prefix_caching, ...); set those", (None, {})),
     "actor_rollout_ref.rollout.engine_kwargs.sglang": ("the sglang engine is not available", (None, {})),
     "actor_rollout_ref.rollout.engine_kwargs.trtllm": ("the TensorRT-LLM engine is not available", (None, {})),
-    "actor_rollout_ref.rollout.multi_turn.max_user_turns": ("rlvr's tool loop has no simulated user "
-                                                            "(interaction)", (None,)),
-    "actor_rollout_ref.rollout.multi_turn.interaction_config_path": ("interactions (a simulated user) are not "
-                                                                     "implemented", (None,)),
     "actor_rollout_ref.rollout.multi_turn.use_inference_chat_template": (
         "the trajectory keeps the tokens the model generated (the training template)", (False,)),
     "actor_rollout_ref.rollout.multi_turn.tokenization_sanity_check_mode": (

@@ -202,8 +202,9 @@ def place_on_last_token(scores: torch.Tensor, response_mask: torch.Tensor) -> to
     return out
 
 
-# from a multi-turn rollout, for the scorer: the turns it added after the prompt, their count, the tool rewards
-TRAJECTORY_KEYS = ("messages", "num_turns", "tool_rewards")
+# from a multi-turn rollout, for the scorer: the turns it added after the prompt, their count, the tool
+# rewards, an interaction's score of each turn (verl's reward loop passes turn_scores in extra_info too)
+TRAJECTORY_KEYS = ("messages", "num_turns", "tool_rewards", "turn_scores")
 
 
 def with_trajectory_info(data: DataProto):

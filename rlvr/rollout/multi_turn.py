@@ -44,6 +44,7 @@ from rlvr.rollout.base import BaseRollout, Completion, pack_responses
 from rlvr.rollout.sampling import SamplingParams
 from rlvr.tools.base import BaseTool, ToolBusyError, ToolError
 from rlvr.tools.config import load_tools
+from rlvr.tools.interaction import BaseInteraction, load_interactions
 from rlvr.tools.parsers import ToolCall, ToolParser, get_tool_parser
 from rlvr.tools.schema import check_arguments
 
@@ -61,7 +62,7 @@ class ToolSetup:
         mt = config.multi_turn
         if not mt.enable:
             return None
-        tools = load_tools(mt.tool_config_path)
+        tools = load_tools(mt.tool_config_path) if mt.tool_config_path else {}  # an interaction alone needs none
         return cls(tools, ChatFormat(tokenizer, [t.tool_schema.to_dict() for t in tools.values()], mt.format))
 
 
@@ -69,6 +70,7 @@ class RequestState(enum.Enum):
     PENDING = "pending"
     RUNNING = "running"
     TOOL_CALLING = "tool_calling"
+    INTERACTING = "interacting"
     COMPLETED = "completed"
     FAILED = "failed"
 
@@ -92,6 +94,11 @@ class Request:
     pending_calls: list[ToolCall] = field(default_factory=list)
     closed_by: str = ""  # the end-of-turn text the model wrote itself (its EOS), if any
     instance_ids: dict[str, str] = field(default_factory=dict)
+    interaction: str | None = None  # the interaction that answers the model (extra_info.interaction_kwargs.name)
+    interaction_kwargs: dict[str, Any] = field(default_factory=dict)
+    interaction_id: str | None = None
+    user_turns: int = 0  # tool results and interaction answers (verl's count, bounded by max_user_turns)
+    turn_scores: list[float] = field(default_factory=list)
     step_rewards: list[float] = field(default_factory=list)
     tool_rewards: dict[str, float] = field(default_factory=dict)
     metrics: Counter = field(default_factory=Counter)
@@ -126,8 +133,9 @@ class Request:
         self.state, self.finish_reason, self.failure = RequestState.FAILED, "failed", reason
 
     def add_assistant_turn(self, completion: Completion, text: str, closed_by: str, calls: list[ToolCall],
-                           max_turns: int | None) -> None:
-        """The model's turn: its tokens (trained on), then COMPLETED or TOOL_CALLING."""
+                           max_turns: int | None, max_user_turns: int | None = None) -> None:
+        """The model's turn: its tokens (trained on), then COMPLETED, TOOL_CALLING or (an interaction
+        answers a turn without calls) INTERACTING."""
         self._move(RequestState.RUNNING, RequestState.RUNNING)
         self.response_ids += completion.token_ids
         self.response_mask += [1] * len(completion.token_ids)
@@ -138,13 +146,17 @@ class Request:
         if completion.finish_reason == "length":
             self.metrics["truncated"] = 1
             self._complete("length")
-        elif not calls:
+        elif not calls and self.interaction is None:
             self._complete("stop")
         elif max_turns is not None and self.num_turns >= max_turns:
-            self._complete("max_turns")  # no turn left to read the result in
+            self._complete("max_turns")  # no turn left to read the result (or the answer) in
+        elif max_user_turns is not None and self.user_turns >= max_user_turns:
+            self._complete("max_user_turns")
         elif self.budget_left <= 0:
             self.metrics["truncated"] = 1
             self._complete("length")
+        elif not calls:
+            self.state = RequestState.INTERACTING
         else:
             self.pending_calls = calls
             self.state = RequestState.TOOL_CALLING
@@ -153,7 +165,22 @@ class Request:
         """Tool results as a token delta (never trained on); the turn budget decides what follows."""
         self._move(RequestState.TOOL_CALLING, RequestState.RUNNING)
         self.pending_calls = []
-        self.messages.extend(tool_messages)
+        self._add_context(tool_messages, delta_ids)
+
+    def add_user_turn(self, message: dict[str, Any], delta_ids: list[int], score: float | None,
+                      terminate: bool) -> None:
+        """An interaction's answer as a token delta (never trained on) and its turn score; it ends
+        the episode when the interaction says so."""
+        self._move(RequestState.INTERACTING, RequestState.RUNNING)
+        if score is not None:
+            self.turn_scores.append(float(score))
+        self._add_context([message], delta_ids)
+        if terminate and self.state is RequestState.RUNNING:
+            self._complete("interaction")
+
+    def _add_context(self, messages: list[dict[str, Any]], delta_ids: list[int]) -> None:
+        self.user_turns += 1
+        self.messages.extend(messages)
         kept = delta_ids[:max(self.budget_left, 0)]
         self.response_ids += kept
         self.response_mask += [0] * len(kept)
@@ -181,8 +208,9 @@ class MultiTurnRollout:
     """Drives ``Request``s through an engine and tools; ``generate_sequences`` as the single-turn engine."""
 
     def __init__(self, engine: BaseRollout, tools: dict[str, BaseTool], config: MultiTurnConfig,
-                 chat: ChatFormat, max_response_length: int):
+                 chat: ChatFormat, max_response_length: int, interactions: dict[str, BaseInteraction] | None = None):
         self.engine, self.tools, self.config, self.chat = engine, tools, config, chat
+        self.interactions = interactions if interactions is not None else load_interactions(config.interaction_config_path)
         self.tokenizer = engine.tokenizer
         self.max_response_length = max_response_length
         self.parser: ToolParser = get_tool_parser(config.format, [t.tool_schema for t in tools.values()])
@@ -237,9 +265,10 @@ class MultiTurnRollout:
             self._generate_turn(requests, running, params, turn, groups)
             self.timings["generate_s"] += time.perf_counter() - start
             calling = [r for r in requests if r.state is RequestState.TOOL_CALLING]
+            interacting = [r for r in requests if r.state is RequestState.INTERACTING]
             start = time.perf_counter()
-            if calling:
-                loop.run_until_complete(self._call_tools(calling))
+            if calling or interacting:
+                loop.run_until_complete(self._answer_turns(calling, interacting))
             self.timings["tools_s"] += time.perf_counter() - start
             turn += 1
 
@@ -271,9 +300,27 @@ class MultiTurnRollout:
             if unknown:
                 raise ValueError(f"sample {i} (uid {uids[i] if uids is not None else i}): tools_kwargs names tools "
                                  f"{sorted(unknown)} that the tool config does not define (known: {sorted(self.tools)})")
-            out.append(Request(f"{uids[i] if uids is not None else 'r'}-{i}", [dict(m) for m in prompts.non_tensor_batch["raw_prompt"][i]],
-                               ids[i][mask[i].bool()].tolist(), self.max_response_length, dict(tk)))
+            req = Request(f"{uids[i] if uids is not None else 'r'}-{i}", [dict(m) for m in prompts.non_tensor_batch["raw_prompt"][i]],
+                          ids[i][mask[i].bool()].tolist(), self.max_response_length, dict(tk))
+            req.interaction, req.interaction_kwargs = self._interaction_of(prompts, i, uids)
+            out.append(req)
         return out
+
+    def _interaction_of(self, prompts: DataProto, i: int, uids) -> tuple[str | None, dict[str, Any]]:
+        """Row ``i``'s interaction and its kwargs, from ``extra_info.interaction_kwargs`` (verl's place);
+        none without interactions configured or without the kwargs."""
+        if not self.interactions:
+            return None, {}
+        extra = prompts.non_tensor_batch.get("extra_info")
+        kwargs = ((extra[i] if extra is not None else None) or {}).get("interaction_kwargs")
+        if not kwargs:
+            return None, {}
+        name = kwargs.get("name")
+        if name not in self.interactions:
+            raise ValueError(f"sample {i} (uid {uids[i] if uids is not None else i}): extra_info.interaction_kwargs "
+                             f"names interaction {name!r}, which the interaction config does not define (known: "
+                             f"{sorted(self.interactions)}); interaction_kwargs needs a 'name'")
+        return name, dict(kwargs)
 
     def _generate_turn(self, requests: list[Request], running: list[int], params: SamplingParams, turn: int,
                        groups) -> None:
@@ -292,7 +339,8 @@ class MultiTurnRollout:
                 closed_by = self.eos_texts.get(ids[-1], "") if ids else ""
                 text = self.tokenizer.decode(ids[:-1] if closed_by else ids, skip_special_tokens=False)
                 calls = self.parser.parse(text) if c.finish_reason == "stop" else []
-                req.add_assistant_turn(c, text, closed_by, calls, self.config.max_assistant_turns)
+                req.add_assistant_turn(c, text, closed_by, calls, self.config.max_assistant_turns,
+                                       self.config.max_user_turns)
             except Exception as err:  # one request's turn cannot be read: it fails, the batch goes on
                 self._fail(req, "reading the model's turn", err)
 
@@ -303,6 +351,9 @@ class MultiTurnRollout:
                 for name, tool in self.tools.items():
                     kw = req.tools_kwargs.get(name, {}).get("create_kwargs", {})
                     req.instance_ids[name] = await tool.create(req.request_id, **kw)
+                if req.interaction is not None:
+                    req.interaction_id = await self.interactions[req.interaction].start_interaction(
+                        req.request_id, **req.interaction_kwargs)
                 req.start()
             except Exception as err:  # the trajectory cannot run: it fails, the batch goes on
                 self._fail(req, "creating its tools", err)
@@ -322,6 +373,30 @@ class MultiTurnRollout:
                 self._fail(req, "appending its tool results", err)
 
         await asyncio.gather(*(run(r) for r in calling))
+
+    async def _answer_turns(self, calling: list[Request], interacting: list[Request]) -> None:
+        """The turn's tool calls and interaction answers, all at once."""
+        await asyncio.gather(self._call_tools(calling), self._interact(interacting))
+
+    async def _interact(self, interacting: list[Request]) -> None:
+        """Each request's interaction answers its last turn: a user turn (rendered as the tool
+        results are, never trained on) and a turn score; an interaction that raises or answers
+        something else than verl's 4-tuple fails its request only."""
+        async def answer(req: Request) -> None:
+            try:
+                result = await self.interactions[req.interaction].generate_response(
+                    req.interaction_id, list(req.messages), **req.interaction_kwargs)
+                if not (isinstance(result, tuple) and len(result) == 4 and isinstance(result[1], str)):
+                    raise TypeError(f"generate_response returned {result!r:.120}, not (should_terminate_sequence, "
+                                    "response_content: str, current_turn_score, additional_data)")
+                terminate, content, score, _ = result
+                message = {"role": "user", "content": content}
+                req.metrics["interaction_turns"] += 1
+                req.add_user_turn(message, self.chat.tool_delta([message], req.closed_by), score, bool(terminate))
+            except Exception as err:
+                self._fail(req, f"interaction {req.interaction!r}", err)
+
+        await asyncio.gather(*(answer(r) for r in interacting))
 
     async def _call(self, req: Request, call: ToolCall) -> str:
         """One call -> the text the model sees; every failure is an error message and a counter."""
@@ -391,7 +466,16 @@ class MultiTurnRollout:
         await asyncio.gather(*(self._release(r) for r in requests))
 
     async def _release(self, req: Request) -> None:
-        """Release the request's tool instances it still holds (each once, also after a failure)."""
+        """Release the request's tool instances it still holds (each once, also after a failure),
+        and end its interaction."""
+        if req.interaction_id is not None:
+            instance, req.interaction_id = req.interaction_id, None
+            try:
+                await self.interactions[req.interaction].finalize_interaction(instance)
+            except Exception as err:
+                req.metrics["tool_errors"] += 1
+                self._warn(f"finalize:{req.interaction}", f"interaction {req.interaction!r}: finalize_interaction raised "
+                           f"{type(err).__name__}: {err} (request {req.request_id})")
         while req.instance_ids:
             name, instance = req.instance_ids.popitem()
             try:
@@ -435,4 +519,5 @@ class MultiTurnRollout:
              "num_turns": np.array([r.num_turns for r in requests], dtype=object),
              "messages": [r.new_messages for r in requests],
              "tool_rewards": [{"final": dict(r.tool_rewards), "steps": list(r.step_rewards)} for r in requests],
+             "turn_scores": [list(r.turn_scores) for r in requests],
              "multi_turn_metrics": [dict(r.metrics) for r in requests]})

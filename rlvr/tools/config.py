@@ -49,14 +49,22 @@ class ToolConfigError(ConfigError):
 
 
 def _import(class_name: str, where: str, base: Path) -> Any:
-    """``module.Class``, or ``path/to/file.py:Name`` (a relative path is looked up next to the
-    tools YAML first, then from the working directory)."""
+    """A tool's class: a built-in's name, verl's class path read as rlvr's, or ``import_class``'s."""
     class_name = BUILTIN_TOOLS.get(class_name, VERL_TOOLS.get(class_name, class_name))
     if class_name.startswith("verl."):
         why = VERL_TOOLS_REFUSED.get(class_name, "verl's tool classes are not rlvr tools")
         raise ToolConfigError(f"{where}: {class_name!r} is verl's tool class, and rlvr has none like it: {why}; "
                               f"rlvr's: {sorted(BUILTIN_TOOLS)}, {sorted(VERL_TOOLS)} (read as rlvr's own), or "
                               "your BaseTool subclass / @function_tool function")
+    return import_class(class_name, where, base)
+
+
+def import_class(class_name: str, where: str, base: Path) -> Any:
+    """``module.Class``, or ``path/to/file.py:Name`` (a relative path is looked up next to the
+    YAML that names it first, then from the working directory)."""
+    if class_name.startswith("verl."):
+        raise ToolConfigError(f"{where}: {class_name!r} is verl's class, which rlvr does not import (verl is not "
+                              "installed beside rlvr); name rlvr's or your own")
     try:
         if ":" in class_name:  # path/to/file.py:Name
             path, _, attr = class_name.rpartition(":")

@@ -684,7 +684,7 @@ class RLTrainer:
                 for key in ("policy_version", "dispatch_step"):  # which weights generated it, dispatched when
                     if key in batch.non_tensor_batch:
                         row[key] = int(batch.non_tensor_batch[key][i])
-                for key in ("data_source", "reward_model", "num_turns", "messages", "tool_rewards"):
+                for key in ("data_source", "reward_model", "num_turns", "messages", "tool_rewards", "turn_scores"):
                     if key in batch.non_tensor_batch:  # multi-turn: the conversation, each call and result
                         row[key] = batch.non_tensor_batch[key][i]
                 f.write(json.dumps(row, default=str) + "\n")
