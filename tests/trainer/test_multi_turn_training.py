@@ -141,3 +141,49 @@ def test_one_step_off_multi_turn_calls_tools_on_the_engine_ahead(tool_config, tm
     resumed.tracker.close()
     for a, b in zip(weights(straight), weights(resumed)):
         torch.testing.assert_close(a, b, atol=0, rtol=0)
+
+
+JUDGE = '''
+from rlvr.tools.interaction import BaseInteraction
+
+class Judge(BaseInteraction):
+    """Never satisfied: asks again with a score of 0.25 each turn."""
+    async def generate_response(self, instance_id, messages, **kwargs):
+        return False, "Again, " + kwargs["who"] + ".", 0.25, {}
+'''
+
+TURN_SCORE_SUM = '''
+def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+    return float(sum(extra_info["turn_scores"]))
+'''
+
+
+def test_an_interaction_answers_each_turn_and_its_scores_reach_the_reward(tiny_config, tmp_path, scripted_engine):
+    """verl's interaction, end to end without tools: the rows name it in extra_info.interaction_kwargs;
+    it answers max_user_turns = 2 turns (0.25 each) and the model's third turn ends the episode; a
+    reward function summing extra_info["turn_scores"] scores every sample 0.5."""
+    scripted_engine(lambda ctx: "Five.<|im_end|>")  # every model turn: a short answer the engine scores
+    (tmp_path / "judge.py").write_text(JUDGE)
+    (tmp_path / "interactions.yaml").write_text("interaction:\n  - class_name: judge.py:Judge\n")
+    (tmp_path / "reward.py").write_text(TURN_SCORE_SUM)
+    rows = [{"data_source": "toy", "prompt": [{"role": "user", "content": f"Say a number, {i}."}],
+             "reward_model": {"ground_truth": "1"},
+             "extra_info": {"interaction_kwargs": {"name": "judge", "who": f"student {i}"}}} for i in range(4)]
+    (tmp_path / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    config = tiny_config(f"data.train_files=[{tmp_path / 'train.jsonl'}]", "data.val_files=[]",
+                         "trainer.val_before_train=false", "data.return_raw_chat=true", "data.max_response_length=48",
+                         "trainer.total_training_steps=1", "trainer.freshness_check_freq=-1",
+                         f"reward.custom_reward_function.path={tmp_path / 'reward.py'}",
+                         "actor_rollout_ref.rollout.multi_turn.enable=true", "actor_rollout_ref.rollout.multi_turn.format=tag",
+                         f"actor_rollout_ref.rollout.multi_turn.interaction_config_path={tmp_path / 'interactions.yaml'}",
+                         "actor_rollout_ref.rollout.multi_turn.max_user_turns=2")
+    trainer = build_trainer(config, progress_bar=False)
+    trainer.fit()
+    trainer.tracker.close()
+    (step,) = records(tmp_path / "run")
+    dumped = [json.loads(line) for line in (tmp_path / "run" / "rollouts" / "1.jsonl").read_text().splitlines()]
+    assert len(dumped) == 6
+    for d in dumped:
+        assert [m["role"] for m in d["messages"]] == ["assistant", "user", "assistant", "user", "assistant"]
+        assert d["messages"][1]["content"].startswith("Again, student ")
+        assert d["turn_scores"] == [0.25, 0.25] and d["score"] == 0.5
