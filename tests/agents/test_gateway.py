@@ -10,7 +10,7 @@ import pytest
 from rlvr.trainer.main import build_trainer
 from tests.agents import gateway_agents
 from tests.agents.test_agent_loops import QUIET, generate
-from tests.trainer.conftest import tiny_config, tiny_data  # noqa: F401 (fixtures)
+from tests.trainer.conftest import interrupt_and_resume, tiny_config, tiny_data  # noqa: F401 (fixtures)
 from tests.trainer.test_learning import LEADING_SPACE, LEARN, train
 
 GATEWAY = ("actor_rollout_ref.rollout.agent.default_agent_loop=openai_agent", "data.return_raw_chat=true",
@@ -120,3 +120,27 @@ def test_the_example_agent_runs_as_documented(tiny_config, tmp_path):
     _, records = train(tiny_config, tmp_path, LEADING_SPACE, *GATEWAY, "trainer.total_training_steps=1",
                        "trainer.freshness_check_freq=-1", f"actor_rollout_ref.rollout.agent.gateway.function={example}:agent")
     assert records[0]["agent/failed"] == 0.0 and records[0]["agent/calls"] == 2.0
+
+
+def test_ctrl_c_and_resume_with_a_gateway_agent_equal_the_uninterrupted_run(tiny_config, tmp_path,
+                                                                            interrupt_and_resume):
+    """A deterministic agent (two chat calls an episode, the second with the run's seeds): Ctrl-C
+    at step 3 saves, and the resumed run ends with the uninterrupted one's weights and scores."""
+    import torch
+
+    def config(folder):
+        return tiny_config(*QUIET, *GATEWAY, agent("two_chats"), "trainer.total_training_steps=3",
+                           "trainer.save_freq=1", "trainer.val_before_train=false", "trainer.freshness_check_freq=-1",
+                           f"trainer.default_local_dir={tmp_path / folder}")
+
+    straight = build_trainer(config("a"), progress_bar=False)
+    straight.fit()
+    straight.tracker.close()
+    resumed = interrupt_and_resume(build_trainer(config("b"), progress_bar=False), 3, "step 2 was already saved")
+    for a, b in zip(straight.wg.worker.actor.model.parameters(), resumed.wg.worker.actor.model.parameters()):
+        torch.testing.assert_close(a, b, atol=0, rtol=0)
+
+    def scores(folder):
+        return [json.loads(line).get("critic/score/mean") for line in open(tmp_path / folder / "metrics.jsonl")]
+
+    assert scores("a") == scores("b") and len(scores("a")) == 3
