@@ -9,9 +9,13 @@ their token ids (``teacher_topk_log_probs`` / ``teacher_topk_ids``, (bs, R, k)),
 as verl's teacher servers score. Several teachers (verl's MOPD) each score the rows whose
 ``distillation.teacher_key`` column names their ``key``.
 
-Departure from verl: verl serves its teachers from vLLM or SGLang replicas on a pool of GPUs of
-their own (``distillation.n_gpus_per_node``/``nnodes``) and asks each for prompt log-probs; here
-they share the actor's devices, as the reference does, so nothing is sent anywhere.
+A teacher can also be served (``ServedTeacher``): servers that already hold it score each row's
+prompt and response as one prompt (SGLang's prompt log-probs, which ``rlvr serve`` answers, or
+vLLM's ``prompt_logprobs``).
+
+Departure from verl: verl always serves its teachers, from vLLM or SGLang replicas it starts on a
+pool of GPUs of their own (``distillation.n_gpus_per_node``/``nnodes``); here the default teacher
+shares the actor's devices, as the reference does, and a served one runs on servers the user starts.
 """
 
 from __future__ import annotations
@@ -63,10 +67,11 @@ class ServedTeacher:
             wait_healthy(replica, start_wait)
 
     def _score(self, ids: list[int], start: int, topk: int):
-        """One row, tried on each server in turn until one answers."""
-        errors = []
-        for _ in self.replicas:
-            replica = self.balancer.acquire()
+        """One row on the least-loaded server; a server that fails it (no answer, an error status, an
+        answer without the log-probs asked for) leaves the rotation, as a rollout server does, and
+        the row goes to the next. None left: ``ServersDown`` naming each one's reason."""
+        while True:
+            replica = self.balancer.acquire()  # raises ServersDown once every server is out
             try:
                 route, body = self.protocol.score(ids, start, topk)
                 response = replica.post(route, json=body, timeout=self.timeout)
@@ -74,10 +79,9 @@ class ServedTeacher:
                     raise ReplicaFailed(f"{replica.name} answered HTTP {response.status_code}: {response.text[:300]}")
                 return self.protocol.parse_score(response.json(), ids, start, topk, replica)
             except (httpx.HTTPError, ReplicaFailed, ValueError) as err:
-                errors.append(f"{replica.name}: {err}")
+                replica.down = f"the distillation teacher's {replica.name}: {err}"
             finally:
                 self.balancer.release(replica)
-        raise RuntimeError("the distillation teacher's servers did not score a row:\n  " + "\n  ".join(errors))
 
     def compute_log_prob(self, data: DataProto, calculate_entropy: bool = False, topk: int = 0, extra: bool = False):
         b = data.batch

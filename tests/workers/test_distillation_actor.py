@@ -178,3 +178,37 @@ def test_a_teacher_on_vllm_serve_scores_as_the_in_process_one(batch, tiny_vllm_m
         assert_scores_as_in_process(batch, tiny_vllm_model_dir, replica, "vllm", atol=2e-3)
     finally:
         stop_process(replica.process)
+
+
+def test_a_failing_teacher_server_leaves_the_rotation(batch, teacher_dir, tmp_path):
+    """Two servers, one answering /health but failing every score: its rows go to the other (the
+    scores still the in-process teacher's), and once none is left the error names each server."""
+    from fastapi import FastAPI
+    from fastapi.responses import JSONResponse
+
+    from rlvr.errors import RolloutUnavailable
+    from rlvr.rollout.servers import stop_process
+    from rlvr.workers.teacher import ServedTeacher
+    from tests.serve.test_serve import Uvicorn
+
+    broken = FastAPI()
+    broken.get("/health")(lambda: {})
+    broken.post("/generate")(lambda: JSONResponse({"error": "no model"}, status_code=500))
+    replica = served_teacher(teacher_dir, tmp_path, "native")
+    try:
+        with Uvicorn(app=broken) as url:
+            entry = TeacherModelConfig(model_path=str(teacher_dir))
+            entry.inference.external_server_addresses = [url.removeprefix("http://"), replica.address]
+            teacher = ServedTeacher(entry, timeout=60, start_wait=60)
+            config = distillation("forward_kl_topk", topk=3)
+            served = Teachers({"default": teacher}, config).compute(batch).batch
+            local = Teachers({"default": teacher_actor(teacher_dir)}, config).compute(batch).batch
+            mask = batch.batch["response_mask"].bool()
+            assert torch.allclose(served["teacher_log_prob"][mask], local["teacher_log_prob"][mask], atol=1e-4)
+            assert teacher.replicas[0].down is not None and "HTTP 500" in teacher.replicas[0].down
+            assert teacher.replicas[1].down is None
+            teacher.replicas[1].down = "stopped for the test"
+            with pytest.raises(RolloutUnavailable, match="HTTP 500.*stopped for the test"):
+                Teachers({"default": teacher}, config).compute(batch)
+    finally:
+        stop_process(replica.process)
