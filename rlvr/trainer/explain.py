@@ -4,15 +4,17 @@ One card per run: what a step samples and how many optimizer steps it takes; the
 estimator and its normalisation; the loss aggregation; the KL term and where it applies; how
 far the update goes off-policy (epochs x mini-batches, plus the async engine's staleness),
 with a warning where sources stack; the importance-sampling regime; whether truncated
-sampling changes the ratio; keys that are set but inert on the active path; and the defaults
-that differ from verl's. Each warning is a line starting with ``!``.
+sampling changes the ratio; on-policy distillation's term and how it joins the loss; keys that are
+set but inert on the active path; and the defaults that differ from verl's. Each warning is a line starting with ``!``.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from rlvr.algos.distillation import get_distillation_loss
 from rlvr.config.schema import RLVRConfig
+from rlvr.config.validate import teacher_entries
 
 # verl's defaults (verl/trainer/config/_generated_ppo_trainer.yaml, verl 0.9) for the keys that
 # shape the objective; rlvr's recipe values differing from them are listed on the card
@@ -99,6 +101,8 @@ def objective_card(cfg: RLVRConfig) -> str:
         card.add(f"KL: subtracted from the reward, {algo.kl_penalty}, {algo.kl_ctrl.type} coef {algo.kl_ctrl.kl_coef}")
     else:
         card.add("KL: none (no reference model)")
+    if cfg.distillation.enabled:
+        card.add(distillation_line(cfg))
     clip = actor.grad_clip
     card.add(f"gradient clip: each optimizer step scales the gradients by min(1, {clip} / global norm), so no step's "
              f"norm passes {clip} (grad_norm is logged before the clip)" if clip != float("inf")
@@ -144,6 +148,25 @@ def objective_card(cfg: RLVRConfig) -> str:
     if differ:
         card.add("differs from verl's defaults: " + "; ".join(differ))
     return str(card)
+
+
+def distillation_line(cfg: RLVRConfig) -> str:
+    """On-policy distillation: the teacher(s), the per-token loss and how it joins the objective."""
+    d = cfg.distillation
+    loss = d.distillation_loss
+    teachers = ", ".join(f"{key}: {e.model_path}" + (f" (served at {', '.join(e.inference.external_server_addresses)})"
+                                                      if e.inference.external_server_addresses else "")
+                         for key, e in teacher_entries(d).items())
+    what = (f"{loss.loss_mode} over the teacher's top {loss.topk} tokens" if get_distillation_loss(loss.loss_mode).use_topk
+            else f"{loss.loss_mode} of each sampled token's log-probs")
+    how = (f"as a per-token advantage (-loss) in a PPO clip [{1 - (loss.clip_ratio_low or loss.clip_ratio):.2f}, "
+           f"{1 + (loss.clip_ratio_high or loss.clip_ratio):.2f}]" if loss.use_policy_gradient
+           else f"aggregated {cfg.actor_rollout_ref.actor.loss_agg_mode}")
+    joins = (f"added to the policy loss x {loss.distillation_loss_coef}" if loss.use_task_rewards
+             else "the whole loss: the policy loss above is not trained (use_task_rewards=false)")
+    return (f"distillation: {what}, {how}"
+            + (f", each clamped to +-{loss.loss_max_clamp}" if loss.loss_max_clamp is not None else "")
+            + f"; {joins}; teacher{'s by ' + d.teacher_key if len(teacher_entries(d)) > 1 else ''} {teachers}")
 
 
 def _low(actor) -> float:

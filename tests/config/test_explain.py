@@ -83,3 +83,18 @@ def test_the_card_says_what_the_gradient_clip_does():
             "norm passes 0.5 (grad_norm is logged before the clip)") in card
     off = objective_card(load_config(None, ["actor_rollout_ref.actor.grad_clip=.inf"]))
     assert "gradient clip: none (grad_clip=inf)" in off
+
+
+def test_distillation_is_on_the_card():
+    """The distillation term and how it joins the loss: alone, the policy loss line is not what trains."""
+    teacher = "distillation.teacher_models.teacher_model.model_path=builtin"
+    card = objective_card(load_config("distill", [teacher]))
+    assert ("distillation: forward_kl_topk over the teacher's top 32 tokens, aggregated token-mean; the whole loss: "
+            "the policy loss above is not trained (use_task_rewards=false); teacher default: builtin") in card
+    card = objective_card(load_config(None, ["distillation.enabled=true", teacher,
+                                             "distillation.distillation_loss.loss_mode=k1",
+                                             "distillation.distillation_loss.use_policy_gradient=true",
+                                             "distillation.distillation_loss.loss_max_clamp=10"]))
+    assert ("distillation: k1 of each sampled token's log-probs, as a per-token advantage (-loss) in a PPO clip "
+            "[0.80, 1.20], each clamped to +-10.0; added to the policy loss x 1.0; teacher default: builtin") in card
+    assert "distillation" not in objective_card(load_config(None, []))
