@@ -794,12 +794,17 @@ def validate(cfg: RLVRConfig) -> None:
         raise ConfigError("invalid config:\n  - " + "\n  - ".join(errors))
 
 
+def configured_teachers(config: DistillationConfig) -> dict[str, TeacherModelConfig]:
+    """The teacher entries by YAML name, less verl's unconfigured ``teacher_model`` placeholder."""
+    return {name: entry for name, entry in config.teacher_models.items()
+            if name != "teacher_model" or entry.model_path is not None}
+
+
 def teacher_entries(config: DistillationConfig) -> dict[str, TeacherModelConfig]:
     """The configured teachers by routing key. verl's default entry ``teacher_model`` counts when it
     names a model (verl drops it silently beside named teachers); unconfigured, it is a placeholder.
     One teacher takes every row, under the key ``default`` unless it names one."""
-    named = {name: entry for name, entry in config.teacher_models.items()
-             if name != "teacher_model" or entry.model_path is not None}
+    named = configured_teachers(config)
     if len(named) == 1:
         (name, entry), = named.items()
         return {entry.key or "default": entry}
@@ -822,7 +827,7 @@ def _distillation(cfg: RLVRConfig) -> list[str]:
     from rlvr.algos.distillation import DISTILLATION_LOSSES
 
     errors, key = [], "distillation"
-    named = {n: e for n, e in d.teacher_models.items() if n != "teacher_model" or e.model_path is not None}
+    named = configured_teachers(d)
     if not named:
         errors.append(f"{key}.enabled=true needs a teacher: set {key}.teacher_models.teacher_model.model_path (a Hugging "
                       "Face folder, a .gguf file, builtin, or a run's checkpoint)")

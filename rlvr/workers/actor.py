@@ -182,6 +182,12 @@ class Actor:
         self.updates = 0  # update_policy calls so far: seeds the mini-batch shuffle
         self.skipped_in_a_row = 0  # optimizer steps skipped for a non-finite gradient norm, consecutively
 
+    @property
+    def distill_topk(self) -> bool:
+        """A top-k distillation loss: the update gathers the student's log-probs at the teacher's top-k."""
+        return self.distillation is not None and get_distillation_loss(
+            self.distillation.distillation_loss.loss_mode).use_topk
+
     def _forward(self, batch: dict, uids, temperature: float, calculate_entropy: bool, entropy_grad: bool = False,
                  **vocab):
         """``forward_log_probs`` on this actor's model; ``vocab``: its ``topk`` or ``gather_ids``."""
@@ -251,7 +257,7 @@ class Actor:
             keys.append("ref_log_prob")
         if self.distillation is not None:
             keys.append("teacher_log_prob")
-            if get_distillation_loss(self.distillation.distillation_loss.loss_mode).use_topk:
+            if self.distill_topk:
                 keys += ["teacher_topk_log_probs", "teacher_topk_ids"]
         data.require(*keys, stage="update_actor")
         temperature = float(data.meta_info.get("temperature", 1.0))
@@ -371,8 +377,7 @@ class Actor:
         advantages = data.batch["advantages"][idx].to(device)
         uids = data.non_tensor_batch.get("uid")
         cfg, distill = self.config, self.distillation
-        topk = distill is not None and get_distillation_loss(distill.distillation_loss.loss_mode).use_topk
-        vocab = {"gather_ids": data.batch["teacher_topk_ids"][idx].to(device)} if topk else {}
+        vocab = {"gather_ids": data.batch["teacher_topk_ids"][idx].to(device)} if self.distill_topk else {}
         log_prob, entropy, *gathered = self._forward(batch, None if uids is None else uids[rows], temperature,
                                                      calculate_entropy=True, entropy_grad=cfg.entropy_coeff != 0,
                                                      **vocab)
