@@ -177,6 +177,7 @@ def test_two_fsdp2_ranks_with_a_sharded_teacher_equal_one_process(tiny_model_dir
         assert m["actor/distillation/loss"] == pytest.approx(r["actor/distillation/loss"], rel=1e-4, abs=2e-5)
 
 
+@pytest.mark.slow  # 15 s: make test stays under 15 minutes
 def test_one_fsdp2_rank_in_process_equals_the_local_strategy(tiny_model_dir, tmp_path):
     """strategy=fsdp2 on one device: a process group of one (the sharded code path, for debugging
     and for one GPU) trains exactly as strategy=local."""
@@ -185,6 +186,7 @@ def test_one_fsdp2_rank_in_process_equals_the_local_strategy(tiny_model_dir, tmp
     assert_same_run(sharded, local)
 
 
+@pytest.mark.slow  # 17 s: make test stays under 15 minutes
 def test_sharded_engine_gathers_fresh_weights_per_rollout_and_frees_them_for_training(tiny_model_dir, tmp_path):
     """Under FSDP2 the engine holds unsharded weights only while a rollout runs: none after
     loading, none during any update, all of them (bf16, the rollout dtype: half the fp32

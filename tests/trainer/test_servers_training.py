@@ -110,6 +110,7 @@ def test_the_default_jobs_first_two_steps_on_one_replica(name, tmp_path):
     assert records[0]["training/freshness/greedy_gap_max"] <= 1e-3  # the replica's greedy tokens are the actor's
 
 
+@pytest.mark.slow  # 18 s: make test stays under 15 minutes
 def test_ctrl_c_stops_the_replicas_and_resume_starts_new_ones(tiny_config, tmp_path, interrupt_and_resume):
     """Ctrl-C in step 2: the run saves step 1 and stops the replicas it started (by pid); running
     the same command again resumes with replicas of its own and finishes."""
@@ -231,6 +232,7 @@ def test_a_rollout_of_its_own_on_servers_gets_every_update(tiny_config, tmp_path
     assert trainer.rollout_wg.worker.rollout.stats.weight_syncs == 3
 
 
+@pytest.mark.slow  # 23 s: make test stays under 15 minutes
 def test_one_step_off_on_servers_resumes_to_the_uninterrupted_run(tiny_config, tmp_path, interrupt_and_resume):
     """Ctrl-C at step 3 of a one-step-off run on a replica, then the same command again: the
     resumed run's records and samples equal the uninterrupted run's. The batch generated ahead
