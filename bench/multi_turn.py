@@ -3,11 +3,13 @@
 
     .venv/bin/python bench/multi_turn.py [--prompts 8] [--n 8] [--repeats 3] [--python-calls 10]
 
-Prints, per repeat and as medians: the model's generated tokens/s, tokens/s counting the
-tool and template tokens appended between turns too, the tool-call rate, and where the
-rollout's time goes (generation vs tools); then the same rollout with every turn prefilling
-its whole conversation (the engine's kept turn cache off: what rlvr did before), and the
-prompt tokens each prefilled. The reference in the same run is the single-turn
+Prints, per repeat and as medians: the model's generated tokens/s under the per-request
+schedule (``multi_turn.schedule=request``, the default: each request's next turn joins the
+engine's running rows as soon as its own tool answers) against the turn-by-turn schedule
+(``schedule=turn``: each turn waits for its slowest row, then every tool call runs), tokens/s
+counting the tool and template tokens appended between turns too, and the tool-call rate;
+then the turn-by-turn rollout with every turn prefilling its whole conversation (the engine's
+kept turn cache off: what rlvr did before), and the prompt tokens each prefilled. The reference in the same run is the single-turn
 engine on the same prompts without tools (the same number of samples; a model that does
 not call a tool answers in one turn), so the ratio shows what the turn structure costs.
 Last, the latency of one sandboxed ``python`` call (a fresh process in its own namespaces)
@@ -19,6 +21,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import statistics
 import time
 from pathlib import Path
@@ -43,10 +46,12 @@ def batch_of(dataset, prompts: int, n: int, seed: int):
     return batch
 
 
-def timed_multi_turn(multi, batch, keep_turns: bool):
+def timed_multi_turn(multi, batch, schedule: str, keep_turns: bool = True):
     """(output, wall seconds, prompt tokens prefilled, the loop's timings) of one multi-turn
-    rollout; without ``keep_turns`` each turn prefills its whole conversation."""
+    rollout under ``schedule``; without ``keep_turns`` (the turn schedule) each turn prefills its
+    whole conversation."""
     engine = multi.engine
+    multi.config = dataclasses.replace(multi.config, schedule=schedule)
     if not keep_turns:
         engine.turn_cache = contextlib.nullcontext  # the instance's, over the class's method
     before = engine.prefill_tokens["computed"]
@@ -87,16 +92,21 @@ def main() -> None:
     dataset = RLHFDataset([DATA], tokenizer, data_cfg, setup.chat)
     engine = NativeRollout(model, tokenizer, rollout_cfg, args.max_response_length)
     multi = MultiTurnRollout(engine, setup.tools, rollout_cfg.multi_turn, setup.chat, args.max_response_length)
-    ratios, rows, keep_ratios = [], [], []
+    ratios, rows, keep_ratios, schedule_ratios = [], [], [], []
     for r in range(args.repeats):
         batch = batch_of(dataset, args.prompts, args.n, seed=r)
-        first, second = (True, False) if r % 2 == 0 else (False, True)  # alternate which runs first
-        runs = {keep: timed_multi_turn(multi, batch, keep) for keep in (first, second)}
-        out, wall, prefilled, timings = runs[True]
-        _, wall_full, prefilled_full, _ = runs[False]
-        keep_ratios.append(wall_full / wall)
+        order = [("request", True), ("turn", True), ("turn", False)]
+        if r % 2:  # alternate which runs first
+            order.reverse()
+        runs = {(schedule, keep): timed_multi_turn(multi, batch, schedule, keep) for schedule, keep in order}
+        out, wall, prefilled, timings = runs[("request", True)]
+        turn_out, wall_turn, prefilled_turn, _ = runs[("turn", True)]
+        _, wall_full, prefilled_full, _ = runs[("turn", False)]
+        keep_ratios.append(wall_full / wall_turn)
         R = out.batch["responses"].shape[1]
         model_tokens = int(out.batch["response_mask"].sum())
+        turn_tokens = int(turn_out.batch["response_mask"].sum())
+        schedule_ratios.append((model_tokens / wall) / (turn_tokens / wall_turn))
         all_tokens = int(out.batch["attention_mask"][:, -R:].sum())
         calls = sum(c.get("tool_calls", 0) > 0 for c in out.non_tensor_batch["multi_turn_metrics"]) / len(out)
         start = time.perf_counter()
@@ -106,17 +116,17 @@ def main() -> None:
         ratio = (model_tokens / wall) / (single_tokens / single_wall)
         ratios.append(ratio)
         rows.append((model_tokens / wall, all_tokens / wall, single_tokens / single_wall, calls,
-                     timings["generate_s"], timings["tools_s"], wall))
-        print(f"repeat {r}: multi-turn {model_tokens / wall:.1f} model tok/s ({all_tokens / wall:.1f} incl. tool "
-              f"tokens), tool-call rate {calls:.2f}, generation {timings['generate_s']:.2f} s, tools "
-              f"{timings['tools_s'] * 1000:.1f} ms of {wall:.2f} s | single-turn {single_tokens / single_wall:.1f} "
-              f"tok/s | ratio {ratio:.2f} | each turn prefilling its whole conversation: {wall_full:.2f} s, "
-              f"{prefilled_full} prompt tokens prefilled against {prefilled} ({wall_full / wall:.2f}x the time)")
+                     turn_tokens / wall_turn, wall))
+        print(f"repeat {r}: per request {model_tokens / wall:.1f} model tok/s ({all_tokens / wall:.1f} incl. tool "
+              f"tokens, {wall:.2f} s), turn by turn {turn_tokens / wall_turn:.1f} tok/s ({wall_turn:.2f} s): "
+              f"{schedule_ratios[-1]:.2f}x | tool-call rate {calls:.2f} | single-turn {single_tokens / single_wall:.1f} "
+              f"tok/s, ratio {ratio:.2f} | turn by turn, each turn prefilling its whole conversation: {wall_full:.2f} s, "
+              f"{prefilled_full} prompt tokens prefilled against {prefilled_turn} ({wall_full / wall_turn:.2f}x the time)")
     med = [statistics.median(col) for col in zip(*rows)]
-    print(f"median: multi-turn {med[0]:.1f} model tok/s ({med[1]:.1f} incl. tool tokens), single-turn {med[2]:.1f} "
-          f"tok/s, ratio {statistics.median(ratios):.2f}; time in generation {med[4]:.2f} s, in tools "
-          f"{med[5] * 1000:.1f} ms ({100 * med[5] / med[6]:.2f}% of the rollout); kept turn cache: the rollout "
-          f"{statistics.median(keep_ratios):.2f}x faster than prefilling each turn's whole conversation "
+    print(f"median: per request {med[0]:.1f} model tok/s ({med[1]:.1f} incl. tool tokens), turn by turn {med[4]:.1f} "
+          f"tok/s: {statistics.median(schedule_ratios):.2f}x (range {min(schedule_ratios):.2f}-{max(schedule_ratios):.2f}); "
+          f"single-turn {med[2]:.1f} tok/s, per request / single-turn {statistics.median(ratios):.2f}; kept turn cache: "
+          f"turn by turn {statistics.median(keep_ratios):.2f}x faster than prefilling each turn's whole conversation "
           f"(range {min(keep_ratios):.2f}-{max(keep_ratios):.2f})")
     if args.python_calls:
         calc = tool_call_latency("calculator", {"expression": "347 * 28 + 915"}, args.python_calls)

@@ -67,18 +67,35 @@ class _TeacherForcedEngine:
             def generate(self, prompts, params, groups=None, max_new_tokens=None):
                 budgets = list(max_new_tokens) if max_new_tokens is not None else [params.max_new_tokens] * len(prompts)
                 out = super().generate(prompts, params, groups, max_new_tokens)
-                for i, prompt in enumerate(prompts):
-                    text = script(self.tokenizer.decode(prompt))
-                    if text is None:
-                        continue
-                    ids = self.tokenizer.encode(text, add_special_tokens=False)[:budgets[i]]
-                    model = getattr(self, "policy", None) or self.model  # vllm's policy, the native engine's model
-                    with torch.no_grad():
-                        logits = model(torch.tensor([list(prompt) + ids])).logits[0, len(prompt) - 1:-1].float()
-                    logp = torch.log_softmax(logits / params.temperature, -1).gather(-1, torch.tensor(ids)[:, None])
-                    full = len(self.tokenizer.encode(text, add_special_tokens=False))
-                    out[i] = Completion(ids, logp.squeeze(-1).tolist(), "stop" if len(ids) == full else "length")
-                return out
+                return [self.scripted(p, params, b, c) for p, b, c in zip(prompts, budgets, out)]
+
+            def scripted(self, prompt, params, budget, completion):
+                text = script(self.tokenizer.decode(prompt))
+                if text is None:
+                    return completion
+                ids = self.tokenizer.encode(text, add_special_tokens=False)[:budget]
+                model = getattr(self, "policy", None) or self.model  # vllm's policy, the native engine's model
+                with torch.no_grad():
+                    logits = model(torch.tensor([list(prompt) + ids])).logits[0, len(prompt) - 1:-1].float()
+                logp = torch.log_softmax(logits / params.temperature, -1).gather(-1, torch.tensor(ids)[:, None])
+                full = len(self.tokenizer.encode(text, add_special_tokens=False))
+                return Completion(ids, logp.squeeze(-1).tolist(), "stop" if len(ids) == full else "length")
+
+        if hasattr(Engine, "session"):  # the per-request schedule's requests are scripted too
+            def session(self):
+                engine, real = self, NativeRollout.session(self)
+
+                class Scripted:
+                    def __getattr__(self, name):
+                        return getattr(real, name)
+
+                    async def generate(self, prompt, params, **where):
+                        completion = await real.generate(prompt, params, **where)
+                        return engine.scripted(prompt, params, params.max_new_tokens, completion)
+
+                return Scripted()
+
+            Engine.session = session
 
         return Engine
 

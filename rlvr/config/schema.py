@@ -256,6 +256,11 @@ class MultiTurnConfig:
     """verl's interactions YAML (``interaction: [{name, class_name, config}]``): a user or environment
     that answers each assistant turn without a tool call, with a score per turn, for the rows whose
     ``extra_info.interaction_kwargs`` names it (``rlvr/tools/interaction.py``)."""
+    schedule: str = "request"
+    """request: each trajectory moves on as soon as its own tool answers, its next turn joining
+    the engine's running rows at the next decode step (the native engine; others move turn by
+    turn); turn: every trajectory's turn is generated together, then every turn's tool calls run,
+    then the next turn (bitwise reproducible whatever the tools' latency). rlvr's key."""
     max_parallel_calls: int = 1
     """Calls run per assistant turn; only 1 is accepted: generation stops at the first call's
     closing tag, so a sampled turn holds one call (verl's key, kept so its configs load)."""

@@ -116,6 +116,7 @@ def _choices(cfg: RLVRConfig) -> list[str]:
         ("trainer.device", cfg.trainer.device, DEVICES),
         ("actor_rollout_ref.rollout.multi_turn.tool_response_truncate_side", arr.rollout.multi_turn.tool_response_truncate_side,
          ("left", "right", "middle")),
+        ("actor_rollout_ref.rollout.multi_turn.schedule", arr.rollout.multi_turn.schedule, ("request", "turn")),
     ):
         if value not in allowed:
             errors.append(f"{key} = {value!r} is not one of {list(allowed)}")

@@ -27,6 +27,7 @@ re-tokenising it; ``generate_sequences`` is the batch API the trainer calls.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import copy
 import ctypes
@@ -182,8 +183,93 @@ class NativeRollout(BaseRollout):
         trim_heap()  # the cache is gone now
         return [s.completion() for s in seqs]
 
+    def session(self) -> "RequestSession":
+        """Requests one at a time from coroutines (the multi-turn loop's per-request schedule)."""
+        return RequestSession(self)
+
     def free_cache(self) -> None:
         """The core's cache is freed when a call returns; the packed vocabulary projection goes here."""
         self.core.release()
         if self.lean is not None:
             self.lean.release()
+
+
+class RequestSession:
+    """The engine core serving requests that coroutines on one event loop submit one at a time
+    (the multi-turn loop's per-request schedule): ``await session.generate(...)`` adds a request
+    and returns its completion; ``drive()`` steps the core while it has work and yields to the
+    loop after each step, so a request submitted meanwhile (a tool has answered) joins the
+    running rows at the next step instead of waiting for the slowest row of a turn. Stopped
+    completions keep their keys and values for the session (``turn_cache``'s reuse): a request's
+    next turn prefills only the tool's tokens. ``close()`` frees the cache.
+
+    A request's uniforms are its row's (``row``, ``width``, ``params.seed``), as in ``generate``;
+    which rows share a step follows when tools answer, which moves logits in their last bits only
+    (``core.py``): the per-request schedule is not bitwise reproducible where tool latency varies."""
+
+    def __init__(self, engine: NativeRollout):
+        self.engine, self.core = engine, engine.core
+        self.waiting: dict[str, "asyncio.Future"] = {}
+        self.submitted = 0
+        self.finished = 0
+        self.work = None  # asyncio.Event, made on the running loop
+        self.core.kept = []
+        # a stopped turn is offered to the next prompt at once (models with transformers' own cache keep nothing)
+        self.core.keeping = self.core.kept if supports_preallocated(engine.model.config) else None
+
+    async def generate(self, prompt: Sequence[int], params: SamplingParams, *, row: int, width: int,
+                       group: Hashable | None = None) -> Completion:
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+        rid = f"s{self.submitted}"
+        self.submitted += 1
+        self.waiting[rid] = future
+
+        def finished(completion: Completion) -> None:
+            self.finished += 1
+            done = self.waiting.pop(rid, None)
+            if done is not None and not done.done():
+                done.set_result(completion)
+
+        self.core.add(Request(rid, list(prompt), params, group=group, row=row, width=width, on_finish=finished))
+        self._wake()
+        return await future
+
+    def forget(self, context: Sequence[int]) -> None:
+        """Drop the kept turns that ``context`` (a finished conversation) extends: nothing continues them."""
+        context = tuple(context)
+        self.core.kept[:] = [t for t in self.core.kept if not (len(t.ids) <= len(context) and context[:len(t.ids)] == t.ids)]
+
+    def _wake(self) -> None:
+        if self.work is None:
+            self.work = asyncio.Event()
+        self.work.set()
+
+    async def drive(self) -> None:
+        """Step the core whenever it has work, until cancelled; a failing step fails every waiting request."""
+        self._wake()
+        try:
+            with decode_attention(self.engine.model.device):
+                while True:
+                    if self.core.has_work():
+                        self.core.step()
+                        advance("rows", self.finished, max(self.submitted, 1))
+                        await asyncio.sleep(0)  # the coroutines whose requests finished (or whose tools answered) run
+                    else:
+                        self.work.clear()
+                        await self.work.wait()
+        except asyncio.CancelledError:
+            raise
+        except BaseException as err:
+            for future in self.waiting.values():
+                if not future.done():
+                    future.set_exception(err)
+            self.waiting.clear()
+            raise
+
+    def close(self) -> None:
+        """Abort what is left (a Ctrl-C, a failure), drop the kept turns, free the cache."""
+        self.core.abort_all()
+        self.core.kept, self.core.keeping = [], None
+        self.core.release()
+        trim_heap()

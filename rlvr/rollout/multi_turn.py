@@ -26,6 +26,7 @@ created for every trajectory (verl creates those named in ``tools_kwargs``).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import enum
 import json
@@ -246,12 +247,62 @@ class MultiTurnRollout:
         loop = asyncio.new_event_loop()
         try:
             loop.run_until_complete(self._create(requests))
-            with self.engine.turn_cache():  # each turn prefills only what the last turn did not see
-                self._run_turns(loop, requests, params, uids)
+            if self.per_request:
+                start = time.perf_counter()
+                loop.run_until_complete(self._run_requests(requests, params, uids))
+                self.timings["wall_s"] = time.perf_counter() - start
+            else:
+                with self.engine.turn_cache():  # each turn prefills only what the last turn did not see
+                    self._run_turns(loop, requests, params, uids)
             loop.run_until_complete(self._finish(requests))
         finally:
             self._close(loop, requests)
         return self.to_dataproto(prompts, requests)
+
+    @property
+    def per_request(self) -> bool:
+        """``multi_turn.schedule=request`` on an engine whose core takes requests one at a time (the
+        native engine); other engines (vLLM in process, servers) move turn by turn."""
+        return self.config.schedule == "request" and hasattr(self.engine, "session")
+
+    async def _run_requests(self, requests: list[Request], params: SamplingParams, uids) -> None:
+        """The per-request schedule: each request's turns run as a coroutine of their own (generate,
+        then its own tool calls or interaction, then its next turn), and the engine core admits a
+        request's next turn at its next step, whatever the other requests are doing."""
+        session = self.engine.session()
+        width = max(params.total_rows, params.row_offset + len(requests))
+        driver = asyncio.ensure_future(session.drive())
+        try:
+            await asyncio.gather(*(self._run_request(session, i, req, params, uids, width)
+                                   for i, req in enumerate(requests)))
+        finally:
+            driver.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await driver
+            session.close()
+
+    async def _run_request(self, session, i: int, req: Request, params: SamplingParams, uids, width: int) -> None:
+        """One request's turns. Its k-th turn samples as the turn-by-turn loop's k-th turn does: the
+        seed + 7919 k, the uniforms of its row of the batch, the first turn's prompt prefilled once
+        with its group's (the n requests of a prompt start together)."""
+        turn = 0
+        while req.state is RequestState.RUNNING:
+            turn_params = dataclasses.replace(params, seed=int(params.seed) + turn * 7919,
+                                              max_new_tokens=min(req.budget_left, params.max_new_tokens))
+            group = ("g", uids[i]) if turn == 0 and uids is not None else None
+            start = time.perf_counter()
+            completion = await session.generate(req.generation_ids(), turn_params, row=params.row_offset + i,
+                                                width=width, group=group)
+            self.timings["generate_s"] += time.perf_counter() - start  # summed over requests: they overlap
+            self._read_turn(req, completion)
+            start = time.perf_counter()
+            if req.state is RequestState.TOOL_CALLING:
+                await self._call_tools([req])
+            elif req.state is RequestState.INTERACTING:
+                await self._interact([req])
+            self.timings["tools_s"] += time.perf_counter() - start
+            turn += 1
+        session.forget(req.generation_ids())
 
     def _run_turns(self, loop: asyncio.AbstractEventLoop, requests: list[Request], params: SamplingParams,
                    uids) -> None:
@@ -334,15 +385,19 @@ class MultiTurnRollout:
         completions = self.engine.generate([r.generation_ids() for r in live], turn_params, groups,
                                            max_new_tokens=[r.budget_left for r in live])
         for req, c in zip(live, completions):
-            try:
-                ids = c.token_ids
-                closed_by = self.eos_texts.get(ids[-1], "") if ids else ""
-                text = self.tokenizer.decode(ids[:-1] if closed_by else ids, skip_special_tokens=False)
-                calls = self.parser.parse(text) if c.finish_reason == "stop" else []
-                req.add_assistant_turn(c, text, closed_by, calls, self.config.max_assistant_turns,
-                                       self.config.max_user_turns)
-            except Exception as err:  # one request's turn cannot be read: it fails, the batch goes on
-                self._fail(req, "reading the model's turn", err)
+            self._read_turn(req, c)
+
+    def _read_turn(self, req: Request, c: Completion) -> None:
+        """The model's turn added to ``req``, with the tool calls it wrote."""
+        try:
+            ids = c.token_ids
+            closed_by = self.eos_texts.get(ids[-1], "") if ids else ""
+            text = self.tokenizer.decode(ids[:-1] if closed_by else ids, skip_special_tokens=False)
+            calls = self.parser.parse(text) if c.finish_reason == "stop" else []
+            req.add_assistant_turn(c, text, closed_by, calls, self.config.max_assistant_turns,
+                                   self.config.max_user_turns)
+        except Exception as err:  # one request's turn cannot be read: it fails, the batch goes on
+            self._fail(req, "reading the model's turn", err)
 
     # ------------------------------------------------------------------ tools
     async def _create(self, requests: list[Request]) -> None:

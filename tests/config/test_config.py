@@ -273,6 +273,7 @@ def test_custom_modules_register_names_before_validation(custom_algos_file):
     (["actor_rollout_ref.rollout.multi_turn.format=xml"], r"multi_turn.format = 'xml' is not one of \['hermes', 'tag'\]"),
     (["actor_rollout_ref.rollout.multi_turn.max_assistant_turns=0"], r"max_assistant_turns = 0 must be >= 1"),
     (["actor_rollout_ref.rollout.multi_turn.tool_response_truncate_side=top"], r"tool_response_truncate_side = 'top'"),
+    (["actor_rollout_ref.rollout.multi_turn.schedule=batch"], r"multi_turn.schedule = .batch. is not one of \[.request., .turn.\]"),
     (["actor_rollout_ref.rollout.multi_turn.tool_timeout_s=0"], r"tool_timeout_s = 0.0 must be > 0"),
     (["actor_rollout_ref.rollout.multi_turn.max_parallel_calls=2"],
      r"max_parallel_calls = 2 would have no effect: generation stops at the first call's closing tag.*set it to 1"),

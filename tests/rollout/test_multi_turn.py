@@ -316,7 +316,8 @@ def test_each_turn_reads_the_cache_the_last_turn_kept(tiny, teacher_forced_engin
     """The loop calls the engine inside its turn_cache() (whose reuse of a kept turn is tested
     against a full prefill in test_engine.py), and nothing stays kept after the rollout."""
     model, tokenizer = tiny
-    rollout, chat = make_rollout(tiny, teacher_forced_engine, lambda ctx: None, max_len=40, max_assistant_turns=2)
+    rollout, chat = make_rollout(tiny, teacher_forced_engine, lambda ctx: None, max_len=40, max_assistant_turns=2,
+                                 schedule="turn")
     engine = rollout.engine
     seen = []
     generate = engine.generate
@@ -328,6 +329,106 @@ def test_each_turn_reads_the_cache_the_last_turn_kept(tiny, teacher_forced_engin
     engine.generate = spy
     rollout.generate_sequences(prompts_for(rollout, chat, n=2))
     assert seen and all(seen) and not engine._turns and engine.core.keeping is None
+
+
+class LatencyByArgument(Recorder):
+    """An echo whose latency is its argument in tenths of a second; records when each call ended."""
+
+    def __init__(self):
+        super().__init__()
+        self.ended: dict[int, float] = {}
+
+    async def execute(self, instance_id, parameters, **kw):
+        await asyncio.sleep(parameters["x"] / 10)
+        self.ended[parameters["x"]] = time.perf_counter()
+        return f"echo {parameters['x']}", 0.0, {}
+
+
+SLOW_OR_FAST = [[{"role": "user", "content": "slow"}], [{"role": "user", "content": "fast"}]]
+
+
+def slow_or_fast_script(context):
+    """The first turn calls echo 6 (0.6 s) on the slow prompt, echo 0 on the fast one; the turn
+    after the tool's answer is the model's own (sampled)."""
+    if "<|im_start|>tool" in context:
+        return None
+    return "<echo>6</echo>" if "slow" in context else "<echo>0</echo>"
+
+
+@pytest.mark.parametrize("schedule", ["request", "turn"])
+def test_a_request_whose_tool_answered_moves_on_while_another_tool_runs(tiny, teacher_forced_engine, schedule):
+    """schedule=request: the fast prompt's requests send their second turn to the engine while the
+    slow prompt's tool is still running (each request is its own coroutine on the engine core);
+    schedule=turn: every second turn waits for the turn's slowest call."""
+    tool = LatencyByArgument()
+    rollout, chat = make_rollout(tiny, teacher_forced_engine, slow_or_fast_script, tools={"echo": tool}, max_len=40,
+                                 max_assistant_turns=2, schedule=schedule)
+    second_turns = []
+    if schedule == "request":
+        session = rollout.engine.session
+
+        def spying_session():
+            inner = session()
+
+            class Spy:
+                def __getattr__(self, name):
+                    return getattr(inner, name)
+
+                async def generate(self, prompt, params, **where):
+                    if "<|im_start|>tool" in tiny[1].decode(prompt):
+                        second_turns.append(("fast" in tiny[1].decode(prompt), time.perf_counter()))
+                    return await inner.generate(prompt, params, **where)
+
+            return Spy()
+
+        rollout.engine.session = spying_session
+    else:
+        generate = rollout.engine.generate
+
+        def spying_generate(prompts, params, groups=None, max_new_tokens=None):
+            now = time.perf_counter()
+            second_turns.extend(("fast" in tiny[1].decode(p), now) for p in prompts if "<|im_start|>tool" in tiny[1].decode(p))
+            return generate(prompts, params, groups, max_new_tokens)
+
+        rollout.engine.generate = spying_generate
+    out = rollout.generate_sequences(prompts_for(rollout, chat, n=2, rows=SLOW_OR_FAST))
+    assert list(out.non_tensor_batch["num_turns"]) == [2, 2, 2, 2]
+    fast_done = [t for fast, t in second_turns if fast]  # when each second turn reached the engine
+    assert len(fast_done) == 2 and len(second_turns) == 4
+    if schedule == "request":
+        assert max(fast_done) < tool.ended[6]  # submitted to the engine before the slow call answered
+    else:
+        assert min(fast_done) > tool.ended[6]
+
+
+def test_the_request_schedule_samples_what_the_turn_schedule_samples(tiny, teacher_forced_engine):
+    """The same batch under both schedules: the same tokens, masks and turns (each request's k-th
+    turn draws the uniforms of its row with the seed + 7919 k either way), log-probs equal to the
+    last bits a different decode batch moves; turns the model samples itself after a tool's
+    answer, and a prompt that calls no tool. The kept turns are used (a second turn prefills only
+    the tool's tokens) and none is left after the rollout."""
+    def script(context):
+        if "nothing" in context or "<|im_start|>tool" in context:
+            return None  # the model's own turn
+        return CALL
+
+    rows = [QUESTION, [{"role": "user", "content": "say nothing"}]]
+    outs = {}
+    for schedule in ("turn", "request"):
+        rollout, chat = make_rollout(tiny, teacher_forced_engine, script, max_len=48, max_assistant_turns=3,
+                                     schedule=schedule)
+        before = dict(rollout.engine.prefill_tokens)
+        outs[schedule] = rollout.generate_sequences(prompts_for(rollout, chat, n=3, rows=rows))
+        reused = rollout.engine.prefill_tokens["reused"] - before["reused"]
+        assert reused > 0 and rollout.engine.core.kept == [] and rollout.engine.core.keeping is None
+    a, b = outs["turn"], outs["request"]
+    assert torch.equal(a.batch["responses"], b.batch["responses"])
+    assert torch.equal(a.batch["response_mask"], b.batch["response_mask"])
+    assert torch.allclose(a.batch["rollout_log_probs"], b.batch["rollout_log_probs"], atol=1e-5)
+    assert list(a.non_tensor_batch["num_turns"]) == list(b.non_tensor_batch["num_turns"])
+    assert list(a.non_tensor_batch["finish_reason"]) == list(b.non_tensor_batch["finish_reason"])
+    assert int(b.batch["response_mask"][:3].sum()) > len(tiny[1].encode(CALL, add_special_tokens=False)) * 3  # sampled turns too
+    assert min(b.non_tensor_batch["num_turns"][:3]) >= 2  # the call, then the model's turn after the answer
 
 
 def test_engine_caps_each_row_at_its_own_budget(tiny):
