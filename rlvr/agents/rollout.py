@@ -24,7 +24,7 @@ import numpy as np
 
 from rlvr.agents.loop import AGENT_LOOPS, BUILT_IN, AgentLoopOutput, TokenOutput
 from rlvr.data.dataset import left_pad
-from rlvr.protocol import DataProto
+from rlvr.protocol import DataProto, concat_rollouts
 from rlvr.rollout.base import BaseRollout, pack_responses
 from rlvr.rollout.sampling import SamplingParams
 
@@ -112,11 +112,51 @@ class AgentLoopRollout:
         if len(set(names)) == 1 and names[0] in BUILT_IN:  # the batch rollout, or the tool loop, as it is
             return self.fallback.generate_sequences(prompts)
         if "tool_agent" in names:
-            raise AgentLoopError("rows naming tool_agent share a batch with other agent loops: the multi-turn tool "
-                                 "loop runs whole batches only so far; give them batches of their own")
+            return self._mixed(prompts, names)
         params = SamplingParams.from_config(self.engine.config, self.max_response_length, prompts.meta_info)
         outputs = asyncio.run(self._run(prompts, names, params))
         return self._pack(prompts, names, outputs)
+
+    def _mixed(self, prompts: DataProto, names: list[str]) -> DataProto:
+        """A batch whose rows name tool_agent and other loops: the tool_agent rows go to the
+        multi-turn loop (per request on the native engine), the others to their loops, one after
+        the other; the two outputs are joined in the batch's row order. Each part samples from rows
+        of the whole batch of its own (the loops' rows first, then the tool rows'), so no two rows
+        share random numbers. A column one part does not have is None on the other's rows
+        (``agent_name`` is tool_agent there)."""
+        tool = [i for i, n in enumerate(names) if n == "tool_agent"]
+        loops = [i for i, n in enumerate(names) if n != "tool_agent"]
+        offset = int(prompts.meta_info.get("row_offset", 0))
+        total = max(int(prompts.meta_info.get("total_rows", 0)), offset + len(prompts))
+        parts = []
+        for start, rows in ((0, loops), (len(loops), tool)):
+            sub = prompts.select_idxs(rows)
+            sub.meta_info = {**prompts.meta_info, "row_offset": offset + start, "total_rows": total}
+            if rows is tool:
+                sub.non_tensor_batch.pop("agent_name", None)
+                parts.append(self.fallback.generate_sequences(sub))
+            else:
+                parts.append(self._pack(sub, [names[i] for i in rows],
+                                        asyncio.run(self._run(sub, [names[i] for i in rows], SamplingParams.from_config(
+                                            self.engine.config, self.max_response_length, sub.meta_info)))))
+        parts[1].non_tensor_batch["agent_name"] = np.array(["tool_agent"] * len(tool), dtype=object)
+        metrics = {}
+        for part in parts:
+            metrics.update(part.meta_info.pop("rollout_metrics", {}))
+        keys = sorted({k for part in parts for k in part.non_tensor_batch})
+        for part in parts:
+            for key in keys:
+                if key not in part.non_tensor_batch:
+                    part.non_tensor_batch[key] = np.array([None] * len(part), dtype=object)
+                elif part.non_tensor_batch[key].dtype != object:
+                    part.non_tensor_batch[key] = part.non_tensor_batch[key].astype(object)
+        out = concat_rollouts(parts, self.engine.pad_id)
+        order = np.empty(len(prompts), dtype=np.int64)
+        order[np.array(loops + tool, dtype=np.int64)] = np.arange(len(prompts))
+        out.reorder(order)  # row r of the batch is row order[r] of the joined parts
+        if metrics:
+            out.meta_info["rollout_metrics"] = metrics
+        return out
 
     async def _run(self, prompts: DataProto, names: list[str], params: SamplingParams) -> list[AgentLoopOutput]:
         server = RoundServer(self.engine, params)

@@ -13,7 +13,7 @@ from rlvr.config import ConfigError
 from rlvr.trainer.main import build_trainer
 from tests.agents.loops import NUDGE  # and registers echo_single
 from tests.trainer.conftest import tiny_config, tiny_data  # noqa: F401 (fixtures)
-from tests.trainer.test_learning import LEADING_SPACE, LEARN, train
+from tests.trainer.test_learning import LEADING_SPACE, LEARN, records_of, train
 
 LOOPS_YAML = """
 - name: two_turn
@@ -164,3 +164,61 @@ def test_agent_loops_run_on_rollout_servers(tiny_config, loops_file):
         assert out.batch["responses"][r, :n].tolist() == first + NUDGE + second
         assert out.batch["response_mask"][r, :n].tolist() == [1] * len(first) + [0, 0] + [1] * len(second)
         assert float(out.batch["rollout_log_probs"][r, :len(first)].abs().sum()) > 0
+
+
+def test_tool_agent_rows_share_a_batch_with_other_loops(tiny_config, tmp_path, tiny_data, loops_file):  # noqa: F811
+    """agent_name per row: one prompt names tool_agent (the multi-turn loop), the other the
+    two-turn loop. Each part's rows are what its rollout gives them alone, from rows of the whole
+    batch of their own (the loops' rows 0-2, the tool rows 3-5), joined back in the batch's order with the
+    columns of both (None where a part has none); a training step runs on the joined batch."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(tiny_data["train"]).to_pylist()
+    for i, row in enumerate(table):
+        row["agent_name"] = "tool_agent" if i % 2 == 0 else "two_turn"
+    named = tmp_path / "named.parquet"
+    pq.write_table(pa.Table.from_pylist(table), named)
+    overrides = (f"data.train_files=[{named}]", "data.return_raw_chat=true", "data.max_response_length=24",
+                 "data.max_prompt_length=512",
+                 "actor_rollout_ref.rollout.multi_turn.enable=true",
+                 "actor_rollout_ref.rollout.multi_turn.tool_config_path=calculator",
+                 f"actor_rollout_ref.rollout.agent.agent_loop_config_path={loops_file}")
+    trainer, batch = rollout_of(tiny_config, *overrides)
+    batch, gen = trainer._dispatch(batch, 1, 0)
+    out = trainer.rollout_wg.generate_sequences(gen)
+    names = list(gen.non_tensor_batch["agent_name"])
+    assert sorted(names) == ["tool_agent"] * 3 + ["two_turn"] * 3  # a prompt's n rows name its loop
+    assert list(out.non_tensor_batch["agent_name"]) == names
+    rollout = trainer.wg.worker.rollout
+    tool_rows = [r for r, n in enumerate(names) if n == "tool_agent"]
+    loop_rows = [r for r, n in enumerate(names) if n == "two_turn"]
+    alone = {}
+    for rows, start in ((loop_rows, 0), (tool_rows, 3)):
+        sub = gen.select_idxs(rows)
+        sub.meta_info = {**gen.meta_info, "row_offset": start, "total_rows": 6}
+        if start:  # the tool rows: the multi-turn loop's
+            sub.non_tensor_batch.pop("agent_name")
+            alone[start] = rollout.fallback.generate_sequences(sub)
+        else:
+            alone[start] = rollout.generate_sequences(sub)
+    for rows, part in ((loop_rows, alone[0]), (tool_rows, alone[3])):
+        R = part.batch["responses"].shape[1]
+        for j, r in enumerate(rows):
+            assert out.batch["responses"][r, :R].tolist() == part.batch["responses"][j].tolist()
+            assert out.batch["response_mask"][r, :R].tolist() == part.batch["response_mask"][j].tolist()
+            assert int(out.batch["response_mask"][r, R:].sum()) == 0
+    for r in loop_rows:
+        first, second = out.non_tensor_batch["first_ids"][r], out.non_tensor_batch["second_ids"][r]
+        assert out.batch["responses"][r, :len(first) + 2 + len(second)].tolist() == first + NUDGE + second
+        assert out.non_tensor_batch["messages"][r] is None
+    for r in tool_rows:
+        assert out.non_tensor_batch["first_ids"][r] is None and isinstance(out.non_tensor_batch["messages"][r], list)
+    assert not torch.equal(out.batch["responses"][tool_rows[0]], out.batch["responses"][loop_rows[0]])
+    trainer.fit()  # two steps on mixed batches: scored, trained on
+    trainer.tracker.close()
+    records = records_of(trainer)
+    assert len(records) == 2 and all(np.isfinite(r["actor/pg_loss"]) for r in records)
+    # step 1's batch is the mixed one above: the two-turn rows' two calls each, the tool rows' metrics beside
+    assert records[0]["agent/calls"] == 6 and "multi_turn/tool_call_rate" in records[0]
