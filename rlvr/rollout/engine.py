@@ -262,8 +262,12 @@ class RequestSession:
             raise
         except BaseException as err:
             for future in self.waiting.values():
-                if not future.done():
+                if future.done():
+                    continue
+                if isinstance(err, Exception):
                     future.set_exception(err)
+                else:  # Ctrl-C: the requests are cancelled (a KeyboardInterrupt in each would leave the loop mid-cleanup)
+                    future.cancel()
             self.waiting.clear()
             raise
 

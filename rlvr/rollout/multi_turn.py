@@ -26,7 +26,6 @@ created for every trajectory (verl creates those named in ``tools_kwargs``).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import enum
 import json
@@ -277,8 +276,10 @@ class MultiTurnRollout:
                                    for i, req in enumerate(requests)))
         finally:
             driver.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
+            try:
                 await driver
+            except BaseException:  # noqa: BLE001 (its error is each waiting request's; a Ctrl-C already left the loop)
+                pass
             session.close()
 
     async def _run_request(self, session, i: int, req: Request, params: SamplingParams, uids, width: int) -> None:

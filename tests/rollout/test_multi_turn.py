@@ -531,6 +531,30 @@ def test_ctrl_c_mid_tool_turn_cancels_and_drains_the_calls_and_releases(tiny, te
     assert len(tool.created) == 2 and sorted(tool.released) == sorted(i for i, _ in tool.created)
 
 
+def test_ctrl_c_in_a_decode_step_of_the_request_schedule_releases_every_tool(tiny, teacher_forced_engine):
+    """schedule=request: a KeyboardInterrupt raised inside the engine core's step (one request's
+    second turn decoding while the other's tool is still running) ends the rollout with it, the
+    running call cancelled and awaited, every tool instance released, and nothing left in the core."""
+    tool = LatencyByArgument()
+    rollout, chat = make_rollout(tiny, teacher_forced_engine, slow_or_fast_script, tools={"echo": tool}, max_len=40,
+                                 max_assistant_turns=2)
+    core = rollout.engine.core
+    step, steps = core.step, []
+
+    def interrupting_step():
+        steps.append(len(core.running))
+        if core.running and "<|im_start|>tool" in tiny[1].decode(core.running[0].request.prompt_ids):
+            raise KeyboardInterrupt  # Ctrl-C in a second turn's decode step
+        return step()
+
+    core.step = interrupting_step
+    with pytest.raises(KeyboardInterrupt):
+        rollout.generate_sequences(prompts_for(rollout, chat, n=2, rows=SLOW_OR_FAST))
+    assert 6 not in tool.ended  # the slow call did not finish: it was cancelled
+    assert len(tool.created) == 4 and sorted(tool.released) == sorted(i for i, _ in tool.created)
+    assert not core.running and not core.waiting and core.kept == [] and core.keeping is None
+
+
 def test_a_requests_samples_do_not_depend_on_which_others_still_run(tiny, teacher_forced_engine):
     """Rows 2-3 (12 * 34) call the calculator, then sample their second turn. Rows 0-1 (13 * 34)
     either call it too (all four sample turn 2) or answer at once (rows 2-3 sample alone). The
