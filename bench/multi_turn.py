@@ -92,6 +92,7 @@ def main() -> None:
     dataset = RLHFDataset([DATA], tokenizer, data_cfg, setup.chat)
     engine = NativeRollout(model, tokenizer, rollout_cfg, args.max_response_length)
     multi = MultiTurnRollout(engine, setup.tools, rollout_cfg.multi_turn, setup.chat, args.max_response_length)
+    timed_multi_turn(multi, batch_of(dataset, args.prompts, args.n, seed=10_000), "turn")  # warm-up, not timed
     ratios, rows, keep_ratios, schedule_ratios = [], [], [], []
     for r in range(args.repeats):
         batch = batch_of(dataset, args.prompts, args.n, seed=r)
