@@ -26,9 +26,9 @@ from rlvr.agents.loop import AGENT_LOOPS, BUILT_IN, AgentLoopOutput, TokenOutput
 from rlvr.data.dataset import left_pad
 from rlvr.protocol import DataProto, concat_rollouts
 from rlvr.rollout.base import BaseRollout, pack_responses
+from rlvr.rollout.multi_turn import TURN_SEED_STRIDE
 from rlvr.rollout.sampling import SamplingParams
 
-TURN_SEED_STRIDE = 7919  # a loop's k-th call: seed + 7919 k (the multi-turn loop's stride)
 SETTLE_YIELDS = 3  # event-loop passes without a new call or a finished loop before a round starts
 
 _row: contextvars.ContextVar[int] = contextvars.ContextVar("agent_row")

@@ -2,25 +2,29 @@
 
 Each sample is a ``Request`` that moves PENDING -> RUNNING -> (TOOL_CALLING -> RUNNING)* ->
 COMPLETED, or FAILED with a reason (verl's AsyncRolloutRequest states). ``MultiTurnRollout``
-advances every live request together, one turn at a time:
+moves them on one of two schedules (``multi_turn.schedule``):
 
-1. one batched ``engine.generate`` over the requests still RUNNING (the first turn keeps the
-   shared-prompt prefill: a group's n requests have the same prompt); the tool-call format's
-   closing tags are stop strings, so a turn ends right after a call;
-2. the calls of each turn are parsed (``rlvr.tools.parsers``) and all of the turn's calls, over
-   all requests, run concurrently on one event loop with a per-call timeout (a tool may cap
-   its calls at once, ``BaseTool.call_slot``: the timeout starts once the call has a slot);
-3. the results are appended as a token delta rendered by the chat template (earlier tokens are
-   never re-tokenised) and the next turn starts.
+- ``request`` (on the native engine): each request's turns are a coroutine of their own over the
+  engine core (``NativeRollout.session()``): its turn is sampled, its own calls run, and the
+  answer goes back to the core as its next turn, joining the running rows at the next decode
+  step; no request waits for another's turn or tool (verl's agent loop moves this way);
+- ``turn``: every live request together, one turn at a time: one batched ``engine.generate``
+  over the requests still RUNNING, then all of the turn's calls, then the next turn.
+
+Either way a request's k-th turn samples with the seed + ``TURN_SEED_STRIDE`` k from its own row
+of the batch, so both schedules draw the same tokens; the first turn keeps the shared-prompt
+prefill (a group's n requests have the same prompt); the tool-call format's closing tags are stop
+strings, so a turn ends right after a call; calls are parsed (``rlvr.tools.parsers``) and run
+concurrently on one event loop with a per-call timeout (a tool may cap its calls at once,
+``BaseTool.call_slot``: the timeout starts once the call has a slot); the results are appended as
+a token delta rendered by the chat template (earlier tokens are never re-tokenised).
 
 Token in, token out: the model's tokens are kept exactly as sampled, with their log-probs;
 template and tool tokens get ``response_mask`` 0. ``data.max_response_length`` bounds model
-plus tool tokens. A ``Request`` only needs token ids in and completions out, so an engine that
-serves requests one at a time could drive the same objects.
+plus tool tokens.
 
-Departures from verl: the engine is batched per turn rather than per request (an SGLang server
-interleaves requests; rlvr's engine is fastest on a batch), and every configured tool is
-created for every trajectory (verl creates those named in ``tools_kwargs``).
+Departure from verl: every configured tool is created for every trajectory (verl creates those
+named in ``tools_kwargs``).
 """
 
 from __future__ import annotations
@@ -47,6 +51,10 @@ from rlvr.tools.config import load_tools
 from rlvr.tools.interaction import BaseInteraction, load_interactions
 from rlvr.tools.parsers import ToolCall, ToolParser, get_tool_parser
 from rlvr.tools.schema import check_arguments
+
+
+TURN_SEED_STRIDE = 7919
+"""A request's k-th turn samples with the step's seed + 7919 k (the agent loops' k-th call too)."""
 
 
 @dataclass
@@ -288,7 +296,7 @@ class MultiTurnRollout:
         with its group's (the n requests of a prompt start together)."""
         turn = 0
         while req.state is RequestState.RUNNING:
-            turn_params = dataclasses.replace(params, seed=int(params.seed) + turn * 7919,
+            turn_params = dataclasses.replace(params, seed=int(params.seed) + turn * TURN_SEED_STRIDE,
                                               max_new_tokens=min(req.budget_left, params.max_new_tokens))
             group = ("g", uids[i]) if turn == 0 and uids is not None else None
             start = time.perf_counter()
@@ -379,7 +387,7 @@ class MultiTurnRollout:
         """One batched turn over ``requests[i] for i in running``. Each request draws the uniforms
         of its own row of the batch (``row_ids``), so its tokens do not depend on which other
         requests are still running."""
-        turn_params = dataclasses.replace(params, seed=int(params.seed) + turn * 7919,
+        turn_params = dataclasses.replace(params, seed=int(params.seed) + turn * TURN_SEED_STRIDE,
                                           row_ids=tuple(params.row_offset + i for i in running),
                                           total_rows=max(params.total_rows, params.row_offset + len(requests)))
         live = [requests[i] for i in running]
