@@ -47,7 +47,7 @@ def batch_of(dataset, prompts: int, n: int, seed: int):
 
 
 def timed_multi_turn(multi, batch, schedule: str, keep_turns: bool = True):
-    """(output, wall seconds, prompt tokens prefilled, the loop's timings) of one multi-turn
+    """(output, wall seconds, prompt tokens prefilled) of one multi-turn
     rollout under ``schedule``; without ``keep_turns`` (the turn schedule) each turn prefills its
     whole conversation."""
     engine = multi.engine
@@ -61,7 +61,7 @@ def timed_multi_turn(multi, batch, schedule: str, keep_turns: bool = True):
         wall = time.perf_counter() - start
     finally:
         vars(engine).pop("turn_cache", None)
-    return out, wall, engine.prefill_tokens["computed"] - before, dict(multi.timings)
+    return out, wall, engine.prefill_tokens["computed"] - before
 
 
 def tool_call_latency(tool_name: str, arguments: dict, calls: int) -> float:
@@ -100,9 +100,9 @@ def main() -> None:
         if r % 2:  # alternate which runs first
             order.reverse()
         runs = {(schedule, keep): timed_multi_turn(multi, batch, schedule, keep) for schedule, keep in order}
-        out, wall, prefilled, timings = runs[("request", True)]
-        turn_out, wall_turn, prefilled_turn, _ = runs[("turn", True)]
-        _, wall_full, prefilled_full, _ = runs[("turn", False)]
+        out, wall, _ = runs[("request", True)]
+        turn_out, wall_turn, prefilled_turn = runs[("turn", True)]
+        _, wall_full, prefilled_full = runs[("turn", False)]
         keep_ratios.append(wall_full / wall_turn)
         R = out.batch["responses"].shape[1]
         model_tokens = int(out.batch["response_mask"].sum())

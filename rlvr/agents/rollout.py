@@ -113,9 +113,12 @@ class AgentLoopRollout:
             return self.fallback.generate_sequences(prompts)
         if "tool_agent" in names:
             return self._mixed(prompts, names)
+        return self._loops(prompts, names)
+
+    def _loops(self, prompts: DataProto, names: list[str]) -> DataProto:
+        """Every row's loop, packed."""
         params = SamplingParams.from_config(self.engine.config, self.max_response_length, prompts.meta_info)
-        outputs = asyncio.run(self._run(prompts, names, params))
-        return self._pack(prompts, names, outputs)
+        return self._pack(prompts, names, asyncio.run(self._run(prompts, names, params)))
 
     def _mixed(self, prompts: DataProto, names: list[str]) -> DataProto:
         """A batch whose rows name tool_agent and other loops: the tool_agent rows go to the
@@ -128,17 +131,16 @@ class AgentLoopRollout:
         loops = [i for i, n in enumerate(names) if n != "tool_agent"]
         offset = int(prompts.meta_info.get("row_offset", 0))
         total = max(int(prompts.meta_info.get("total_rows", 0)), offset + len(prompts))
-        parts = []
-        for start, rows in ((0, loops), (len(loops), tool)):
+
+        def rows_of(rows: list[int], start: int) -> DataProto:
             sub = prompts.select_idxs(rows)
             sub.meta_info = {**prompts.meta_info, "row_offset": offset + start, "total_rows": total}
-            if rows is tool:
-                sub.non_tensor_batch.pop("agent_name", None)
-                parts.append(self.fallback.generate_sequences(sub))
-            else:
-                parts.append(self._pack(sub, [names[i] for i in rows],
-                                        asyncio.run(self._run(sub, [names[i] for i in rows], SamplingParams.from_config(
-                                            self.engine.config, self.max_response_length, sub.meta_info)))))
+            return sub
+
+        tool_prompts = rows_of(tool, len(loops))
+        tool_prompts.non_tensor_batch.pop("agent_name", None)
+        parts = [self._loops(rows_of(loops, 0), [names[i] for i in loops]),
+                 self.fallback.generate_sequences(tool_prompts)]
         parts[1].non_tensor_batch["agent_name"] = np.array(["tool_agent"] * len(tool), dtype=object)
         metrics = {}
         for part in parts:

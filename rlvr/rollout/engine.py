@@ -212,7 +212,7 @@ class RequestSession:
         self.waiting: dict[str, "asyncio.Future"] = {}
         self.submitted = 0
         self.finished = 0
-        self.work = None  # asyncio.Event, made on the running loop
+        self.work = asyncio.Event()  # set when a request arrives
         self.core.kept = []
         # a stopped turn is offered to the next prompt at once (models with transformers' own cache keep nothing)
         self.core.keeping = self.core.kept if supports_preallocated(engine.model.config) else None
@@ -232,7 +232,7 @@ class RequestSession:
                 done.set_result(completion)
 
         self.core.add(Request(rid, list(prompt), params, group=group, row=row, width=width, on_finish=finished))
-        self._wake()
+        self.work.set()
         return await future
 
     def forget(self, context: Sequence[int]) -> None:
@@ -240,14 +240,8 @@ class RequestSession:
         context = tuple(context)
         self.core.kept[:] = [t for t in self.core.kept if not (len(t.ids) <= len(context) and context[:len(t.ids)] == t.ids)]
 
-    def _wake(self) -> None:
-        if self.work is None:
-            self.work = asyncio.Event()
-        self.work.set()
-
     async def drive(self) -> None:
         """Step the core whenever it has work, until cancelled; a failing step fails every waiting request."""
-        self._wake()
         try:
             with decode_attention(self.engine.model.device):
                 while True:

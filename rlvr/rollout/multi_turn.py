@@ -223,7 +223,6 @@ class MultiTurnRollout:
         self.max_response_length = max_response_length
         self.parser: ToolParser = get_tool_parser(config.format, [t.tool_schema for t in tools.values()])
         self.eos_texts = {i: self.tokenizer.decode([i]) for i in engine.eos_ids}
-        self.timings: dict[str, float] = {}
         self._warned: set[str] = set()
 
     # the hybrid worker's hooks go to the engine
@@ -250,14 +249,11 @@ class MultiTurnRollout:
         params = dataclasses.replace(params, stop=tuple(dict.fromkeys([*params.stop, *self.parser.stop_strings()])))
         requests = self.requests(prompts)
         uids = prompts.non_tensor_batch.get("uid")
-        self.timings = {"generate_s": 0.0, "tools_s": 0.0}
         loop = asyncio.new_event_loop()
         try:
             loop.run_until_complete(self._create(requests))
             if self.per_request:
-                start = time.perf_counter()
                 loop.run_until_complete(self._run_requests(requests, params, uids))
-                self.timings["wall_s"] = time.perf_counter() - start
             else:
                 with self.engine.turn_cache():  # each turn prefills only what the last turn did not see
                     self._run_turns(loop, requests, params, uids)
@@ -299,17 +295,13 @@ class MultiTurnRollout:
             turn_params = dataclasses.replace(params, seed=int(params.seed) + turn * TURN_SEED_STRIDE,
                                               max_new_tokens=min(req.budget_left, params.max_new_tokens))
             group = ("g", uids[i]) if turn == 0 and uids is not None else None
-            start = time.perf_counter()
             completion = await session.generate(req.generation_ids(), turn_params, row=params.row_offset + i,
                                                 width=width, group=group)
-            self.timings["generate_s"] += time.perf_counter() - start  # summed over requests: they overlap
             self._read_turn(req, completion)
-            start = time.perf_counter()
             if req.state is RequestState.TOOL_CALLING:
                 await self._call_tools([req])
             elif req.state is RequestState.INTERACTING:
                 await self._interact([req])
-            self.timings["tools_s"] += time.perf_counter() - start
             turn += 1
         session.forget(req.generation_ids())
 
@@ -321,15 +313,11 @@ class MultiTurnRollout:
             if not running:
                 break
             groups = [uids[i] for i in running] if turn == 0 and uids is not None else None
-            start = time.perf_counter()
             self._generate_turn(requests, running, params, turn, groups)
-            self.timings["generate_s"] += time.perf_counter() - start
             calling = [r for r in requests if r.state is RequestState.TOOL_CALLING]
             interacting = [r for r in requests if r.state is RequestState.INTERACTING]
-            start = time.perf_counter()
             if calling or interacting:
                 loop.run_until_complete(self._answer_turns(calling, interacting))
-            self.timings["tools_s"] += time.perf_counter() - start
             turn += 1
 
     def _close(self, loop: asyncio.AbstractEventLoop, requests: list[Request]) -> None:

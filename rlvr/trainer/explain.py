@@ -153,10 +153,10 @@ def objective_card(cfg: RLVRConfig) -> str:
 def distillation_line(cfg: RLVRConfig) -> str:
     """On-policy distillation: the teacher(s), the per-token loss and how it joins the objective."""
     d = cfg.distillation
-    loss = d.distillation_loss
+    loss, entries = d.distillation_loss, teacher_entries(d)
     teachers = ", ".join(f"{key}: {e.model_path}" + (f" (served at {', '.join(e.inference.external_server_addresses)})"
                                                       if e.inference.external_server_addresses else "")
-                         for key, e in teacher_entries(d).items())
+                         for key, e in entries.items())
     what = (f"{loss.loss_mode} over the teacher's top {loss.topk} tokens" if get_distillation_loss(loss.loss_mode).use_topk
             else f"{loss.loss_mode} of each sampled token's log-probs")
     how = (f"as a per-token advantage (-loss) in a PPO clip [{1 - (loss.clip_ratio_low or loss.clip_ratio):.2f}, "
@@ -166,7 +166,7 @@ def distillation_line(cfg: RLVRConfig) -> str:
              else "the whole loss: the policy loss above is not trained (use_task_rewards=false)")
     return (f"distillation: {what}, {how}"
             + (f", each clamped to +-{loss.loss_max_clamp}" if loss.loss_max_clamp is not None else "")
-            + f"; {joins}; teacher{'s by ' + d.teacher_key if len(teacher_entries(d)) > 1 else ''} {teachers}")
+            + f"; {joins}; teacher{'s by ' + d.teacher_key if len(entries) > 1 else ''} {teachers}")
 
 
 def _low(actor) -> float:
