@@ -38,6 +38,8 @@ token_level_rewards    (bs, R)     scores minus the KL penalty (when use_kl_in_r
 advantages             (bs, R)     advantage per token, zero outside response_mask
 returns                (bs, R)     return per token (advantage + value for GAE)
 uid                    (bs,)       non-tensor: group id, one per prompt, shared by its n samples
+episode_sample         (bs,)       non-tensor: 0 on an episode's first sample, k on its k-th split sample (an
+                                   agent that rewrote its context: ``episode_rows``); absent: one sample each
 raw_prompt_ids         (bs,)       non-tensor: list[int] prompt ids without padding
 raw_prompt             (bs,)       non-tensor: the chat messages (when data.return_raw_chat)
 data_source            (bs,)       non-tensor: selects the reward function
@@ -470,3 +472,42 @@ def loss_mask(data: DataProto) -> torch.Tensor:
     model tokens less the groups it dropped and the tokens rollout correction rejected), else
     ``response_mask``."""
     return data.batch["train_mask"] if "train_mask" in data.batch else data.batch["response_mask"]
+
+
+# ---------------------------------------------------------------- split episodes
+EPISODE_SAMPLE = "episode_sample"
+
+
+def episode_rows(data: DataProto) -> np.ndarray | None:
+    """(bs,) the episode (the row of the batch the rollout was sent) of each sample, or None when
+    every episode is one sample. An agent whose calls stop extending each other (it rewrote its
+    context) gives several samples for one episode, contiguous and in order (``episode_sample``
+    0, 1, ...)."""
+    column = data.non_tensor_batch.get(EPISODE_SAMPLE)
+    if column is None:
+        return None
+    first = np.asarray([int(k) == 0 for k in column])
+    if first.all():
+        return None
+    if len(first) and not first[0]:
+        raise DataProtoError(f"{EPISODE_SAMPLE}: the first row is an episode's sample {column[0]}, not its first (0)")
+    return np.cumsum(first) - 1
+
+
+def final_samples(data: DataProto) -> np.ndarray:
+    """(bs,) bool: each episode's last sample (its final context: what a reward function scores)."""
+    rows = episode_rows(data)
+    if rows is None:
+        return np.ones(len(data), dtype=bool)
+    return np.append(rows[1:] != rows[:-1], True)
+
+
+def expand_to_samples(batch: DataProto, samples: DataProto) -> DataProto:
+    """``batch`` (one row per episode) with each row repeated for each of its episode's samples in
+    ``samples``, so the two can be joined (``union``)."""
+    rows = episode_rows(samples)
+    if rows is None:
+        return batch
+    if rows[-1] + 1 != len(batch):
+        raise DataProtoError(f"the rollout returned samples of {rows[-1] + 1} episodes for a batch of {len(batch)} rows")
+    return batch.select_idxs(rows)

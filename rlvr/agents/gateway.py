@@ -20,9 +20,12 @@ completion continues the sample (the model's tokens mask 1, what the agent or th
 between them mask 0).
 
 Where the calls stop extending each other (the agent rewrote its context, or the chat template
-rendered the model's earlier turn to other tokens), the episode keeps its first chain of calls and
-the rest are counted (``agent/context_breaks``, ``agent/calls_dropped``): splitting an episode into
-several samples that share its reward is not built yet.
+rendered the model's earlier turn to other tokens), the episode splits: each chain of calls that
+extend each other is a sample of its own, and the samples share the episode's reward and advantage
+(``AgentLoopOutput.split_samples``; counted as ``agent/context_breaks`` and ``agent/split_samples``).
+This is AReaL's "concat" export on a chain: every sampled token is trained once, in the context it
+was sampled in, and nothing is re-tokenised; the alternative, a sample per call (AReaL's
+"individual" style), trains the same tokens with the context repeated as many times as there are calls.
 
 The rollout's sampling settings (temperature, top-p, top-k) apply to every call whatever the agent
 asks, since the update computes the sampled tokens' log-probs under them; an agent's
@@ -106,7 +109,7 @@ class Gateway:
         self.engine = GatewayEngine(rounds, params, self.config.max_calls,
                                     lambda ids: tokenizer.decode(ids, skip_special_tokens=True))
         self.episodes: dict[str, Episode] = {}
-        self.breaks = self.dropped = 0
+        self.breaks = 0
         self.agent = load_agent_function(self.config.function) if self.config.function else None  # once a rollout
 
     def episode(self, row: int) -> Episode:
@@ -187,24 +190,27 @@ class Gateway:
     def base_url(self) -> str:
         return f"http://127.0.0.1:{self.port}/v1"
 
-    def assemble(self, episode: Episode, fallback_prompt: list[int]) -> tuple[list[int], list[int], list[int],
-                                                                             list[float]]:
-        """(prompt, response, mask, log-probs) of the episode's first chain of calls."""
+    def assemble(self, episode: Episode, fallback_prompt: list[int]) -> list[tuple[list[int], list[int], list[int],
+                                                                                  list[float]]]:
+        """(prompt, response, mask, log-probs) of each chain of the episode's calls, in order: a call
+        whose prompt extends the last call's prompt and sampled tokens continues the chain, any
+        other starts the next (a context break, counted)."""
         if not episode.calls:
-            return fallback_prompt, [], [], []
-        prompt = episode.calls[0][0]
-        context, response, mask, logprobs = list(prompt), [], [], []
-        for i, (prompt_ids, out) in enumerate(episode.calls):
-            if prompt_ids[:len(context)] != context:
-                self.breaks += 1
-                self.dropped += len(episode.calls) - i
-                break
+            return [(fallback_prompt, [], [], [])]
+        chains, context = [], None
+        for prompt_ids, out in episode.calls:
+            if context is None or prompt_ids[:len(context)] != context:
+                if context is not None:
+                    self.breaks += 1
+                chains.append((list(prompt_ids), [], [], []))
+                context = list(prompt_ids)
+            _, response, mask, logprobs = chains[-1]
             added = prompt_ids[len(context):]
             response += added + list(out.token_ids)
             mask += [0] * len(added) + [1] * len(out.token_ids)
             logprobs += [0.0] * len(added) + list(out.log_probs)
             context = list(prompt_ids) + list(out.token_ids)
-        return prompt, response, mask, logprobs
+        return chains
 
 
 def turn_glue(turn: list[int], sampled: list[int], tokenizer) -> list[int]:
@@ -270,13 +276,15 @@ class OpenAIAgentLoop(AgentLoopBase):
             episode.failed = episode.failed or f"{type(err).__name__}: {err}"
         finally:
             episode.open = False
-        prompt, response, mask, logprobs = self.gateway.assemble(episode, list(kwargs["raw_prompt_ids"]))
+        (prompt, response, mask, logprobs), *later = self.gateway.assemble(episode, list(kwargs["raw_prompt_ids"]))
         if episode.failed is not None:
             print(f"[rlvr] agent episode of row {episode.row} failed: {episode.failed}", file=sys.stderr, flush=True)
             reward = math.nan  # counted, its group left out
         return AgentLoopOutput(prompt, response, mask, logprobs, reward_score=None if reward is None else float(reward),
                                num_turns=2 * len(episode.calls),
-                               metrics={"failed": float(episode.failed is not None), "calls": float(len(episode.calls))})
+                               metrics={"failed": float(episode.failed is not None), "calls": float(len(episode.calls))},
+                               split_samples=[AgentLoopOutput(*chain, num_turns=2 * len(episode.calls))
+                                              for chain in later])
 
     async def _agent(self, episode: Episode, row: dict, cfg):
         if self.gateway.agent is not None:

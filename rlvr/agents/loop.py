@@ -66,6 +66,11 @@ class AgentLoopOutput:
     num_turns: int = 0
     metrics: dict[str, float] = field(default_factory=dict)
     extra_fields: dict[str, Any] = field(default_factory=dict)
+    split_samples: list["AgentLoopOutput"] = field(default_factory=list)
+    """rlvr's: the episode's later samples, where its context stopped extending this one's (the
+    agent rewrote it). Each trains with the episode's reward and advantage (``protocol.episode_rows``);
+    the last is the episode's final context, which a reward function scores when ``reward_score``
+    is None. Their own ``reward_score``, ``metrics`` and ``split_samples`` are not read."""
 
 
 class AgentLoopBase(ABC):

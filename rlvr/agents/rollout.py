@@ -24,7 +24,7 @@ import numpy as np
 
 from rlvr.agents.loop import AGENT_LOOPS, BUILT_IN, AgentLoopOutput, TokenOutput
 from rlvr.data.dataset import left_pad
-from rlvr.protocol import DataProto, concat_rollouts
+from rlvr.protocol import EPISODE_SAMPLE, DataProto, concat_rollouts, episode_rows
 from rlvr.rollout.base import BaseRollout, pack_responses
 from rlvr.rollout.multi_turn import TURN_SEED_STRIDE
 from rlvr.rollout.sampling import SamplingParams
@@ -95,7 +95,7 @@ class AgentLoopRollout:
         self.engine, self.fallback, self.config, self.tokenizer = engine, fallback, config, tokenizer
         self.max_response_length = max_response_length
         self.default = config.actor_rollout_ref.rollout.agent.default_agent_loop
-        self.stats = {"agent/calls": 0.0, "agent/truncated": 0.0}
+        self.stats = {"agent/calls": 0.0, "agent/truncated": 0.0, "agent/split_samples": 0.0}
 
     def __getattr__(self, name):  # sync_weights, free_cache, wake_up, close, ...: the engine's
         return getattr(self.fallback, name)
@@ -142,6 +142,10 @@ class AgentLoopRollout:
         parts = [self._loops(rows_of(loops, 0), [names[i] for i in loops]),
                  self.fallback.generate_sequences(tool_prompts)]
         parts[1].non_tensor_batch["agent_name"] = np.array(["tool_agent"] * len(tool), dtype=object)
+        parts[1].non_tensor_batch[EPISODE_SAMPLE] = np.zeros(len(tool), dtype=np.int64)
+        episodes = episode_rows(parts[0])  # the loops' rows may hold several samples of one episode
+        origin = np.array(loops, dtype=np.int64)[episodes if episodes is not None else np.arange(len(loops))]
+        origin = np.concatenate([origin, np.array(tool, dtype=np.int64)])
         metrics = {}
         for part in parts:
             metrics.update(part.meta_info.pop("rollout_metrics", {}))
@@ -153,9 +157,7 @@ class AgentLoopRollout:
                 elif part.non_tensor_batch[key].dtype != object:
                     part.non_tensor_batch[key] = part.non_tensor_batch[key].astype(object)
         out = concat_rollouts(parts, self.engine.pad_id)
-        order = np.empty(len(prompts), dtype=np.int64)
-        order[np.array(loops + tool, dtype=np.int64)] = np.arange(len(prompts))
-        out.reorder(order)  # row r of the batch is row order[r] of the joined parts
+        out.reorder(np.argsort(origin, kind="stable"))  # the batch's row order, an episode's samples in theirs
         if metrics:
             out.meta_info["rollout_metrics"] = metrics
         return out
@@ -173,7 +175,6 @@ class AgentLoopRollout:
             results = await self._drive(prompts, names, params, server, gateway)
         if gateway is not None:
             self.stats["agent/context_breaks"] = float(gateway.breaks)
-            self.stats["agent/calls_dropped"] = float(gateway.dropped)
         self.stats["agent/calls"] = float(server.requests)
         return results
 
@@ -227,13 +228,20 @@ class AgentLoopRollout:
 
     def _pack(self, prompts: DataProto, names: list[str], outputs: list[AgentLoopOutput]) -> DataProto:
         """The loops' prompts left-padded, their responses (cut at ``max_response_length``, counted)
-        right-padded beside them; ``response_mask`` is the loops' own."""
+        right-padded beside them; ``response_mask`` is the loops' own. An episode with split samples
+        gives a row for each, after its first (``episode_sample`` 0, 1, ...: ``protocol.episode_rows``),
+        each with the episode's reward, name and extra fields."""
+        for i, (name, out) in enumerate(zip(names, outputs)):
+            if not isinstance(out, AgentLoopOutput):
+                raise AgentLoopError(f"agent loop {name!r}, row {i} returned {type(out).__name__}, not an AgentLoopOutput")
+        episodes = [(i, k, sample) for i, out in enumerate(outputs) for k, sample in enumerate([out, *out.split_samples])]
+        self.stats["agent/split_samples"] = float(len(episodes) - len(outputs))
         R, truncated = self.max_response_length, 0
         resp, lps, masks = [], [], []
-        for i, (name, out) in enumerate(zip(names, outputs)):
-            where = f"agent loop {name!r}, row {i}"
+        for i, k, out in episodes:
+            where = f"agent loop {names[i]!r}, row {i}" + (f", split sample {k}" if k else "")
             if not isinstance(out, AgentLoopOutput):
-                raise AgentLoopError(f"{where} returned {type(out).__name__}, not an AgentLoopOutput")
+                raise AgentLoopError(f"{where} is {type(out).__name__}, not an AgentLoopOutput")
             if not out.prompt_ids:
                 raise AgentLoopError(f"{where} returned no prompt_ids")
             logprobs = out.response_logprobs
@@ -251,16 +259,18 @@ class AgentLoopRollout:
         self.stats["agent/truncated"] = float(truncated)
         pad_id = self.engine.pad_id
         device = prompts.batch["input_ids"].device
-        input_ids, attention_mask, position_ids = left_pad([o.prompt_ids for o in outputs], pad_id)
+        input_ids, attention_mask, position_ids = left_pad([o.prompt_ids for _, _, o in episodes], pad_id)
         loop_prompts = DataProto.from_dict({"input_ids": input_ids.to(device), "attention_mask":
                                             attention_mask.to(device), "position_ids": position_ids.to(device)})
-        non_tensors = {"finish_reason": ["length" if len(o.response_ids) > R else "stop" for o in outputs],
-                       "num_turns": np.array([o.num_turns for o in outputs], dtype=np.int64),
-                       "agent_name": np.array(names, dtype=object),
-                       "multi_turn_metrics": [{} for _ in outputs],  # num_turns and added tokens are logged
-                       "reward_score": [o.reward_score for o in outputs]}  # None: the reward function scores it
-        for key in sorted({k for o in outputs for k in o.extra_fields}):
-            non_tensors[key] = [o.extra_fields.get(key) for o in outputs]  # one entry per row, lists kept whole
+        non_tensors = {"finish_reason": ["length" if len(o.response_ids) > R else "stop" for _, _, o in episodes],
+                       "num_turns": np.array([outputs[i].num_turns for i, _, _ in episodes], dtype=np.int64),
+                       "agent_name": np.array([names[i] for i, _, _ in episodes], dtype=object),
+                       "multi_turn_metrics": [{} for _ in episodes],  # num_turns and added tokens are logged
+                       # None: the reward function scores it (an episode's last sample: protocol.final_samples)
+                       "reward_score": [outputs[i].reward_score for i, _, _ in episodes],
+                       EPISODE_SAMPLE: np.array([k for _, k, _ in episodes], dtype=np.int64)}
+        for key in sorted({k for o in outputs for k in o.extra_fields}):  # one entry per row, lists kept whole
+            non_tensors[key] = [outputs[i].extra_fields.get(key) for i, _, _ in episodes]
         out = pack_responses(loop_prompts, resp, lps, masks, pad_id, non_tensors)
         metrics = {f"agent/{k}": float(np.mean([o.metrics.get(k, 0.0) for o in outputs]))
                    for k in sorted({k for o in outputs for k in o.metrics})}

@@ -24,7 +24,7 @@ import torch
 
 from rlvr.registry import Registry
 from rlvr.algos.utils import group_ids, group_mean_std, masked_whiten
-from rlvr.protocol import DataProto
+from rlvr.protocol import EPISODE_SAMPLE, DataProto, episode_rows, final_samples
 
 AdvantageFn = Callable[..., tuple[torch.Tensor, torch.Tensor]]
 ADV_ESTIMATORS: Registry[AdvantageFn] = Registry("advantage estimator")
@@ -175,8 +175,11 @@ def compute_gae_advantage_return(token_level_rewards, response_mask, index=None,
 
 
 def compute_advantage(data: DataProto, config) -> DataProto:
-    """Run ``config.adv_estimator`` on a batch; adds ``advantages`` and ``returns`` (in place)."""
+    """Run ``config.adv_estimator`` on a batch; adds ``advantages`` and ``returns`` (in place).
+    An episode split into several samples (``episode_rows``) counts once: see ``_split_episodes``."""
     data.require("token_level_rewards", "response_mask", stage=f"advantage estimator {config.adv_estimator!r}")
+    if episode_rows(data) is not None:
+        return _split_episodes(data, config)
     fn = get_adv_estimator_fn(config.adv_estimator)
     inputs = {"token_level_rewards": data.batch["token_level_rewards"], "response_mask": data.batch["response_mask"],
               "index": data.non_tensor_batch.get("uid"), "config": config, "values": data.batch.get("values"),
@@ -186,4 +189,35 @@ def compute_advantage(data: DataProto, config) -> DataProto:
         inputs = {k: v for k, v in inputs.items() if k in params}
     advantages, returns = fn(**inputs)
     data.batch["advantages"], data.batch["returns"] = advantages, returns
+    return data
+
+
+def _split_episodes(data: DataProto, config) -> DataProto:
+    """Advantages of a batch where some episodes are several samples (an agent that rewrote its
+    context): the estimator sees one row per episode, its last sample (whose score is the
+    episode's), so a group's baseline is over its n episodes whatever their sample counts; every
+    sample of an episode then gets that row's advantage on each of its own tokens. That needs an
+    estimator whose advantage is one number per sequence (GRPO, RLOO, ReMax, ...): one that varies
+    along the tokens (GAE, a discounted return) is refused, naming it."""
+    rows, final = episode_rows(data), final_samples(data)
+    last = data.select_idxs(final)
+    last.non_tensor_batch.pop(EPISODE_SAMPLE)
+    compute_advantage(last, config)
+    mask = last.batch["response_mask"].bool()
+    per_episode = {}
+    for key in ("advantages", "returns"):
+        values = last.batch[key]
+        first = torch.where(mask.any(-1), mask.float().argmax(-1), 0)
+        scalar = values.gather(1, first[:, None]).squeeze(1)  # (episodes,)
+        spread = torch.where(mask, (values - scalar[:, None]).abs(), 0.0).amax(-1)
+        if key == "advantages" and bool((spread > 1e-5 * (1 + scalar.abs())).any()):
+            raise ValueError(f"algorithm.adv_estimator={config.adv_estimator!r} gives advantages that vary along a "
+                             "response, which the samples of a split episode (an agent that rewrote its context) "
+                             "cannot share: use an estimator with one advantage per sequence (grpo, rloo, remax, "
+                             "reinforce_plus_plus_baseline), or an agent whose calls extend each other")
+        per_episode[key] = scalar
+    response_mask = data.batch["response_mask"]
+    index = torch.as_tensor(rows, device=response_mask.device)
+    for key, scalar in per_episode.items():
+        data.batch[key] = scalar.to(response_mask.device)[index][:, None] * response_mask.to(scalar.dtype)
     return data

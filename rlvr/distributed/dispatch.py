@@ -72,22 +72,20 @@ class DispatchError(ValueError):
 
 
 def split_by_groups(data: DataProto, world_size: int) -> list[DataProto]:
-    """``world_size`` equal parts of whole ``uid`` groups (contiguous rows; one part per rank)."""
+    """``world_size`` parts of as many whole ``uid`` groups each (contiguous rows; one part per
+    rank). Groups have n rows each, except where an agent's episode was split into several samples
+    (``protocol.episode_rows``): the parts then hold as many groups, not as many rows."""
     if world_size == 1:
         return [data]
     uids = data.non_tensor_batch.get("uid")
-    units = len(_runs(uids)) if uids is not None else len(data)
-    if uids is not None and len(set(uids)) != units:
+    runs = _runs(uids) if uids is not None else [[i] for i in range(len(data))]
+    if uids is not None and len(set(uids)) != len(runs):
         raise DispatchError("rows of a uid group must be contiguous (repeat with interleave=True) to be split by rank")
-    if units % world_size or len(data) % world_size:
-        raise DispatchError(f"{len(data)} rows in {units} groups cannot be split evenly over {world_size} ranks; "
+    if len(runs) % world_size:
+        raise DispatchError(f"{len(data)} rows in {len(runs)} groups cannot be split evenly over {world_size} ranks; "
                             f"make the number of prompts per step a multiple of {world_size}")
-    per = len(data) // world_size
-    parts = [data.slice(r * per, (r + 1) * per) for r in range(world_size)]
-    if uids is not None and any(parts[r].non_tensor_batch["uid"][0] == parts[r - 1].non_tensor_batch["uid"][-1]
-                                for r in range(1, world_size)):
-        raise DispatchError(f"groups of unequal size cannot be split into {world_size} equal parts of whole groups")
-    return parts
+    per = len(runs) // world_size
+    return [data.slice(runs[r * per][0], runs[(r + 1) * per - 1][-1] + 1) for r in range(world_size)]
 
 
 def pad_groups(data: DataProto, world_size: int) -> tuple[DataProto, int]:

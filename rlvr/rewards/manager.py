@@ -190,6 +190,18 @@ class RewardResult:
     scores: torch.Tensor | None = None  # (bs,) the scorers' scores before overlong shaping
     invalid: torch.Tensor | None = None  # (bs,) bool: the scorer returned NaN, inf or None (a placeholder score)
 
+    def select(self, rows) -> "RewardResult":
+        """The results of ``rows`` (indices, repeats allowed), in that order; the metrics kept."""
+        index = torch.as_tensor(np.asarray(rows, dtype=np.int64))
+        extra = {}
+        for key, values in self.reward_extra_info.items():
+            extra[key] = np.empty(len(index), dtype=object)
+            for i, r in enumerate(index.tolist()):  # entries kept whole, lists included
+                extra[key][i] = values[r]
+        return RewardResult(self.token_level_scores[index.to(self.token_level_scores.device)], extra, dict(self.metrics),
+                            None if self.scores is None else self.scores[index],
+                            None if self.invalid is None else self.invalid[index])
+
 
 def place_on_last_token(scores: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
     """(bs,) scores -> (bs, R) with each score at its response's last valid token."""

@@ -19,7 +19,7 @@ import numpy as np
 from tqdm import tqdm
 
 from rlvr.progress import listening
-from rlvr.protocol import DataProto
+from rlvr.protocol import EPISODE_SAMPLE, DataProto, final_samples
 from rlvr.trainer.metrics import multi_turn_stats, tool_tokens, validation_metrics
 
 GENERATION_KEYS = ("input_ids", "attention_mask", "position_ids")
@@ -85,7 +85,10 @@ def evaluate(generate: Callable[[DataProto], DataProto], reward_fn, dataset, tok
         bar.set_postfix_str("generating", refresh=False)
         with ticking(bar), listening(lambda unit, done, total: unit == "rows" and bar.set_postfix_str(
                 f"generating {done}/{total} rows", refresh=False)):  # the engine's count, drawn by the ticks
-            batch = batch.repeat(n, interleave=True).union(generate(gen))
+            out = generate(gen)
+            out = out.select_idxs(final_samples(out))  # an agent's episode in samples: scored on its final context
+            out.non_tensor_batch.pop(EPISODE_SAMPLE, None)
+            batch = batch.repeat(n, interleave=True).union(out)
         result = reward_fn(batch)
         texts = [tokenizer.decode(r[m.bool()], skip_special_tokens=True).strip()
                  for r, m in zip(batch.batch["responses"], batch.batch["response_mask"])]

@@ -136,15 +136,21 @@ class EngineParity:
         return metrics
 
 
-def check_groups(uids: np.ndarray, n: int, step: int) -> None:
+def check_groups(uids: np.ndarray, n: int, step: int, episodes: np.ndarray | None = None) -> None:
     """Every group reaches the advantage estimator whole: ``n`` rows per prompt (AReaL #1419: a
     group that lost rows to a filter or a collection across ranks is normalised over the wrong
     mean and std, silently). Rows left out of the update stay in the batch (``train_mask``), so
-    a group short of rows, or with more, is a bug upstream: stopped here, named."""
+    a group short of rows, or with more, is a bug upstream: stopped here, named. With
+    ``episodes`` (each row's episode, where an episode may be several samples) a group is ``n``
+    episodes."""
+    if episodes is not None:  # one entry per episode
+        first = np.append(True, episodes[1:] != episodes[:-1])
+        uids = np.asarray(uids)[first]
     groups, counts = np.unique(uids, return_counts=True)
     wrong = counts != n
     if wrong.any():
-        named = ", ".join(f"{g!r}: {c} rows" for g, c in zip(groups[wrong][:3], counts[wrong][:3]))
+        named = ", ".join(f"{g!r}: {c} {'episodes' if episodes is not None else 'rows'}"
+                          for g, c in zip(groups[wrong][:3], counts[wrong][:3]))
         raise StopTraining(f"step {step}: {int(wrong.sum())} of {len(groups)} groups do not have "
                            f"actor_rollout_ref.rollout.n = {n} rows before their advantages ({named}); a group "
                            "normalised over fewer or more samples than it has gets a wrong baseline")

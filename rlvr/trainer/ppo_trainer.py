@@ -31,8 +31,8 @@ from rlvr.algos.rollout_correction import is_active, rollout_correction
 from rlvr.config.schema import RLVRConfig
 from rlvr.config.validate import ConfigError
 from rlvr.data.sampler import PromptLoader
-from rlvr.protocol import DataProto, concat_rollouts, loss_mask
-from rlvr.rewards.manager import TRAJECTORY_KEYS
+from rlvr.protocol import DataProto, concat_rollouts, episode_rows, expand_to_samples, final_samples, loss_mask
+from rlvr.rewards.manager import TRAJECTORY_KEYS, place_on_last_token
 from rlvr.rewards.reward_model import add_reward_model_scores
 from rlvr.errors import RolloutUnavailable, StopTraining, TrainingInterrupted
 from rlvr.trainer import checkpoint
@@ -62,6 +62,15 @@ def needs_old_log_prob_pass(config: RLVRConfig) -> bool:
     one_update = actor.ppo_epochs == 1 and actor.ppo_mini_batch_size == config.data.train_batch_size
     read_before_update = algo.use_kl_in_reward or is_active(algo.rollout_correction)
     return actor.recompute_old_log_prob or not one_update or read_before_update
+
+
+def share_episode_scores(reward, rows: np.ndarray, response_mask: torch.Tensor):
+    """A ``RewardResult`` of one row per episode as one of every sample (``rows``: each sample's
+    episode), each score on its own sample's last token."""
+    index = torch.as_tensor(rows)
+    picked = reward.select(rows)
+    picked.token_level_scores = place_on_last_token(reward.token_level_scores.sum(-1)[index], response_mask)
+    return picked
 
 
 def narrow_train_mask(batch: DataProto, keep: torch.Tensor) -> None:
@@ -377,7 +386,7 @@ class RLTrainer:
         if "policy_version" not in gen_out.non_tensor_batch:  # the hybrid engine: the actor's own weights
             gen_out.non_tensor_batch["policy_version"] = np.full(len(gen_out), self.global_step - 1, dtype=np.int64)
         self._check_version(gen_out.non_tensor_batch["policy_version"], self.global_step)
-        return self._score(batch.union(gen_out), gen_index, timings, gen_batch)
+        return self._score(expand_to_samples(batch, gen_out).union(gen_out), gen_index, timings, gen_batch)
 
     def _dispatch(self, batch: DataProto, step: int, gen_index: int) -> tuple[DataProto, DataProto]:
         """Step ``step``'s prompts with their group ids, repeated n times: (the batch, what the
@@ -474,7 +483,7 @@ class RLTrainer:
                             int(item.batch.non_tensor_batch["dispatch_step"].max()))
         # the step's unions (log-probs, scores, advantages) go into a copy of the batch's key maps, never
         # into the queued batch: an interrupt before the update saves it as the engine returned it
-        return self._score(item.batch.select().union(item.output), 0, timings)
+        return self._score(expand_to_samples(item.batch.select(), item.output).union(item.output), 0, timings)
 
     def _check_version(self, versions: np.ndarray, dispatch_step: int) -> None:
         """The engine generated with the weights it was sent: a batch dispatched during step d is
@@ -512,26 +521,35 @@ class RLTrainer:
         if self.reward_model is not None:
             with self.progress.stage("reward_model", timings):
                 batch = batch.union(self.reward_model.compute_rm_score(batch))
+        # an agent's episode in several samples is scored once, on its last (its final context)
+        scored = batch if episode_rows(batch) is None else batch.select_idxs(final_samples(batch))
         with self.progress.stage("reward", timings):
-            reward = self.reward_fn.submit(batch) if cfg.reward.launch_reward_fn_async else self.reward_fn(batch)
+            reward = self.reward_fn.submit(scored) if cfg.reward.launch_reward_fn_async else self.reward_fn(scored)
         return batch, reward
 
     def _attach_scores(self, batch: DataProto, reward) -> dict[str, float]:
         """``token_level_scores`` (plus the reward model's, weighted) and the scorers' extras into
         ``batch``; returns the reward metrics."""
         reward = reward.result() if hasattr(reward, "result") else reward
+        rows = episode_rows(batch)
+        if rows is not None:  # the episodes' scores (``_score``): each of an episode's samples gets its episode's
+            reward = share_episode_scores(reward, rows, batch.batch["response_mask"])
         if "rm_scores" in batch.batch:  # weighted; a NaN is dropped as a rule scorer's NaN is
             reward = add_reward_model_scores(reward, batch.batch["rm_scores"], self.config.reward,
                                              batch.non_tensor_batch[self.config.data.reward_fn_key])
+            if rows is not None:  # the reward model's score of the final context, as the rule scorer's
+                last = np.flatnonzero(final_samples(batch))
+                reward = share_episode_scores(reward.select(last), rows, batch.batch["response_mask"])
         scores = reward.token_level_scores.to(batch.batch["response_mask"].device)
+        invalid = reward.invalid
         batch.batch["token_level_scores"] = scores
         for key, values in reward.reward_extra_info.items():
             batch.non_tensor_batch[key] = values
         if reward.scores is not None:
             batch.batch["sample_scores"] = reward.scores.to(scores.device)
         metrics = dict(reward.metrics)
-        if reward.invalid is not None and reward.invalid.any():
-            metrics["training/dropped_groups"] = float(self._drop_groups(batch, reward.invalid.numpy()))
+        if invalid is not None and invalid.any():
+            metrics["training/dropped_groups"] = float(self._drop_groups(batch, invalid.numpy()))
         return metrics
 
     def _drop_groups(self, batch: DataProto, rows: np.ndarray) -> int:
@@ -563,8 +581,8 @@ class RLTrainer:
             keep = keep & ~torch.as_tensor(dropped, device=keep.device)
             batch.batch.pop("train_mask", None)
             kept.append(batch.select_idxs(keep.numpy()))
-            kept_groups += int(keep.sum()) // n
-            seen_groups += len(batch) // n
+            kept_groups += len(set(batch.non_tensor_batch["uid"][keep.numpy()]))  # an episode may be several rows
+            seen_groups += len(set(batch.non_tensor_batch["uid"]))
             if kept_groups >= want:
                 break
             if 0 < groups_cfg.max_num_gen_batches <= gen_index + 1:
@@ -582,7 +600,10 @@ class RLTrainer:
                         for k, v in reward_metrics.items()})
         metrics.update({"dapo/num_gen_batches": float(gen_index + 1), "dapo/kept_groups": float(kept_groups),
                         "dapo/filtered_groups": float(seen_groups - kept_groups)})
-        return concat_rollouts(kept, self.tokenizer.pad_token_id).slice(0, want * n)
+        joined = concat_rollouts(kept, self.tokenizer.pad_token_id)
+        uids = joined.non_tensor_batch["uid"]
+        first_groups = set(list(dict.fromkeys(uids))[:want])
+        return joined.select_idxs(np.array([u in first_groups for u in uids], dtype=bool))
 
     def _filter_metric(self, batch: DataProto) -> torch.Tensor:
         """(bs,) the value dynamic sampling requires to vary within a group."""
@@ -605,7 +626,7 @@ class RLTrainer:
         else:
             batch.batch["token_level_rewards"] = scores
         uids = batch.non_tensor_batch["uid"]
-        check_groups(uids, self.config.actor_rollout_ref.rollout.n, self.global_step)
+        check_groups(uids, self.config.actor_rollout_ref.rollout.n, self.global_step, episode_rows(batch))
         check_masks(batch, self.global_step)
         dropped = np.isin(uids, batch.meta_info.get("dropped_groups", []))
         if not dropped.any():
@@ -656,6 +677,7 @@ class RLTrainer:
         greedy = gen_batch.select_idxs(rows)
         greedy.meta_info.update(do_sample=False, seed=self._seed("greedy", gen_index))
         out = self.rollout_wg.generate_sequences(greedy)
+        out = out.select_idxs(final_samples(out))  # an agent's split episode: its final context
         scored = DataProto(batch=dict(out.batch), non_tensor_batch={
             key: batch.non_tensor_batch[key][rows]
             for key in (self.config.data.reward_fn_key, "reward_model", "extra_info") if key in batch.non_tensor_batch})
@@ -663,7 +685,9 @@ class RLTrainer:
             if key in out.non_tensor_batch:
                 scored.non_tensor_batch[key] = out.non_tensor_batch[key]
         baseline = self.reward_fn(scored).token_level_scores.sum(-1)  # (prompts,)
-        return baseline.repeat_interleave(self.config.actor_rollout_ref.rollout.n)
+        per_episode = baseline.repeat_interleave(self.config.actor_rollout_ref.rollout.n)
+        rows = episode_rows(batch)
+        return per_episode if rows is None else per_episode[torch.as_tensor(rows)]
 
     def _dump_rollouts(self, batch: DataProto, folder: Path) -> None:
         """One JSON line per sample: prompt, response, score, and the scorer's extras."""

@@ -112,6 +112,22 @@ def group_rows(uids) -> list[list[int]]:
     return list(groups.values())
 
 
+def prompt_groups(uids, batch: dict) -> list:
+    """``uids`` refined so that rows share a group only when they share the prompt too: the packing
+    takes a group's prompt from its first row, and the rows of one uid may hold other prompts (an
+    agent whose first call was not the dataset's prompt, or the later samples of an episode whose
+    context it rewrote). Rows whose prompt differs from their uid's first get a group of their own
+    prompt."""
+    P = batch["input_ids"].shape[1] - batch["responses"].shape[1]
+    prompts, mask = batch["input_ids"][:, :P].cpu(), batch["attention_mask"][:, :P].cpu().bool()
+    first: dict = {}
+    groups = []
+    for row, uid in enumerate(uids):
+        prompt = tuple(prompts[row][mask[row]].tolist())
+        groups.append(uid if first.setdefault(uid, prompt) == prompt else (uid, prompt))
+    return groups
+
+
 def pack_groups(prompts: torch.Tensor, prompt_mask: torch.Tensor, responses: torch.Tensor,
                 resp_lengths: torch.Tensor, groups: list[list[int]], pad_id: int, flat: bool = False,
                 windows: tuple[int, ...] = ()) -> PackedGroups:
@@ -468,6 +484,8 @@ def response_states(model, batch: dict, uids, share_prompt: bool, pad_id: int) -
 
     A model the prompt-once layout cannot express (``grouped_layout_problem``) runs the plain
     layout, and says so once per model class."""
+    if share_prompt and uids is not None:
+        uids = prompt_groups(uids, batch)
     if share_prompt and uids is not None and len(set(uids)) < len(uids):
         problem = grouped_layout_problem(model)
         if problem is None:

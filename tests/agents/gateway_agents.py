@@ -22,14 +22,28 @@ async def two_chats(base_url, api_key, row):
     return float(text.startswith(" "))
 
 
-async def rewrites(base_url, api_key, row):
-    """Ask, then ask again with its first answer replaced by a summary: a context break."""
+async def _rewrite(base_url, api_key, row) -> str:
+    """Ask, then ask again with its first answer replaced by a summary (a context break); the
+    second answer's text."""
     client = openai.AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0)
     messages = list(row["raw_prompt"])
-    await client.chat.completions.create(model="rlvr-policy", messages=messages, max_tokens=4)
+    calls = SEEN.setdefault(api_key, [])
+    first = await client.chat.completions.create(model="rlvr-policy", messages=messages, max_tokens=4)
+    calls.append((first.model_extra["prompt_token_ids"], first.choices[0].model_extra["token_ids"]))
     messages += [{"role": "assistant", "content": "(summarised)"}, {"role": "user", "content": "Go on."}]
-    await client.chat.completions.create(model="rlvr-policy", messages=messages, max_tokens=4)
-    return 1.0
+    second = await client.chat.completions.create(model="rlvr-policy", messages=messages, max_tokens=4)
+    calls.append((second.model_extra["prompt_token_ids"], second.choices[0].model_extra["token_ids"]))
+    return second.choices[0].message.content
+
+
+async def rewrites(base_url, api_key, row):
+    """A context break; reward: the answer after the rewrite starts with a space."""
+    return float((await _rewrite(base_url, api_key, row)).startswith(" "))
+
+
+async def rewrites_unscored(base_url, api_key, row):
+    """A context break; the reward function scores the episode."""
+    await _rewrite(base_url, api_key, row)
 
 
 async def raises(base_url, api_key, row):

@@ -78,14 +78,69 @@ print(float(answer["choices"][0]["message"]["content"].startswith(" ")))
     assert any(r["actor/grad_norm"] > 0 for r in records)
 
 
-def test_a_rewritten_context_is_a_counted_break(tiny_config):
-    """The second call's context replaces the first answer: the episode keeps its first call and
-    counts the break and the dropped call."""
+def test_a_rewritten_context_splits_the_episode_into_samples(tiny_config):
+    """The second call's context replaces the first answer: each episode is two samples, each the
+    prompt and sampled ids of its own call bit for bit (mask 1 on every response token), in the
+    episode's order (episode_sample 0 then 1), the break and the extra sample counted; the batch's
+    rows follow its episodes, so the rows of the prompt batch repeat for each sample."""
+    from rlvr.protocol import episode_rows, expand_to_samples, final_samples
+
+    gateway_agents.SEEN.clear()
     trainer = build_trainer(tiny_config(*QUIET, *GATEWAY, agent("rewrites")), progress_bar=False)
-    _, out = generate(trainer, next(iter(trainer._batches()))[0])
+    batch, out = generate(trainer, next(iter(trainer._batches()))[0])
+    episodes = len(batch)  # 2 prompts x n = 3
     metrics = out.meta_info["rollout_metrics"]
-    assert metrics["agent/context_breaks"] == len(out) and metrics["agent/calls_dropped"] == len(out)
-    assert int(out.batch["response_mask"].sum()) == int(out.batch["attention_mask"][:, -out.batch["responses"].shape[1]:].sum())
+    assert len(out) == 2 * episodes and metrics["agent/context_breaks"] == episodes == metrics["agent/split_samples"]
+    assert out.non_tensor_batch["episode_sample"].tolist() == [0, 1] * episodes
+    assert episode_rows(out).tolist() == [e for e in range(episodes) for _ in (0, 1)]
+    assert final_samples(out).tolist() == [False, True] * episodes
+    calls = {tuple(p + s) for seen in gateway_agents.SEEN.values() for p, s in seen}
+    R = out.batch["responses"].shape[1]
+    for r in range(len(out)):
+        n = int(out.batch["attention_mask"][r, -R:].sum())
+        prompt = out.batch["prompts"][r][out.batch["attention_mask"][r, :-R].bool()].tolist()
+        assert tuple(prompt + out.batch["responses"][r, :n].tolist()) in calls
+        assert out.batch["response_mask"][r, :n].tolist() == [1] * n
+    joined = expand_to_samples(batch, out).union(out)
+    assert joined.non_tensor_batch["uid"].tolist() == [u for u in batch.non_tensor_batch["uid"] for _ in (0, 1)]
+
+
+def test_an_episode_in_samples_is_scored_once_and_counted_once_in_its_group(tiny_config, tmp_path):
+    """The reward function scores each episode's final context (the answer after the rewrite);
+    both samples carry that score, and the group check counts n episodes, not 2n rows."""
+    import numpy as np
+
+    reward = tmp_path / "space.py"
+    reward.write_text(LEADING_SPACE)
+    trainer = build_trainer(tiny_config(*QUIET, *GATEWAY, agent("rewrites_unscored"),
+                                        f"reward.custom_reward_function.path={reward}"), progress_bar=False)
+    trainer.global_step = 1
+    batch, score = trainer._rollout(next(iter(trainer._batches()))[0], 0, {})
+    trainer._attach_scores(batch, score)
+    R = batch.batch["responses"].shape[1]
+    texts = [trainer.tokenizer.decode(batch.batch["responses"][r][batch.batch["attention_mask"][r, -R:].bool()],
+                                      skip_special_tokens=True) for r in range(len(batch))]
+    sums = batch.batch["token_level_scores"].sum(-1).tolist()
+    for e in range(len(batch) // 2):  # each episode's two rows: the score of the second (final) one's text
+        assert sums[2 * e] == sums[2 * e + 1] == float(texts[2 * e + 1].startswith(" "))
+    trainer._advantages(batch)  # check_groups: n = 3 episodes a group, 6 rows
+    adv = batch.batch["advantages"]
+    for e in range(len(batch) // 2):
+        mask = batch.batch["response_mask"][2 * e:2 * e + 2].bool()
+        values = adv[2 * e:2 * e + 2][mask]
+        assert np.ptp(values.numpy()) < 1e-6  # one advantage for the episode's every token
+
+
+def test_an_agent_that_rewrites_its_context_learns_from_the_later_sample(tiny_config, tmp_path):
+    """The reward is the answer after the rewrite (the episode's second sample): GRPO raises it,
+    which it cannot when that sample is left out of the update (the first chain alone does not
+    hold the tokens the reward judges)."""
+    _, records = train(tiny_config, tmp_path, LEADING_SPACE, *LEARN, *GATEWAY, agent("rewrites"),
+                       "actor_rollout_ref.actor.optim.lr=1e-1", "trainer.total_training_steps=10",
+                       "trainer.freshness_check_freq=-1")
+    scores = [r["critic/score/mean"] for r in records]
+    assert scores[0] < 0.8 and min(scores[-3:]) >= 0.9, scores
+    assert all(r["agent/split_samples"] == 16.0 and r["agent/context_breaks"] == 16.0 for r in records)
 
 
 @pytest.mark.parametrize("name, why", [
@@ -144,3 +199,28 @@ def test_ctrl_c_and_resume_with_a_gateway_agent_equal_the_uninterrupted_run(tiny
         return [json.loads(line).get("critic/score/mean") for line in open(tmp_path / folder / "metrics.jsonl")]
 
     assert scores("a") == scores("b") and len(scores("a")) == 3
+
+
+def test_validation_scores_each_split_episode_once_on_its_final_context(tiny_config, tmp_path):
+    """Validation of an agent that rewrites its context: one score per prompt (n = 1 greedy), that
+    of the answer after the rewrite, never of the first chain."""
+    reward = tmp_path / "space.py"
+    reward.write_text(LEADING_SPACE)
+    trainer = build_trainer(tiny_config(*QUIET, *GATEWAY, agent("rewrites_unscored"),
+                                        f"reward.custom_reward_function.path={reward}"), progress_bar=False)
+    scored = []
+    score = trainer.val_reward_fn
+
+    def spy(batch):
+        scored.append(batch)
+        return score(batch)
+
+    trainer.val_reward_fn = spy
+    metrics = trainer.validate()
+    batch = scored[0]
+    assert len(batch) == len(trainer.val_dataset) and "episode_sample" not in batch.non_tensor_batch
+    R = batch.batch["responses"].shape[1]
+    prompts = [trainer.tokenizer.decode(batch.batch["prompts"][r][batch.batch["attention_mask"][r, :-R].bool()])
+               for r in range(len(batch))]
+    assert all("Go on." in p for p in prompts)  # the final context: the rewritten conversation
+    assert any(k.endswith("mean@1") for k in metrics)

@@ -283,3 +283,31 @@ def test_compute_advantage_on_dataproto():
     assert torch.allclose(per_sample(data.batch["advantages"]), torch.tensor([1.0, -1.0, -3.0, 0.0, 3.0]))
     with pytest.raises(ValueError, match="needs key"):
         compute_advantage(DataProto.from_dict({"response_mask": MASK}), AlgorithmConfig(adv_estimator="grpo"))
+
+
+def test_an_episode_in_several_samples_counts_once_in_its_group():
+    """Group "a": episode a1 (score 1) is two samples (an agent that rewrote its context), a2
+    (score 0) one; group "b": b1 (score 2) and b2 (score 4), one sample each. GRPO over episodes:
+    a: mean 0.5, std (unbiased) sqrt(0.5) = 0.7071 -> a1 +0.7071 on both its samples, a2 -0.7071;
+    b: mean 3, std sqrt(2) = 1.4142 -> b1 -0.7071, b2 +0.7071. Over rows, group a would be
+    [1, 1, 0]: mean 0.667, std 0.577 -> +0.577, +0.577, -1.155."""
+    mask = torch.tensor([[1, 1, 0], [1, 0, 0], [1, 1, 1], [1, 1, 0], [1, 0, 0]], dtype=torch.float32)
+    # a1's first sample scored 0 by its own text: the episode's score is its last sample's
+    scores = torch.tensor([0.0, 1.0, 0.0, 2.0, 4.0])
+    data = DataProto.from_dict({"token_level_rewards": rewards_on_last_token(scores, mask), "response_mask": mask},
+                               {"uid": np.array(["a", "a", "a", "b", "b"], dtype=object),
+                                "episode_sample": np.array([0, 1, 0, 0, 0])})
+    compute_advantage(data, AlgorithmConfig(adv_estimator="grpo"))
+    r = 1 / math.sqrt(2)
+    expected = torch.tensor([r, r, -r, -r, r])[:, None] * mask
+    assert torch.allclose(data.batch["advantages"], expected, atol=1e-5)
+
+
+def test_split_episodes_refuse_an_estimator_whose_advantage_varies_along_the_response():
+    mask = torch.ones(4, 3)
+    data = DataProto.from_dict({"token_level_rewards": rewards_on_last_token(torch.tensor([1.0, 0, 1, 0]), mask),
+                                "response_mask": mask, "values": torch.rand(4, 3)},
+                               {"uid": np.array(["a", "a", "a", "b"], dtype=object),
+                                "episode_sample": np.array([0, 1, 0, 0])})
+    with pytest.raises(ValueError, match="adv_estimator='gae' gives advantages that vary along a response"):
+        compute_advantage(data, AlgorithmConfig(adv_estimator="gae"))

@@ -25,8 +25,8 @@ def test_whole_groups_pass_and_a_short_or_long_group_is_named():
 
 def test_a_filter_that_drops_single_rows_stops_the_run(tiny_config, tmp_path, monkeypatch):
     """Dynamic sampling with a filter that keeps rows, not groups (here: drops each batch's first
-    row): the batch handed on has a group of n - 1 = 2 rows and one sample of a group it did not
-    keep whole. Unchecked, GRPO would give the 2-row group a baseline over 2 samples."""
+    row): the batch handed on (the first train_batch_size = 2 groups kept) has a group of n - 1 = 2
+    rows. Unchecked, GRPO would give it a baseline over 2 samples."""
     def drop_first_row(index, metric):
         keep = torch.ones(len(index), dtype=torch.bool)
         keep[0] = False
@@ -36,6 +36,16 @@ def test_a_filter_that_drops_single_rows_stops_the_run(tiny_config, tmp_path, mo
     config = tiny_config("algorithm.filter_groups.enable=true", "trainer.val_before_train=false", "data.val_files=[]",
                          f"trainer.default_local_dir={tmp_path}")
     trainer = build_trainer(config, progress_bar=False)
-    with pytest.raises(StopTraining, match=r"step 1: 2 of 3 groups do not have actor_rollout_ref.rollout.n = 3 rows"):
+    with pytest.raises(StopTraining, match=r"step 1: 1 of 2 groups do not have actor_rollout_ref.rollout.n = 3 rows"):
         trainer.fit()
     trainer.tracker.close()
+
+
+def test_a_group_of_split_episodes_counts_episodes_not_rows():
+    """An agent's episode in several samples (rows 0-1: episode 0; rows 2-3: 1, 2): group a has n = 2
+    episodes in 3 rows and passes; counting rows, it would be stopped. Group b short of an episode
+    is still named."""
+    episodes = np.array([0, 0, 1, 2, 3])
+    check_groups(np.array(["a", "a", "a", "b", "b"], dtype=object), 2, step=1, episodes=episodes)
+    with pytest.raises(StopTraining, match=r"\('b': 1 episodes\)"):
+        check_groups(np.array(["a", "a", "a", "b", "b"], dtype=object), 2, step=1, episodes=np.array([0, 0, 1, 2, 2]))

@@ -212,3 +212,15 @@ def test_answers_that_do_not_fit_together_name_the_rank():
     b = DataProto.from_dict({"old_log_probs": torch.zeros(2, 5)})
     with pytest.raises(ValueError, match=r"rank 1 answered 'old_log_probs' of shape \(2, 5\), rank 0 of \(2, 4\)"):
         collect(Dispatch.DP_COMPUTE_PROTO, [a, b])
+
+
+def test_groups_of_split_episodes_go_to_the_ranks_whole_by_group_count():
+    """Groups of 4, 3, 3 and 2 rows (an agent's split episodes): each rank gets two whole groups,
+    rows 0-6 and 7-11, not six rows each."""
+    sizes = [4, 3, 3, 2]
+    uids = np.array([f"g{g}" for g, size in enumerate(sizes) for _ in range(size)], dtype=object)
+    data = DataProto.from_dict({"x": torch.arange(12, dtype=torch.float32)}, {"uid": uids})
+    workers = [FakeWorker(0), FakeWorker(1)]
+    out = run_group(workers, "compute_log_prob", data)
+    assert workers[0].calls == [["g0"] * 4 + ["g1"] * 3] and workers[1].calls == [["g2"] * 3 + ["g3"] * 2]
+    assert out.batch["old_log_probs"].tolist() == [10.0 * i + (i >= 7) for i in range(12)]

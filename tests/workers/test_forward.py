@@ -1,10 +1,11 @@
 """The prompt-once forward equals the plain padded forward (and both equal a full forward)."""
 
+import numpy as np
 import pytest
 import torch
 
 from rlvr.models import load_model
-from rlvr.workers.forward import forward_log_probs, group_rows, pack_groups, segment_mask
+from rlvr.workers.forward import forward_log_probs, group_rows, pack_groups, prompt_groups, segment_mask
 
 
 def test_segment_mask_by_hand():
@@ -131,6 +132,21 @@ def test_prompt_once_equals_plain(which, batch, tiny_model_dir, builtin_dir):
     lp1, _ = forward_log_probs(model, b, uids, 1.0, share_prompt=True)
     assert (full - lp1.detach()).abs().max() < 1e-4
     assert torch.all(lp1[b["response_mask"] == 0] == 0)
+
+
+def test_rows_of_one_uid_with_other_prompts_get_their_own_prompt(batch, tiny_model_dir):
+    """One uid over rows whose prompts differ (an agent's first call that is not the dataset's
+    prompt; an episode's samples after a rewritten context): the packing takes a group's prompt from
+    its first row, so each prompt gets a group of its own and the log-probs equal the plain
+    layout's (packed behind the first prompt, rows 3-5 are scored in the wrong context: 0.05 nats
+    off with the tiny random model)."""
+    model = load_model(tiny_model_dir)
+    one_uid = np.array(["g"] * len(batch), dtype=object)
+    plain, _ = forward_log_probs(model, batch.batch, one_uid, 1.0, share_prompt=False)
+    packed, _ = forward_log_probs(model, batch.batch, one_uid, 1.0, share_prompt=True)
+    assert (plain - packed).abs().max() < 1e-4
+    assert prompt_groups(one_uid, batch.batch)[:4] == ["g", "g", "g", ("g", tuple(
+        batch.batch["input_ids"][3, :-7][batch.batch["attention_mask"][3, :-7].bool()].tolist()))]
 
 
 def test_trims_global_padding(batch, tiny_model_dir):
