@@ -224,3 +224,12 @@ def test_validation_scores_each_split_episode_once_on_its_final_context(tiny_con
                for r in range(len(batch))]
     assert all("Go on." in p for p in prompts)  # the final context: the rewritten conversation
     assert any(k.endswith("mean@1") for k in metrics)
+
+
+def test_split_episodes_train_one_step_off(tiny_config, tmp_path):
+    """Generated ahead (trainer.v1 colocate_async, one batch ahead): the queued prompt batch is
+    joined to its split samples as in the synchronous step, and each step trains 2n samples."""
+    _, records = train(tiny_config, tmp_path, LEADING_SPACE, *GATEWAY, agent("rewrites"), "trainer.total_training_steps=3",
+                       "trainer.freshness_check_freq=-1", "trainer.v1.trainer_mode=colocate_async",
+                       "trainer.v1.colocate_async.num_warmup_batches=1")
+    assert [r["agent/split_samples"] for r in records] == [6.0] * 3  # the union with 6 prompt rows raised before
