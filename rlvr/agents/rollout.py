@@ -1,15 +1,16 @@
-"""The rollout of agent loops: every row's loop runs as a coroutine; their engine calls are
-gathered into rounds.
+"""The rollout of agent loops: every row's loop runs as a coroutine over the engine, under the
+schedule ``multi_turn.schedule`` names (the multi-turn tool loop's key: one schedule for every loop).
 
-A round starts when every loop is waiting (on the engine, or done): the calls waiting are sent
-to the engine together, in row order, one ``generate`` per call index (a loop's k-th call samples
-with the step's seed + 7919 k, from its own row of the batch, as the multi-turn loop's turns do),
-so a row's tokens depend on its seed and row, not on which other loops share the round, and a
-run repeats. A loop that awaits something else (a tool's I/O) rejoins at a later round.
-
-Where this departs from the issue's design: the rounds are turn by turn across the batch, as the
-multi-turn tool loop moves; a loop whose call is ready does not join a round under way (the
-engine core's continuous admission is not used here yet).
+- ``request`` (the default) on the native engine: each call is a request to the engine core
+  (``RequestSession``), admitted among the running rows at the core's next step, so a loop whose
+  call is ready never waits for another loop's generation or I/O. A loop's k-th call samples with
+  the step's seed + 7919 k from its own row of the batch, as the multi-turn loop's turns do; which
+  rows share a step follows when the loops' own I/O ends, which moves logits in their last bits.
+- ``turn`` (and vLLM in process, and rollout servers): rounds. A round starts when every loop is
+  waiting (on the engine, or done): the calls waiting are sent to the engine together, in row
+  order, one ``generate`` per call index, so a row's tokens depend on its seed and row only and a
+  run repeats bitwise whatever the loops' I/O timing. A loop that awaits its own I/O rejoins at
+  a later round; one that is ready waits for the round under way.
 """
 
 from __future__ import annotations
@@ -86,6 +87,35 @@ class RoundServer:
                 entry[4].set_result(TokenOutput(c.token_ids, c.log_probs, c.finish_reason, c.weight_version))
 
 
+async def _stop(driver: asyncio.Future) -> None:
+    """Cancel the session's driver and wait for it (its error was each waiting request's)."""
+    driver.cancel()
+    with contextlib.suppress(BaseException):
+        await driver
+
+
+class SessionServer(RoundServer):
+    """``server_manager`` of the loops under the per-request schedule: ``generate`` is a request to
+    the native engine's core, sampled as the round's would be (the call's seed, the row's uniforms)."""
+
+    def __init__(self, engine: BaseRollout, params: SamplingParams, session, width: int):
+        super().__init__(engine, params)
+        self.session, self.width = session, width
+
+    async def generate(self, request_id: str, *, prompt_ids: Sequence[int],
+                       sampling_params: SamplingParams | None = None, **kwargs) -> TokenOutput:
+        if kwargs.get("image_data") is not None:
+            raise AgentLoopError("image_data: rlvr's engine takes token ids only")
+        row = _row.get()
+        call = self.calls.get(row, 0)
+        self.calls[row] = call + 1
+        self.requests += 1
+        params = dataclasses.replace(sampling_params or self.params, row_ids=(),
+                                     seed=int(self.params.seed) + call * TURN_SEED_STRIDE)
+        c = await self.session.generate(list(prompt_ids), params, row=row, width=self.width)
+        return TokenOutput(c.token_ids, c.log_probs, c.finish_reason, c.weight_version)
+
+
 class AgentLoopRollout:
     """Runs each row's agent loop over ``engine`` (``actor_rollout_ref.rollout.agent``); the batch
     goes to ``fallback`` (the batch rollout, or the multi-turn loop) when every row names a
@@ -102,6 +132,13 @@ class AgentLoopRollout:
 
     def generate_in_group(self, prompts: DataProto, rollout=None) -> DataProto:
         return self.generate_sequences(prompts)
+
+    @property
+    def per_request(self) -> bool:
+        """``multi_turn.schedule=request`` on an engine whose core takes requests one at a time (the
+        native engine); vLLM in process and rollout servers run rounds."""
+        return (self.config.actor_rollout_ref.rollout.multi_turn.schedule == "request"
+                and hasattr(self.engine, "session"))
 
     def names(self, prompts: DataProto) -> list[str]:
         column = prompts.non_tensor_batch.get("agent_name")
@@ -163,8 +200,15 @@ class AgentLoopRollout:
         return out
 
     async def _run(self, prompts: DataProto, names: list[str], params: SamplingParams) -> list[AgentLoopOutput]:
-        server = RoundServer(self.engine, params)
         async with contextlib.AsyncExitStack() as stack:
+            if self.per_request:
+                session = self.engine.session()
+                stack.callback(session.close)
+                server = SessionServer(self.engine, params, session,
+                                       max(params.total_rows, params.row_offset + len(prompts)))
+                stack.push_async_callback(_stop, asyncio.ensure_future(session.drive()))
+            else:
+                server = RoundServer(self.engine, params)
             gateway = None
             if "openai_agent" in names:  # the user's agents reach the engine through rlvr serve's OpenAI routes
                 from rlvr.agents.gateway import Gateway
@@ -173,6 +217,7 @@ class AgentLoopRollout:
                 gateway = await stack.enter_async_context(Gateway(server, params, self.tokenizer, self.config,
                                                                   data.max_prompt_length + data.max_response_length))
             results = await self._drive(prompts, names, params, server, gateway)
+        # (the exit stack stopped the session's driver, then closed the session)
         if gateway is not None:
             self.stats["agent/context_breaks"] = float(gateway.breaks)
         self.stats["agent/calls"] = float(server.requests)
@@ -180,7 +225,8 @@ class AgentLoopRollout:
 
     async def _drive(self, prompts: DataProto, names: list[str], params: SamplingParams, server: RoundServer,
                      gateway) -> list[AgentLoopOutput]:
-        """Every row's loop as a task; a round whenever every loop is waiting."""
+        """Every row's loop as a task; per request, each call goes to the core as it comes, else a
+        round whenever every loop is waiting."""
         ids = prompts.batch["input_ids"].cpu()
         mask = prompts.batch["attention_mask"].cpu().bool()
         columns = dict(prompts.non_tensor_batch)
@@ -200,6 +246,9 @@ class AgentLoopRollout:
 
         tasks = [asyncio.ensure_future(one(i)) for i in range(len(prompts))]
         try:
+            if isinstance(server, SessionServer):
+                await asyncio.gather(*tasks)
+                return results
             while True:
                 await self._settle(server, tasks)
                 for task in tasks:

@@ -260,7 +260,8 @@ class MultiTurnConfig:
     """request: each trajectory moves on as soon as its own tool answers, its next turn joining
     the engine's running rows at the next decode step (the native engine; others move turn by
     turn); turn: every trajectory's turn is generated together, then every turn's tool calls run,
-    then the next turn (bitwise reproducible whatever the tools' latency). rlvr's key."""
+    then the next turn (bitwise reproducible whatever the tools' latency). The agent loops'
+    schedule too (``rlvr/agents/rollout.py``: per request, or rounds). rlvr's key."""
     max_parallel_calls: int = 1
     """Calls run per assistant turn; only 1 is accepted: generation stops at the first call's
     closing tag, so a sampled turn holds one call (verl's key, kept so its configs load)."""

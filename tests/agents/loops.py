@@ -47,3 +47,21 @@ class Broken(AgentLoopBase):
             score = float("nan") if how == "nan" and kwargs["extra_info"]["index"] % 2 == 0 else 0.25
             return AgentLoopOutput(prompt, out.token_ids, [1] * len(out.token_ids), out.log_probs, reward_score=score)
         return AgentLoopOutput(prompt, out.token_ids, [1] * (len(out.token_ids) + 1), out.log_probs)
+
+
+FINISHED: list[tuple[str, int]] = []  # (which call, its tokens), in the order the calls returned
+
+
+@register("long_and_short")
+class LongAndShort(AgentLoopBase):
+    """Row 0 asks for 40 tokens at once; every other row waits 5 ms on its own I/O, then asks for 2."""
+
+    async def run(self, sampling_params, **kwargs):
+        prompt = list(kwargs["raw_prompt_ids"])
+        long = self.server_manager.row_of_task() == 0
+        if not long:
+            await asyncio.sleep(0.005)
+        params = dataclasses.replace(sampling_params, max_new_tokens=40 if long else 2)
+        out = await self.server_manager.generate(uuid4().hex, prompt_ids=prompt, sampling_params=params)
+        FINISHED.append(("long" if long else "short", len(out.token_ids)))
+        return AgentLoopOutput(prompt, out.token_ids, [1] * len(out.token_ids), out.log_probs)

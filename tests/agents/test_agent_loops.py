@@ -11,7 +11,8 @@ import torch
 
 from rlvr.config import ConfigError
 from rlvr.trainer.main import build_trainer
-from tests.agents.loops import NUDGE  # and registers echo_single
+from tests.agents import loops
+from tests.agents.loops import NUDGE  # and registers echo_single, long_and_short
 from tests.trainer.conftest import tiny_config, tiny_data  # noqa: F401 (fixtures)
 from tests.trainer.test_learning import LEADING_SPACE, LEARN, records_of, train
 
@@ -222,3 +223,18 @@ def test_tool_agent_rows_share_a_batch_with_other_loops(tiny_config, tmp_path, t
     assert len(records) == 2 and all(np.isfinite(r["actor/pg_loss"]) for r in records)
     # step 1's batch is the mixed one above: the two-turn rows' two calls each, the tool rows' metrics beside
     assert records[0]["agent/calls"] == 6 and "multi_turn/tool_call_rate" in records[0]
+
+
+@pytest.mark.parametrize("schedule", ["request", "turn"])
+def test_a_ready_call_does_not_wait_for_another_loops_generation(tiny_config, schedule):
+    """Row 0 asks for 40 tokens at once; the other rows ask for 2 after 5 ms of their own I/O. Per
+    request (the default) their calls join the engine's running rows while row 0 decodes and all
+    return before it; under schedule=turn row 0's round runs alone (the others were in I/O) and
+    they wait for it."""
+    loops.FINISHED.clear()
+    trainer, batch = rollout_of(tiny_config, "actor_rollout_ref.rollout.agent.default_agent_loop=long_and_short",
+                                "data.max_response_length=40", f"actor_rollout_ref.rollout.multi_turn.schedule={schedule}")
+    generate(trainer, batch)
+    order = [name for name, _ in loops.FINISHED]
+    assert dict(loops.FINISHED)["long"] >= 20  # it decoded for a while (the tiny model rarely stops)
+    assert order == (["short"] * 5 + ["long"] if schedule == "request" else ["long"] + ["short"] * 5), loops.FINISHED
