@@ -146,8 +146,8 @@ def finish_reason(completion: Completion, tool_calls: list | None) -> str:
 
 def stop_reason(completion: Completion, server: Server) -> int | str | None:
     """vLLM's: the stop string or stop token that ended the choice; None at EOS or the length."""
-    matched = completion.matched
-    if completion.finish_reason != "stop" or matched in server.engine.core.eos_ids:
+    matched = completion.matched  # None where the engine does not say (the training gateway's rounds)
+    if completion.finish_reason != "stop" or matched is None or matched in server.engine.core.eos_ids:
         return None
     return matched
 

@@ -73,3 +73,15 @@ async def wrong_key(base_url, api_key, row):
                                        json={"model": "rlvr-policy", "prompt": "hi", "max_tokens": 2})
             assert answer.status_code == 401, answer.text
     return 0.5
+
+
+STOPPED: list[str] = []  # each call's finish reason
+
+
+async def stops(base_url, api_key, row):
+    """A call that ends on a stop string the random model soon writes (finish reason "stop")."""
+    client = openai.AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0)
+    answer = await client.chat.completions.create(model="rlvr-policy", messages=list(row["raw_prompt"]),
+                                                  max_tokens=16, stop=["e", "a", "o", " "])
+    STOPPED.append(answer.choices[0].finish_reason)
+    return 1.0

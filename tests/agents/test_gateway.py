@@ -233,3 +233,14 @@ def test_split_episodes_train_one_step_off(tiny_config, tmp_path):
                        "trainer.freshness_check_freq=-1", "trainer.v1.trainer_mode=colocate_async",
                        "trainer.v1.colocate_async.num_warmup_batches=1")
     assert [r["agent/split_samples"] for r in records] == [6.0] * 3  # the union with 6 prompt rows raised before
+
+
+def test_a_call_that_stops_answers_its_agent(tiny_config, tmp_path):
+    """A chat call that ends on a stop (not at its length) answers 200 with finish_reason "stop"
+    (it answered 500 when the gateway's completions, which name no matched stop, reached vLLM's
+    stop_reason field; every episode of the built-in model that ended at its end-of-turn failed)."""
+    gateway_agents.STOPPED.clear()
+    _, records = train(tiny_config, tmp_path, LEADING_SPACE, *GATEWAY, agent("stops"), "trainer.total_training_steps=1",
+                       "trainer.freshness_check_freq=-1")
+    assert records[0]["agent/failed"] == 0.0
+    assert "stop" in gateway_agents.STOPPED
