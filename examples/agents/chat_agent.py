@@ -13,11 +13,11 @@ import openai
 
 
 async def agent(base_url: str, api_key: str, row: dict) -> float:
-    client = openai.AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0)
-    messages = list(row["raw_prompt"])
-    answer = await client.chat.completions.create(model="rlvr-policy", messages=messages, max_tokens=64)
-    messages += [{"role": "assistant", "content": answer.choices[0].message.content},
-                 {"role": "user", "content": "Check it, then give the final number alone."}]
-    final = await client.chat.completions.create(model="rlvr-policy", messages=messages, max_tokens=32)
+    async with openai.AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0) as client:
+        messages = list(row["raw_prompt"])
+        answer = await client.chat.completions.create(model="rlvr-policy", messages=messages, max_tokens=64)
+        messages += [{"role": "assistant", "content": answer.choices[0].message.content},
+                     {"role": "user", "content": "Check it, then give the final number alone."}]
+        final = await client.chat.completions.create(model="rlvr-policy", messages=messages, max_tokens=32)
     numbers = re.findall(r"-?\d+", final.choices[0].message.content or "")
     return float(bool(numbers) and numbers[-1] == str(row["reward_model"]["ground_truth"]))

@@ -19,6 +19,7 @@ import asyncio
 import contextlib
 import contextvars
 import dataclasses
+import gc
 from collections.abc import Sequence
 
 import numpy as np
@@ -217,6 +218,10 @@ class AgentLoopRollout:
                 gateway = await stack.enter_async_context(Gateway(server, params, self.tokenizer, self.config,
                                                                   data.max_prompt_length + data.max_response_length))
             results = await self._drive(prompts, names, params, server, gateway)
+            if gateway is not None:  # agents' clients left unclosed close now, while their event loop runs
+                gc.collect()
+                for _ in range(3):
+                    await asyncio.sleep(0)
         # (the exit stack stopped the session's driver, then closed the session)
         if gateway is not None:
             self.stats["agent/context_breaks"] = float(gateway.breaks)
