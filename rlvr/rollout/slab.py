@@ -132,7 +132,7 @@ class Slab:
         columns (holes dropped) and grow if that is not enough -> the new key mask."""
         counts = mask.sum(dim=1)  # (rows,)
         L = int(counts.max())
-        columns = max(self.capacity, L + columns_ahead)
+        columns = max(self.capacity, L + 2 * columns_ahead)  # slack: the next compaction is columns_ahead steps away at least
         # each row's own columns in order, right-aligned at L: gather index (rows, L)
         order = torch.argsort(mask, dim=1, stable=True)  # holes (0) first, then own columns, in order
         index = order[:, -L:] if L else order[:, :0]
