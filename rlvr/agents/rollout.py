@@ -49,13 +49,18 @@ class RoundServer:
         self.calls: dict[int, int] = {}  # row -> calls made
         self.requests = 0
 
-    async def generate(self, request_id: str, *, prompt_ids: Sequence[int],
-                       sampling_params: SamplingParams | None = None, **kwargs) -> TokenOutput:
+    def _call(self, kwargs: dict) -> tuple[int, int]:
+        """(the calling loop's row, its call index), counted."""
         if kwargs.get("image_data") is not None:
             raise AgentLoopError("image_data: rlvr's engine takes token ids only")
         row = _row.get()
         call = self.calls.get(row, 0)
         self.calls[row] = call + 1
+        return row, call
+
+    async def generate(self, request_id: str, *, prompt_ids: Sequence[int],
+                       sampling_params: SamplingParams | None = None, **kwargs) -> TokenOutput:
+        row, call = self._call(kwargs)
         future = asyncio.get_running_loop().create_future()
         self.waiting.append((row, call, list(prompt_ids), sampling_params or self.params, future))
         self.requests += 1
@@ -105,11 +110,7 @@ class SessionServer(RoundServer):
 
     async def generate(self, request_id: str, *, prompt_ids: Sequence[int],
                        sampling_params: SamplingParams | None = None, **kwargs) -> TokenOutput:
-        if kwargs.get("image_data") is not None:
-            raise AgentLoopError("image_data: rlvr's engine takes token ids only")
-        row = _row.get()
-        call = self.calls.get(row, 0)
-        self.calls[row] = call + 1
+        row, call = self._call(kwargs)
         self.requests += 1
         params = dataclasses.replace(sampling_params or self.params, row_ids=(),
                                      seed=int(self.params.seed) + call * TURN_SEED_STRIDE)
