@@ -59,6 +59,7 @@ def learns(tiny_config, tmp_path, name: str) -> list[dict]:
     return records
 
 
+@pytest.mark.slow  # 10 steps of 16 episodes: about 30 s
 def test_a_chat_agent_learns(tiny_config, tmp_path):
     """GRPO on the agent's own reward (its first answer starts with a space): it rises."""
     records = learns(tiny_config, tmp_path, "two_chats")
@@ -138,6 +139,7 @@ def test_an_episode_in_samples_is_scored_once_and_counted_once_in_its_group(tiny
         assert np.ptp(values.numpy()) < 1e-6  # one advantage for the episode's every token
 
 
+@pytest.mark.slow  # 10 steps of 16 episodes: about 30 s
 def test_an_agent_that_rewrites_its_context_learns_from_the_later_sample(tiny_config, tmp_path):
     """The reward is the answer after the rewrite (the episode's second sample): GRPO raises it,
     which it cannot when that sample is left out of the update (the first chain alone does not
