@@ -65,3 +65,18 @@ class LongAndShort(AgentLoopBase):
         out = await self.server_manager.generate(uuid4().hex, prompt_ids=prompt, sampling_params=params)
         FINISHED.append(("long" if long else "short", len(out.token_ids)))
         return AgentLoopOutput(prompt, out.token_ids, [1] * len(out.token_ids), out.log_probs)
+
+
+class SplitLoop(AgentLoopBase):
+    """Two calls, the second from a rewritten context (the prompt and NUDGE, not the first answer):
+    an episode of two samples, the second given as the first's ``split_samples``."""
+
+    async def run(self, sampling_params, **kwargs):
+        prompt = list(kwargs["raw_prompt_ids"])
+        params = dataclasses.replace(sampling_params, max_new_tokens=4)
+        first = await self.server_manager.generate(uuid4().hex, prompt_ids=prompt, sampling_params=params)
+        context = prompt + NUDGE
+        second = await self.server_manager.generate(uuid4().hex, prompt_ids=context, sampling_params=params)
+        later = AgentLoopOutput(context, second.token_ids, [1] * len(second.token_ids), second.log_probs)
+        return AgentLoopOutput(prompt, first.token_ids, [1] * len(first.token_ids), first.log_probs,
+                               split_samples=[later])

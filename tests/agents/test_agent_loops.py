@@ -21,6 +21,8 @@ LOOPS_YAML = """
   _target_: tests.agents.loops.TwoTurnLoop
 - name: broken
   _target_: tests.agents.loops.Broken
+- name: splits
+  _target_: tests.agents.loops.SplitLoop
 """
 QUIET = ("trainer.val_before_train=false", "trainer.test_freq=-1", "trainer.freshness_check_freq=-1")
 
@@ -238,3 +240,44 @@ def test_a_ready_call_does_not_wait_for_another_loops_generation(tiny_config, sc
     order = [name for name, _ in loops.FINISHED]
     assert dict(loops.FINISHED)["long"] >= 20  # it decoded for a while (the tiny model rarely stops)
     assert order == (["short"] * 5 + ["long"] if schedule == "request" else ["long"] + ["short"] * 5), loops.FINISHED
+
+
+def test_a_loops_split_samples_share_a_batch_with_tool_agent_rows(tiny_config, tmp_path, tiny_data, loops_file):  # noqa: F811
+    """One prompt names tool_agent, the other a registered loop whose episodes are two samples each
+    (``split_samples``): the joined batch holds the batch's rows in order, each episode's samples
+    together (3 tool rows, 6 loop rows), the prompt batch expands onto them row for row, and a
+    training step runs on it (the group check: n = 3 episodes per prompt)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from rlvr.protocol import episode_rows, expand_to_samples
+
+    table = pq.read_table(tiny_data["train"]).to_pylist()
+    for i, row in enumerate(table):
+        row["agent_name"] = "tool_agent" if i % 2 == 0 else "splits"
+    named = tmp_path / "named.parquet"
+    pq.write_table(pa.Table.from_pylist(table), named)
+    trainer, batch = rollout_of(tiny_config, f"data.train_files=[{named}]", "data.return_raw_chat=true",
+                                "data.max_response_length=24", "data.max_prompt_length=512",
+                                "actor_rollout_ref.rollout.multi_turn.enable=true",
+                                "actor_rollout_ref.rollout.multi_turn.tool_config_path=calculator",
+                                f"actor_rollout_ref.rollout.agent.agent_loop_config_path={loops_file}")
+    batch, gen = trainer._dispatch(batch, 1, 0)
+    out = trainer.rollout_wg.generate_sequences(gen)
+    names = list(gen.non_tensor_batch["agent_name"])
+    rows = episode_rows(out).tolist()
+    assert rows == [r for r, n in enumerate(names) for _ in range(2 if n == "splits" else 1)]
+    assert out.non_tensor_batch["episode_sample"].tolist() == [k for n in names
+                                                              for k in (range(2) if n == "splits" else [0])]
+    assert list(out.non_tensor_batch["agent_name"]) == [names[r] for r in rows]
+    R = out.batch["responses"].shape[1]
+    for i, r in enumerate(rows):  # a later sample's prompt is its episode's prompt and NUDGE
+        prompt = out.batch["prompts"][i][out.batch["attention_mask"][i, :-R].bool()].tolist()
+        first = gen.batch["input_ids"][r][gen.batch["attention_mask"][r].bool()].tolist()
+        if names[r] == "splits":
+            assert prompt == first + (NUDGE if out.non_tensor_batch["episode_sample"][i] else [])
+    joined = expand_to_samples(batch, out).union(out)
+    assert joined.non_tensor_batch["uid"].tolist() == [batch.non_tensor_batch["uid"][r] for r in rows]
+    trainer.fit()
+    trainer.tracker.close()
+    assert records_of(trainer)[0]["agent/split_samples"] == 3.0
