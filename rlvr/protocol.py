@@ -486,7 +486,7 @@ def episode_rows(data: DataProto) -> np.ndarray | None:
     column = data.non_tensor_batch.get(EPISODE_SAMPLE)
     if column is None:
         return None
-    first = np.asarray([int(k) == 0 for k in column])
+    first = np.asarray(column, dtype=np.int64) == 0
     if first.all():
         return None
     if len(first) and not first[0]:

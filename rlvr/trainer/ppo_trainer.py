@@ -532,24 +532,23 @@ class RLTrainer:
         ``batch``; returns the reward metrics."""
         reward = reward.result() if hasattr(reward, "result") else reward
         rows = episode_rows(batch)
-        if rows is not None:  # the episodes' scores (``_score``): each of an episode's samples gets its episode's
-            reward = share_episode_scores(reward, rows, batch.batch["response_mask"])
+        if rows is not None:  # the episodes' scores (``_score``), one row per sample, for the reward model's
+            reward = reward.select(rows)
         if "rm_scores" in batch.batch:  # weighted; a NaN is dropped as a rule scorer's NaN is
             reward = add_reward_model_scores(reward, batch.batch["rm_scores"], self.config.reward,
                                              batch.non_tensor_batch[self.config.data.reward_fn_key])
-            if rows is not None:  # the reward model's score of the final context, as the rule scorer's
-                last = np.flatnonzero(final_samples(batch))
-                reward = share_episode_scores(reward.select(last), rows, batch.batch["response_mask"])
+        if rows is not None:  # every sample gets its final context's score, on its own last token
+            last = np.flatnonzero(final_samples(batch))
+            reward = share_episode_scores(reward.select(last), rows, batch.batch["response_mask"])
         scores = reward.token_level_scores.to(batch.batch["response_mask"].device)
-        invalid = reward.invalid
         batch.batch["token_level_scores"] = scores
         for key, values in reward.reward_extra_info.items():
             batch.non_tensor_batch[key] = values
         if reward.scores is not None:
             batch.batch["sample_scores"] = reward.scores.to(scores.device)
         metrics = dict(reward.metrics)
-        if invalid is not None and invalid.any():
-            metrics["training/dropped_groups"] = float(self._drop_groups(batch, invalid.numpy()))
+        if reward.invalid is not None and reward.invalid.any():
+            metrics["training/dropped_groups"] = float(self._drop_groups(batch, reward.invalid.numpy()))
         return metrics
 
     def _drop_groups(self, batch: DataProto, rows: np.ndarray) -> int:
