@@ -26,6 +26,11 @@ count), so which rows share a step matters for bitwise equality, not for the dis
 the synchronous trainer submits a step's rows together in a fixed order, which fixes every
 step's composition (same seed, same run). A server's composition follows arrival times.
 
+Rows admitted together with one prompt (a GRPO group) hold the same keys and values in the
+same columns for as long as they run: they generate in step, and every move of the slab moves
+whole rows or right-aligns equal counts of columns. A decode step on the lean path reads those
+columns once per group (``_shared_prefixes``, ``lean.shared_prefix_attention``).
+
 Weights: ``pause(mode)`` stops admitting (``"wait"`` lets the running rows finish first,
 ``"abort"`` ends them with finish reason ``"abort"``, ``"in_place"`` keeps them for after the
 update), ``set_weight_version`` names the new weights, ``resume()`` admits again. A completion
@@ -46,6 +51,7 @@ from transformers.cache_utils import LinearAttentionCacheLayerMixin
 from rlvr.data.dataset import left_pad
 from rlvr.rollout.base import Completion
 from rlvr.rollout.kv_cache import make_cache, supports_preallocated
+from rlvr.rollout.lean import PrefixBatch, SharedPrefixes
 from rlvr.rollout.sampling import SamplingParams, sample_tokens
 from rlvr.rollout.slab import Slab
 
@@ -57,6 +63,11 @@ PREFILL_CHUNK = 2048
 """Prompt columns one prefill forward takes; a longer prompt prefills in chunks (bounded
 activation memory). The chunks run one after another within one admission, not between decode
 steps as vLLM's chunked prefill does: the running rows wait for a long prompt's whole prefill."""
+
+SHARED_COLUMN_READS_MIN = 4096
+"""Cache columns (summed over rows) a decode step must save by reading shared prompts once per
+group before it attends in two parts; below that, the second attention call costs more than
+the reads it saves."""
 
 COLUMNS_AHEAD_MAX = 512
 """Columns the slab reserves beyond the current length at most; past them it grows when needed."""
@@ -118,6 +129,8 @@ class Sequence:
     matched: int | str | None = None
     version_starts: list[tuple[int, int]] = field(default_factory=list)
     stop_ids: frozenset[int] = frozenset()
+    segment: Hashable | None = None  # rows of one admission with one prompt share their first ``shared`` columns
+    shared: int = 0
 
     @property
     def budget(self) -> int:
@@ -205,6 +218,9 @@ class EngineCore:
         self.stepping = True
         self.prefill_tokens = {"computed": 0, "reused": 0}
         self.on_sampled: Callable[[], None] | None = None  # called once a step's tokens are sampled
+        self.share_prompts = False  # set by the engine: decode_step takes ``prefixes`` (a CPU lean step)
+        self.shared_steps = 0  # decode steps that read shared prompts once per group
+        self._admissions = 0
         self._finished_now: list[Sequence] = []
 
     # ------------------------------------------------------------------ requests
@@ -394,13 +410,78 @@ class EngineCore:
         cache = self.slab.cache if self.slab is not None else self.cache
         tokens = tokens.to(device)
         if self.decode_step is not None:
-            self.logits = self.decode_step(tokens, self.mask, self.last_pos, cache)
+            prefixes = self._shared_prefixes() if self.share_prompts and device.type == "cpu" else None
+            if prefixes is None:
+                self.logits = self.decode_step(tokens, self.mask, self.last_pos, cache)
+            else:
+                self.logits = self.decode_step(tokens, self.mask, self.last_pos, cache, prefixes=prefixes)
+                self.shared_steps += 1
         else:
             out = self.model(input_ids=tokens.unsqueeze(-1), attention_mask=self.mask,
                              position_ids=self.last_pos.unsqueeze(-1), past_key_values=cache, use_cache=True)
             self.logits = out.logits[:, -1]
         if self.slab is not None:
             self.slab.sync_length()
+
+    def _shared_prefixes(self) -> SharedPrefixes | None:
+        """The running groups' shared prompt columns for this decode step, or None when reading them
+        once per group saves fewer than ``SHARED_COLUMN_READS_MIN`` column reads. Each row attends
+        to columns [start, L) itself; ``start`` is the first column of the earliest row that shares
+        nothing, so a group's columns before it are read once, from its first row."""
+        members: dict[Hashable, list[int]] = {}
+        for slot, seq in enumerate(self.running):
+            if seq.segment is not None:
+                members.setdefault(seq.segment, []).append(slot)
+        if not any(len(slots) > 1 for slots in members.values()):
+            return None
+        own = self.mask.bool()
+        rows, L = own.shape
+        first = own.int().argmax(dim=1).tolist()  # each row's first own column
+        shared = torch.tensor([seq.shared for seq in self.running])
+        end = ((own.cumsum(dim=1) < shared[:, None]).sum(dim=1) + 1).tolist()  # after its shared-th own column
+        groups = {}
+        alone = set(range(rows))
+        for slots in members.values():
+            lead = slots[0]
+            lo, hi = first[lead], end[lead]
+            same = [s for s in slots[1:] if first[s] == lo and end[s] == hi
+                    and torch.equal(own[s, lo:hi], own[lead, lo:hi])]  # true by construction; checked, cheaply
+            if same and hi - lo >= SHARED_PREFIX_MIN_TOKENS:
+                groups[lead] = (lo, hi, [lead, *same])
+                alone.difference_update([lead, *same])
+        start = min((first[r] for r in alone), default=L - 1)
+        while True:  # a group that ends after ``start`` shares only its columns before it
+            short = [lead for lead, (lo, hi, _) in groups.items() if min(hi, start) - lo < SHARED_PREFIX_MIN_TOKENS]
+            if not short:
+                break
+            for lead in short:
+                start = min(start, groups.pop(lead)[0])
+        if not groups:
+            return None
+        start = min(start, min(hi for _, hi, _ in groups.values()))
+        saved = rows * start - sum(start - lo for lo, _, _ in groups.values())
+        if saved < SHARED_COLUMN_READS_MIN:
+            return None
+        by_lo: dict[int, list[list[int]]] = {}
+        for lo, _, slots in groups.values():
+            by_lo.setdefault(lo, []).append(slots)
+        batches = []
+        device = self.mask.device
+        for lo, batch in by_lo.items():
+            m = max(len(slots) for slots in batch)
+            padded = [slots + [slots[0]] * (m - len(slots)) for slots in batch]
+            real = [i * m + j for i, slots in enumerate(batch) for j in range(len(slots))]
+            heads = [slots[0] for slots in batch]
+            leads = torch.tensor(heads, device=device)
+            additive = torch.zeros(len(batch), start - lo, device=device, dtype=self.model.dtype)
+            additive.masked_fill_(~own[leads, lo:start], float("-inf"))
+            step = heads[1] - heads[0] if len(heads) > 1 else 1
+            if step > 0 and heads == list(range(heads[0], heads[0] + step * len(heads), step)):
+                leads = slice(heads[0], heads[0] + step * (len(heads) - 1) + 1, step)  # a view, no copy
+            batches.append(PrefixBatch(lo, start, torch.tensor(padded, device=device), leads, additive[:, None, None, :],
+                                       torch.tensor(real, device=device),
+                                       torch.tensor([s for slots in batch for s in slots], device=device)))
+        return SharedPrefixes(start, batches)
 
     # ------------------------------------------------------------------ admission
     def _take_waiting(self) -> list[Sequence]:
@@ -445,6 +526,7 @@ class EngineCore:
         first: dict[Hashable, int] = {}
         unique: list[list[int]] = []
         row_to_unique = []
+        self._admissions += 1
         for seq in new:
             key = self._group_key(seq)
             if key not in first:
@@ -452,6 +534,7 @@ class EngineCore:
                 unique.append(list(seq.request.prompt_ids))
             row_to_unique.append(first[key])
             seq.version_starts.append((0, self.weight_version))
+            seq.segment, seq.shared = (self._admissions, first[key]), len(seq.request.prompt_ids)
         pasts = [take_longest_prefix(self.kept, u) for u in unique] if self.kept else [None] * len(unique)
         pasts = self._share_prefix(unique, pasts)
         cache, logits, mask, last_pos = self._prefill(unique, pasts)

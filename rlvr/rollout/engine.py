@@ -108,6 +108,7 @@ class NativeRollout(BaseRollout):
         self.core = EngineCore(self.model, tokenizer, self.eos_ids, self.pad_id, config.max_num_seqs,
                                self.lean.step if self.lean is not None else None, config.max_model_len,
                                config.max_num_batched_tokens)
+        self.core.share_prompts = self.lean is not None  # a group's prompt read once a decode step (CPU)
         self._turns = False  # inside turn_cache()
 
     @property

@@ -20,12 +20,21 @@ runs the same arithmetic straight from the model's own parameters (shared, never
   seeds; most of its steps have few live rows). Elsewhere (no oneDNN, a GPU, bf16 without
   the CPU's bf16 units) each projection runs on its own, as before.
 
+Rows that share a prompt (a GRPO group's n samples, admitted together) read its keys and values
+once a step instead of n times (``SharedPrefixes``, built by the engine core): attention over the
+prompt's columns runs for the group's queries against one member's cache, attention over the
+rest for every row, and the two are merged by their log-sum-exps (the cascade attention of
+FlashInfer and Hydragen). Decode attention is bound by reading the cache, so on a CPU a group of 8
+with a 300-token prompt attends in a third of the time.
+
 Prefill (many tokens per row, once per call) stays with the model's own forward, which
 fills the same cache. Anything outside the family, or with features this step does not
 implement (sliding windows, partial rotary, MLP biases), keeps the ``transformers`` step.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -71,6 +80,60 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> tor
     """Rotary embedding on the last dimension, Llama's half-split convention: with x = [x1, x2],
     rotate_half(x) * sin = [-x2, x1] * sin = roll(x, D/2) * [-sin1, sin2] (``signed_sin``)."""
     return x * cos + torch.roll(x, x.shape[-1] // 2, dims=-1) * signed_sin
+
+
+@dataclass
+class PrefixBatch:
+    """Groups whose shared prompt ends at the same column: group s's rows ``members[s]`` (slots,
+    padded with repeats of the first) attend to columns [lo, hi) of slot ``members[s, 0]`` under
+    ``mask[s]`` (additive, (S, 1, 1, hi - lo)); entry ``real[j]`` of ``members`` flattened is
+    the real row ``slots[j]``."""
+
+    lo: int
+    hi: int
+    members: torch.Tensor  # (S, m)
+    leads: slice | torch.Tensor  # members[:, 0]: a slice when evenly spaced (the cache is then read in place)
+    mask: torch.Tensor  # (S, 1, 1, hi - lo)
+    real: torch.Tensor  # (R,)
+    slots: torch.Tensor  # (R,)
+
+
+@dataclass
+class SharedPrefixes:
+    """A decode step's cascade: every row attends to columns [start, L) of its own cache row, and
+    the rows of each batch also to their group's shared prompt columns (``PrefixBatch``)."""
+
+    start: int
+    batches: list[PrefixBatch]
+
+
+def shared_prefix_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor,
+                            scale: float, prefixes: SharedPrefixes) -> torch.Tensor:
+    """``scaled_dot_product_attention(q, keys, values, mask)`` for q (B, KV, G, D), keys and values
+    (B, KV, L, D), mask (B, 1, 1, L) additive, where each batch's rows hold the same keys and values
+    (and mask) in its columns [lo, hi) as its first row: those columns are read once per group.
+    Softmax over a union of disjoint column sets is the two partial softmaxes weighted by their
+    sums: o = (o_a e^{l_a} + o_b e^{l_b}) / (e^{l_a} + e^{l_b}), l the log-sum-exp of each part."""
+    flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+    c = prefixes.start
+    out, lse = flash(q, keys[:, :, c:], values[:, :, c:], attn_mask=mask[..., c:], scale=scale)[:2]
+    if not prefixes.batches:
+        return out
+    B, KV, G, D = q.shape
+    out, lse = out.float(), lse.unsqueeze(-1)  # (B, KV, G, 1)
+    for batch in prefixes.batches:
+        S, m = batch.members.shape
+        first = batch.leads
+        qa = q[batch.members.reshape(-1)].reshape(S, m, KV, G, D).transpose(1, 2).reshape(S, KV, m * G, D)
+        oa, la = flash(qa, keys[first, :, batch.lo:batch.hi], values[first, :, batch.lo:batch.hi],
+                       attn_mask=batch.mask, scale=scale)[:2]
+        oa = oa.reshape(S, KV, m, G, D).transpose(1, 2).reshape(S * m, KV, G, D)[batch.real]
+        la = la.reshape(S, KV, m, G).transpose(1, 2).reshape(S * m, KV, G, 1)[batch.real]
+        ob, lb = out[batch.slots], lse[batch.slots]
+        top = torch.maximum(la, lb)
+        wa, wb = torch.exp(la - top), torch.exp(lb - top)
+        out[batch.slots] = (oa.float() * wa + ob * wb) / (wa + wb)  # a row is in one batch at most
+    return out.to(q.dtype)
 
 
 class PackedLinear:
@@ -193,8 +256,10 @@ class LeanDecoder:
         return weight.device.type == "cpu" and weight.dtype == torch.float32 and torch.backends.mkl.is_available()
 
     @torch.inference_mode()
-    def step(self, tokens: torch.Tensor, key_mask: torch.Tensor, positions: torch.Tensor, cache) -> torch.Tensor:
-        """tokens, positions: (B,); key_mask: (B, L) with L = cached length + 1 -> logits (B, V)."""
+    def step(self, tokens: torch.Tensor, key_mask: torch.Tensor, positions: torch.Tensor, cache,
+             prefixes: SharedPrefixes | None = None) -> torch.Tensor:
+        """tokens, positions: (B,); key_mask: (B, L) with L = cached length + 1 -> logits (B, V).
+        ``prefixes``: the rows' shared prompt columns, read once per group (a CPU cache only)."""
         inner = self.inner
         B = tokens.shape[0]
         h = inner.embed_tokens(tokens)  # (B, hidden); the module, so a LoRA adapter on it applies
@@ -225,7 +290,10 @@ class LeanDecoder:
                 q, k = _norm(attn.q_norm, q), _norm(attn.k_norm, k)
             qk = _rotate(torch.cat((q, k), dim=2), cos, signed_sin)  # one rotation for both: (B, KV, G + 1, D)
             keys, values = cache.layers[i].update(qk[:, :, -1:], v)  # (B, KV, L, D)
-            o = F.scaled_dot_product_attention(qk[:, :, :-1], keys, values, attn_mask=mask, scale=attn.scaling)
+            if prefixes is None:
+                o = F.scaled_dot_product_attention(qk[:, :, :-1], keys, values, attn_mask=mask, scale=attn.scaling)
+            else:
+                o = shared_prefix_attention(qk[:, :, :-1], keys, values, mask, attn.scaling, prefixes)
             o = o.reshape(B, -1)
             h = h + (o_proj.split(o)[0] if packed else _linear(attn.o_proj, o, wf))
             x = _norm(layer.post_attention_layernorm, h)

@@ -269,3 +269,32 @@ def test_a_burst_is_prefilled_a_part_per_step_within_the_token_budget(tiny):
     assert admitted[:3] == [2, 3, 4]
     for seq, prompt in zip(seqs, ids):
         assert seq.tokens == reference_greedy(model, tokenizer, [prompt], 12, engine.eos_ids)[0]
+
+
+def test_groups_read_their_prompt_once_and_decode_as_alone(tiny, monkeypatch):
+    """Three prompts x 4 rows with budgets that differ inside each group (rows leave their group as
+    they end), 8 rows at a time (the third group joins later, in columns of its own, beside the
+    others' generated ones): the decode steps read each group's prompt once (counted), and every
+    greedy completion equals generate() on its prompt alone; the log-probs equal those of the same
+    run with every row reading its own copy."""
+    monkeypatch.setattr("rlvr.rollout.core.SHARED_COLUMN_READS_MIN", 0)
+    monkeypatch.setattr("rlvr.rollout.core.SHARED_PREFIX_MIN_TOKENS", 4)
+    model, tokenizer = tiny
+    ids = prompt_ids(tokenizer)[:3]
+    budgets = [12, 5, 9, 12]
+
+    def run(share):
+        core, engine = core_of(model, tokenizer, max_num_seqs=8)
+        core.share_prompts = share
+        seqs = [core.add(Request(f"{g}.{j}", prompt, SamplingParams(max_new_tokens=budget, do_sample=False), group=g))
+                for g, prompt in enumerate(ids) for j, budget in enumerate(budgets)]
+        step_until_done(core, seqs)
+        return seqs, core.shared_steps, engine
+
+    shared, steps, engine = run(True)
+    plain, plain_steps, _ = run(False)
+    assert plain_steps == 0 and steps >= 10  # 12 decode steps of the first two groups, then the third's
+    for seq, other in zip(shared, plain):
+        g, j = map(int, seq.request.id.split("."))
+        assert seq.tokens == reference_greedy(model, tokenizer, [ids[g]], budgets[j], engine.eos_ids)[0], seq.request.id
+        torch.testing.assert_close(torch.tensor(seq.log_probs), torch.tensor(other.log_probs), atol=1e-5, rtol=0)

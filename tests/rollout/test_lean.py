@@ -153,3 +153,46 @@ def test_unpacked_projections_add_their_adapters_terms(monkeypatch):
         expected = torch.cat([attn.q_proj(x), attn.k_proj(x), attn.v_proj(x)], dim=-1)
         bases = torch.cat([p.base_layer(x) for p in (attn.q_proj, attn.k_proj, attn.v_proj)], dim=-1)
         assert (fused(x) - expected).abs().max() < 1e-5 and (expected - bases).abs().max() > 1e-2
+
+
+def test_shared_prefix_attention_reads_each_groups_prompt_once():
+    """Six rows, (KV, G, D) = (2, 3, 4), 12 columns. Group A is slots 0, 3 and 5 (prompt columns
+    [2, 7), a hole at column 3), group B slots 1 and 4 (columns [4, 7)), slot 2 shares nothing (its
+    first own column is 7, where every row's attention over its own columns starts). A group's
+    members hold its first row's keys, values and mask in the prompt columns, as the engine's rows
+    do. The result equals one softmax over all of each row's columns (SDPA, the reference), and a
+    member's own copy of the prompt columns is never read: overwriting it changes nothing."""
+    from rlvr.rollout.lean import PrefixBatch, SharedPrefixes, shared_prefix_attention
+
+    torch.manual_seed(0)
+    B, KV, G, D, L = 6, 2, 3, 4, 12
+    q = torch.randn(B, KV, G, D)
+    keys, values = torch.randn(B, KV, L, D), torch.randn(B, KV, L, D)
+    own = torch.ones(B, L, dtype=torch.bool)
+    own[:, :2] = False  # holes before every row's context
+    own[[0, 3, 5], 3] = False  # group A's prompt has a hole
+    own[[1, 4], 2:4] = False  # group B's prompt starts at 4
+    own[2, :7] = False  # slot 2 starts at 7
+    own[4, 9] = False  # a hole among one row's own columns
+    for lead, members in ((0, [3, 5]), (1, [4])):
+        keys[members, :, 2:7], values[members, :, 2:7] = keys[lead, :, 2:7], values[lead, :, 2:7]
+    mask = torch.zeros(B, L).masked_fill_(~own, float("-inf"))[:, None, None, :]
+    want = torch.nn.functional.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=0.5)
+
+    def batch(lo, members):  # padded with the lead: B's two rows sit beside A's three
+        m = 3
+        padded = [rows + [rows[0]] * (m - len(rows)) for rows in members]
+        real = [i * m + j for i, rows in enumerate(members) for j in range(len(rows))]
+        leads = torch.tensor([rows[0] for rows in members])
+        return PrefixBatch(lo, 7, torch.tensor(padded), leads, mask[leads, :, :, lo:7].clone(), torch.tensor(real),
+                           torch.tensor([s for rows in members for s in rows]))
+
+    prefixes = SharedPrefixes(7, [batch(2, [[0, 3, 5]]), batch(4, [[1, 4]])])
+    got = shared_prefix_attention(q, keys, values, mask, 0.5, prefixes)
+    torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-5)
+    keys[[3, 5, 4], :, 2:7] = 1e3  # the members' copies: not read
+    values[[3, 5, 4], :, 2:7] = -1e3
+    torch.testing.assert_close(shared_prefix_attention(q, keys, values, mask, 0.5, prefixes), want, atol=1e-6, rtol=1e-5)
+    # with one batch's lead given as an evenly spaced slice (the engine's view, no copy): the same
+    prefixes.batches[0].leads = slice(0, 1, 1)
+    torch.testing.assert_close(shared_prefix_attention(q, keys, values, mask, 0.5, prefixes), want, atol=1e-6, rtol=1e-5)
