@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import resource
+from pathlib import Path
 import statistics
 import time
 
@@ -46,7 +47,31 @@ def questions(kind: str, num_prompts: int) -> list[str]:
     return [row["prompt"][0]["content"] for row in rows]
 
 
+def tool_prompts(tokenizer, num_prompts: int) -> list[list[int]]:
+    """The calculator task's prompts as its recipe renders them (a system prompt with the tool's
+    schema and the call format: ~300 tokens, the length of a tool or agent task's prompt), from
+    ``rlvr prepare calculator``'s test split."""
+    from rlvr.config.schema import DataConfig, MultiTurnConfig
+    from rlvr.data import RLHFDataset
+    from rlvr.rollout import ToolSetup
+
+    config = RolloutConfig(multi_turn=MultiTurnConfig(enable=True, tool_config_path="calculator", format="tag"))
+    setup = ToolSetup.from_config(tokenizer, config)
+    data = Path("~/data/calculator/test.parquet").expanduser()
+    if not data.exists():
+        raise SystemExit(f"{data} is missing: run `.venv/bin/rlvr prepare calculator` first")
+    dataset = RLHFDataset([data], tokenizer, DataConfig(max_prompt_length=512, return_raw_chat=True), setup.chat)
+    rows = [dataset[i] for i in range(num_prompts)]
+    return [list(row["raw_prompt_ids"]) for row in rows]
+
+
 def make_batch(tokenizer, num_prompts: int, n: int, kind: str = "arithmetic") -> DataProto:
+    if kind == "tools":
+        ids = tool_prompts(tokenizer, num_prompts)
+        input_ids, mask, pos = left_pad(ids, tokenizer.pad_token_id)
+        batch = DataProto.from_dict({"input_ids": input_ids, "attention_mask": mask, "position_ids": pos},
+                                    {"uid": [str(i) for i in range(num_prompts)]})
+        return batch.repeat(n, interleave=True)
     texts = [tokenizer.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True,
                                            tokenize=False) for q in questions(kind, num_prompts)]
     ids = [tokenizer.encode(t, add_special_tokens=False) for t in texts]
@@ -82,7 +107,10 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=8)
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--dtypes", default="float32,bfloat16")
-    parser.add_argument("--prompt-set", default="arithmetic,open", help="arithmetic and/or open")
+    parser.add_argument("--prompt-set", default="arithmetic,open",
+                        help="arithmetic, open and/or tools (the calculator task's ~300-token prompts)")
+    parser.add_argument("--no-shared-prompts", action="store_true",
+                        help="every row reads its own copy of its group's prompt in decode steps (the engine before)")
     parser.add_argument("--repeats", type=int, default=3, help="alternating engine/generate runs per setting")
     parser.add_argument("--skip-generate", action="store_true", help="do not time model.generate")
     parser.add_argument("--skip-vllm", action="store_true", help="do not time vLLM")
@@ -96,6 +124,7 @@ def main() -> None:
         batch = make_batch(tokenizer, args.prompts, args.n, kind)
         config = RolloutConfig(temperature=1.0, dtype=dtype, lean_decode=not args.no_lean)
         native = NativeRollout(model, tokenizer, config, args.max_new_tokens)
+        native.core.share_prompts = native.core.share_prompts and not args.no_shared_prompts
         timed(native, batch[: args.n])  # warm-up: first-call allocations and lazy imports
         vllm = None
         if not args.skip_vllm:

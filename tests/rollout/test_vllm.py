@@ -389,3 +389,20 @@ def test_a_familys_greedy_tokens_equal_transformers_after_the_sync(family, built
                           timeout=600, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
     assert json.loads(done.stdout.strip().splitlines()[-1]) == {"vllm_equals_transformers": True}
+
+
+def test_seeded_prompts_past_one_steps_token_budget_are_prefilled_whole(policy):
+    """vLLM's CPU build fails a seeded request whose prompt a step prefills in part ("CPU Generator
+    does not use offset"); it splits prompts when a step's pass max_num_batched_tokens (64 rows of
+    the calculator task's 200-token prompts did at its default, 4096). Here 16 seeded rows of ~35
+    tokens pass a budget of 128: each prompt is prefilled whole, the rollout completes, and it
+    repeats. A budget below max_model_len is refused at load, naming the key."""
+    model, tokenizer = policy
+    engine = vllm_engine(model, tokenizer, max_num_batched_tokens=128)  # max_model_len 96 + 32
+    ids = [p for p in prompt_ids(tokenizer)[:4] for _ in range(4)]
+    assert sum(len(p) for p in ids) > 128
+    params = SamplingParams(max_new_tokens=8, temperature=1.0, seed=5)
+    first = [c.token_ids for c in engine.generate(ids, params)]
+    assert all(first) and first == [c.token_ids for c in engine.generate(ids, params)]
+    with pytest.raises(ValueError, match="max_num_batched_tokens = 64 is less than max_model_len 128"):
+        vllm_engine(model, tokenizer, max_num_batched_tokens=64)
