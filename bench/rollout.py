@@ -111,6 +111,8 @@ def main() -> None:
                         help="arithmetic, open and/or tools (the calculator task's ~300-token prompts)")
     parser.add_argument("--no-shared-prompts", action="store_true",
                         help="every row reads its own copy of its group's prompt in decode steps (the engine before)")
+    parser.add_argument("--shared-ab", action="store_true",
+                        help="also time the engine with every row reading its own copy of the prompt (same seeds)")
     parser.add_argument("--repeats", type=int, default=3, help="alternating engine/generate runs per setting")
     parser.add_argument("--skip-generate", action="store_true", help="do not time model.generate")
     parser.add_argument("--skip-vllm", action="store_true", help="do not time vLLM")
@@ -132,11 +134,17 @@ def main() -> None:
                                args.max_new_tokens, max_prompt_length=int(batch.batch["input_ids"].shape[1]))
             vllm.sync_weights()
             timed(vllm, batch[: args.n])
-        rates, gen_rates, vllm_rates = [], [], []
+        rates, gen_rates, vllm_rates, own_rates = [], [], [], []
         for repeat in range(args.repeats):  # each repeat samples with its own seed, in every engine
             t_native, tok_native = timed(native, batch, seed=repeat)
             rates.append(tok_native / t_native)
             line = f"    rlvr engine: {tok_native} tokens in {t_native:.1f} s = {rates[-1]:.1f} tokens/s"
+            if args.shared_ab:
+                shared, native.core.share_prompts = native.core.share_prompts, False
+                t_own, tok_own = timed(native, batch, seed=repeat)
+                native.core.share_prompts = shared
+                own_rates.append(tok_own / t_own)
+                line += f" | each row its own prompt: {own_rates[-1]:.1f} tokens/s ({rates[-1] / own_rates[-1]:.2f}x)"
             if vllm is not None:
                 t_vllm, tok_vllm = timed(vllm, batch, seed=repeat)
                 vllm_rates.append(tok_vllm / t_vllm)
@@ -153,6 +161,10 @@ def main() -> None:
             ratios = [a / b for a, b in zip(rates, vllm_rates)]
             summary += (f" | vLLM {statistics.median(vllm_rates):.1f} tokens/s | rlvr / vLLM median "
                         f"{statistics.median(ratios):.2f}x (range {min(ratios):.2f}-{max(ratios):.2f})")
+        if own_rates:
+            ratios = [a / b for a, b in zip(rates, own_rates)]
+            summary += (f" | shared prompts / each row its own: median {statistics.median(ratios):.2f}x "
+                        f"(range {min(ratios):.2f}-{max(ratios):.2f})")
         if gen_rates:
             ratios = [a / b for a, b in zip(rates, gen_rates)]
             summary += (f" | model.generate {statistics.median(gen_rates):.1f} tokens/s"
