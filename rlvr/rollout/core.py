@@ -410,7 +410,10 @@ class EngineCore:
         cache = self.slab.cache if self.slab is not None else self.cache
         tokens = tokens.to(device)
         if self.decode_step is not None:
-            prefixes = self._shared_prefixes() if self.share_prompts and device.type == "cpu" else None
+            # fp32 only: in bf16 the two parts' outputs are rounded before they merge (log-probs moved by
+            # up to 0.13 against the one-part step's, bf16's own distance from fp32)
+            shared = self.share_prompts and device.type == "cpu" and self.model.dtype == torch.float32
+            prefixes = self._shared_prefixes() if shared else None
             if prefixes is None:
                 self.logits = self.decode_step(tokens, self.mask, self.last_pos, cache)
             else:
