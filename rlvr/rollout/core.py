@@ -129,8 +129,7 @@ class Sequence:
     matched: int | str | None = None
     version_starts: list[tuple[int, int]] = field(default_factory=list)
     stop_ids: frozenset[int] = frozenset()
-    segment: Hashable | None = None  # rows of one admission with one prompt share their first ``shared`` columns
-    shared: int = 0
+    segment: Hashable | None = None  # rows of one admission with one prompt share that prompt's columns
 
     @property
     def budget(self) -> int:
@@ -440,8 +439,8 @@ class EngineCore:
         own = self.mask.bool()
         rows, L = own.shape
         first = own.int().argmax(dim=1).tolist()  # each row's first own column
-        shared = torch.tensor([seq.shared for seq in self.running])
-        end = ((own.cumsum(dim=1) < shared[:, None]).sum(dim=1) + 1).tolist()  # after its shared-th own column
+        shared = torch.tensor([len(seq.request.prompt_ids) for seq in self.running])
+        end = ((own.cumsum(dim=1) < shared[:, None]).sum(dim=1) + 1).tolist()  # after its prompt's last column
         groups = {}
         alone = set(range(rows))
         for slots in members.values():
@@ -537,7 +536,7 @@ class EngineCore:
                 unique.append(list(seq.request.prompt_ids))
             row_to_unique.append(first[key])
             seq.version_starts.append((0, self.weight_version))
-            seq.segment, seq.shared = (self._admissions, first[key]), len(seq.request.prompt_ids)
+            seq.segment = (self._admissions, first[key])
         pasts = [take_longest_prefix(self.kept, u) for u in unique] if self.kept else [None] * len(unique)
         pasts = self._share_prefix(unique, pasts)
         cache, logits, mask, last_pos = self._prefill(unique, pasts)

@@ -117,8 +117,6 @@ def shared_prefix_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.T
     flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
     c = prefixes.start
     out, lse = flash(q, keys[:, :, c:], values[:, :, c:], attn_mask=mask[..., c:], scale=scale)[:2]
-    if not prefixes.batches:
-        return out
     B, KV, G, D = q.shape
     out, lse = out.float(), lse.unsqueeze(-1)  # (B, KV, G, 1)
     for batch in prefixes.batches:
