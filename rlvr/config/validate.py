@@ -180,16 +180,31 @@ def _rollout_engine(cfg: RLVRConfig) -> list[str]:
     return errors + _vllm_cpu_budget(cfg)
 
 
+def _on_cpu(cfg: RLVRConfig) -> bool:
+    import torch
+
+    device = cfg.trainer.device
+    return device == "cpu" or (device == "auto" and not torch.cuda.is_available())
+
+
+def server_notes(cfg: RLVRConfig) -> list[str]:
+    """What a run on servers does differently from the config's face, each with the reason."""
+    rollout = cfg.actor_rollout_ref.rollout
+    if rollout.mode == "async" and rollout.name == "vllm" and rollout.external_server_addresses and _on_cpu(cfg):
+        return ["actor_rollout_ref.rollout.external_server_addresses with name=vllm from a CPU trainer: the requests "
+                "carry no seed, so the servers' samples are vLLM's own draws and a run does not repeat (vLLM's CPU "
+                "build fails a seeded request whose prompt it prefills in chunks); the vllm serve replicas rlvr "
+                "starts (external_server_addresses empty) prefill whole prompts and get the seeds"]
+    return []
+
+
 def _vllm_cpu_budget(cfg: RLVRConfig) -> list[str]:
     """vLLM on a CPU (in process, or the vllm serve replicas rlvr starts) prefills every prompt whole
     (``whole_prefill_tokens``), so a step's token budget holds at least max_model_len."""
-    import torch
-
-    rollout, device = cfg.actor_rollout_ref.rollout, cfg.trainer.device
-    on_cpu = device == "cpu" or (device == "auto" and not torch.cuda.is_available())
+    rollout = cfg.actor_rollout_ref.rollout
     asked = rollout.max_num_batched_tokens
     longest = rollout.max_model_len or cfg.data.max_prompt_length + cfg.data.max_response_length
-    if not on_cpu or asked is None or asked >= longest:
+    if not _on_cpu(cfg) or asked is None or asked >= longest:
         return []
     return [f"actor_rollout_ref.rollout.max_num_batched_tokens = {asked} is less than max_model_len {longest}: vLLM "
             "on a CPU prefills each prompt in one step (its seeded sampling fails on a prompt split over steps); "

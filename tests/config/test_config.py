@@ -406,7 +406,7 @@ def test_the_native_engine_refuses_vllm_settings(setting):
         load_config(overrides=[f"actor_rollout_ref.rollout.{setting}"])
 
 
-def test_rollout_engine_names():
+def test_rollout_engine_names(capsys):
     with pytest.raises(ConfigError, match="name=sglang runs as servers: set actor_rollout_ref.rollout.mode=async"):
         load_config(overrides=["actor_rollout_ref.rollout.name=sglang"])
     with pytest.raises(ConfigError, match=r"rollout.name = 'hf' is not one of \['native', 'vllm'\]"):
@@ -429,9 +429,15 @@ def test_rollout_engine_names():
                                    "trainer.device=cpu", "actor_rollout_ref.rollout.max_num_batched_tokens=191"])
     load_config(overrides=["actor_rollout_ref.rollout.name=vllm", "trainer.device=cpu",
                            "actor_rollout_ref.rollout.max_num_batched_tokens=192"])
+    capsys.readouterr()
     load_config(overrides=["actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.mode=async",  # the user's server
                            "actor_rollout_ref.rollout.external_server_addresses=[127.0.0.1:30000]",
                            "trainer.device=cpu", "actor_rollout_ref.rollout.max_num_batched_tokens=64"])
+    # which gets no seed from a CPU trainer, and the console says so; replicas rlvr starts get them, silently
+    assert "external_server_addresses with name=vllm from a CPU trainer: the requests carry no seed" in capsys.readouterr().err
+    load_config(overrides=["actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.mode=async",
+                           "trainer.device=cpu"])
+    assert "carry no seed" not in capsys.readouterr().err
 
 
 def test_verl_strategy_fsdp_is_fsdp2_and_several_devices_without_a_strategy_shard(capsys):
