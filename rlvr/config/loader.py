@@ -30,7 +30,7 @@ from omegaconf.errors import OmegaConfBaseException
 from rlvr.config.schema import RayInitConfig, RLVRConfig
 from rlvr.config.verl_keys import VERL_ALIASES, VERL_NO_EFFECT, VERL_RENAMED
 from rlvr.registry import import_file
-from rlvr.config.validate import ConfigError, distillation_notes, server_notes, validate
+from rlvr.config.validate import ConfigError, distillation_notes, on_gpu, server_notes, validate
 
 RECIPES_DIR = Path(__file__).parent
 DEFAULT_RECIPE = RECIPES_DIR / "grpo.yaml"
@@ -570,10 +570,7 @@ def resolve_precision(cfg: RLVRConfig) -> None:
     """``auto`` precisions follow the device: bfloat16 compute on GPUs (verl's defaults; fp32
     master weights, optimizer state and gradient reduction stay), float32 on CPUs, where bf16
     matmuls are slower. The resolved config (printed and saved with every run) says which."""
-    import torch
-
-    device = cfg.trainer.device
-    gpu = device == "cuda" or (device == "auto" and torch.cuda.is_available())
+    gpu = on_gpu(cfg)
     for key in PRECISION_KEYS:
         *path, name = key.split(".")
         node = cfg

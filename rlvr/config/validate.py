@@ -180,17 +180,18 @@ def _rollout_engine(cfg: RLVRConfig) -> list[str]:
     return errors + _vllm_cpu_budget(cfg)
 
 
-def _on_cpu(cfg: RLVRConfig) -> bool:
+def on_gpu(config: RLVRConfig) -> bool:
+    """trainer.device decides; only ``auto`` asks whether this machine has CUDA."""
     import torch
 
-    device = cfg.trainer.device
-    return device == "cpu" or (device == "auto" and not torch.cuda.is_available())
+    device = config.trainer.device
+    return device == "cuda" or (device == "auto" and torch.cuda.is_available())
 
 
 def server_notes(cfg: RLVRConfig) -> list[str]:
     """What a run on servers does differently from the config's face, each with the reason."""
     rollout = cfg.actor_rollout_ref.rollout
-    if rollout.mode == "async" and rollout.name == "vllm" and rollout.external_server_addresses and _on_cpu(cfg):
+    if rollout.mode == "async" and rollout.name == "vllm" and rollout.external_server_addresses and not on_gpu(cfg):
         return ["actor_rollout_ref.rollout.external_server_addresses with name=vllm from a CPU trainer: the requests "
                 "carry no seed, so the servers' samples are vLLM's own draws and a run does not repeat (vLLM's CPU "
                 "build fails a seeded request whose prompt it prefills in chunks); the vllm serve replicas rlvr "
@@ -198,17 +199,23 @@ def server_notes(cfg: RLVRConfig) -> list[str]:
     return []
 
 
+def whole_prefill_problem(asked: int | None, max_model_len: int) -> str | None:
+    """Why a step budget of ``asked`` tokens cannot serve vLLM on a CPU, which prefills every prompt
+    whole (``vllm_rollout.whole_prefill_tokens``), or None."""
+    if asked is None or asked >= max_model_len:
+        return None
+    return (f"actor_rollout_ref.rollout.max_num_batched_tokens = {asked} is less than max_model_len {max_model_len}: "
+            "vLLM on a CPU prefills each prompt in one step (its seeded sampling fails on a prompt split over "
+            f"steps); set it to at least {max_model_len} or leave it null")
+
+
 def _vllm_cpu_budget(cfg: RLVRConfig) -> list[str]:
-    """vLLM on a CPU (in process, or the vllm serve replicas rlvr starts) prefills every prompt whole
-    (``whole_prefill_tokens``), so a step's token budget holds at least max_model_len."""
+    """vLLM on a CPU (in process, or the vllm serve replicas rlvr starts): the step budget holds the
+    longest prompt."""
     rollout = cfg.actor_rollout_ref.rollout
-    asked = rollout.max_num_batched_tokens
     longest = rollout.max_model_len or cfg.data.max_prompt_length + cfg.data.max_response_length
-    if not _on_cpu(cfg) or asked is None or asked >= longest:
-        return []
-    return [f"actor_rollout_ref.rollout.max_num_batched_tokens = {asked} is less than max_model_len {longest}: vLLM "
-            "on a CPU prefills each prompt in one step (its seeded sampling fails on a prompt split over steps); "
-            f"set it to at least {longest} or leave it null"]
+    problem = None if on_gpu(cfg) else whole_prefill_problem(rollout.max_num_batched_tokens, longest)
+    return [problem] if problem else []
 
 
 SERVER_PROTOCOLS = ("native", "sglang", "vllm")

@@ -50,6 +50,7 @@ import torch.distributed as dist
 
 from rlvr.config import ConfigError
 from rlvr.config.schema import RolloutConfig
+from rlvr.config.validate import whole_prefill_problem
 from rlvr.distributed.fsdp import full_tensor
 from rlvr.distributed.weight_sync import persistent_buffers
 from rlvr.models.checkpoint_names import to_checkpoint_names
@@ -140,11 +141,9 @@ def whole_prefill_tokens(asked: int | None, max_model_len: int) -> int:
     ``max_num_batched_tokens``: 64 rows of a 200-token prompt did. On a CPU every prompt is
     therefore prefilled whole (as vLLM's V0 engine did), which needs a step to hold the longest
     prompt. In process and on the ``vllm serve`` replicas a run starts alike."""
-    if asked is not None and asked < max_model_len:
-        raise ValueError(f"actor_rollout_ref.rollout.max_num_batched_tokens = {asked} is less than max_model_len "
-                         f"{max_model_len}: vLLM on a CPU prefills each prompt in one step (its seeded "
-                         f"sampling fails on a prompt split over steps); set it to at least {max_model_len} "
-                         "or leave it null")
+    problem = whole_prefill_problem(asked, max_model_len)  # refused at load too (config/validate.py)
+    if problem:
+        raise ValueError(problem)
     return max(asked or CPU_BATCHED_TOKENS, max_model_len)
 
 

@@ -70,7 +70,7 @@ from pathlib import Path
 
 from rlvr.config import ConfigError
 from rlvr.config.schema import RLVRConfig
-from rlvr.config.validate import teacher_entries
+from rlvr.config.validate import on_gpu, teacher_entries
 from rlvr.models.loader import check_weight_files, read_config_json
 from rlvr.rollout.lean import LLAMA_FAMILY
 from rlvr.rollout.vllm_rollout import CPU_KV_CACHE_CAP, GPU_MEMORY_UTILIZATION, cpu_kv_cache_bytes
@@ -377,14 +377,6 @@ class MemoryPlan:
     @property
     def peak(self) -> float:
         return self.phase_bytes(self.peak_phase)
-
-
-def on_gpu(config: RLVRConfig) -> bool:
-    """trainer.device decides; only ``auto`` asks whether this machine has CUDA."""
-    import torch
-
-    device = config.trainer.device
-    return device == "cuda" or (device == "auto" and torch.cuda.is_available())
 
 
 @dataclass
