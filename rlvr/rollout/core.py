@@ -50,7 +50,7 @@ from transformers.cache_utils import LinearAttentionCacheLayerMixin
 
 from rlvr.data.dataset import left_pad
 from rlvr.rollout.base import Completion
-from rlvr.rollout.kv_cache import make_cache, supports_preallocated
+from rlvr.rollout.kv_cache import advance, make_cache, row_chunks, supports_preallocated
 from rlvr.rollout.lean import PrefixBatch, SharedPrefixes
 from rlvr.rollout.sampling import SamplingParams, sample_tokens
 from rlvr.rollout.slab import Slab
@@ -63,6 +63,15 @@ PREFILL_CHUNK = 2048
 """Prompt columns one prefill forward takes; a longer prompt prefills in chunks (bounded
 activation memory). The chunks run one after another within one admission, not between decode
 steps as vLLM's chunked prefill does: the running rows wait for a long prompt's whole prefill."""
+
+PREFILL_ROW_TOKENS = 1024
+"""Prompt tokens (rows x the padded length) one prefill forward takes at most on a CPU: more prompts than
+that prefill in chunks of whole rows, one after another. The same tokens, log-probs within float
+rounding (a matmul's row count can change its blocking; tested); on the built-in model's
+validation, bit for bit the same. A forward's activations are (tokens, 1536) matrices for the
+built-in model: one forward over validation's 300 prompts (6,300 tokens) allocated each as a fresh
+39 MB mapping, took up to 1.7 M more page faults and 1.09x the prefill time of chunks (1.05-1.17;
+``bench/prefill.py --rows-ab``)."""
 
 SHARED_COLUMN_READS_MIN = 4096
 """Cache columns (summed over rows) a decode step must save by reading shared prompts once per
@@ -580,7 +589,8 @@ class EngineCore:
     def _prefill(self, unique: list[list[int]], pasts: list[KeptTurn | None]):
         """Prefill the distinct prompts -> their cache, each prompt's last logits, the (U, P) key
         mask and each prompt's last position. A prompt whose ``pasts`` entry is a kept turn (or
-        the shared opening) prefills only the tokens after it."""
+        the shared opening) prefills only the tokens after it. On a CPU, a forward takes whole rows
+        up to ``PREFILL_ROW_TOKENS`` tokens (into views of the one cache)."""
         reused = sum(len(p.ids) for p in pasts if p is not None)
         if reused:
             input_ids, mask, positions, cache, start = self._continue_kept(unique, pasts)
@@ -590,13 +600,20 @@ class EngineCore:
         self.prefill_tokens["reused"] += reused
         self.prefill_tokens["computed"] += sum(len(u) for u in unique) - reused
         device = self.model.device
-        T = input_ids.shape[1]
-        for lo in range(0, T, PREFILL_CHUNK):  # long prompts in chunks: bounded activations
-            hi = min(T, lo + PREFILL_CHUNK)
-            out = self.model(input_ids=input_ids[:, lo:hi].to(device), attention_mask=mask[:, :start + hi].to(device),
-                             position_ids=positions[:, lo:hi].to(device), past_key_values=cache, use_cache=True,
-                             logits_to_keep=1)
-        return cache, out.logits[:, -1], mask, positions[:, -1]
+        U, T = input_ids.shape
+        logits = []
+        rows = max(1, PREFILL_ROW_TOKENS // T) if device.type == "cpu" else U
+        for r0, r1, rows_cache in row_chunks(cache, U, rows):
+            for lo in range(0, T, PREFILL_CHUNK):  # long prompts in chunks: bounded activations
+                hi = min(T, lo + PREFILL_CHUNK)
+                out = self.model(input_ids=input_ids[r0:r1, lo:hi].to(device),
+                                 attention_mask=mask[r0:r1, :start + hi].to(device),
+                                 position_ids=positions[r0:r1, lo:hi].to(device), past_key_values=rows_cache,
+                                 use_cache=True, logits_to_keep=1)
+            logits.append(out.logits[:, -1])
+        if len(logits) > 1:
+            advance(cache, T)
+        return cache, torch.cat(logits) if len(logits) > 1 else logits[0], mask, positions[:, -1]
 
     def _continue_kept(self, unique: list[list[int]], pasts: list[KeptTurn | None]):
         """The cache of the kept turns, each right-aligned at columns [S - L_i, S) for S the

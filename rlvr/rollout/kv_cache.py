@@ -95,6 +95,44 @@ class PreallocatedLayer(DynamicLayer):
             self._views()
 
 
+class RowsView(PreallocatedLayer):
+    """Rows [lo, hi) of ``whole``'s buffers, which hold ``rows`` rows: a forward over those rows
+    writes into them. The first write allocates ``whole``'s buffers if nothing has (their head
+    count, head size and dtype are the model's keys' and values', known only then)."""
+
+    def __init__(self, whole: PreallocatedLayer, lo: int, hi: int, rows: int):
+        super().__init__(whole.capacity)
+        self.whole, self.lo, self.hi, self.rows = whole, lo, hi, rows
+        if whole.is_initialized:
+            self.restore(whole._k[lo:hi], whole._v[lo:hi], whole.length)
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        whole, (_, h, _, d), (_, hv, _, dv) = self.whole, key_states.shape, value_states.shape
+        whole.restore(key_states.new_empty(self.rows, h, whole.capacity, d),
+                      value_states.new_empty(self.rows, hv, whole.capacity, dv), 0)
+        self.restore(whole._k[self.lo:self.hi], whole._v[self.lo:self.hi], 0)
+
+
+def row_chunks(cache: Cache, rows: int, step: int):
+    """(lo, hi, a cache over rows [lo, hi) of ``cache``) for consecutive chunks of ``step`` rows;
+    ``cache`` itself when one chunk takes every row or its layers are not ``PreallocatedLayer``.
+    Call ``advance(cache, n)`` after forwards of ``n`` tokens over every chunk."""
+    if step >= rows or not all(isinstance(layer, PreallocatedLayer) for layer in cache.layers):
+        yield 0, rows, cache
+        return
+    for lo in range(0, rows, step):
+        hi = min(rows, lo + step)
+        yield lo, hi, Cache(layers=[RowsView(layer, lo, hi, rows) for layer in cache.layers])
+
+
+def advance(cache: Cache, n: int) -> None:
+    """Count ``n`` more filled positions in every layer, written through ``row_chunks`` views."""
+    for layer in cache.layers:
+        if isinstance(layer, PreallocatedLayer) and layer.is_initialized:
+            layer.length += n
+            layer._views()
+
+
 def supports_preallocated(config) -> bool:
     """Plain full-attention decoders only; sliding-window or hybrid models keep transformers' cache."""
     layer_types = getattr(config, "layer_types", None)

@@ -298,3 +298,45 @@ def test_groups_read_their_prompt_once_and_decode_as_alone(tiny, monkeypatch):
         g, j = map(int, seq.request.id.split("."))
         assert seq.tokens == reference_greedy(model, tokenizer, [ids[g]], budgets[j], engine.eos_ids)[0], seq.request.id
         torch.testing.assert_close(torch.tensor(seq.log_probs), torch.tensor(other.log_probs), atol=1e-5, rtol=0)
+
+
+def test_many_prompts_prefill_in_row_chunks_as_one_forward(tiny, monkeypatch):
+    """Past ``PREFILL_ROW_TOKENS`` prompt tokens, the prompts of one admission prefill a few whole
+    rows per forward. Each row then samples what one forward over every row gives (the same
+    tokens, log-probs within float rounding: a matmul's row count can change its blocking), for
+    fresh prompts, for prompts that continue kept turns, and for the shared opening's
+    continuation; greedy rows equal transformers' generate."""
+    import rlvr.rollout.core as core_module
+
+    model, tokenizer = tiny
+    ids = prompt_ids(tokenizer)
+    forward = model.forward
+    rows_per_forward = []
+    monkeypatch.setattr(model, "forward", lambda *a, **k: rows_per_forward.append(k["input_ids"].shape[0]) or forward(*a, **k))
+    tools = [tokenizer.encode(f"<|im_start|>tool\nresult: {'7' * (1 + 2 * i)}<|im_end|>\n<|im_start|>assistant\n",
+                              add_special_tokens=False) for i in range(len(ids))]
+
+    def run(row_tokens, shared_opening):
+        monkeypatch.setattr(core_module, "PREFILL_ROW_TOKENS", row_tokens)
+        monkeypatch.setattr(core_module, "SHARED_PREFIX_MIN_TOKENS", 16 if shared_opening else 10 ** 9)
+        engine = NativeRollout(model, tokenizer, RolloutConfig(), max_response_length=10)
+        first = SamplingParams(max_new_tokens=10, seed=0, stop=("e", "a"))
+        with engine.turn_cache():
+            turn1 = engine.generate(ids, first)
+            turn2 = engine.generate([p + c.token_ids + t for p, c, t in zip(ids, turn1, tools)],
+                                    SamplingParams(max_new_tokens=10, seed=1))
+        greedy = engine.generate(ids, SamplingParams(max_new_tokens=10, do_sample=False))
+        return turn1 + turn2 + greedy, greedy
+
+    for shared_opening in (False, True):
+        rows_per_forward.clear()
+        whole, _ = run(10 ** 9, shared_opening)
+        assert max(rows_per_forward) == len(ids) == 4  # one forward took every prompt
+        rows_per_forward.clear()
+        chunked, greedy = run(1, shared_opening)  # a row a forward
+        assert set(rows_per_forward) == {1} and len(rows_per_forward) >= 3 * len(ids)
+        assert [c.token_ids for c in chunked] == [c.token_ids for c in whole]
+        torch.testing.assert_close(torch.tensor(sum((c.log_probs for c in chunked), [])),
+                                   torch.tensor(sum((c.log_probs for c in whole), [])), atol=1e-5, rtol=0)
+    want = reference_greedy(model, tokenizer, ids, 10, NativeRollout(model, tokenizer, RolloutConfig(), 10).eos_ids)
+    assert [c.token_ids for c in greedy] == want
