@@ -38,6 +38,13 @@ def _cmd_prepare(args: argparse.Namespace) -> None:
     from rlvr.data.tasks.arithmetic import ArithmeticSpec
 
     out = Path(args.out or prepare.DEFAULT_ROOT / args.task).expanduser()
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as err:  # a file in the way, a parent that cannot have folders (/proc/x)
+        if err.errno in DISK_ERRNOS:
+            raise
+        raise DatasetError(f"--out {out}: cannot make that folder ({err.strerror}: {err.filename}); "
+                           "pass a folder that exists or can be made") from None
     if args.task == "arithmetic":
         try:
             spec = ArithmeticSpec(digits=args.digits, operators=args.operators, num_operands=args.num_operands,

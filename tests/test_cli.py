@@ -1,6 +1,7 @@
 import os
 import re
 import shutil
+from pathlib import Path
 
 import pytest
 
@@ -19,6 +20,18 @@ def test_prepare_arithmetic_and_countdown(tmp_path, capsys):
 def test_prepare_gsm8k_without_src_is_a_clear_error(tmp_path, capsys):
     assert main(["prepare", "gsm8k", "--out", str(tmp_path)]) == 2
     assert "needs --src PATH" in capsys.readouterr().err
+
+
+def test_prepare_into_a_folder_that_cannot_be_made_is_a_clear_error(tmp_path, capsys):
+    """A file where the folder should be, a file as a parent, and a parent that takes no folders:
+    each names --out and the path, with no traceback."""
+    (tmp_path / "file").write_text("x")
+    outs = [tmp_path / "file", tmp_path / "file" / "sub"] + ([Path("/proc/rlvr-x")] if Path("/proc/self").exists() else [])
+    for out in outs:
+        assert main(["prepare", "arithmetic", "--out", str(out), "--train-size", "4", "--test-size", "2"]) == 2
+        err = capsys.readouterr().err
+        assert f"--out {out}: cannot make that folder" in err and "Traceback" not in err
+    assert (tmp_path / "file").read_text() == "x"
 
 
 def test_config_show_prints_resolved_yaml(capsys):

@@ -139,7 +139,13 @@ class RunFolderLock:
     def __init__(self, folder: Path):
         self.folder, self.path = folder, folder / LOCK_NAME
         self.made_folder = not folder.exists()
-        folder.mkdir(parents=True, exist_ok=True)
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError as err:  # a file in the way, a parent that takes no folders (/proc/x)
+            if err.errno in checkpoint.DISK_ERRNOS:
+                raise  # the disk's refusal: the command's own message says where to write instead
+            raise ConfigError(f"trainer.default_local_dir={folder}: cannot make the run folder ({err.strerror}: "
+                              f"{err.filename}); set it to a folder that exists or can be made") from None
         while True:
             handle = open(self.path, "a+")
             try:

@@ -221,3 +221,16 @@ def test_the_last_line_names_only_what_the_run_wrote(tiny_config, tmp_path, caps
     last = capsys.readouterr().out.strip().splitlines()[-1]
     assert not (folder / "metrics.jsonl").exists()
     assert last == f"[rlvr] run directory: {folder.resolve()} (config.yaml, rollouts/)"
+
+
+@pytest.mark.skipif(not Path("/proc/self").exists(), reason="needs Linux's /proc, which takes no new folders")
+def test_a_run_folder_that_cannot_be_made_is_a_clear_error(tmp_path, capsys):
+    """A parent that takes no folders (a file as the folder or a parent is refused at load): the
+    message names trainer.default_local_dir and the path, with no traceback, before anything loads."""
+    from rlvr.cli import main
+
+    folder = Path("/proc/rlvr-no-folder/run")
+    assert main(["train", f"trainer.default_local_dir={folder}", f"actor_rollout_ref.model.path={tmp_path / 'none'}"]) == 2
+    err = capsys.readouterr().err
+    assert f"trainer.default_local_dir={folder}: cannot make the run folder (No such file or directory" in err
+    assert "Traceback" not in err and "model path" not in err
