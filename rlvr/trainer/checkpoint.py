@@ -17,8 +17,9 @@ leaves the previous checkpoint as the newest loadable one; a save interrupted in
 the next run starts in the folder (``run_folder``) or by the next save. ``latest_checkpointed_iteration.txt`` (verl's name) is
 replaced atomically after the rename.
 
-A checkpoint damaged afterwards (a file truncated by a full disk, or by a copy between machines)
-is refused before resuming, naming the file and the newest earlier checkpoint that is intact.
+A checkpoint damaged afterwards (a file truncated by a full disk or by a copy between machines, a
+``torch.save`` file whose bytes changed) is refused before resuming, naming the file and the newest
+earlier checkpoint that is intact.
 """
 
 from __future__ import annotations
@@ -221,14 +222,16 @@ def resolve_resume(config: RLVRConfig) -> Path | None:
 
 def file_problem(file: Path) -> str | None:
     """Why a checkpoint file cannot be read whole (None: it can), without loading it: a safetensors
-    file's header and size; a ``torch.save`` file's zip directory, which a truncated file has lost
-    (the small trainer state is read through, with its checksums)."""
+    file's header and size; a ``torch.save`` file's zip directory, which a truncated file has lost,
+    and every entry's checksum. ``torch.load`` checks none: an optimizer state with bytes changed in
+    the middle loaded as NaN moments without a word. Checking reads the file once (0.35 s for the
+    built-in model's 1.08 GB optimizer state, against 0.63 s for its load)."""
     if file.suffix == ".safetensors":
         return safetensors_problem(file)
     if file.suffix == ".pt":
         try:
             with zipfile.ZipFile(file) as archive:
-                broken = archive.testzip() if file.name == "trainer_state.pt" else None
+                broken = archive.testzip()
         except (zipfile.BadZipFile, OSError, EOFError) as err:
             return f"is not a whole torch.save file ({err}; truncated?)"
         if broken is not None:

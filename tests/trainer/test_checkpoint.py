@@ -173,11 +173,24 @@ def test_checkpoint_is_a_transformers_folder_and_old_ones_are_pruned(tiny_config
         assert torch.equal(a, b)
 
 
-DAMAGE = {  # file -> what the message says of it once truncated to half its size
-    "actor/model.safetensors": "is truncated: {half} bytes where its header describes {size}",
-    "actor_state.pt": "is not a whole torch.save file",  # was: a zip reader error naming no file
-    "trainer_state.pt": "is not a whole torch.save file",  # was: OSError [Errno 22] Invalid argument
+DAMAGE = {  # (file, how) -> what the message says of it
+    ("actor/model.safetensors", "truncate"): "is truncated: {half} bytes where its header describes {size}",
+    ("actor_state.pt", "truncate"): "is not a whole torch.save file",  # was: a zip reader error naming no file
+    ("trainer_state.pt", "truncate"): "is not a whole torch.save file",  # was: OSError [Errno 22] Invalid argument
+    ("actor_state.pt", "overwrite"): "is damaged: its entry",  # was: loaded, its moments NaN, without a word
 }
+
+
+def damage(path: Path, how: str) -> int:
+    """Truncate ``path`` to half its size, or overwrite 64 bytes in its middle; -> its size before."""
+    size = path.stat().st_size
+    if how == "truncate":
+        os.truncate(path, size // 2)
+    else:
+        with open(path, "r+b") as f:
+            f.seek(size // 2)
+            f.write(b"\xff" * 64)
+    return size
 
 
 def test_a_damaged_checkpoint_names_its_file_and_the_newest_intact_one(tiny_config, tmp_path, capsys):
@@ -189,13 +202,12 @@ def test_a_damaged_checkpoint_names_its_file_and_the_newest_intact_one(tiny_conf
 
     config, _ = full_run(tiny_config, tmp_path / "run")  # checkpoints at steps 2 and 4
     (tmp_path / "config.yaml").write_text(to_yaml(config))
-    for i, (name, problem) in enumerate(DAMAGE.items()):
+    for i, ((name, how), problem) in enumerate(DAMAGE.items()):
         run = tmp_path / f"copy{i}"
         shutil.copytree(tmp_path / "run", run)
         newest, intact = run / "checkpoints" / "global_step_4", run / "checkpoints" / "global_step_2"
         damaged = newest / name
-        size = damaged.stat().st_size
-        os.truncate(damaged, size // 2)
+        size = damage(damaged, how)
         argv = ["train", "--config", str(tmp_path / "config.yaml"), f"trainer.default_local_dir={run}"]
         assert main(argv) == 2
         err = capsys.readouterr().err
