@@ -189,7 +189,7 @@ def _cmd_export(args: argparse.Namespace) -> None:
     """Copy a checkpoint's policy out as a standalone Hugging Face folder."""
     import shutil
 
-    from rlvr.trainer.checkpoint import latest_checkpoint
+    from rlvr.trainer.checkpoint import damaged_file, latest_checkpoint
 
     source = Path(args.checkpoint).expanduser()
     if not (source / "actor").is_dir():  # a run directory: its newest checkpoint
@@ -201,6 +201,10 @@ def _cmd_export(args: argparse.Namespace) -> None:
     out = Path(args.out).expanduser()
     if out.exists():
         raise ConfigError(f"{out} already exists; choose a new folder")
+    damaged = damaged_file(source / "actor")
+    if damaged is not None:  # a copy would carry it into a folder that looks whole
+        raise ConfigError(f"cannot export {source}: {damaged[0]} {damaged[1]}; export an earlier checkpoint "
+                          f"(a checkpoints/global_step_<k> folder of the run)")
     adapter_config = source / "actor" / "adapter_config.json"
     if adapter_config.exists():  # a LoRA checkpoint: merge the adapter into its base model
         import json

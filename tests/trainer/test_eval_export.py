@@ -1,7 +1,9 @@
 """`rlvr export` gives a folder plain transformers loads and generates from; `rlvr eval` reports
 accuracy and pass@n."""
 
+import os
 import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -28,6 +30,13 @@ def test_export_loads_with_plain_transformers_and_generates(tiny_config, tmp_pat
     assert generated.shape[1] > ids.shape[1]
     assert main(["export", str(tmp_path / "nothing"), str(tmp_path / "x")]) == 2
     assert "neither a checkpoint" in capsys.readouterr().err
+    # a damaged checkpoint is not copied into a folder that looks whole (it was, silently)
+    weights = next(Path(config.trainer.default_local_dir).rglob("actor/model.safetensors"))
+    os.truncate(weights, weights.stat().st_size // 2)
+    assert main(["export", config.trainer.default_local_dir, str(tmp_path / "damaged")]) == 2
+    err = capsys.readouterr().err
+    assert f"cannot export {weights.parents[1]}: {weights} is truncated" in err and "Traceback" not in err
+    assert not (tmp_path / "damaged").exists()
 
 
 def test_eval_prints_accuracy_and_pass_at_n(tiny_model_dir, tiny_data, capsys):
