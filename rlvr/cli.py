@@ -378,14 +378,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_algos)
 
     p = sub.add_parser("rollout", help="generate and score responses for a few validation prompts")
-    p.add_argument("--limit", type=int, default=16, help="number of prompts")
+    p.add_argument("--limit", type=_at_least(1), default=16, help="number of prompts")
     p.add_argument("--show", type=int, default=8, help="print this many samples")
     _add_config_args(p)
     p.set_defaults(func=_cmd_rollout)
 
     p = sub.add_parser("serve", help="serve the config's model over HTTP: SGLang's routes and OpenAI's /v1")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (another than loopback needs --api-key)")
-    p.add_argument("--port", type=_at_least(1), default=8000)
+    p.add_argument("--port", type=_at_least(1, 65535), default=8000)
     p.add_argument("--api-key", default=None, help="every request must send Authorization: Bearer KEY")
     p.add_argument("--request-timeout", type=_positive_float, default=600.0,
                    help="seconds a request may run; past them its rows are aborted and it gets 504")
@@ -405,12 +405,15 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _at_least(low: int):
-    """An argparse type: an integer >= ``low``; anything else is refused naming the option."""
+def _at_least(low: int, high: int | None = None):
+    """An argparse type: an integer >= ``low`` (and <= ``high``); anything else is refused naming
+    the option."""
     def parse(text: str) -> int:
         value = int(text)
         if value < low:
             raise argparse.ArgumentTypeError(f"must be >= {low}, got {value}")
+        if high is not None and value > high:
+            raise argparse.ArgumentTypeError(f"must be <= {high}, got {value}")
         return value
 
     parse.__name__ = "int"  # argparse's message for a non-number: "invalid int value"

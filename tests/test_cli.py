@@ -193,3 +193,12 @@ def test_a_misspelt_recipe_suggests_the_nearest(capsys):
     err = capsys.readouterr().err
     assert "'dapoo' is neither a file nor a shipped recipe; did you mean dapo? (recipes: " in err, err
     assert "Traceback" not in err
+
+
+def test_rollout_refuses_a_limit_below_one(capsys):
+    """--limit -3 ended in a ValueError traceback from max() of no prompts."""
+    with pytest.raises(SystemExit) as exit:
+        main(["rollout", "--limit", "-3"])
+    assert exit.value.code == 2
+    err = capsys.readouterr().err
+    assert "rlvr rollout: error: argument --limit: must be >= 1, got -3" in err and "Traceback" not in err

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ipaddress
 import signal
+import socket
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -55,6 +56,24 @@ def check_host(options: ServeOptions) -> None:
         raise ConfigError(f"--host {options.host}: a server reachable from other machines needs --api-key KEY "
                           "(every request must then send Authorization: Bearer KEY); or keep the default "
                           "--host 127.0.0.1")
+
+
+def listen_socket(options: ServeOptions) -> socket.socket:
+    """The server's socket, bound before the model loads: a port in use (or a host this machine does
+    not have) is refused at once, naming the options, instead of after the load by uvicorn."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(options.host, options.port, type=socket.SOCK_STREAM)[0]
+        sock = socket.socket(family, kind, proto)
+    except OSError as err:
+        raise ConfigError(f"--host {options.host}: not an address to listen on ({err})") from None
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn does: a restart right after a stop
+    try:
+        sock.bind(address)
+    except OSError as err:
+        sock.close()
+        raise ConfigError(f"--host {options.host} --port {options.port}: cannot listen there ({err.strerror}); "
+                          "pick a free port with --port") from None
+    return sock
 
 
 def model_source(path: str) -> str:
@@ -151,7 +170,12 @@ def serve(config, options: ServeOptions) -> int:
     from rlvr.serve.app import build_app
 
     check_host(options)
-    server = build_server(config, options)
+    sock = listen_socket(options)
+    try:
+        server = build_server(config, options)
+    except BaseException:
+        sock.close()
+        raise
     app = build_app(server)
     uv = _Uvicorn.make(app, options, server.engine)
     caught: list[int] = []
@@ -162,7 +186,7 @@ def serve(config, options: ServeOptions) -> int:
           f"context {server.max_model_len} tokens{', API key required' if options.api_key else ''})",
           file=sys.stderr, flush=True)
     try:
-        uv.run()
+        uv.run(sockets=[sock])
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)

@@ -554,6 +554,27 @@ def test_another_host_needs_an_api_key(capsys):
     check_host(ServeOptions(host="localhost"))
 
 
+def test_a_port_in_use_or_out_of_range_is_refused_before_the_model_loads(capsys):
+    """A port another process listens on: refused naming --host and --port, before the model loads
+    (it printed "on http://..." and then uvicorn's bind error, once the model had loaded); a port
+    past 65535: refused by name (it printed the address and then "stopped", with no error)."""
+    import socket
+
+    from rlvr.cli import main
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert main(["serve", "--port", str(port), "actor_rollout_ref.model.path=/nonexistent"]) == 2
+        err = capsys.readouterr().err
+        assert f"--host 127.0.0.1 --port {port}: cannot listen there (Address already in use)" in err
+        assert "nonexistent" not in err and "Traceback" not in err
+    with pytest.raises(SystemExit):
+        main(["serve", "--port", "99999"])
+    assert "argument --port: must be <= 65535, got 99999" in capsys.readouterr().err
+
+
 # ---------------------------------------------------------------------- the real command
 def test_rlvr_serve_subprocess_answers_and_stops_on_sigterm(tiny_model_dir, tmp_path):
     port = free_port()
