@@ -3,6 +3,8 @@ numbers, and what to change. All failures are reported together."""
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from pathlib import Path
 
 from rlvr.config.schema import DistillationConfig, RLVRConfig, TeacherModelConfig
@@ -541,8 +543,6 @@ def _algorithm(cfg: RLVRConfig) -> list[str]:
 def _optim(name: str, optim) -> list[str]:
     """What AdamW can train with: an lr of NaN or inf turns the weights NaN at the first step,
     beta2 = 1 divides by 1 - beta2 ** t = 0, a negative weight decay grows the weights."""
-    import math
-
     errors = []
     if not (math.isfinite(optim.lr) and optim.lr > 0):
         errors.append(f"{name}.lr = {optim.lr} must be a finite number > 0 (the peak learning rate; 1e-6 is "
@@ -825,12 +825,46 @@ def _agent_loops(cfg: RLVRConfig) -> list[str]:
     return errors
 
 
+def _numbers(node, key: str = ""):
+    """(key, value) of every float in the config (dataclasses, dicts and lists walked)."""
+    if dataclasses.is_dataclass(node):
+        for f in dataclasses.fields(node):
+            yield from _numbers(getattr(node, f.name), f"{key}.{f.name}" if key else f.name)
+    elif isinstance(node, dict):
+        for name, value in node.items():
+            yield from _numbers(value, f"{key}.{name}")
+    elif isinstance(node, (list, tuple)):
+        for i, value in enumerate(node):
+            yield from _numbers(value, f"{key}[{i}]")
+    elif isinstance(node, float):
+        yield key, node
+
+
+OWN_FINITE_CHECKS = ("optim.lr", "grad_clip")
+"""Keys whose own check reads NaN and inf (``_optim``; ``_grad_clips``, where inf turns clipping off)."""
+
+
+def _finite_numbers(cfg: RLVRConfig) -> list[str]:
+    """NaN passes every ``value < 0`` check and means nothing anywhere (a NaN clip_ratio loaded, and
+    torch.clamp with NaN bounds makes every loss NaN; a NaN min_p kept every token); inf is no
+    setting's "no limit" (null is), except grad_clip's, which its own check reads."""
+    errors = [f"{key} = {value}: must be a finite number (NaN and inf mean nothing here; where a key takes "
+              "null, null is its \"no limit\")" for key, value in _numbers(cfg)
+              if not math.isfinite(value) and not key.endswith(OWN_FINITE_CHECKS)]
+    for key, value in (("actor_rollout_ref.actor.kl_loss_coef", cfg.actor_rollout_ref.actor.kl_loss_coef),
+                       ("algorithm.kl_ctrl.kl_coef", cfg.algorithm.kl_ctrl.kl_coef)):
+        if value < 0:
+            errors.append(f"{key} = {value}: a negative coefficient rewards moving away from the reference "
+                          "policy; set 0 to drop the KL term, or a small positive value (verl's 0.001)")
+    return errors
+
+
 def validate(cfg: RLVRConfig) -> None:
     """Raise ConfigError listing every broken invariant of ``cfg``."""
     errors = _not_implemented(cfg) + _batch_sizes(cfg) + _choices(cfg) + _rollout_engine(cfg) \
         + _registered_names(cfg) + _algorithm(cfg) + _multi_turn(cfg) + _distributed(cfg) + _run_management(cfg) \
         + _reward_model(cfg) + _async_training(cfg) + _agent_loops(cfg) + _distillation(cfg)
-    errors += _grad_clips(cfg) + _training_sampling(cfg) + _run_names(cfg)
+    errors += _grad_clips(cfg) + _training_sampling(cfg) + _run_names(cfg) + _finite_numbers(cfg)
     if errors:
         raise ConfigError("invalid config:\n  - " + "\n  - ".join(errors))
 

@@ -599,3 +599,22 @@ def test_an_empty_run_name_is_refused(key, value):
     """An empty experiment_name made the run folder runs/rlvr/ itself, the parent of every other run's."""
     with pytest.raises(ConfigError, match=rf"{key} is empty: it names the run's folder"):
         load_config(overrides=[f"{key}={value}"])
+
+
+@pytest.mark.parametrize("override", ["actor_rollout_ref.actor.clip_ratio=nan", "actor_rollout_ref.rollout.min_p=nan",
+                                      "actor_rollout_ref.actor.entropy_coeff=.inf", "algorithm.gamma=-.inf",
+                                      "actor_rollout_ref.actor.clip_ratio_high=.nan"])
+def test_a_number_that_is_nan_or_inf_is_refused(override):
+    """NaN passes every `value < 0` check: a NaN clip_ratio loaded, and torch.clamp with NaN bounds
+    makes every clipped ratio, so every loss, NaN; a NaN min_p kept every token. Refused by key."""
+    key = override.split("=")[0]
+    with pytest.raises(ConfigError, match=rf"{key} = -?(nan|inf): must be a finite number"):
+        load_config(overrides=[override])
+
+
+@pytest.mark.parametrize("key", ["actor_rollout_ref.actor.kl_loss_coef", "algorithm.kl_ctrl.kl_coef"])
+def test_a_negative_kl_coefficient_is_refused(key):
+    """A negative coefficient turns the KL penalty into a reward for leaving the reference."""
+    with pytest.raises(ConfigError, match=rf"{key} = -0.01: a negative coefficient rewards moving away"):
+        load_config(overrides=[f"{key}=-0.01"])
+    assert load_config(overrides=[f"{key}=0"])  # 0 drops the term
