@@ -856,6 +856,10 @@ def _finite_numbers(cfg: RLVRConfig) -> list[str]:
         if value < 0:
             errors.append(f"{key} = {value}: a negative coefficient rewards moving away from the reference "
                           "policy; set 0 to drop the KL term, or a small positive value (verl's 0.001)")
+    for key, value in (("data.seed", cfg.data.seed), ("actor_rollout_ref.rollout.seed", cfg.actor_rollout_ref.rollout.seed),
+                       ("trainer.seed", cfg.trainer.seed)):
+        if isinstance(value, int) and value < 0:  # numpy's generators refused it mid-run, as a traceback
+            errors.append(f"{key} = {value}: a seed must be >= 0")
     return errors
 
 

@@ -618,3 +618,11 @@ def test_a_negative_kl_coefficient_is_refused(key):
     with pytest.raises(ConfigError, match=rf"{key} = -0.01: a negative coefficient rewards moving away"):
         load_config(overrides=[f"{key}=-0.01"])
     assert load_config(overrides=[f"{key}=0"])  # 0 drops the term
+
+
+@pytest.mark.parametrize("key", ["data.seed", "actor_rollout_ref.rollout.seed", "trainer.seed"])
+def test_a_negative_seed_is_refused(key):
+    """data.seed=-1 loaded, then the sampler's numpy generator raised "expected non-negative integer"
+    as a traceback at the first batch."""
+    with pytest.raises(ConfigError, match=rf"{key} = -1: a seed must be >= 0"):
+        load_config(overrides=[f"{key}=-1"])
