@@ -217,6 +217,7 @@ def test_sampled_rows_of_a_group_do_not_depend_on_the_replica(servers, tiny):
 
 
 # ---------------------------------------------------------------------- faults (own replicas)
+@pytest.mark.slow  # 16 s on the 2-core machine
 def test_a_replica_killed_mid_rollout_loses_no_row(tiny, tmp_path):
     """SIGKILL one of two replicas while its requests run: they are retried on the other, every
     row comes back with the greedy tokens, the retries are counted, the dead one is out."""
