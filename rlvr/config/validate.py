@@ -844,10 +844,11 @@ OWN_FINITE_CHECKS = ("optim.lr", "grad_clip")
 """Keys whose own check reads NaN and inf (``_optim``; ``_grad_clips``, where inf turns clipping off)."""
 
 
-def _finite_numbers(cfg: RLVRConfig) -> list[str]:
-    """NaN passes every ``value < 0`` check and means nothing anywhere (a NaN clip_ratio loaded, and
-    torch.clamp with NaN bounds makes every loss NaN; a NaN min_p kept every token); inf is no
-    setting's "no limit" (null is), except grad_clip's, which its own check reads."""
+def _number_ranges(cfg: RLVRConfig) -> list[str]:
+    """Every float finite: NaN passes every ``value < 0`` check and means nothing anywhere (a NaN
+    clip_ratio loaded, and torch.clamp with NaN bounds makes every loss NaN; a NaN min_p kept every
+    token); inf is no setting's "no limit" (null is), except grad_clip's, which its own check reads.
+    KL coefficients and seeds not negative."""
     errors = [f"{key} = {value}: must be a finite number (NaN and inf mean nothing here; where a key takes "
               "null, null is its \"no limit\")" for key, value in _numbers(cfg)
               if not math.isfinite(value) and not key.endswith(OWN_FINITE_CHECKS)]
@@ -858,7 +859,7 @@ def _finite_numbers(cfg: RLVRConfig) -> list[str]:
                           "policy; set 0 to drop the KL term, or a small positive value (verl's 0.001)")
     for key, value in (("data.seed", cfg.data.seed), ("actor_rollout_ref.rollout.seed", cfg.actor_rollout_ref.rollout.seed),
                        ("trainer.seed", cfg.trainer.seed)):
-        if isinstance(value, int) and value < 0:  # numpy's generators refused it mid-run, as a traceback
+        if value < 0:  # numpy's generators refused it mid-run, as a traceback
             errors.append(f"{key} = {value}: a seed must be >= 0")
     return errors
 
@@ -868,7 +869,7 @@ def validate(cfg: RLVRConfig) -> None:
     errors = _not_implemented(cfg) + _batch_sizes(cfg) + _choices(cfg) + _rollout_engine(cfg) \
         + _registered_names(cfg) + _algorithm(cfg) + _multi_turn(cfg) + _distributed(cfg) + _run_management(cfg) \
         + _reward_model(cfg) + _async_training(cfg) + _agent_loops(cfg) + _distillation(cfg)
-    errors += _grad_clips(cfg) + _training_sampling(cfg) + _run_names(cfg) + _finite_numbers(cfg)
+    errors += _grad_clips(cfg) + _training_sampling(cfg) + _run_names(cfg) + _number_ranges(cfg)
     if errors:
         raise ConfigError("invalid config:\n  - " + "\n  - ".join(errors))
 
