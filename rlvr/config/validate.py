@@ -480,7 +480,9 @@ def _checkpoint_engine(cfg: RLVRConfig) -> list[str]:
 def _algorithm(cfg: RLVRConfig) -> list[str]:
     errors = []
     actor, rollout = cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.rollout
-    if cfg.algorithm.adv_estimator in GROUP_ESTIMATORS and rollout.n < 2:
+    distill = cfg.distillation
+    distillation_alone = distill.enabled and not distill.distillation_loss.use_task_rewards  # no advantage is trained
+    if cfg.algorithm.adv_estimator in GROUP_ESTIMATORS and rollout.n < 2 and not distillation_alone:
         errors.append(
             f"algorithm.adv_estimator = {cfg.algorithm.adv_estimator!r} compares responses within a group, "
             f"but actor_rollout_ref.rollout.n = {rollout.n}; set rollout.n >= 2 (GRPO typically uses 4-16)"
