@@ -173,7 +173,8 @@ class ActorConfig:
     bfloat16 on GPUs, as verl computes; float32 on CPUs, where bf16 matmuls are slower (this
     project's CPU: ~60 vs ~310 GFLOP/s)."""
     share_prompt_forward: bool = True
-    """Compute each group's shared prompt once in the forward pass (exact; saves compute)."""
+    """Compute each group's shared prompt once in the forward pass, and pack the rows without
+    padding (exact; saves compute). False: one padded row per sample."""
     recompute_old_log_prob: bool = False
     """False: when a step's data gets exactly one optimizer step (ppo_epochs = 1 and
     ppo_mini_batch_size = train_batch_size) and nothing reads old_log_probs before the update

@@ -399,7 +399,7 @@ def response_states_packed(model, batch: dict, uids, pad_id: int) -> ResponseSta
     responses = batch["responses"]
     P_total = batch["input_ids"].shape[1] - responses.shape[1]
     backbone = unwrap(model).base_model
-    flat = PACK_FLAT and _uses_sdpa(backbone) and type(backbone) not in _BYPASSES_SEGMENTS
+    flat = _flat_packing_possible(model)
     args = (batch["input_ids"][:, :P_total].cpu(), batch["attention_mask"][:, :P_total].cpu(), responses.cpu(),
             response_lengths(batch, P_total).cpu(), group_rows(uids), pad_id)
     windows = sliding_windows(backbone.config)
@@ -480,22 +480,34 @@ def grouped_layout_problem(model) -> str | None:
 
 
 def response_states(model, batch: dict, uids, share_prompt: bool, pad_id: int) -> ResponseStates:
-    """Prompt-once layout when ``share_prompt`` and some rows share a ``uid``, else the plain one.
+    """Prompt-once layout when ``share_prompt`` and some rows share a ``uid``; when none do (one
+    response a prompt: PPO, distillation), the same flat packing with groups of one row, which
+    feeds no padding, where the model's attention is SDPA; else the plain layout. A micro-batch
+    of short responses beside one long one pads the plain layout to twice its real tokens (16 rows
+    of 48-token prompts and 6-19 response tokens beside one of 64: 1.9x faster packed, forward
+    and backward of the built-in model).
 
     A model the prompt-once layout cannot express (``grouped_layout_problem``) runs the plain
-    layout, and says so once per model class."""
+    layout, and says so once per model class when it had a prompt to share."""
     if share_prompt and uids is not None:
         uids = prompt_groups(uids, batch)
-    if share_prompt and uids is not None and len(set(uids)) < len(uids):
-        problem = grouped_layout_problem(model)
-        if problem is None:
-            return response_states_packed(model, batch, uids, pad_id)
-        cls = type(unwrap(model))
-        if cls not in _WARNED:
-            _WARNED.add(cls)
-            warnings.warn(f"{cls.__name__}: the training forward runs one row per sample, not the prompt-once "
-                          f"layout (actor.share_prompt_forward), because {problem}", stacklevel=2)
+        shared = len(set(uids)) < len(uids)
+        if shared or _flat_packing_possible(model):
+            problem = grouped_layout_problem(model)
+            if problem is None:
+                return response_states_packed(model, batch, uids, pad_id)
+            cls = type(unwrap(model))
+            if shared and cls not in _WARNED:
+                _WARNED.add(cls)
+                warnings.warn(f"{cls.__name__}: the training forward runs one row per sample, not the prompt-once "
+                              f"layout (actor.share_prompt_forward), because {problem}", stacklevel=2)
     return response_states_plain(model, batch)
+
+
+def _flat_packing_possible(model) -> bool:
+    """Whether the packed layout would lay its groups back to back (else it pads one row a group)."""
+    backbone = unwrap(model).base_model
+    return PACK_FLAT and _uses_sdpa(backbone) and type(backbone) not in _BYPASSES_SEGMENTS
 
 
 def scatter_responses(values: torch.Tensor, states: ResponseStates, shape) -> torch.Tensor:

@@ -74,6 +74,26 @@ def test_flat_packing_feeds_only_real_tokens(batch, tiny_model_dir):
     assert (flat - padded).abs().max() < 1e-5 and flat.abs().sum() > 0
 
 
+
+def test_one_response_a_prompt_is_packed_without_padding(batch, tiny_model_dir):
+    """Rows that share no prompt (PPO's and distillation's n=1) go back to back in one row too: the
+    six rows' prompts and their 7 + 3 + 5 + 2 + 7 + 1 response tokens, where the plain layout feeds
+    each row its prompt plus the longest response (6 x 7 = 42 response positions). The log-probs are
+    the plain layout's."""
+    model = load_model(tiny_model_dir)
+    b = batch.batch
+    uids = [f"row{i}" for i in range(len(b["responses"]))]
+    P = b["input_ids"].shape[1] - b["responses"].shape[1]
+    prompts = int(b["attention_mask"][:, :P].sum())
+    shapes = []
+    hook = model.model.embed_tokens.register_forward_hook(lambda m, args, out: shapes.append(tuple(args[0].shape)))
+    with torch.no_grad():
+        packed, _ = forward_log_probs(model, b, uids, 1.0, share_prompt=True)
+        hook.remove()
+        plain, _ = forward_log_probs(model, b, uids, 1.0, share_prompt=False)
+    assert shapes == [(1, prompts + 25)]
+    assert (packed - plain).abs().max() < 1e-5 and packed.abs().sum() > 0
+
 def test_a_model_that_bypasses_segment_attention_gets_the_padded_layout(batch, tiny_model_dir, monkeypatch):
     """A model whose attention does not go through transformers' "sdpa" entry (remote code) never
     reads the spans and would attend across the whole flat row: its output is discarded, the padded
