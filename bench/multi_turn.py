@@ -1,7 +1,7 @@
 """Multi-turn rollout throughput on the built-in tool task: the calculator recipe's workload
 (8 test prompts x n=8, two assistant turns, the tag format) with the built-in model.
 
-    .venv/bin/python bench/multi_turn.py [--prompts 8] [--n 8] [--repeats 3] [--python-calls 10]
+    .venv/bin/python bench/multi_turn.py [--prompts 8] [--n 8] [--repeats 3] [--python-calls 10] [--tool-seconds S,...]
 
 Prints, per repeat and as medians: the model's generated tokens/s under the per-request
 schedule (``multi_turn.schedule=request``, the default: each request's next turn joins the
@@ -12,7 +12,10 @@ then the turn-by-turn rollout with every turn prefilling its whole conversation 
 kept turn cache off: what rlvr did before), and the prompt tokens each prefilled. The reference in the same run is the single-turn
 engine on the same prompts without tools (the same number of samples; a model that does
 not call a tool answers in one turn), so the ratio shows what the turn structure costs.
-Last, the latency of one sandboxed ``python`` call (a fresh process in its own namespaces)
+``--tool-seconds`` repeats the two schedules with each tool call answering that many seconds
+late (a remote environment or a test suite instead of the in-process calculator; the turn
+schedule still runs a turn's calls concurrently), to show how the per-request schedule's gain
+grows with the time rows spend waiting on tools. Last, the latency of one sandboxed ``python`` call (a fresh process in its own namespaces)
 against one ``calculator`` call, the two built-in tools. Run ``rlvr prepare calculator`` first.
 """
 
@@ -64,6 +67,30 @@ def timed_multi_turn(multi, batch, schedule: str, keep_turns: bool = True):
     return out, wall, engine.prefill_tokens["computed"] - before
 
 
+def delay_tools(tools: dict, seconds: float) -> None:
+    """Make every tool answer ``seconds`` late (0: as it is)."""
+    for tool in tools.values():
+        cls_execute = type(tool).execute
+        if seconds <= 0:
+            vars(tool).pop("execute", None)
+            continue
+
+        async def execute(instance_id, parameters, _tool=tool, _run=cls_execute, **kwargs):
+            await asyncio.sleep(seconds)
+            return await _run(_tool, instance_id, parameters, **kwargs)
+
+        tool.execute = execute
+
+
+def schedule_ratio(multi, batch, reverse: bool) -> tuple[float, float, float]:
+    """(per request / turn by turn model tokens/s, per request seconds, turn by turn seconds)."""
+    order = ["turn", "request"] if reverse else ["request", "turn"]
+    runs = {schedule: timed_multi_turn(multi, batch, schedule) for schedule in order}
+    (out, wall, _), (turn_out, wall_turn, _) = runs["request"], runs["turn"]
+    tokens, turn_tokens = int(out.batch["response_mask"].sum()), int(turn_out.batch["response_mask"].sum())
+    return (tokens / wall) / (turn_tokens / wall_turn), wall, wall_turn
+
+
 def tool_call_latency(tool_name: str, arguments: dict, calls: int) -> float:
     """Median seconds of one call of a built-in tool."""
     tool = load_tools(tool_name)[tool_name]
@@ -82,6 +109,7 @@ def main() -> None:
     p.add_argument("--max-response-length", type=int, default=64)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--python-calls", type=int, default=10)
+    p.add_argument("--tool-seconds", default="", help="comma-separated delays added to every tool call, e.g. 0.5,2")
     args = p.parse_args()
     torch.set_num_threads(max(1, torch.get_num_threads()))
     model, tokenizer = load_model_and_tokenizer("builtin")
@@ -129,6 +157,17 @@ def main() -> None:
           f"single-turn {med[2]:.1f} tok/s, per request / single-turn {statistics.median(ratios):.2f}; kept turn cache: "
           f"turn by turn {statistics.median(keep_ratios):.2f}x faster than prefilling each turn's whole conversation "
           f"(range {min(keep_ratios):.2f}-{max(keep_ratios):.2f})")
+    for seconds in [float(x) for x in args.tool_seconds.split(",") if x]:
+        delay_tools(multi.tools, seconds)
+        per = [schedule_ratio(multi, batch_of(dataset, args.prompts, args.n, seed=r), reverse=bool(r % 2))
+               for r in range(args.repeats)]
+        delay_tools(multi.tools, 0)
+        for r, (ratio, wall, wall_turn) in enumerate(per):
+            print(f"tools {seconds:g} s late, repeat {r}: per request {wall:.2f} s, turn by turn {wall_turn:.2f} s: "
+                  f"{ratio:.2f}x")
+        ratios_s = [x[0] for x in per]
+        print(f"tools {seconds:g} s late: per request / turn by turn {statistics.median(ratios_s):.2f}x "
+              f"(range {min(ratios_s):.2f}-{max(ratios_s):.2f})")
     if args.python_calls:
         calc = tool_call_latency("calculator", {"expression": "347 * 28 + 915"}, args.python_calls)
         py = tool_call_latency("python", {"code": "print(347 * 28 + 915)"}, args.python_calls)
