@@ -1,6 +1,6 @@
 """Time per GRPO step of the default job (built-in model, arithmetic, 8 prompts x n=8) and its split.
 
-    .venv/bin/python bench/step.py [--steps 3] [overrides ...]
+    .venv/bin/python bench/step.py [--steps 3] [--config NAME|FILE] [overrides ...]
 
 Prints, averaged over ``--steps`` steps after one warm-up step: seconds per step and per
 stage (``timing_s/*``), generated tokens/s, training tokens/s (tokens through the update's
@@ -46,10 +46,11 @@ def parameter_counts(model) -> tuple[int, int]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--config", help="a shipped recipe (distill, dapo, ...) or a YAML file, as `rlvr train --config`")
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        config = load_config(None, [f"trainer.default_local_dir={tmp}", "trainer.logger=[]", "data.val_files=[]",
+        config = load_config(args.config, [f"trainer.default_local_dir={tmp}", "trainer.logger=[]", "data.val_files=[]",
                                     "trainer.val_before_train=false", f"trainer.total_training_steps={args.steps + 1}",
                                     *args.overrides])
         trainer = build_trainer(config, progress_bar=False)
