@@ -15,8 +15,9 @@ not call a tool answers in one turn), so the ratio shows what the turn structure
 ``--tool-seconds`` repeats the two schedules with each tool call answering that many seconds
 late (a remote environment or a test suite instead of the in-process calculator; the turn
 schedule still runs a turn's calls concurrently), to show how the per-request schedule's gain
-grows with the time rows spend waiting on tools. Last, the latency of one sandboxed ``python`` call (a fresh process in its own namespaces)
-against one ``calculator`` call, the two built-in tools. Run ``rlvr prepare calculator`` first.
+grows with the time rows spend waiting on tools. Last, the latency of one sandboxed ``python``
+call (a fresh process in its own namespaces) against one ``calculator`` call, the two built-in
+tools. Run ``rlvr prepare calculator`` first.
 """
 
 from __future__ import annotations
@@ -70,12 +71,11 @@ def timed_multi_turn(multi, batch, schedule: str, keep_turns: bool = True):
 def delay_tools(tools: dict, seconds: float) -> None:
     """Make every tool answer ``seconds`` late (0: as it is)."""
     for tool in tools.values():
-        cls_execute = type(tool).execute
         if seconds <= 0:
-            vars(tool).pop("execute", None)
+            vars(tool).pop("execute", None)  # the class's method again
             continue
 
-        async def execute(instance_id, parameters, _tool=tool, _run=cls_execute, **kwargs):
+        async def execute(instance_id, parameters, _tool=tool, _run=type(tool).execute, **kwargs):
             await asyncio.sleep(seconds)
             return await _run(_tool, instance_id, parameters, **kwargs)
 

@@ -137,7 +137,6 @@ def test_group_estimator_needs_n_at_least_2_and_errors_are_collected():
     assert "rollout.n = 1" in msg and "'sideways' is not one of" in msg and "clip_ratio_c = 0.5 must be > 1" in msg
 
 
-
 def test_distillation_alone_trains_no_advantage_so_one_response_a_prompt_loads():
     # verl's OPD scripts sample n=1: with use_task_rewards=false the group advantage reaches no loss
     alone = ["actor_rollout_ref.rollout.n=1", "distillation.enabled=true",
@@ -146,6 +145,7 @@ def test_distillation_alone_trains_no_advantage_so_one_response_a_prompt_loads()
     assert load_config(overrides=alone).actor_rollout_ref.rollout.n == 1
     with pytest.raises(ConfigError, match="compares responses within a group, but actor_rollout_ref.rollout.n = 1"):
         load_config(overrides=[*alone[:-1], "distillation.distillation_loss.use_task_rewards=true"])
+
 
 def test_nonpositive_sizes():
     with pytest.raises(ConfigError, match="data.train_batch_size must be >= 1, got 0"):

@@ -74,7 +74,6 @@ def test_flat_packing_feeds_only_real_tokens(batch, tiny_model_dir):
     assert (flat - padded).abs().max() < 1e-5 and flat.abs().sum() > 0
 
 
-
 def test_one_response_a_prompt_is_packed_without_padding(batch, tiny_model_dir):
     """Rows that share no prompt (PPO's and distillation's n=1) go back to back in one row too: the
     six rows' prompts and their 7 + 3 + 5 + 2 + 7 + 1 response tokens, where the plain layout feeds
@@ -93,6 +92,7 @@ def test_one_response_a_prompt_is_packed_without_padding(batch, tiny_model_dir):
         plain, _ = forward_log_probs(model, b, uids, 1.0, share_prompt=False)
     assert shapes == [(1, prompts + 25)]
     assert (packed - plain).abs().max() < 1e-5 and packed.abs().sum() > 0
+
 
 def test_a_model_that_bypasses_segment_attention_gets_the_padded_layout(batch, tiny_model_dir, monkeypatch):
     """A model whose attention does not go through transformers' "sdpa" entry (remote code) never
