@@ -390,7 +390,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--request-timeout", type=_positive_float, default=600.0,
                    help="seconds a request may run; past them its rows are aborted and it gets 504")
     p.add_argument("--max-waiting", type=_at_least(1), default=4096,
-                   help="requests that may wait for a free row; more get 503 with Retry-After")
+                   help="rows that may wait for a free row (a request of n samples counts n); more get 503 with "
+                        "Retry-After")
     p.add_argument("--max-model-len", type=_at_least(2), default=None,
                    help="prompt + new tokens of one request (default: rollout.max_model_len, else the model's "
                         "max_position_embeddings)")
@@ -435,7 +436,7 @@ _positive_float.__name__ = "float"
 
 def _add_config_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", help="a YAML file layered over the GRPO recipe, or a shipped recipe: "
-                                    "grpo (the default), dapo, gsm8k_zh, calculator; verl: verl's defaults")
+                                    "grpo (the default), dapo, gsm8k_zh, calculator, distill; verl: verl's defaults")
     p.add_argument("--config-path", help="Hydra's (verl's scripts): the folder of --config-name")
     p.add_argument("--config-name", help="Hydra's (verl's scripts): a YAML in --config-path; one whose defaults "
                                          "list names ppo_trainer starts from verl's defaults")

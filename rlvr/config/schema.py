@@ -370,8 +370,9 @@ class RolloutConfig:
     waits until its rows fit, to share one prefill). This bounds the KV cache to this many rows;
     each row's tokens are the same as in one batch (its uniforms are its own)."""
     max_num_batched_tokens: Optional[int] = None
-    """vllm: tokens one engine step may process (prefill chunks included); None: vLLM's default.
-    The native engine bounds the rows it runs (max_num_seqs) and refuses this key."""
+    """Tokens one engine step may process (vLLM's meaning: prefill chunks and one decode token per
+    running row). None: vLLM's default; no bound for the native engine in training, 1024 in the
+    ``rlvr serve`` replicas a run starts (as ``rlvr serve``'s own default)."""
     max_model_len: Optional[int] = None
     """The longest prompt + response the engine serves (vLLM's meaning: vLLM sizes its KV cache by
     it; the native engine core refuses a request whose prompt + max_new_tokens passes it). None:

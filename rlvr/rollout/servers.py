@@ -382,14 +382,18 @@ def stop_process(process: subprocess.Popen, grace_s: float = 15.0) -> None:
 
 def serve_command(model_path: str, port: int, config: RolloutConfig, max_model_len: int | None,
                   model_config=None, on_cpu: bool = False) -> list[str]:
-    """``rlvr serve`` for one replica: the policy's model, rlvr's rollout settings, loopback only."""
+    """``rlvr serve`` for one replica: the policy's model on the run's device, rlvr's rollout
+    settings, loopback only."""
     cmd = [sys.executable, "-m", "rlvr.cli", "serve", "--host", "127.0.0.1", "--port", str(port),
            f"actor_rollout_ref.model.path={model_path}", f"actor_rollout_ref.rollout.dtype={config.dtype}",
+           f"trainer.device={'cpu' if on_cpu else 'cuda'}",
            f"actor_rollout_ref.rollout.max_num_seqs={config.max_num_seqs}",
            f"actor_rollout_ref.rollout.lean_decode={str(config.lean_decode).lower()}",
            "--request-timeout", str(config.server.timeout)]
     if max_model_len:
         cmd += ["--max-model-len", str(max_model_len)]
+    if config.max_num_batched_tokens:
+        cmd += ["--max-num-batched-tokens", str(config.max_num_batched_tokens)]
     return cmd
 
 

@@ -222,10 +222,20 @@ async def respond(server: Server, request: Request, body: OpenAISampling, specs:
     return out
 
 
+def streamable(text: str, stops: list[str], hold: int) -> str:
+    """What of ``text`` may go out now: up to the first stop string in it (the token that completes
+    one reaches the stream before the engine ends the row, and the stop string is never sent), else
+    all but the last ``hold`` characters (the start of a stop string still to come) and an
+    unfinished character."""
+    cuts = [text.find(stop) for stop in stops if stop in text]
+    safe = text[:min(cuts)] if cuts else text[:len(text) - hold] if hold else text
+    return safe.rstrip("\ufffd")
+
+
 def stream(server: Server, request: Request, body: OpenAISampling, specs: list[RowSpec], kind: Kind):
     """Server-sent events: one chunk per new token per choice (text held back while it may still
-    become a stop string or an unfinished character), a last chunk with its finish reason, then
-    usage if ``stream_options.include_usage``, then ``[DONE]``."""
+    become a stop string or an unfinished character), a last chunk with its finish reason and the
+    weight version it ran under, then usage if ``stream_options.include_usage``, then ``[DONE]``."""
     base = body.request_id or uuid.uuid4().hex
     rows_of = [server.requests(spec, base if len(specs) == 1 else f"{base}-{i}") for i, spec in enumerate(specs)]
     if body.stream_options is not None and body.stream_options.continuous_usage_stats:
@@ -236,7 +246,7 @@ def stream(server: Server, request: Request, body: OpenAISampling, specs: list[R
     created, n = int(time.time()), specs[0].n
     hold = max((len(s) for s in specs[0].stop), default=1) - 1
 
-    def chunk(index: int, delta: dict[str, Any], finish: str | None = None, **extra) -> str:
+    def chunk(index: int, delta: dict[str, Any], finish: str | None = None, top: dict | None = None, **extra) -> str:
         if kind.chat:
             one = {"index": index, "delta": delta, "logprobs": extra.pop("logprobs", None), "finish_reason": finish}
         else:
@@ -244,7 +254,7 @@ def stream(server: Server, request: Request, body: OpenAISampling, specs: list[R
                    "finish_reason": finish}
         one.update(extra)
         return sse({"id": f"{kind.prefix}-{base}", "object": chunk_object, "created": created,
-                    "model": server.model_name, "choices": [one]})
+                    "model": server.model_name, "choices": [one], **(top or {})})
 
     async def events():
         queue: asyncio.Queue = asyncio.Queue()
@@ -275,9 +285,7 @@ def stream(server: Server, request: Request, body: OpenAISampling, specs: list[R
                     return  # the client left: finally aborts the rows
                 if ids is not None:
                     tokens[index] += ids
-                    text = server.decode(tokens[index], body.skip_special_tokens)
-                    safe = text[:len(text) - hold] if hold else text
-                    safe = safe.rstrip("\ufffd")
+                    safe = streamable(server.decode(tokens[index], body.skip_special_tokens), specs[0].stop, hold)
                     delta, sent[index] = safe[len(sent[index]):], max(sent[index], safe, key=len)
                     lp = token_logprobs(server, Completion(ids, lps, "stop"), kind)
                     extra = {} if opened[index] else {"prompt_token_ids": specs[index // n].prompt_ids}
@@ -288,9 +296,10 @@ def stream(server: Server, request: Request, body: OpenAISampling, specs: list[R
                 completion = tasks[index].result()
                 text = finish_text(server, completion, body.skip_special_tokens)
                 yield chunk(index, {"content": text[len(sent[index]):]}, finish_reason(completion, None),
+                            top={"weight_version": server.version_name(completion)},  # as the whole response's
                             stop_reason=stop_reason(completion, server), token_ids=[])
             if body.stream_options is not None and body.stream_options.include_usage:
-                prompt_tokens = sum(len(s.prompt_ids) * s.n for s in specs)
+                prompt_tokens = sum(len(s.prompt_ids) for s in specs)  # each prompt once, whatever n (vLLM's count)
                 completion_tokens = sum(len(t) for t in tokens)
                 yield sse({"id": f"{kind.prefix}-{base}", "object": chunk_object, "created": created,
                            "model": server.model_name, "choices": [],

@@ -102,6 +102,7 @@ def weights_folder(path: str) -> Path:
 def build_server(config, options: ServeOptions):
     """The model, its engine (started) and the ``Server`` the routes use."""
     from rlvr.cli import _refuse_an_adapter
+    from rlvr.config.validate import on_gpu
     from rlvr.models import load_model_and_tokenizer
     from rlvr.rollout.async_engine import AsyncEngine
     from rlvr.rollout.engine import NativeRollout, decode_attention
@@ -114,7 +115,7 @@ def build_server(config, options: ServeOptions):
     path = model_source(config.actor_rollout_ref.model.path)
     _refuse_an_adapter(path)
     dtype = rollout_cfg.dtype if rollout_cfg.dtype != "auto" else "float32"
-    device = "cuda" if config.trainer.device == "cuda" else "cpu"
+    device = "cuda" if on_gpu(config) else "cpu"  # trainer.device=auto: the GPU where there is one, as training
     model, tokenizer = load_model_and_tokenizer(path, dtype=dtype, device=device)
     rollout = NativeRollout(model, tokenizer, rollout_cfg, max_response_length=1)
     # --max-model-len, else the config's rollout.max_model_len, else the model's own context

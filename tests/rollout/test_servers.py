@@ -407,6 +407,23 @@ def test_what_rlvr_sends_an_sglang_server(tiny):
         assert torch.equal(tensor, state[name]), name
 
 
+def test_rlvr_serve_replicas_get_the_runs_device_and_step_budget():
+    """The ``rlvr serve`` replicas a run starts load on the run's device (a GPU run's replica on the
+    GPU, not the CPU: ``rlvr serve`` reads trainer.device) and take rollout.max_num_batched_tokens
+    (else rlvr serve's own default, 1024); the command is one rlvr's own CLI parses."""
+    from rlvr.cli import build_parser, parse_args
+    from rlvr.rollout.servers import serve_command
+
+    def parsed(on_cpu, **kw):
+        cmd = serve_command("builtin", 8000, RolloutConfig(mode="async", **kw), 512, None, on_cpu)
+        assert cmd[1:3] == ["-m", "rlvr.cli"]
+        args = parse_args(build_parser(), cmd[3:])
+        return [o for o in args.overrides if o.startswith("trainer.device=")], args.max_num_batched_tokens
+
+    assert parsed(True) == (["trainer.device=cpu"], None)
+    assert parsed(False, max_num_batched_tokens=2048) == (["trainer.device=cuda"], 2048)
+
+
 # ---------------------------------------------------------------------- vllm serve
 def test_vllm_serve_on_a_cpu_prefills_whole_prompts_and_gets_seeds(tiny):
     """A CPU replica of vLLM is started with chunked prefill off and a step's budget of at least

@@ -147,6 +147,42 @@ def test_completions_stream_sends_the_greedy_tokens(served, tiny):
     assert chunks[-1]["usage"]["completion_tokens"] == len(want)
 
 
+def test_completions_stream_never_sends_a_stop_string(served, tiny):
+    """A stop string ends the text before it, streamed or not: the token that completes it reaches
+    the stream before the engine ends the row, and neither its characters nor the text after them
+    go out (a one-character stop string was sent whole; a longer one's first characters)."""
+    model, tokenizer = tiny
+    prompt = prompt_ids(tokenizer, QUESTIONS)[2]
+    want = reference_greedy(model, tokenizer, [prompt], 16, eos_ids(tiny))[0]
+    whole = tokenizer.decode(want, skip_special_tokens=True)
+    # stops that first occur inside the text: one character, and two that span a token boundary
+    cut = len(tokenizer.decode(want[:len(want) // 2], skip_special_tokens=True))
+    stops = [whole[cut], whole[cut - 1:cut + 1]]
+    assert len(whole) > cut + 2
+    for stop in stops:
+        body = {"prompt": prompt, "max_tokens": 16, "temperature": 0, "stop": [stop]}
+        plain = post(served, "/v1/completions", body).json()["choices"][0]["text"]
+        r = post(served, "/v1/completions", {**body, "stream": True})
+        events = [line[len("data: "):] for line in r.text.splitlines() if line.startswith("data: ")]
+        chunks = [json.loads(e) for e in events[:-1]]
+        streamed = "".join(c["text"] for ch in chunks for c in ch["choices"])
+        assert plain == whole[:whole.index(stop)]  # the text before the stop string's first occurrence
+        assert streamed == plain, (stop, streamed, plain)
+        assert chunks[-1]["weight_version"] == "default"  # the last chunk names the weights, as a response does
+
+
+def test_streamed_usage_counts_each_prompt_once_whatever_n(served, tiny):
+    """vLLM's usage: a prompt's tokens count once for its n samples, streamed as not."""
+    model, tokenizer = tiny
+    prompt = prompt_ids(tokenizer, QUESTIONS)[0]
+    body = {"prompt": prompt, "max_tokens": 4, "temperature": 1.0, "n": 3, "seed": 1}
+    plain = post(served, "/v1/completions", body).json()["usage"]
+    r = post(served, "/v1/completions", {**body, "stream": True, "stream_options": {"include_usage": True}})
+    usage = json.loads([line for line in r.text.splitlines() if line.startswith("data: {")][-1][6:])["usage"]
+    assert plain["prompt_tokens"] == usage["prompt_tokens"] == len(prompt)
+    assert usage["completion_tokens"] == plain["completion_tokens"] == 12
+
+
 def test_chat_completion_goes_through_the_chat_template(served, tiny):
     model, tokenizer = tiny
     messages = [{"role": "user", "content": QUESTIONS[1]}]
