@@ -165,6 +165,9 @@ def sglang_output(server: Server, completion: Completion, spec: RowSpec, body: G
         "id": completion.request_id, "finish_reason": sglang_finish_reason(completion, spec.max_new_tokens),
         "prompt_tokens": len(spec.prompt_ids), "completion_tokens": len(completion.token_ids),
         "weight_version": server.version_name(completion), "e2e_latency": time.perf_counter() - started}
+    if completion.version_starts:  # an update crossed it in place: where each version's tokens start (rlvr's)
+        meta["weight_version_starts"] = [[first, server.versions.get(v, str(v))]
+                                         for first, v in completion.version_starts]
     if body.return_logprob:
         def text(tok: int):
             return server.decode([tok], False) if body.return_text_in_logprobs else None

@@ -204,12 +204,15 @@ class Server:
 
     async def update_weights(self, load: Callable[[], str], weight_version: str | None, abort_all: bool,
                              flush_cache: bool, keep_pause: bool) -> tuple[bool, str, int]:
-        """Pause (running rows finish, or end with ``abort_all``), ``load()`` on the engine thread,
-        name the version, resume -> (success, message, requests aborted)."""
+        """Pause (running rows finish, or end with ``abort_all``; rows a ``/pause_generation`` holds in
+        place stay held, and go on under the new weights), ``load()`` on the engine thread, name the
+        version, resume -> (success, message, requests aborted)."""
         core = self.engine.core
         aborted = len(core.running) + len(core.waiting) if abort_all else 0
+        held = await self.engine.call(lambda: bool(core.running) and not core.stepping)
         try:
-            await self.engine.pause("abort" if abort_all else "wait", deadline_s=self.request_timeout)
+            await self.engine.pause("abort" if abort_all else "in_place" if held else "wait",
+                                    deadline_s=self.request_timeout)
             number = max(self.versions) + 1
             holder: list[str] = []
             await self.engine.update_weights(lambda: holder.append(load()), number)

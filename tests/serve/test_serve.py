@@ -326,6 +326,53 @@ def test_update_weights_from_disk_moves_tokens_and_version(tiny, tmp_path):
     assert after["output_ids"] == new_want and after["meta_info"]["weight_version"] == "step-1"
 
 
+def test_an_update_crosses_a_request_held_in_place(tiny, tmp_path):
+    """SGLang's partial-rollout flow: /pause_generation in place, an update, /continue_generation.
+    The held request keeps its tokens so far and goes on under the new weights (it is not run to
+    its end on the old ones first), and says where the new version's tokens start."""
+    model, tokenizer = tiny
+    server, _ = make_server(copy.deepcopy(model), tokenizer)
+    core = server.engine.core
+    new_model = perturbed(model)
+    new_model.save_pretrained(tmp_path / "new")
+    prompt = prompt_ids(tokenizer, QUESTIONS)[0]
+    body = {"input_ids": prompt, "sampling_params": {"max_new_tokens": 40, "ignore_eos": True, "temperature": 0}}
+
+    async def go(client):
+        long = asyncio.create_task(client.post("/generate", json=body))
+        await wait_until(lambda: len(core.running) == 1 and len(core.running[0].tokens) >= 3)
+        await client.post("/pause_generation", json={"mode": "in_place"})
+        ok = await client.post("/update_weights_from_disk", json={"model_path": str(tmp_path / "new"),
+                                                                   "weight_version": "step-1", "keep_pause": True})
+        held = len(core.running[0].tokens)
+        await client.post("/continue_generation", json={})
+        return ok, held, (await long).json()
+
+    try:
+        ok, held, out = run(server, go)
+    finally:
+        server.engine.stop()
+    assert ok.json()["success"] is True, ok.text
+    assert 3 <= held < 40
+    ids = out["output_ids"]
+    assert len(ids) == 40 and out["meta_info"]["weight_version"] == "step-1"
+    assert out["meta_info"]["weight_version_starts"] == [[0, "default"], [held, "step-1"]]
+    assert ids[:held] == reference_greedy(model, tokenizer, [prompt], held, [])[0]  # the old policy's
+    # after it, the new policy's, attending to the keys and values the old weights wrote (as in SGLang:
+    # an in-place update keeps the cache): the old model reads the prompt and the tokens fed before the
+    # pause, the new one feeds the last sampled token and decodes on
+    with torch.no_grad():
+        cache = model(torch.tensor([prompt + ids[:held - 1]]), use_cache=True).past_key_values
+        token, want = ids[held - 1], []
+        for _ in range(40 - held):
+            out_ = new_model(torch.tensor([[token]]), past_key_values=cache, use_cache=True)
+            cache, token = out_.past_key_values, int(out_.logits[0, -1].argmax())
+            want.append(token)
+    assert ids[held:] == want
+    # not the new policy's tokens over a cache it wrote itself: the test tells the two apart
+    assert want != reference_greedy(new_model, tokenizer, [prompt + ids[:held]], 40 - held, [])[0]
+
+
 def test_update_weights_from_distributed_moves_tokens_and_version(tiny):
     """SGLang's flow on gloo over 127.0.0.1: the trainer (rank 0, here a thread with its own group
     object) hosts the store, both join, the trainer broadcasts every parameter of a new policy
