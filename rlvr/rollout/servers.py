@@ -39,7 +39,7 @@ import uuid
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Hashable, Sequence
+from typing import Any, Callable, Hashable, Sequence
 
 import httpx
 
@@ -64,6 +64,19 @@ class WeightVersionMismatch(RuntimeError):
 
 class ReplicaFailed(RuntimeError):
     """One request failed on one replica in a way another replica may not (retried there)."""
+
+
+def read_answer(parse: Callable[[Any], Any], response, replica: Replica, route: str):
+    """``parse(response.json())``; a 200 whose body is not that route's answer (not JSON, fields
+    missing or of another shape: a server of another protocol or a broken one) is ``ReplicaFailed``
+    naming the replica, never a traceback that ends the run."""
+    try:
+        return parse(response.json())
+    except ReplicaFailed:
+        raise
+    except (ValueError, KeyError, TypeError, AttributeError, IndexError) as err:
+        raise ReplicaFailed(f"{replica.name} answered HTTP 200 on {route} with a body that is not its answer "
+                            f"({type(err).__name__}: {err}; body {response.text[:200]!r})") from None
 
 
 @dataclass
@@ -726,8 +739,9 @@ class ServerRollout(BaseRollout):
                 if response.status_code != 200:  # the request itself is wrong: no replica would take it
                     raise RuntimeError(f"{replica.name} refused a rollout request: HTTP {response.status_code} "
                                        f"{response.text[:300]}")
-                completions = self.protocol.parse(response.json(), n, replica, self.version)
-            except (httpx.TransportError, ReplicaFailed, ValueError) as err:  # ValueError: a broken JSON body
+                completions = read_answer(lambda data: self.protocol.parse(data, n, replica, self.version),
+                                          response, replica, route)
+            except (httpx.TransportError, ReplicaFailed) as err:
                 why = f"{type(err).__name__}: {err}"
                 failures.append(f"{replica.name}: {why}")
                 if isinstance(err, (httpx.TimeoutException, ReplicaFailed)):

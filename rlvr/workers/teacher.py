@@ -31,7 +31,8 @@ from rlvr.config.schema import DistillationConfig, TeacherModelConfig
 from rlvr.config.validate import teacher_entries
 from rlvr.protocol import DataProto
 from rlvr.algos.distillation import get_distillation_loss
-from rlvr.rollout.servers import LoadBalancer, Replica, ReplicaFailed, SGLangProtocol, VLLMProtocol, wait_healthy
+from rlvr.rollout.servers import (LoadBalancer, Replica, ReplicaFailed, SGLangProtocol, VLLMProtocol, read_answer,
+                                  wait_healthy)
 
 
 def check_teacher_tokenizers(config: DistillationConfig, tokenizer, load_tokenizer) -> None:
@@ -77,8 +78,9 @@ class ServedTeacher:
                 response = replica.post(route, json=body, timeout=self.timeout)
                 if response.status_code != 200:
                     raise ReplicaFailed(f"{replica.name} answered HTTP {response.status_code}: {response.text[:300]}")
-                return self.protocol.parse_score(response.json(), ids, start, topk, replica)
-            except (httpx.HTTPError, ReplicaFailed, ValueError) as err:
+                return read_answer(lambda data: self.protocol.parse_score(data, ids, start, topk, replica),
+                                   response, replica, route)
+            except (httpx.HTTPError, ReplicaFailed) as err:
                 replica.down = f"the distillation teacher's {replica.name}: {err}"
             finally:
                 self.balancer.release(replica)

@@ -294,6 +294,7 @@ class SGLangStandIn:
         self.received: dict[str, torch.Tensor] = {}
         self.version = "default"
         self.hang_s = 0.0  # the next /generate answers only after this long (a server that hangs)
+        self.garbage: list = []  # the next /generate calls answer 200 with these bodies (a broken server)
         app, groups = FastAPI(), {}
 
         @app.get("/health")
@@ -308,6 +309,11 @@ class SGLangStandIn:
             self.calls.append(("/generate", body))
             hang, self.hang_s = self.hang_s, 0.0
             await asyncio.sleep(hang)
+            if self.garbage:
+                from fastapi.responses import PlainTextResponse
+
+                bad = self.garbage.pop(0)
+                return PlainTextResponse(bad) if isinstance(bad, str) else bad
             n = body["sampling_params"]["n"]
             out = {"text": "x", "output_ids": [7, 8], "meta_info": {
                 "id": body["rid"], "finish_reason": {"type": "length", "length": 2}, "prompt_tokens": 3,
@@ -513,6 +519,25 @@ def test_a_request_to_a_server_that_hangs_times_out_is_aborted_there_and_sent_ag
     assert abort == {"rid": first["rid"]} and second["rid"] != first["rid"]
     assert got.token_ids == [7, 8] and rollout.stats.retries == 1 and rollout.replicas[0].down is None
     assert rollout.metrics()["rollout/server_retries"] == 1.0 and rollout.metrics()["rollout/server_retries"] == 0.0
+
+
+def test_a_server_that_answers_200_with_garbage_is_retried_not_a_traceback(tiny):
+    """A 200 whose body is not /generate's answer (not JSON; JSON without output_ids; ids of
+    another shape) fails that request there, named, and it is sent again: it used to end the run
+    with a KeyError or TypeError traceback."""
+    model, tokenizer = tiny
+    with SGLangStandIn() as sglang:
+        config = RolloutConfig(mode="async", name="sglang", external_server_addresses=[f"127.0.0.1:{sglang.port}"],
+                               server=RolloutServerConfig(retry_delay=0.01, max_attempts=4))
+        rollout = ServerRollout(model, tokenizer, config, max_response_length=8)
+        sglang.garbage = ["<html>oops</html>", {"text": "x"}, {"output_ids": 5, "meta_info": {}}]
+        [got] = rollout.generate([[1, 2, 3]], SamplingParams(max_new_tokens=8, do_sample=False))
+        sglang.garbage = [{"text": "x"}] * 2
+        config.server.max_attempts = 2
+        with pytest.raises(ServersDown, match=r"HTTP 200 on /generate with a body that is not its answer \(KeyError"):
+            rollout.generate([[1, 2, 3]], SamplingParams(max_new_tokens=8, do_sample=False))
+        rollout.close()
+    assert got.token_ids == [7, 8] and rollout.stats.retries >= 3 and rollout.replicas[0].down is None
 
 
 def test_servers_on_other_machines_get_the_weights_by_disk(tiny):

@@ -212,3 +212,24 @@ def test_a_failing_teacher_server_leaves_the_rotation(batch, teacher_dir, tmp_pa
                 Teachers({"default": teacher}, config).compute(batch)
     finally:
         stop_process(replica.process)
+
+
+def test_a_teacher_server_answering_200_with_garbage_leaves_the_rotation_named(teacher_dir):
+    """A 200 whose body is not SGLang's answer (here ``meta_info`` a number) takes that server out
+    with the reason, as an error status does; it used to end the run with an AttributeError."""
+    from fastapi import FastAPI
+
+    from rlvr.errors import RolloutUnavailable
+    from rlvr.workers.teacher import ServedTeacher
+    from tests.serve.test_serve import Uvicorn
+
+    broken = FastAPI()
+    broken.get("/health")(lambda: {})
+    broken.post("/generate")(lambda: {"meta_info": 5})
+    with Uvicorn(app=broken) as url:
+        entry = TeacherModelConfig(model_path=str(teacher_dir))
+        entry.inference.external_server_addresses = [url.removeprefix("http://")]
+        teacher = ServedTeacher(entry, timeout=30, start_wait=30)
+        with pytest.raises(RolloutUnavailable, match=r"HTTP 200 on /generate with a body that is not its answer "
+                                                     r"\(AttributeError"):
+            teacher._score([1, 2, 3, 4], 2, 0)
