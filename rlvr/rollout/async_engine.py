@@ -39,6 +39,7 @@ class AsyncEngine:
         self.stopping = False
         self.thread = threading.Thread(target=self._loop, name="rlvr-engine", daemon=True)
         self.error: BaseException | None = None
+        self.closed = False  # the thread runs no more commands
         self._outbox: list[tuple[asyncio.AbstractEventLoop, Callable, tuple]] = []  # the engine thread's, per step
         core.on_sampled = self._deliver  # tokens reach their streams before the step's decode runs
 
@@ -72,6 +73,8 @@ class AsyncEngine:
         future = loop.create_future()
         self.commands.put((fn, loop, future))
         self.wake.set()
+        if self.closed:  # the thread ended between the check and the put: nobody will run it
+            self._fail_pending()
         return await future
 
     async def generate(self, request: Request, on_tokens: Callable[[list[int], list[float]], None] | None = None) -> Completion:
@@ -146,6 +149,20 @@ class AsyncEngine:
             if loop is not None:
                 loop.call_soon_threadsafe(_settle, future, result, error)
 
+    def _fail_pending(self) -> None:
+        """Answer every command still queued with the reason the thread ended: a caller awaiting
+        one (a pause, a flush, an abort) hears it instead of waiting forever."""
+        error = RuntimeError(f"the engine thread has stopped: {self.error!r}" if self.error is not None
+                             else "the engine thread has stopped")
+        while True:
+            try:
+                _, loop, future = self.commands.get_nowait()
+            except queue.Empty:
+                return
+            if loop is not None:
+                with contextlib.suppress(RuntimeError):  # a loop closed meanwhile: nobody waits
+                    loop.call_soon_threadsafe(_settle, future, None, error)
+
     def _deliver(self) -> None:
         """Hand a step's tokens and completions to their loops: one wake-up per loop and step,
         not one per row and token (32 streams at once made that the server's main cost)."""
@@ -178,6 +195,9 @@ class AsyncEngine:
                 self.core.abort_all()
                 self._deliver()
             raise
+        finally:
+            self.closed = True  # before the drain: a command put after it is drained by its caller
+            self._fail_pending()
 
 
 def _finish(done: asyncio.Future, completion: Completion) -> None:

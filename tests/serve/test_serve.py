@@ -698,6 +698,42 @@ def test_rlvr_serve_subprocess_answers_and_stops_on_sigterm(tiny_model_dir, tmp_
     assert meta["finish_reason"]["type"] == "abort" and meta["completion_tokens"] < 1900
 
 
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")  # the thread re-raises, as it should
+def test_a_command_queued_when_the_engine_thread_dies_is_answered_with_the_reason():
+    """A caller awaiting a pause, flush or abort queued while a step fails hears why, instead of
+    waiting forever (routes without a timeout would hang); one posted after the thread ended too."""
+    started, release = threading.Event(), threading.Event()
+
+    class FailingCore:
+        on_sampled, running, waiting = None, [], []
+
+        def has_work(self):
+            return True
+
+        def step(self):
+            started.set()
+            release.wait(10)
+            raise RuntimeError("the step failed")
+
+        def abort_all(self):
+            return 0
+
+    engine = AsyncEngine(FailingCore())
+
+    async def go():
+        engine.start()
+        assert await asyncio.to_thread(started.wait, 10)
+        pending = asyncio.ensure_future(engine.call(lambda: "never"))
+        await asyncio.sleep(0.05)  # queued behind the step
+        release.set()
+        with pytest.raises(RuntimeError, match="engine thread has stopped: RuntimeError..the step failed"):
+            await asyncio.wait_for(pending, 10)
+        with pytest.raises(RuntimeError, match="engine thread has stopped"):
+            await asyncio.wait_for(engine.call(lambda: "never"), 10)
+
+    asyncio.run(go())
+
+
 def test_a_request_cancelled_before_its_add_runs_is_aborted(tiny):
     """The engine thread is busy (a command that sleeps), so a cancelled request's add is still
     queued when it is cancelled: the abort must come after the add, not be skipped (the request
