@@ -801,7 +801,8 @@ class ServerRollout(BaseRollout):
     def route(self) -> str:
         """``server.weight_sync``; auto: disk for vLLM and for replicas rlvr started (they read this
         machine's files: 0.26 s for the built-in model against 0.58 s by gloo, tensor by tensor,
-        ``bench/weight_sync.py --servers``), the broadcast for external servers."""
+        ``bench/weight_sync.py --servers``) and beside a GPU policy (a GPU SGLang server's group is
+        NCCL, which rlvr's client does not open), the broadcast for external servers on this CPU."""
         route = self.config.server.weight_sync
         if route != "auto":
             return route
@@ -809,7 +810,8 @@ class ServerRollout(BaseRollout):
         # remote servers reach a broadcast only at an address of this machine they can route to,
         # which rlvr does not guess: they read a folder instead (server.weights_dir, shared storage)
         remote = not all(is_loopback(r.address.rpartition(":")[0]) for r in self.replicas)
-        return "disk" if local or remote or not self.protocol.distributed else "distributed"
+        on_gpu = any(p.is_cuda for p in self.policy.parameters())
+        return "disk" if local or remote or on_gpu or not self.protocol.distributed else "distributed"
 
     def _sync_by_disk(self, version: int) -> None:
         """The policy as a safetensors folder (its config beside it), which each replica loads
@@ -873,6 +875,7 @@ class ServerRollout(BaseRollout):
             raise RuntimeError("rollout.server.weight_sync=distributed reaches servers on this machine only "
                                f"({', '.join(r.address for r in up)}); for servers on other machines set "
                                "rollout.server.weight_sync=disk with rollout.server.weights_dir on storage they share")
+        self._close_group(up)  # a replica left: the group of the old members goes, on both sides
         port = free_port()
         name = f"rlvr_weights_{uuid.uuid4().hex[:8]}"
         world = len(up) + 1
@@ -884,6 +887,22 @@ class ServerRollout(BaseRollout):
                                                          is_master=True)),
             "joining the weight group")
         self._group, self._group_members = joined[0], [r.index for r in up]
+
+    def _close_group(self, up: list[Replica]) -> None:
+        """Leave the broadcast's group, if one is open: each replica still up is asked to destroy
+        it (best effort: one that cannot answer is left to the next request), then this side."""
+        from rlvr.serve import weight_sync
+
+        if self._group is None:
+            return
+        for replica in up:
+            if replica.index in self._group_members:
+                try:
+                    replica.post("/destroy_weights_update_group", json={"group_name": self._group.name}, timeout=10.0)
+                except httpx.HTTPError:
+                    pass
+        weight_sync.close_group(self._group)
+        self._group, self._group_members = None, []
 
     # ------------------------------------------------------------------ lifetime
     def describe(self) -> list[dict]:
@@ -904,6 +923,7 @@ class ServerRollout(BaseRollout):
         if self._closed:
             return
         self._closed = True
+        self._close_group([r for r in self.replicas if r.down is None])
         for replica in self.replicas:
             if replica.process is not None:
                 stop_process(replica.process)

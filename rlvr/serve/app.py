@@ -398,8 +398,10 @@ def add_distributed_routes(app: FastAPI, server: Server) -> None:
     @app.post("/destroy_weights_update_group")
     async def destroy_weights_update_group(request: Request):
         body = validate(DestroyWeightsUpdateGroup, await read_body(request))
-        if server.groups.pop(body.group_name, None) is None:
+        group = server.groups.pop(body.group_name, None)
+        if group is None:
             raise BadRequest("group_name", f"{body.group_name!r} is not open")
+        weight_sync.close_group(group)
         return {"success": True, "message": f"left {body.group_name!r}"}
 
 

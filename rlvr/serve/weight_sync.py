@@ -5,7 +5,8 @@ group that the two open together.
 backend}``: the trainer (rank 0, which hosts the TCP store at ``master_address:master_port``) and
 the server (rank ``rank_offset``) join a group of ``world_size``. ``/update_weights_from_distributed
 {names, dtypes, shapes, ...}``: the trainer broadcasts each tensor from rank 0, in that order, and
-the server copies each into the parameter of that name. ``/destroy_weights_update_group``.
+the server copies each into the parameter of that name. ``/destroy_weights_update_group`` shuts the
+group down.
 
 The group is laid out as ``torch.distributed`` lays out a group it creates for ``group_name`` (a
 ``PrefixStore`` of ``"{group_name}/"`` then ``"cpu/"`` over the TCP store), so a trainer that
@@ -52,6 +53,15 @@ def open_group(master_address: str, master_port: int, rank: int, world_size: int
                         if is_loopback(master_address) else dist.ProcessGroupGloo.create_default_device()]
     group = dist.ProcessGroupGloo(prefixed, rank, world_size, options)
     return WeightGroup(group_name, store, group, rank, world_size)
+
+
+def close_group(group: WeightGroup) -> None:
+    """Shut the group's gloo context down (its connections to the other ranks); the TCP store goes
+    with the last reference."""
+    try:
+        group.group.shutdown()
+    except RuntimeError:  # another rank left first: its half is gone already
+        pass
 
 
 def is_loopback(host: str) -> bool:

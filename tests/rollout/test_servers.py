@@ -550,6 +550,10 @@ def test_servers_on_other_machines_get_the_weights_by_disk(tiny):
     local = ServerRollout(model, tokenizer, RolloutConfig(mode="async", name="sglang"), 8,
                           replicas=[Replica(0, "127.0.0.1:30000")])
     assert local.route == "distributed"
+    real = local.policy  # a GPU policy (a stand-in's parameters: no CUDA here): SGLang on a GPU groups
+    local.policy = type("OnGPU", (), {"parameters": lambda self: iter([type("P", (), {"is_cuda": True})()])})()
+    assert local.route == "disk"  # by NCCL, which rlvr's client does not open
+    local.policy = real
     rollout.config.server.weight_sync = "distributed"
     with pytest.raises(RuntimeError, match="weight_sync=distributed reaches servers on this machine only.*"
                                            "weight_sync=disk with rollout.server.weights_dir"):
@@ -611,3 +615,30 @@ def test_a_replica_gone_before_a_weight_update_leaves_the_rotation(tiny, tmp_pat
             rollout.sync_weights(4)
     finally:
         rollout.close()
+
+
+def test_a_weight_group_a_replica_left_is_destroyed_on_both_sides(tiny, tmp_path):
+    """The broadcast's group is opened again without a replica that left; the old group is
+    destroyed on the survivors (SGLang's /destroy_weights_update_group: asking again answers that it
+    is not open) and shut down on the trainer's side, not left holding its connections."""
+    model, tokenizer = tiny
+    config = RolloutConfig(mode="async", n_gpus_per_node=2, external_server_addresses=[],
+                           server=RolloutServerConfig(max_start_wait_time=120, retry_delay=0.1,
+                                                      weight_sync="distributed"))
+    rollout = ServerRollout(copy.deepcopy(model), tokenizer, config, max_response_length=8, max_prompt_length=64,
+                            log_dir=tmp_path)
+    try:
+        rollout.sync_weights(1)
+        first = rollout._group
+        victim, survivor = rollout.replicas[1], rollout.replicas[0]
+        os.kill(victim.process.pid, signal.SIGKILL)
+        victim.process.wait(10)
+        rollout.sync_weights(2)
+        assert victim.down is not None and rollout._group is not first and rollout._group_members == [0]
+        again = survivor.post("/destroy_weights_update_group", json={"group_name": first.name}, timeout=10)
+        assert again.status_code == 400 and "is not open" in again.text
+        got = rollout.generate(prompt_ids(tokenizer, QUESTIONS[:1]), greedy(8), groups=["a"])
+        assert {c.weight_version for c in got} == {2}
+    finally:
+        rollout.close()
+    assert rollout._group is None  # close left the group too
