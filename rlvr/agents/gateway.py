@@ -42,6 +42,7 @@ import contextvars
 import dataclasses
 import json
 import math
+import numbers
 import os
 import secrets
 import sys
@@ -254,6 +255,19 @@ def jsonable(row: dict) -> dict:
     return {k: convert(v) for k, v in row.items() if k != "raw_prompt_ids"}
 
 
+def as_reward(value) -> float | None:
+    """The agent's return value as a reward: None (the reward function scores the episode), a
+    number of any kind (Python's, a bool, a numpy scalar or 0-d array, a one-element tensor), else
+    ValueError."""
+    if value is None:
+        return None
+    if getattr(value, "ndim", None) == 0 or (hasattr(value, "numel") and value.numel() == 1):
+        value = value.item()  # numpy and torch scalars
+    if not isinstance(value, numbers.Real):
+        raise ValueError(f"the agent returned {type(value).__name__} {value!r}: return a number or None")
+    return float(value)
+
+
 @register("openai_agent")
 class OpenAIAgentLoop(AgentLoopBase):
     """One episode of the user's agent through the gateway (module docstring)."""
@@ -267,9 +281,7 @@ class OpenAIAgentLoop(AgentLoopBase):
         episode = self.gateway.episode(self.server_manager.row_of_task())
         row = jsonable(kwargs)
         try:
-            reward = await asyncio.wait_for(self._agent(episode, row, cfg), cfg.timeout)
-            if reward is not None and not isinstance(reward, (int, float)):
-                raise ValueError(f"the agent returned {type(reward).__name__} {reward!r}: return a number or None")
+            reward = as_reward(await asyncio.wait_for(self._agent(episode, row, cfg), cfg.timeout))
         except asyncio.TimeoutError:
             episode.failed = f"ran past actor_rollout_ref.rollout.agent.gateway.timeout={cfg.timeout:g} s"
         except Exception as err:
@@ -282,7 +294,8 @@ class OpenAIAgentLoop(AgentLoopBase):
             reward = math.nan  # counted, its group left out
         return AgentLoopOutput(prompt, response, mask, logprobs, reward_score=None if reward is None else float(reward),
                                num_turns=2 * len(episode.calls),
-                               metrics={"failed": float(episode.failed is not None), "calls": float(len(episode.calls))},
+                               metrics={"failed": float(episode.failed is not None),
+                                        "episode_calls": float(len(episode.calls))},
                                split_samples=[AgentLoopOutput(*chain, num_turns=2 * len(episode.calls))
                                               for chain in later])
 

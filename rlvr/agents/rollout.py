@@ -226,6 +226,8 @@ class AgentLoopRollout:
         # (the exit stack stopped the session's driver, then closed the session)
         if gateway is not None:
             self.stats["agent/context_breaks"] = float(gateway.breaks)
+        else:  # this rollout's: not a count an earlier rollout's gateway left
+            self.stats.pop("agent/context_breaks", None)
         self.stats["agent/calls"] = float(server.requests)
         return results
 

@@ -682,8 +682,9 @@ class DistillationLossConfig:
     """The PPO loss of ``use_policy_gradient`` (verl implements vanilla only, as does rlvr)."""
     clip_ratio: float = 0.2
     """``use_policy_gradient``: the clip range where clip_ratio_low/high are unset."""
-    clip_ratio_low: Optional[float] = 0.2
-    clip_ratio_high: Optional[float] = 0.2
+    clip_ratio_low: Optional[float] = None
+    """None: clip_ratio (verl's YAML sets 0.2 here, where its clip_ratio alone then changes nothing)."""
+    clip_ratio_high: Optional[float] = None
 
 
 @dataclass

@@ -811,7 +811,10 @@ def _agent_loops(cfg: RLVRConfig) -> list[str]:
                       f"(registered: {sorted(AGENT_LOOPS.names()) + ['tool_agent']}); register it with "
                       f"@rlvr.agents.register in a custom_modules file, or list it in {key}.agent_loop_config_path")
     gateway = agent.gateway
-    if agent.default_agent_loop == "openai_agent" and bool(gateway.function) == bool(gateway.command):
+    if gateway.function and gateway.command:
+        errors.append(f"{key}.gateway.function and {key}.gateway.command are both set: openai_agent runs one "
+                      "agent; keep one")
+    elif agent.default_agent_loop == "openai_agent" and not (gateway.function or gateway.command):
         errors.append(f"{key}.default_agent_loop=openai_agent runs your agent: set one of {key}.gateway.function "
                       f"(file.py:name of async def agent(base_url, api_key, row)) and {key}.gateway.command")
     if gateway.timeout <= 0 or gateway.max_calls < 1:

@@ -134,6 +134,50 @@ def test_loop_names_and_files_are_checked_at_load(tiny_config, tmp_path, tiny_da
         build_trainer(tiny_config(*QUIET, f"data.train_files=[{named}]"), progress_bar=False)
 
 
+def test_a_loop_registered_in_a_custom_modules_file_runs_the_rows_that_name_it(tiny_config, tmp_path, tiny_data):  # noqa: F811
+    """docs/agents.md: register a loop in a custom_modules file and the dataset's agent_name picks
+    it, with no loop file and the default loop built in (it was refused at load)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    module = tmp_path / "my_loops.py"
+    module.write_text("from rlvr.agents import SingleTurnAgentLoop, register\n\n\n"
+                      "@register('from_custom_module')\n"
+                      "class FromCustomModule(SingleTurnAgentLoop):\n"
+                      "    async def run(self, sampling_params, **kwargs):\n"
+                      "        out = await super().run(sampling_params, **kwargs)\n"
+                      "        out.metrics = {'custom_ran': 1.0}\n"
+                      "        return out\n")
+    table = pq.read_table(tiny_data["train"]).to_pylist()
+    for i, row in enumerate(table):
+        row["agent_name"] = "from_custom_module" if i % 2 == 0 else None
+    named = tmp_path / "named.parquet"
+    pq.write_table(pa.Table.from_pylist(table), named)
+    trainer, batch = rollout_of(tiny_config, f"custom_modules=[{module}]", f"data.train_files=[{named}]")
+    _, out = generate(trainer, batch)
+    ran = out.meta_info.get("rollout_metrics", {})
+    assert ran.get("agent/custom_ran") == 0.5, ran  # the mean over the batch's rows: the half that name it
+
+
+def test_openai_agent_needs_exactly_one_agent(tiny_config, tmp_path, tiny_data):  # noqa: F811
+    """gateway.function and .command both set: refused (one silently won); a row naming
+    openai_agent with neither: refused naming the row (every episode failed at run time)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    with pytest.raises(ConfigError, match="gateway.function and actor_rollout_ref.rollout.agent.gateway.command "
+                                          "are both set"):
+        tiny_config("actor_rollout_ref.rollout.agent.gateway.function=a.py:agent",
+                    "actor_rollout_ref.rollout.agent.gateway.command=./agent")
+    table = pq.read_table(tiny_data["train"]).to_pylist()
+    for i, row in enumerate(table):
+        row["agent_name"] = "openai_agent" if i == 2 else None
+    named = tmp_path / "named.parquet"
+    pq.write_table(pa.Table.from_pylist(table), named)
+    with pytest.raises(ConfigError, match=r"named.parquet.*row 2.*agent_name openai_agent runs your agent"):
+        build_trainer(tiny_config(*QUIET, f"data.train_files=[{named}]"), progress_bar=False)
+
+
 @pytest.mark.parametrize("how", ["quarter", "nan"])
 def test_a_loops_reward_score_is_its_rows_score_under_the_nan_guard(tiny_config, tmp_path, loops_file, how):
     """reward_score replaces the reward function's score (the leading-space function gives 0 or

@@ -63,7 +63,7 @@ def learns(tiny_config, tmp_path, name: str) -> list[dict]:
 def test_a_chat_agent_learns(tiny_config, tmp_path):
     """GRPO on the agent's own reward (its first answer starts with a space): it rises."""
     records = learns(tiny_config, tmp_path, "two_chats")
-    assert all(r["agent/failed"] == 0.0 and r["agent/calls"] == 2.0 for r in records)
+    assert all(r["agent/failed"] == 0.0 and r["agent/episode_calls"] == 2.0 for r in records)
 
 
 def test_a_process_agent_over_urllib_trains(tiny_config, tmp_path):
@@ -82,7 +82,7 @@ print(float(answer["choices"][0]["message"]["content"].startswith(" ")))
     _, records = train(tiny_config, tmp_path, LEADING_SPACE, *GATEWAY, "trainer.total_training_steps=3",
                        "trainer.freshness_check_freq=-1",
                        f"actor_rollout_ref.rollout.agent.gateway.command={sys.executable} {script}")
-    assert len(records) == 3 and all(r["agent/failed"] == 0.0 and r["agent/calls"] == 1.0 for r in records)
+    assert len(records) == 3 and all(r["agent/failed"] == 0.0 and r["agent/episode_calls"] == 1.0 for r in records)
     assert any(r["actor/grad_norm"] > 0 for r in records)
 
 
@@ -165,6 +165,22 @@ def test_a_bad_agent_fails_its_episode_alone(tiny_config, tmp_path, capsys, name
     assert r["agent/failed"] == 1.0 and r["reward/num_invalid"] == 6.0 and r["training/dropped_groups"] == 2.0
 
 
+def test_an_agents_reward_may_be_any_kind_of_number():
+    """numpy's and torch's scalars are numbers (they failed the episode as "not a number"); text,
+    lists and several-element tensors are not."""
+    import numpy as np
+    import torch
+
+    from rlvr.agents.gateway import as_reward
+
+    assert [as_reward(v) for v in (None, 1, 0.5, True, np.float32(0.25), np.int64(3), np.array(0.75),
+                                   torch.tensor(2.0), torch.tensor([0.5]))] == [None, 1.0, 0.5, 1.0, 0.25, 3.0, 0.75,
+                                                                               2.0, 0.5]
+    for bad in ("great", [1.0], torch.tensor([1.0, 2.0]), {"reward": 1}):
+        with pytest.raises(ValueError, match="return a number or None"):
+            as_reward(bad)
+
+
 def test_an_agent_cannot_call_with_another_key(tiny_config, tmp_path):
     """A made-up key, or none: 401; the agent's own episode is unaffected."""
     _, records = train(tiny_config, tmp_path, LEADING_SPACE, *GATEWAY, agent("wrong_key"),
@@ -179,7 +195,7 @@ def test_the_example_agent_runs_as_documented(tiny_config, tmp_path):
     example = Path(__file__).parents[2] / "examples" / "agents" / "chat_agent.py"
     _, records = train(tiny_config, tmp_path, LEADING_SPACE, *GATEWAY, "trainer.total_training_steps=1",
                        "trainer.freshness_check_freq=-1", f"actor_rollout_ref.rollout.agent.gateway.function={example}:agent")
-    assert records[0]["agent/failed"] == 0.0 and records[0]["agent/calls"] == 2.0
+    assert records[0]["agent/failed"] == 0.0 and records[0]["agent/episode_calls"] == 2.0
 
 
 def test_ctrl_c_and_resume_with_a_gateway_agent_equal_the_uninterrupted_run(tiny_config, tmp_path,

@@ -100,3 +100,8 @@ def test_policy_gradient_mode_makes_the_teacher_gap_an_advantage_with_its_own_cl
     assert metrics["actor/distillation/pg_clipfrac"] == pytest.approx(0.5)
     _, wide = distillation_loss(moved, T, moved, S, mask, cfg, _actor(clip_ratio=0.2))
     assert wide["actor/distillation/pg_clipfrac"] == 0.0
+    # clip_ratio alone sets both sides (low and high default to it; in verl's YAML they are 0.2 each,
+    # so its clip_ratio alone changes nothing)
+    alone = DistillationLossConfig(loss_mode="k1", use_policy_gradient=True, clip_ratio=0.1)
+    _, metrics = distillation_loss(moved, T, moved, S, mask, alone, _actor(clip_ratio=0.2))
+    assert metrics["actor/distillation/pg_clipfrac"] == pytest.approx(0.5)
