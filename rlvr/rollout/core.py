@@ -291,10 +291,13 @@ class EngineCore:
         self.admitting = self.stepping = True
 
     def set_weight_version(self, version: int) -> None:
-        """The weights the model now holds are ``version``; rows kept in place continue under it."""
+        """The weights the model now holds are ``version``; rows kept in place continue under it.
+        Their next token comes from logits the last decode step computed, under the old weights:
+        the new version's tokens start one later (and attend to keys and values the old wrote)."""
         self.weight_version = int(version)
+        pending = int(self.logits is not None)
         for seq in self.running:
-            seq.version_starts.append((len(seq.tokens), self.weight_version))
+            seq.version_starts.append((len(seq.tokens) + pending, self.weight_version))
 
     # ------------------------------------------------------------------ the loop
     @torch.inference_mode()

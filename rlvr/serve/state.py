@@ -219,8 +219,8 @@ class Server:
             self.versions[number] = weight_version if weight_version is not None else self.weight_version
             self.weight_version = self.versions[number]
             message = holder[0] if holder else ""
-            if flush_cache:
-                await self.engine.call(self.flush)
+            if flush_cache and not await self.engine.call(self.flush):
+                message += "; the KV slab is kept: requests are running or waiting"
             return True, f"{message}; weight_version {self.weight_version!r}", aborted
         except (ValueError, OSError, RuntimeError, TimeoutError) as err:  # a refused folder changed nothing; say why
             return False, f"weights not updated: {err}", aborted
