@@ -49,7 +49,7 @@ def questions(kind: str, num_prompts: int) -> list[str]:
 
 def tool_prompts(tokenizer, num_prompts: int) -> list[list[int]]:
     """The calculator task's prompts as its recipe renders them (a system prompt with the tool's
-    schema and the call format: ~300 tokens, the length of a tool or agent task's prompt), from
+    schema and the call format: ~200 tokens, the length of a tool or agent task's prompt), from
     ``rlvr prepare calculator``'s test split."""
     from rlvr.config.schema import DataConfig, MultiTurnConfig
     from rlvr.data import RLHFDataset
@@ -108,7 +108,7 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--dtypes", default="float32,bfloat16")
     parser.add_argument("--prompt-set", default="arithmetic,open",
-                        help="arithmetic, open and/or tools (the calculator task's ~300-token prompts)")
+                        help="arithmetic, open and/or tools (the calculator task's ~200-token prompts)")
     parser.add_argument("--no-shared-prompts", action="store_true",
                         help="every row reads its own copy of its group's prompt in decode steps (the engine before)")
     parser.add_argument("--shared-ab", action="store_true",

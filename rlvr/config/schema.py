@@ -388,8 +388,9 @@ class RolloutConfig:
     enable_prefix_caching: bool = True
     """vllm: rows that share a prompt (a GRPO group) reuse its prefill from vLLM's prefix cache."""
     tensor_model_parallel_size: int = 1
-    """vllm: devices one engine spans. Only 1: each training rank runs its own in-process engine
-    on its own device (verl's hybrid engine with TP > 1 needs vLLM's external launcher, not built)."""
+    """vllm: ranks one engine spans (verl's hybrid engine: vLLM's external launcher in each of k
+    consecutive ranks, the group's first rank driving the rollout; docs/vllm.md). 1: each training
+    rank runs its own in-process engine. vllm and sglang replicas of a pool of their own: GPUs each."""
     free_cache_engine: bool = True
     """vllm on a GPU: the engine sleeps between rollouts (vLLM's sleep mode: weights and KV cache
     released for training, weights streamed back before the next rollout). vLLM's CPU build has

@@ -203,7 +203,9 @@ def truncate_text(text: str, limit: int, side: str) -> str:
     if len(text) <= limit:
         return text
     marker = "...(truncated)"
-    keep = max(limit - len(marker), 0)
+    if limit <= len(marker):  # no room for the marker: the limit holds, the text is cut bare
+        return text[len(text) - limit:] if side == "left" else text[:limit]
+    keep = limit - len(marker)
     if side == "left":
         return marker + text[len(text) - keep:]
     if side == "right":
@@ -402,7 +404,9 @@ class MultiTurnRollout:
             try:
                 for name, tool in self.tools.items():
                     kw = req.tools_kwargs.get(name, {}).get("create_kwargs", {})
-                    req.instance_ids[name] = await tool.create(req.request_id, **kw)
+                    created = await tool.create(req.request_id, **kw)
+                    # verl's tools return (instance_id, ToolResponse) from create; rlvr's the id
+                    req.instance_ids[name] = created[0] if isinstance(created, tuple) else created
                 if req.interaction is not None:
                     req.interaction_id = await self.interactions[req.interaction].start_interaction(
                         req.request_id, **req.interaction_kwargs)
@@ -472,13 +476,17 @@ class MultiTurnRollout:
             return f"Error: {'; '.join(problems)}"
         kw = req.tools_kwargs.get(call.name, {}).get("execute_kwargs", {})
         start = time.perf_counter()
+        req.metrics["tool_runs"] += 1
+        deadline = asyncio.timeout(self.config.tool_timeout_s)
         try:
             async with tool.call_slot():  # the wait for a slot (a tool's cap on calls at once) is not timed
-                text, reward, _ = await asyncio.wait_for(tool.execute(req.instance_ids[call.name], params, **kw),
-                                                         self.config.tool_timeout_s)
+                async with deadline:
+                    text, reward, _ = await tool.execute(req.instance_ids[call.name], params, **kw)
             req.step_rewards.append(float(reward))
-            return str(text)
-        except asyncio.TimeoutError:
+            return str(getattr(text, "text", text) or "")  # verl's ToolResponse objects carry .text
+        except TimeoutError as err:
+            if not deadline.expired():  # the tool's own (a socket's, a client's): a tool error, not ours
+                return self._tool_bug(req, call, err)
             req.metrics["tool_timeouts"] += 1
             return f"Error: {call.name} did not answer within {self.config.tool_timeout_s:g} s"
         except ToolError as err:
@@ -486,13 +494,17 @@ class MultiTurnRollout:
             if isinstance(err, ToolBusyError):
                 req.metrics["tool_busy"] += 1
             return f"Error: {err}"
-        except Exception as err:  # a tool's bug: the model sees an error, the run goes on, the user is told
-            req.metrics["tool_errors"] += 1
-            self._warn(f"{call.name}:{type(err).__name__}", f"tool {call.name!r} raised {type(err).__name__}: {err} "
-                       f"(request {req.request_id}, arguments {call.arguments}); the model sees it as a tool error")
-            return f"Error: {call.name} failed: {type(err).__name__}: {err}"
+        except Exception as err:
+            return self._tool_bug(req, call, err)
         finally:
             req.metrics["tool_latency_s"] += time.perf_counter() - start
+
+    def _tool_bug(self, req: Request, call: ToolCall, err: Exception) -> str:
+        """A tool's bug: the model sees an error, the run goes on, the user is told."""
+        req.metrics["tool_errors"] += 1
+        self._warn(f"{call.name}:{type(err).__name__}", f"tool {call.name!r} raised {type(err).__name__}: {err} "
+                   f"(request {req.request_id}, arguments {call.arguments}); the model sees it as a tool error")
+        return f"Error: {call.name} failed: {type(err).__name__}: {err}"
 
     async def _finish(self, requests: list[Request]) -> None:
         """Each trajectory's tool rewards, then the release of its tools (whatever calc_reward did)."""

@@ -29,7 +29,7 @@ from rlvr.tools.schema import OpenAIFunctionToolSchema
 
 class ToolError(Exception):
     """A failed call whose message is shown to the model as the tool's output (and counted in
-    ``tool/errors``); any other exception a tool raises is reported the same way with its type."""
+    ``multi_turn/tool_errors``); any other exception a tool raises is reported the same way with its type."""
 
 
 class ToolBusyError(ToolError):
@@ -72,7 +72,14 @@ class CallSlots:
 
 
 class ToolResponse(str):
-    """The text a tool returns (a ``str``; verl's newer tools return an object with ``.text``)."""
+    """The text a tool returns: a ``str``, built as verl's is (``ToolResponse(text=...)``, whose
+    ``.text`` it has) or as a string; verl's ``image`` and ``video`` are refused (rlvr's tools
+    answer text)."""
+
+    def __new__(cls, text: str | None = None, image=None, video=None):
+        if image is not None or video is not None:
+            raise ValueError("ToolResponse: rlvr's tools answer text; image and video responses are not supported")
+        return super().__new__(cls, "" if text is None else text)
 
     @property
     def text(self) -> str:

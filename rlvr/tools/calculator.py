@@ -42,7 +42,7 @@ def _power(base: Fraction, exponent: Fraction) -> Fraction:
     e = int(exponent)
     if base == 0 and e < 0:
         raise CalculationError("division by zero (0 to a negative power)")
-    size = abs(e) * math.log10(max(abs(base.numerator), base.denominator, 2))
+    size = abs(e) * math.log10(max(abs(base.numerator), base.denominator))  # 0 for 0, 1 and -1: one digit
     if size > MAX_DIGITS:
         raise CalculationError(f"the result would have about {int(size)} digits (the limit is {MAX_DIGITS})")
     return base ** e
@@ -52,6 +52,8 @@ def _walk(node: ast.AST) -> Fraction:
     if isinstance(node, ast.Expression):
         return _walk(node.body)
     if isinstance(node, ast.Constant) and type(node.value) in (int, float):
+        if isinstance(node.value, float) and not math.isfinite(node.value):  # 1e999 reads as inf
+            raise CalculationError(f"a number too large to read (it overflows to {node.value})")
         return Fraction(repr(node.value)) if isinstance(node.value, float) else Fraction(node.value)
     if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.UAdd, ast.USub)):
         value = _walk(node.operand)

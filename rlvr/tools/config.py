@@ -127,10 +127,11 @@ def load_tools(path: str | Path, instantiate: bool = True) -> dict[str, BaseTool
     """The tools of a tools YAML (a path, or the name of a shipped file: calculator, python), by name.
     ``instantiate=False`` checks every entry (its class imports and is a tool) and builds none."""
     path = Path(path).expanduser()
-    if not path.exists() and (SHIPPED / f"{path}.yaml").exists():  # a shipped tools file by name
-        path = SHIPPED / f"{path}.yaml"
-    if not path.exists():
-        raise ToolConfigError(f"tool config {path} does not exist (actor_rollout_ref.rollout.multi_turn.tool_config_path)")
+    if not path.is_file() and (SHIPPED / f"{path}.yaml").is_file():  # a shipped tools file by name (a folder of
+        path = SHIPPED / f"{path}.yaml"                                # that name, as `rlvr prepare` makes, is not one)
+    if not path.is_file():
+        what = "is a folder, not a tools YAML" if path.is_dir() else "does not exist"
+        raise ToolConfigError(f"tool config {path} {what} (actor_rollout_ref.rollout.multi_turn.tool_config_path)")
     try:
         data = yaml.safe_load(path.read_text())
     except yaml.YAMLError as err:

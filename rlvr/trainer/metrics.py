@@ -121,14 +121,16 @@ def multi_turn_stats(num_turns: list, counters: list[dict], tool_tokens: list, p
     ``tool_errors``, ``tool_timeouts``, ``invalid_json``, ``invalid_arguments``, ``unknown_tool``,
     ``dropped_calls``, ``truncated``, ``tokenization_mismatch``, ``failed``), plus
     ``multi_turn/tool_call_rate`` (samples with a call), ``multi_turn/tool_latency_s``
-    (mean per call) and ``multi_turn/tool_tokens/mean`` (tool and template tokens per sample)."""
+    (mean per call a tool ran) and ``multi_turn/tool_tokens/mean`` (tool and template tokens per sample)."""
     turns = np.asarray(num_turns, dtype=float)
     metrics = {f"{prefix}num_turns/mean": float(turns.mean()), f"{prefix}num_turns/max": float(turns.max()),
                f"{prefix}num_turns/min": float(turns.min())}
-    calls = sum(c.get("tool_calls", 0) for c in counters)
+    runs = sum(c.get("tool_runs", 0) for c in counters)  # calls a tool ran (not the malformed ones)
     for key in sorted(set().union(*counters)):
+        if key == "tool_runs":
+            continue
         if key == "tool_latency_s":
-            metrics[f"{prefix}multi_turn/tool_latency_s"] = sum(c.get(key, 0.0) for c in counters) / max(calls, 1)
+            metrics[f"{prefix}multi_turn/tool_latency_s"] = sum(c.get(key, 0.0) for c in counters) / max(runs, 1)
         else:
             metrics[f"{prefix}multi_turn/{key}"] = float(np.mean([c.get(key, 0) for c in counters]))
     metrics[f"{prefix}multi_turn/tool_call_rate"] = float(np.mean([c.get("tool_calls", 0) > 0 for c in counters]))

@@ -60,6 +60,8 @@ class Recorder(BaseTool):
                 raise RuntimeError("boom")
             if self.fail == "hang":
                 await asyncio.sleep(60)
+            if self.fail == "own_timeout":  # the tool's own deadline (a socket's, a client's) ran out
+                raise TimeoutError("the upstream service did not answer")
             self.calls[instance_id] = self.calls.get(instance_id, 0) + 1
             return f"echo {parameters['x']}", 0.25, {}
         finally:
@@ -195,7 +197,8 @@ def test_bad_calls_become_error_messages_and_counters(tiny, teacher_forced_engin
     assert message in out.non_tensor_batch["messages"][0][1]["content"]
 
 
-@pytest.mark.parametrize("fail,counter", [("raise", "tool_errors"), ("hang", "tool_timeouts")])
+@pytest.mark.parametrize("fail,counter", [("raise", "tool_errors"), ("hang", "tool_timeouts"),
+                                          ("own_timeout", "tool_errors")])  # not the rollout's timeout
 def test_a_tool_that_raises_or_hangs_is_an_error_not_a_crash(tiny, teacher_forced_engine, fail, counter, capsys):
     script = lambda ctx: "<echo>1</echo>" if "<|im_start|>tool" not in ctx else None  # noqa: E731
     rollout, chat = make_rollout(tiny, teacher_forced_engine, script, tools={"echo": Recorder(fail=fail)},
@@ -205,6 +208,37 @@ def test_a_tool_that_raises_or_hangs_is_an_error_not_a_crash(tiny, teacher_force
     assert out.non_tensor_batch["messages"][0][1]["content"].startswith("Error:")
     if fail == "raise":
         assert "tool 'echo' raised RuntimeError: boom" in capsys.readouterr().err
+    if fail == "own_timeout":
+        assert "the upstream service did not answer" in out.non_tensor_batch["messages"][0][1]["content"]
+        assert [c.get("tool_timeouts", 0) for c in out.non_tensor_batch["multi_turn_metrics"]] == [0, 0]
+
+
+class VerlStyle(Recorder):
+    """verl's current tool API: create returns (instance_id, ToolResponse), execute a ToolResponse."""
+
+    async def create(self, instance_id=None, **kw):
+        from rlvr.tools.base import ToolResponse
+
+        return await super().create(instance_id, **kw), ToolResponse()
+
+    async def execute(self, instance_id, parameters, **kw):
+        from rlvr.tools.base import ToolResponse
+
+        text, reward, metrics = await super().execute(instance_id, parameters, **kw)
+        return ToolResponse(text=text), reward, metrics
+
+
+def test_a_verl_style_tool_runs(tiny, teacher_forced_engine):
+    """verl's tools carry over: the instance id is create's first element (the tuple was used as
+    the id, and every call failed with a KeyError), the answer ToolResponse's text."""
+    script = lambda ctx: "<echo>5</echo>" if "<|im_start|>tool" not in ctx else None  # noqa: E731
+    tool = VerlStyle()
+    rollout, chat = make_rollout(tiny, teacher_forced_engine, script, tools={"echo": tool}, max_len=32,
+                                 max_assistant_turns=2)
+    out = rollout.generate_sequences(prompts_for(rollout, chat, n=2))
+    assert [c.get("tool_errors", 0) for c in out.non_tensor_batch["multi_turn_metrics"]] == [0, 0]
+    assert out.non_tensor_batch["messages"][0][1]["content"] == "echo 5"
+    assert sorted(tool.calls.values()) == [1, 1] and all(isinstance(i, str) for i in tool.calls)
 
 
 def test_calls_of_a_turn_run_concurrently_across_requests(tiny, teacher_forced_engine):
@@ -301,6 +335,8 @@ def test_truncate_tool_response_sides():
     assert truncate_text(text, 20, "left") == "...(truncated)" + text[-6:]
     assert truncate_text(text, 20, "middle") == text[:3] + "...(truncated)" + text[-3:]
     assert truncate_text("short", 20, "middle") == "short"
+    # a limit with no room for the marker still holds (it came back 14 characters long)
+    assert [truncate_text(text, 5, side) for side in ("right", "left", "middle")] == [text[:5], text[-5:], text[:5]]
 
 
 def test_multi_turn_metrics_aggregate_counters(tiny, teacher_forced_engine):
@@ -310,6 +346,18 @@ def test_multi_turn_metrics_aggregate_counters(tiny, teacher_forced_engine):
     metrics = multi_turn_metrics(out)
     assert metrics["num_turns/mean"] == 2 and metrics["multi_turn/tool_calls"] == 1
     assert metrics["multi_turn/tool_call_rate"] == 1.0 and metrics["multi_turn/tool_tokens/mean"] > 0
+
+
+def test_tool_latency_is_per_call_a_tool_ran():
+    """Malformed calls (no tool ran) do not halve the latency: 0.3 + 0.1 s over the 2 calls that
+    ran is 0.2 s a call, not 0.1 s over all 4."""
+    from rlvr.trainer.metrics import multi_turn_stats
+
+    counters = [{"tool_calls": 2, "tool_runs": 1, "invalid_json": 1, "tool_latency_s": 0.3},
+                {"tool_calls": 2, "tool_runs": 1, "unknown_tool": 1, "tool_latency_s": 0.1}]
+    metrics = multi_turn_stats([2, 2], counters, [10, 10])
+    assert metrics["multi_turn/tool_latency_s"] == pytest.approx(0.2)  # (0.3 + 0.1) / 2
+    assert metrics["multi_turn/tool_calls"] == 2.0 and "multi_turn/tool_runs" not in metrics
 
 
 def test_each_turn_reads_the_cache_the_last_turn_kept(tiny, teacher_forced_engine):

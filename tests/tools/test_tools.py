@@ -27,6 +27,9 @@ run = asyncio.run
     ("3 × 4 ÷ 6", "2"),
     ("2^10", "1024"),
     ("1,234 + 1", "1235"),
+    ("1 ** 5000", "1"),  # 0, 1 and -1 to any power are one digit (they were refused as ~1,505 digits)
+    ("(-1) ** 4001", "-1"),
+    ("0 ** 4000", "0"),
 ])
 def test_calculator_is_exact(expression, value):
     assert calculate(expression) == value
@@ -42,6 +45,8 @@ def test_calculator_is_exact(expression, value):
     ("(1 + ", "cannot parse"),
     ("", "empty expression"),
     ("1" * 600, "longer than 500"),
+    ("1e999 + 1", "too large to read"),  # a float literal that overflows: the model's error, not a tool bug
+    ("2 ** 5000", "about 1505 digits"),
 ])
 def test_calculator_errors_are_messages(expression, message):
     with pytest.raises(ToolError, match=message):
@@ -177,6 +182,27 @@ def test_bad_tool_configs_name_the_file_and_tool(tmp_path, text, message):
 def test_missing_tool_config_file(tmp_path):
     with pytest.raises(ToolConfigError, match="does not exist"):
         load_tools(tmp_path / "nope.yaml")
+    with pytest.raises(ToolConfigError, match="is a folder, not a tools YAML"):
+        load_tools(tmp_path)
+
+
+def test_a_shipped_tools_name_is_not_shadowed_by_a_folder_of_that_name(tmp_path, monkeypatch):
+    """`rlvr prepare calculator` makes ~/data/calculator/; run from ~/data, the recipe's
+    tool_config_path `calculator` still names the shipped file (it raised IsADirectoryError)."""
+    (tmp_path / "calculator").mkdir()
+    monkeypatch.chdir(tmp_path)
+    assert sorted(load_tools("calculator")) == ["calculator"]
+
+
+def test_verls_tools_carry_over():
+    """verl's current tools return (instance_id, ToolResponse(text=...)) from create and a
+    ToolResponse from execute: both work here; image or video answers are refused by name."""
+    from rlvr.tools.base import ToolResponse
+
+    assert ToolResponse(text="42") == "42" and ToolResponse(text="42").text == "42" and ToolResponse() == ""
+    assert ToolResponse("7").text == "7"
+    with pytest.raises(ValueError, match="image and video responses are not supported"):
+        ToolResponse(text="see", image=[b"png"])
 
 
 SCHEMAS = [CalculatorTool.default_schema(), add.tool_schema]
