@@ -477,15 +477,16 @@ class MultiTurnRollout:
         kw = req.tools_kwargs.get(call.name, {}).get("execute_kwargs", {})
         start = time.perf_counter()
         req.metrics["tool_runs"] += 1
-        deadline = asyncio.timeout(self.config.tool_timeout_s)
+        deadline = None
         try:
             async with tool.call_slot():  # the wait for a slot (a tool's cap on calls at once) is not timed
+                deadline = asyncio.timeout(self.config.tool_timeout_s)  # its clock starts here
                 async with deadline:
                     text, reward, _ = await tool.execute(req.instance_ids[call.name], params, **kw)
             req.step_rewards.append(float(reward))
             return str(getattr(text, "text", text) or "")  # verl's ToolResponse objects carry .text
         except TimeoutError as err:
-            if not deadline.expired():  # the tool's own (a socket's, a client's): a tool error, not ours
+            if deadline is None or not deadline.expired():  # the tool's own (a socket's, a client's): its error
                 return self._tool_bug(req, call, err)
             req.metrics["tool_timeouts"] += 1
             return f"Error: {call.name} did not answer within {self.config.tool_timeout_s:g} s"
