@@ -7,7 +7,7 @@ colocate_async`` with ``num_warmup_batches=k`` (1: one-step-off); ``pool-sync`` 
 put the rollout on a Ray pool of 2 CPU workers of its own (``hybrid_engine=false``, synchronous
 or ``separate_async``), the weights broadcast to it (``timing_s/sync_weights``,
 ``update_weights``). Each mode trains the default
-job (built-in model, arithmetic, 8 prompts x n=4) for ``--steps`` steps without validation;
+job (built-in model, arithmetic, 8 prompts x n=8) for ``--steps`` steps without validation;
 the first step (nothing generated ahead yet, caches cold) is left out. Prints, per mode, the
 median over the other steps of: seconds per step, the trainer's wait for generation
 (``wait_gen``), the engine's generation and weight-load times (in its thread, overlapping the

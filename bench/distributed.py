@@ -33,7 +33,9 @@ MODES = {
 
 
 def run(mode: str, steps: int, device: str, extra: list[str], out: Path) -> dict:
-    run_dir = out / mode
+    from runs import fresh_run_dir
+
+    run_dir = fresh_run_dir(out / mode)
     command = [sys.executable, "-m", "rlvr.cli", "train", *MODES[mode], f"trainer.device={device}",
                f"trainer.total_training_steps={steps}", "trainer.test_freq=-1", "trainer.save_freq=-1",
                "trainer.val_before_train=false", "trainer.logger=[jsonl]", f"trainer.default_local_dir={run_dir}",

@@ -66,6 +66,10 @@ def main() -> None:
     if unknown:
         parser.error(f"unknown runs {unknown}: each is VARIANT_sSEED, VARIANT one of {', '.join(VARIANTS)}")
     runs = {tag: (name, int(seed)) for tag, (name, seed) in parts.items()}  # tag -> (variant, seed)
+    from runs import fresh_run_dir
+
+    for tag in runs:
+        fresh_run_dir(out / tag)
     for tag, (name, seed) in runs.items():
         command = [sys.executable, "-m", "rlvr.cli", "train", f"trainer.device={args.device}",
                    "actor_rollout_ref.actor.strategy=local", f"actor_rollout_ref.rollout.seed={seed}",

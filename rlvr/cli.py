@@ -1,4 +1,5 @@
-"""The ``rlvr`` command: ``train``, ``plan``, ``prepare``, ``config show``, ``algos list``, ``rollout``, ``serve``.
+"""The ``rlvr`` command: ``train``, ``plan``, ``prepare``, ``eval``, ``config show``, ``algos list``, ``rollout``, ``serve``,
+``plot``, ``export``.
 
 Config-reading commands take ``--config FILE.yaml`` and ``key=value`` overrides, exactly
 as ``rlvr train`` does. Errors that come from the user's input (config, data, model path)
@@ -51,7 +52,11 @@ def _cmd_prepare(args: argparse.Namespace) -> None:
                                   max_operand=None if args.max_operand == 0 else args.max_operand)
         except ValueError as err:  # the spec's messages open with its field: the option of that name
             raise ConfigError("--" + str(err).replace("_", "-", 1)) from None
-        paths = prepare.prepare_arithmetic(out, args.train_size or 1000, args.test_size or 300, args.seed, spec)
+        try:
+            paths = prepare.prepare_arithmetic(out, args.train_size or 1000, args.test_size or 300, args.seed, spec)
+        except ValueError as err:  # more rows asked for than the spec has distinct problems
+            raise ConfigError(f"--train-size {args.train_size or 1000} --test-size {args.test_size or 300}: {err} "
+                              "(--max-operand, --digits, --num-operands)") from None
     elif args.task in ("calculator", "calculator_no_tool"):
         paths = prepare.prepare_calculator(out, args.train_size or 1000, args.test_size or 100, args.seed,
                                            with_tool=args.task == "calculator")

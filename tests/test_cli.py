@@ -115,6 +115,13 @@ def test_a_run_directory_that_is_a_file_is_refused_at_load(tmp_path, capsys):
     assert f"is under {file}, which is a file" in capsys.readouterr().err
 
 
+def test_prepare_asking_for_more_problems_than_the_spec_has_is_a_clear_error(tmp_path, capsys):
+    """Operands 0-20 with + - x give about 1,300 distinct problems: 2,000 rows was a traceback."""
+    assert main(["prepare", "arithmetic", "--out", str(tmp_path), "--train-size", "2000"]) == 2
+    err = capsys.readouterr().err
+    assert "--train-size 2000 --test-size 300: only" in err and "distinct problems" in err and "Traceback" not in err
+
+
 @pytest.mark.parametrize("size", ["-5", "0"])
 @pytest.mark.parametrize("option", ["--train-size", "--test-size"])
 def test_prepare_refuses_a_split_of_no_rows(tmp_path, capsys, option, size):

@@ -326,8 +326,9 @@ def _run_management(cfg: RLVRConfig) -> list[str]:
         if backend not in LOGGER_BACKENDS:
             errors.append(f"trainer.logger has unknown backend {backend!r}; choose from {list(LOGGER_BACKENDS)}")
         elif LOGGER_BACKENDS[backend] and importlib.util.find_spec(LOGGER_BACKENDS[backend]) is None:
+            how = f"pip install 'rlvr[{backend}]'" if backend == "wandb" else f"pip install {LOGGER_BACKENDS[backend]}"
             errors.append(f"trainer.logger includes {backend} but the {LOGGER_BACKENDS[backend]} package is not "
-                          f"installed: pip install 'rlvr[{backend}]', or drop {backend} from trainer.logger")
+                          f"installed: {how}, or drop {backend} from trainer.logger")
     for key in ("functions", "val_functions"):
         for i, entry in enumerate(getattr(cfg.reward, key)):
             if entry.name not in REWARD_FNS.names():

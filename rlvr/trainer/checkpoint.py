@@ -275,12 +275,22 @@ def check_intact(path: Path, mode: str = "auto") -> None:
     raise DamagedCheckpointError(message)
 
 
-def load_trainer_state(path: Path, config: RLVRConfig) -> dict[str, Any]:
-    """The saved trainer state, after checking the run is compatible with ``config``."""
+SAMPLER_KEYS = {"num_rows": "training rows after filtering (data.train_files, data.max_prompt_length, "
+                            "data.filter_overlong_prompts, ...)",
+                "batch_size": "prompts a batch (data.gen_batch_size, else data.train_batch_size)"}
+
+
+def load_trainer_state(path: Path, config: RLVRConfig, sampler: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The saved trainer state, after checking the run is compatible with ``config`` and, given
+    this run's ``sampler`` state, that its batches continue the saved run's."""
     state = torch.load(path / "trainer_state.pt", weights_only=False)
     saved, now = state["compatibility"], compatibility(config)
     # a key the checkpoint does not record (saved by an older rlvr) is not compared
     differ = [f"{k}: checkpoint {saved[k]!r}, this run {now[k]!r}" for k in now if k in saved and saved[k] != now[k]]
+    saved_sampler = state.get("sampler") or {}
+    differ += [f"{what}: checkpoint {saved_sampler[key]!r}, this run {sampler[key]!r}"
+               for key, what in SAMPLER_KEYS.items()
+               if sampler is not None and key in saved_sampler and saved_sampler[key] != sampler[key]]
     if differ:
         raise ConfigError(f"cannot resume from {path}: the config differs from the checkpoint's in\n  - "
                           + "\n  - ".join(differ)

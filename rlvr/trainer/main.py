@@ -222,7 +222,7 @@ def build_trainer(config: RLVRConfig, progress_bar: bool = True) -> RLTrainer:
     steps = total_steps(config, batches)
     resume_from = checkpoint.resolve_resume(config)  # a damaged checkpoint is refused before the model loads
     if resume_from is not None:  # and so is an incompatible one, before the folder's record is written
-        checkpoint.load_trainer_state(resume_from, config)
+        checkpoint.load_trainer_state(resume_from, config, sampler={"num_rows": len(train), "batch_size": per_batch})
     actor_wg, critic_wg, rollout_wg = (ray_worker_groups if uses_ray(config) else local_worker_groups)(
         config, steps, tokenizer, tool_setup, run_dir)
     reward_fn = RewardManager(tokenizer, config.reward, config.data.reward_fn_key, config.data.max_response_length)

@@ -145,7 +145,7 @@ class RLTrainer:
             try:
                 message = self._save_on_interrupt()
             except KeyboardInterrupt:  # Ctrl-C again while saving: stop now, that save discarded
-                kept = (f"the last checkpoint is step {self._saved_step}; run the same command again to resume"
+                kept = (f"the last checkpoint is step {self._saved_step}; {self._how_to_resume()}"
                         if self._saved_step else
                         "no checkpoint exists yet, so running the same command again starts from the beginning")
                 message = (f"interrupted again while saving step {self._completed['global_step']}: that save was "
@@ -234,10 +234,19 @@ class RLTrainer:
             progress.set_postfix(reward=f"{metrics['critic/score/mean']:.3f}", step_s=f"{metrics['timing_s/step']:.1f}")
         return metrics
 
+    def _how_to_resume(self) -> str:
+        """The same command resumes under resume_mode=auto; another mode starts afresh in a folder of
+        its own (or from the path again), so it is named."""
+        if self.config.trainer.resume_mode == "auto":
+            return "run the same command again to resume (trainer.resume_mode=auto)"
+        return (f"to resume, run again with trainer.resume_mode=auto "
+                f"trainer.default_local_dir={self.config.trainer.default_local_dir} (this run has "
+                f"trainer.resume_mode={self.config.trainer.resume_mode}, which does not resume it)")
+
     def _save_on_interrupt(self) -> str:
         """Save the last complete step (unless saved already); the message for the user."""
         step = self._completed["global_step"]
-        resume = "run the same command again to resume (trainer.resume_mode=auto)"
+        resume = self._how_to_resume()
         if self._updating:
             kept = (f"the last checkpoint, step {self._saved_step}, is kept; {resume}" if self._saved_step
                     else "no checkpoint exists yet, so running the same command again starts from the beginning")

@@ -14,7 +14,7 @@ from ``kl_loss_type``; with on-policy distillation (``distillation.enabled``) pl
 ``distillation_loss_coef`` times the distillation term (``rlvr.algos.distillation``), or that
 term alone when ``use_task_rewards`` is false. Its top-k modes gather the student's log-probs at
 the teacher's top-k tokens in the same forward. A non-finite gradient norm skips the optimizer step and is counted
-in ``actor/grad_norm_nonfinite``; ``max_consecutive_skipped_steps`` skipped in a row raise
+in ``actor/grad_norm_nonfinite`` (the update's skipped steps); ``max_consecutive_skipped_steps`` skipped in a row raise
 ``NonFiniteLossError`` (a NaN loss on every micro-batch must not pass as a quiet metric).
 
 Data-parallel (``dp.world_size > 1``, FSDP2): every rank gets the whole step's data and the
@@ -158,6 +158,10 @@ def clip_and_step(model, optimizer, grad_clip: float) -> tuple[float, bool]:
     return float(grad_norm), stepped
 
 
+COUNTED = {"actor/grad_norm_nonfinite"}
+"""Metrics summed over an update's optimizer steps (the rest are averaged)."""
+
+
 class NonFiniteLossError(StopTraining):
     """Too many optimizer steps in a row had a NaN or infinite gradient norm."""
 
@@ -288,7 +292,8 @@ class Actor:
             with warnings.catch_warnings():  # a skipped (non-finite) step still advances the schedule
                 warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step")
                 self.scheduler.step()
-        return {k: float(np.mean(v)) for k, v in metrics.items()}
+        # skipped optimizer steps are a count (the console's "skipped steps"); the rest are means
+        return {k: float(np.sum(v) if k in COUNTED else np.mean(v)) for k, v in metrics.items()}
 
     def _optimizer_step(self, data: DataProto, mini_rows: list[int], temperature: float, metrics,
                         on_policy: bool) -> int:

@@ -241,6 +241,19 @@ def test_incompatible_config_is_refused(tiny_config, tmp_path):
     assert build_trainer(fresh, progress_bar=False).global_step == 0
 
 
+def test_a_resume_whose_batches_would_not_continue_the_run_is_refused_before_anything_changes(tiny_config, tmp_path):
+    """Batches of another size (data.gen_batch_size, DAPO's) draw other prompts each step: refused
+    with the reason, before the model loads and before the folder's config.yaml is rewritten (it
+    was a ValueError traceback after both)."""
+    full_run(tiny_config, tmp_path / "run", "trainer.total_training_steps=2")
+    record = (tmp_path / "run" / "config.yaml").read_text()
+    changed = tiny_config("trainer.total_training_steps=4", f"trainer.default_local_dir={tmp_path / 'run'}",
+                          "data.gen_batch_size=4", "algorithm.filter_groups.enable=true")
+    with pytest.raises(ConfigError, match=r"prompts a batch \(data.gen_batch_size.*\): checkpoint 2, this run 4"):
+        build_trainer(changed, progress_bar=False)
+    assert (tmp_path / "run" / "config.yaml").read_text() == record
+
+
 CONSISTENT = ("trainer.total_training_steps=4", "trainer.save_freq=-1", "trainer.test_freq=2",
               "trainer.val_before_train=false", "actor_rollout_ref.actor.ppo_mini_batch_size=1",
               "algorithm.adv_estimator=gae", "critic.ppo_mini_batch_size=1", "critic.ppo_micro_batch_size_per_gpu=3",

@@ -234,3 +234,19 @@ def test_a_run_folder_that_cannot_be_made_is_a_clear_error(tmp_path, capsys):
     err = capsys.readouterr().err
     assert f"trainer.default_local_dir={folder}: cannot make the run folder (No such file or directory" in err
     assert "Traceback" not in err and "model path" not in err
+
+
+def test_an_interrupted_run_that_does_not_auto_resume_is_told_the_command_that_resumes_it():
+    """Under resume_mode=disable (or a path) the same command starts afresh in another folder, so
+    the interrupt message names the command that resumes this run instead."""
+    from types import SimpleNamespace
+
+    from rlvr.trainer.ppo_trainer import RLTrainer
+
+    def told(mode):
+        fake = SimpleNamespace(config=SimpleNamespace(trainer=SimpleNamespace(resume_mode=mode,
+                                                                              default_local_dir="runs/x-2")))
+        return RLTrainer._how_to_resume(fake)
+
+    assert told("auto") == "run the same command again to resume (trainer.resume_mode=auto)"
+    assert "run again with trainer.resume_mode=auto trainer.default_local_dir=runs/x-2" in told("disable")

@@ -174,6 +174,15 @@ def test_nonfinite_gradient_skips_the_step(batch, tiny_model_dir):
     assert all(torch.equal(a, p) for a, p in zip(before, actor.model.parameters()))
 
 
+def test_skipped_steps_are_counted_not_averaged(batch, tiny_model_dir):
+    """Two optimizer steps (mini-batches of one prompt), the first one's gradient NaN: one step
+    skipped, reported as 1 (the console's "skipped steps"), not the mean 0.5."""
+    actor = make_actor(tiny_model_dir, ppo_mini_batch_size=1)
+    batch = with_training_keys(actor, batch)
+    batch.batch["advantages"][0, 0] = float("nan")  # row 0: the first prompt's group
+    assert actor.update_policy(batch)["actor/grad_norm_nonfinite"] == 1.0
+
+
 def test_consecutive_nonfinite_steps_stop_the_run(batch, tiny_model_dir):
     from rlvr.workers.actor import NonFiniteLossError
 
