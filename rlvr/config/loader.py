@@ -273,15 +273,17 @@ def _ray_init_keys(data: dict[str, Any], source: str) -> None:
         ray_init.setdefault("kwargs", {})[name] = ray_init.pop(name)
 
 
-def _fully_async_keys(data: dict[str, Any], source: str, merged=None) -> None:
+def _fully_async_keys(data: dict[str, Any], source: str, merged=None) -> bool:
     """verl's fully-async recipe spells async training ``async_training.*``; rlvr reads it onto
     its one mechanism (``trainer.v1.trainer_mode``, ``colocate_async.num_warmup_batches``) and
     says so, or refuses what that mechanism cannot hold, with the reason. Keys left out take verl's
     defaults (``use_rollout_log_probs`` true, ``trigger_parameter_sync_step`` 4); ``merged`` is the
-    config of the earlier layers (where the actor's mini-batch may be set)."""
+    config of the earlier layers (where the actor's mini-batch may be set). -> whether it chose
+    trainer.v1.trainer_mode (the layer did not set it): ``load_config`` then checks the choice
+    against hybrid_engine as every layer leaves it."""
     section = data.pop("async_training", None)
     if section is None:
-        return
+        return False
     where = f"(from {source})"
     if not isinstance(section, dict):
         raise ConfigError(f"async_training {where} must be a section (verl's fully-async recipe keys)")
@@ -310,10 +312,13 @@ def _fully_async_keys(data: dict[str, Any], source: str, merged=None) -> None:
     if not isinstance(staleness, (int, float)) or staleness < 0:
         raise ConfigError(f"async_training.staleness_threshold={staleness!r} {where} must be a number >= 0")
     ahead = math.ceil(staleness)
-    hybrid = data.get("actor_rollout_ref", {}).get("hybrid_engine", True)
+    hybrid = (data.get("actor_rollout_ref") or {}).get("hybrid_engine")
+    if hybrid is None:  # this layer does not say: the earlier layers do
+        hybrid = True if merged is None else OmegaConf.select(merged, "actor_rollout_ref.hybrid_engine")
     mode = "colocate_async" if hybrid else "separate_async"
     trainer = data.setdefault("trainer", {})
     v1 = trainer.setdefault("v1", {})
+    chosen = "trainer_mode" not in v1
     v1.setdefault("trainer_mode", mode)
     v1.setdefault("colocate_async", {}).setdefault("num_warmup_batches", ahead)
     print(f"[rlvr] note: async_training {where} (verl's fully-async recipe) read as trainer.v1.trainer_mode="
@@ -326,6 +331,7 @@ def _fully_async_keys(data: dict[str, Any], source: str, merged=None) -> None:
           + ("; use_rollout_log_probs=true" + ("" if "use_rollout_log_probs" in section else " (verl's default)")
              + " read as algorithm.rollout_correction.bypass_mode=true (pi_old is the rollout's log-probs)"
              if use_rollout_log_probs else "") + steps_note, file=sys.stderr, flush=True)
+    return chosen
 
 
 def _updates_between_loads(data: dict[str, Any], section: dict[str, Any], where: str, merged) -> str:
@@ -472,8 +478,12 @@ def load_config(config_file: str | Path | None = None, overrides: Iterable[str] 
     set_by: dict[str, str] = {}  # run-length key -> the layer that set it
     engine_set_by = [source for data, source in layers
                      if "checkpoint_engine" in (data.get("actor_rollout_ref") or {}).get("rollout", {})]
-    for data, source in layers:
-        _fully_async_keys(data, source, merged)
+    async_chosen_at = None  # the layer whose async_training chose trainer.v1.trainer_mode
+    for i, (data, source) in enumerate(layers):
+        if "trainer_mode" in ((data.get("trainer") or {}).get("v1") or {}):
+            async_chosen_at = None  # set by hand: kept
+        if _fully_async_keys(data, source, merged):
+            async_chosen_at = i
         _rollout_is_keys(data, source)
         _verl_aliases(data, source)
         _verl_keys(data, source)
@@ -485,6 +495,12 @@ def load_config(config_file: str | Path | None = None, overrides: Iterable[str] 
             raise ConfigError(_explain(err, source)) from None
         _one_run_length(data, source, merged, defaults, set_by)
         merged = _ppo_group_size(data, source, merged)
+    if async_chosen_at is not None:  # a later layer may have set hybrid_engine: the mode follows it
+        mode = "colocate_async" if OmegaConf.select(merged, "actor_rollout_ref.hybrid_engine") else "separate_async"
+        if OmegaConf.select(merged, "trainer.v1.trainer_mode") != mode:
+            OmegaConf.update(merged, "trainer.v1.trainer_mode", mode, merge=False)
+            print(f"[rlvr] note: async_training read as trainer.v1.trainer_mode={mode}: actor_rollout_ref.hybrid_engine "
+                  "is set by a later layer", file=sys.stderr, flush=True)
     for key in deletions:
         if key not in known_keys():
             raise ConfigError(f"unknown config key {key!r} (from the command line, ~{key}){_nearest(key)}")

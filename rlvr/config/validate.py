@@ -471,8 +471,8 @@ def _checkpoint_engine(cfg: RLVRConfig) -> list[str]:
         errors.append(f"{key}.backend = {engine.backend!r} has no effect with actor_rollout_ref.hybrid_engine=true: "
                       "the engine shares the actor's process and its weights are copied in place; set "
                       "hybrid_engine=false for a rollout pool of its own, or backend=naive")
-    elif engine.backend == "nccl" and cfg.trainer.device == "cpu":
-        errors.append(f"{key}.backend=nccl needs CUDA devices; on trainer.device=cpu use gloo (or naive)")
+    elif engine.backend == "nccl" and not on_gpu(cfg):
+        errors.append(f"{key}.backend=nccl needs CUDA devices; on a CPU use gloo (or naive)")
     if engine.update_weights_bucket_megabytes < 1:
         errors.append(f"{key}.update_weights_bucket_megabytes must be >= 1, got {engine.update_weights_bucket_megabytes}")
     return errors
@@ -668,8 +668,8 @@ def _distributed(cfg: RLVRConfig) -> list[str]:
                                 ("ref.fsdp_config.param_offload", arr.ref.fsdp_config.param_offload)) if on]
     if offloads and arr.actor.strategy != "fsdp2":
         errors.append(f"actor_rollout_ref.{offloads[0]} needs actor_rollout_ref.actor.strategy=fsdp2")
-    elif offloads and trainer.device == "cpu":
-        errors.append(f"actor_rollout_ref.{offloads[0]} moves GPU memory to the CPU; with trainer.device=cpu the "
+    elif offloads and not on_gpu(cfg):
+        errors.append(f"actor_rollout_ref.{offloads[0]} moves GPU memory to the CPU; on a CPU (trainer.device=cpu, or auto without CUDA) the "
                       "model is already there: set it to false")
     if not arr.hybrid_engine and arr.rollout.mode != "async":  # async: the servers are the rollout's own devices
         rollout_world = arr.rollout.n_gpus_per_node

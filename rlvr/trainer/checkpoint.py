@@ -286,7 +286,11 @@ def load_trainer_state(path: Path, config: RLVRConfig, sampler: dict[str, Any] |
     state = torch.load(path / "trainer_state.pt", weights_only=False)
     saved, now = state["compatibility"], compatibility(config)
     # a key the checkpoint does not record (saved by an older rlvr) is not compared
-    differ = [f"{k}: checkpoint {saved[k]!r}, this run {now[k]!r}" for k in now if k in saved and saved[k] != now[k]]
+    unread = set()
+    if saved.get("trainer.v1.trainer_mode") == now["trainer.v1.trainer_mode"] == "sync":
+        unread.add("trainer.v1.colocate_async.num_warmup_batches")  # a synchronous run queues nothing ahead
+    differ = [f"{k}: checkpoint {saved[k]!r}, this run {now[k]!r}" for k in now
+              if k in saved and k not in unread and saved[k] != now[k]]
     saved_sampler = state.get("sampler") or {}
     differ += [f"{what}: checkpoint {saved_sampler[key]!r}, this run {sampler[key]!r}"
                for key, what in SAMPLER_KEYS.items()

@@ -1,4 +1,5 @@
 import pytest
+import torch
 
 from rlvr.config import ConfigError, RLVRConfig, known_keys, load_config, parse_overrides, to_yaml
 
@@ -112,9 +113,13 @@ def test_prompt_groups_not_splitting_over_devices():
 def test_several_devices_need_fsdp2_and_offload_needs_a_gpu():
     with pytest.raises(ConfigError, match="2 devices: the actor is split over them with FSDP2; set .*strategy=fsdp2"):
         load_config(overrides=["trainer.n_gpus_per_node=2", "actor_rollout_ref.actor.strategy=local"])
-    with pytest.raises(ConfigError, match="param_offload moves GPU memory to the CPU; with trainer.device=cpu"):
+    with pytest.raises(ConfigError, match="param_offload moves GPU memory to the CPU; on a CPU"):
         load_config(overrides=["actor_rollout_ref.actor.strategy=fsdp2", "trainer.device=cpu",
                                "actor_rollout_ref.actor.fsdp_config.param_offload=true"])
+    if not torch.cuda.is_available():  # trainer.device=auto on this CPU machine: refused too (it passed)
+        with pytest.raises(ConfigError, match="param_offload moves GPU memory to the CPU; on a CPU"):
+            load_config(overrides=["actor_rollout_ref.actor.strategy=fsdp2",
+                                   "actor_rollout_ref.actor.fsdp_config.param_offload=true"])
     with pytest.raises(ConfigError, match="optimizer_offload needs actor_rollout_ref.actor.strategy=fsdp2"):
         load_config(overrides=["actor_rollout_ref.actor.fsdp_config.optimizer_offload=true"])
     with pytest.raises(ConfigError, match="strategy=fsdp2 is not implemented yet; use strategy=local .* for LoRA"):

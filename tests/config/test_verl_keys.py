@@ -224,6 +224,21 @@ def test_fully_async_trigger_reads_the_mini_batch_of_an_earlier_layer(tmp_path):
     assert cfg.data.train_batch_size == 6  # 3 updates x 2 prompts
 
 
+def test_fully_async_mode_follows_hybrid_engine_from_any_layer(tmp_path):
+    """hybrid_engine=false in the file and async_training on the command line (or the other way
+    round) is separate_async: the mode was chosen from the async layer alone, and the load then
+    refused colocate_async beside a rollout pool of its own."""
+    hybrid_off = tmp_path / "pool.yaml"
+    hybrid_off.write_text("actor_rollout_ref:\n  hybrid_engine: false\n")
+    cfg = load_config(hybrid_off, ["async_training.staleness_threshold=1"])
+    assert cfg.trainer.v1.trainer_mode == "separate_async"
+    async_file = tmp_path / "async.yaml"
+    async_file.write_text("async_training:\n  staleness_threshold: 1\n")
+    cfg = load_config(async_file, ["actor_rollout_ref.hybrid_engine=false"])
+    assert cfg.trainer.v1.trainer_mode == "separate_async"
+    assert load_config(async_file).trainer.v1.trainer_mode == "colocate_async"
+
+
 def test_a_dict_valued_keys_entries_are_its_value_not_verl_keys():
     # reward_kwargs is the scorer's: a kwarg that happens to share a verl key's name (use_shm) is passed on
     cfg = load_config(None, ["+reward.custom_reward_function.reward_kwargs.use_shm=true",

@@ -327,6 +327,10 @@ def test_resume_refuses_changed_seeds_and_mini_batches(tiny_config, tmp_path):
         changed = tiny_config("trainer.total_training_steps=4", f"trainer.default_local_dir={tmp_path / 'run'}", change)
         with pytest.raises(ConfigError, match=message):
             build_trainer(changed, progress_bar=False)
+    # a key the synchronous run does not read (how many batches an async run queues) does not stop it
+    unread = tiny_config("trainer.total_training_steps=4", f"trainer.default_local_dir={tmp_path / 'run'}",
+                         "trainer.v1.colocate_async.num_warmup_batches=3")
+    assert build_trainer(unread, progress_bar=False).global_step == 2
 
 
 def test_resume_after_a_kill_mid_write_of_metrics(tiny_config, tmp_path):
