@@ -386,8 +386,8 @@ class Actor:
         log_prob, entropy, *gathered = self._forward(batch, None if uids is None else uids[rows], temperature,
                                                      calculate_entropy=True, entropy_grad=cfg.entropy_coeff != 0,
                                                      **vocab)
-        if on_policy:
-            old_log_prob = log_prob.detach().float() * mask
+        if on_policy:  # every response token's, rows left out of the loss too (the engine-vs-actor metrics read them)
+            old_log_prob = log_prob.detach().float() * data.batch["response_mask"][idx].float().to(device)
             data.batch["old_log_probs"][idx] = old_log_prob.cpu()
         else:
             old_log_prob = data.batch["old_log_probs"][idx].to(device)

@@ -174,6 +174,21 @@ def test_nonfinite_gradient_skips_the_step(batch, tiny_model_dir):
     assert all(torch.equal(a, p) for a, p in zip(before, actor.model.parameters()))
 
 
+def test_the_on_policy_update_writes_pi_old_for_rows_left_out_of_the_loss(batch, tiny_model_dir):
+    """The update's own forward gives pi_old (no separate pass); a group left out of the loss (a
+    NaN reward: train_mask 0) still gets its log-probs, which the engine-vs-actor metrics compare
+    with the rollout's (zeros there read as |log p| of disagreement)."""
+    actor = make_actor(tiny_model_dir, ppo_mini_batch_size=2)
+    want, _ = actor.compute_log_prob(with_training_keys(actor, batch))
+    del batch.batch["old_log_probs"]
+    batch.batch["train_mask"] = batch.batch["response_mask"].clone()
+    batch.batch["train_mask"][:3] = 0  # the first prompt's group is left out
+    actor.update_policy(batch)
+    mask = batch.batch["response_mask"].bool()
+    assert torch.allclose(batch.batch["old_log_probs"][mask], want[mask], atol=1e-5)
+    assert (batch.batch["old_log_probs"][:3][mask[:3]] != 0).all()
+
+
 def test_skipped_steps_are_counted_not_averaged(batch, tiny_model_dir):
     """Two optimizer steps (mini-batches of one prompt), the first one's gradient NaN: one step
     skipped, reported as 1 (the console's "skipped steps"), not the mean 0.5."""
