@@ -72,9 +72,10 @@ class CriticWorker(Worker):
 
     def __init__(self, config: CriticConfig, total_training_steps: int, pad_id: int, device: str = "auto",
                  seed: int = 1, loss_agg_mode: str = "token-mean", strategy: str = "local",
-                 mixed_precision: MixedPrecisionConfig | None = None):
+                 mixed_precision: MixedPrecisionConfig | None = None, share_prompt: bool = True):
         super().__init__()
         self.config, self.total_training_steps = config, total_training_steps
+        self.share_prompt = share_prompt  # actor.share_prompt_forward: the critic's forward is laid out as the actor's
         self.pad_id, self.device, self.seed = pad_id, resolve_device(device), seed
         self.loss_agg_mode = loss_agg_mode
         self.sharded = strategy == "fsdp2"
@@ -120,8 +121,8 @@ class CriticWorker(Worker):
         uids = data.non_tensor_batch.get("uid")
         uids = None if uids is None else uids[rows]
         if self.root is not None:  # through the sharded root, which gathers the embeddings and the value head
-            return self.root(_response_values, batch, uids, self.pad_id)
-        return _response_values(self.model, batch, uids, self.pad_id)
+            return self.root(_response_values, batch, uids, self.pad_id, self.share_prompt)
+        return _response_values(self.model, batch, uids, self.pad_id, self.share_prompt)
 
     def _micro_batches(self, data: DataProto, rows: list[int]) -> list[list[int]]:
         micro = self.config.ppo_micro_batch_size_per_gpu
@@ -219,9 +220,9 @@ class CriticWorker(Worker):
         self.updates = state["updates"]
 
 
-def _response_values(model, batch: dict, uids, pad_id: int) -> torch.Tensor:
+def _response_values(model, batch: dict, uids, pad_id: int, share_prompt: bool = True) -> torch.Tensor:
     """(B, R) values of the response tokens, each read at the position that predicts it."""
-    states = response_states(model, batch, uids, True, pad_id)
+    states = response_states(model, batch, uids, share_prompt, pad_id)
     values = model.score(states.hidden).squeeze(-1).float()  # (N,)
     return scatter_responses(values, states, batch["responses"].shape)
 

@@ -235,6 +235,28 @@ def test_critic_reads_its_model_settings(tiny_model_dir):
     assert critic.model.is_gradient_checkpointing
 
 
+def test_the_critic_takes_the_actors_forward_layout(batch, tiny_model_dir, monkeypatch):
+    """actor.share_prompt_forward=false reaches the critic (it always packed), with the same values."""
+    from rlvr.config.schema import CriticConfig, ModelConfig
+    from rlvr.workers import critic as critic_module
+
+    layouts = []
+    real = critic_module.response_states
+    monkeypatch.setattr(critic_module, "response_states",
+                        lambda model, b, uids, share, pad: layouts.append(share) or real(model, b, uids, share, pad))
+    values = {}
+    for share in (True, False):
+        critic = critic_module.CriticWorker(CriticConfig(model=ModelConfig(path=str(tiny_model_dir))), 2, 0,
+                                            device="cpu", share_prompt=share)
+        torch.manual_seed(0)  # the value head is drawn at init: the same for both
+        critic.init_model()
+        batch.meta_info["micro_batch_size"] = 6
+        values[share] = critic.compute_values(batch).batch["values"]
+    assert layouts == [True, False]
+    mask = batch.batch["response_mask"].bool()
+    assert torch.allclose(values[True][mask], values[False][mask], atol=1e-5)
+
+
 def with_tool_tokens(batch):
     """Columns 2-3 of every response long enough become tool output: present (attention 1) but
     not the model's (response_mask 0), as a multi-turn rollout lays them out."""
