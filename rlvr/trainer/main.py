@@ -123,7 +123,7 @@ def total_steps(config: RLVRConfig, batches_per_epoch: int) -> int:
 def critic_args(config: RLVRConfig, steps: int, pad_id: int) -> tuple:
     actor = config.actor_rollout_ref.actor  # the critic is sharded like the actor
     return (config.critic, steps, pad_id, config.trainer.device, config.trainer.seed, actor.loss_agg_mode,
-            actor.strategy, actor.fsdp_config.mixed_precision, actor.share_prompt_forward)
+            actor.strategy, actor.fsdp_config.mixed_precision, actor.share_prompt_forward, actor.shuffle)
 
 
 def local_worker_groups(config: RLVRConfig, steps: int, tokenizer, tool_setup, run_dir: Path):

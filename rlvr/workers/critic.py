@@ -72,10 +72,12 @@ class CriticWorker(Worker):
 
     def __init__(self, config: CriticConfig, total_training_steps: int, pad_id: int, device: str = "auto",
                  seed: int = 1, loss_agg_mode: str = "token-mean", strategy: str = "local",
-                 mixed_precision: MixedPrecisionConfig | None = None, share_prompt: bool = True):
+                 mixed_precision: MixedPrecisionConfig | None = None, share_prompt: bool = True,
+                 shuffle: bool = True):
         super().__init__()
         self.config, self.total_training_steps = config, total_training_steps
         self.share_prompt = share_prompt  # actor.share_prompt_forward: the critic's forward is laid out as the actor's
+        self.shuffle = shuffle  # actor.shuffle: the critic's mini-batches follow it (verl's critic.shuffle)
         self.pad_id, self.device, self.seed = pad_id, resolve_device(device), seed
         self.loss_agg_mode = loss_agg_mode
         self.sharded = strategy == "fsdp2"
@@ -149,8 +151,9 @@ class CriticWorker(Worker):
         self.model.train()
         metrics = defaultdict(list)
         for epoch in range(self.config.ppo_epochs):
+            seed = [self.seed, self.updates, epoch] if self.shuffle else None
             for mini_rows in shuffled_mini_batches(data.non_tensor_batch.get("uid"), len(data),
-                                                   self.config.ppo_mini_batch_size, [self.seed, self.updates, epoch]):
+                                                   self.config.ppo_mini_batch_size, seed):
                 self._optimizer_step(data, mini_rows, metrics)
         self.updates += 1
         metrics["critic/lr"].append(self.scheduler.get_last_lr()[0])

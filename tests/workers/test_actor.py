@@ -257,6 +257,28 @@ def test_the_critic_takes_the_actors_forward_layout(batch, tiny_model_dir, monke
     assert torch.allclose(values[True][mask], values[False][mask], atol=1e-5)
 
 
+def test_the_critics_mini_batches_follow_actor_shuffle(batch, tiny_model_dir, monkeypatch):
+    """verl's critic.shuffle is the actor's: --config verl (actor.shuffle false) keeps the groups in
+    order in the critic's update too (it always shuffled)."""
+    from rlvr.config.schema import CriticConfig, ModelConfig
+    from rlvr.workers import critic as critic_module
+
+    seeds = []
+    real = critic_module.shuffled_mini_batches
+    monkeypatch.setattr(critic_module, "shuffled_mini_batches",
+                        lambda uids, n, per, seed: seeds.append(seed) or real(uids, n, per, seed))
+    for shuffle in (True, False):
+        critic = critic_module.CriticWorker(CriticConfig(model=ModelConfig(path=str(tiny_model_dir)),
+                                                         ppo_mini_batch_size=1, ppo_epochs=1, ppo_micro_batch_size_per_gpu=6),
+                                            2, 0, device="cpu", shuffle=shuffle)
+        critic.init_model()
+        batch.meta_info["micro_batch_size"] = 6
+        batch.batch["values"] = critic.compute_values(batch).batch["values"]
+        batch.batch["returns"] = batch.batch["values"] + 0.5
+        critic.update_critic(batch)
+    assert seeds[0] is not None and seeds[1] is None
+
+
 def with_tool_tokens(batch):
     """Columns 2-3 of every response long enough become tool output: present (attention 1) but
     not the model's (response_mask 0), as a multi-turn rollout lays them out."""
