@@ -867,6 +867,14 @@ def _number_ranges(cfg: RLVRConfig) -> list[str]:
                        ("trainer.seed", cfg.trainer.seed)):
         if value < 0:  # numpy's generators refused it mid-run, as a traceback
             errors.append(f"{key} = {value}: a seed must be >= 0")
+    kl_ctrl = cfg.algorithm.kl_ctrl
+    if kl_ctrl.type == "adaptive":  # refused at load, not after the models
+        if kl_ctrl.horizon <= 0:
+            errors.append(f"algorithm.kl_ctrl.horizon = {kl_ctrl.horizon}: the adaptive controller moves the "
+                          "coefficient by at most 20% per horizon steps; set it > 0 (verl's 10000)")
+        if kl_ctrl.target_kl <= 0:  # the controller divides by it (ZeroDivisionError at step 1)
+            errors.append(f"algorithm.kl_ctrl.target_kl = {kl_ctrl.target_kl}: the adaptive controller steers the "
+                          "KL toward this target; set it > 0 (verl's 0.1), or kl_ctrl.type=fixed")
     return errors
 
 

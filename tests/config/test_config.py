@@ -641,3 +641,13 @@ def test_a_negative_seed_is_refused(key):
     as a traceback at the first batch."""
     with pytest.raises(ConfigError, match=rf"{key} = -1: a seed must be >= 0"):
         load_config(overrides=[f"{key}=-1"])
+
+
+@pytest.mark.parametrize("override,message", [("algorithm.kl_ctrl.horizon=0", "horizon = 0: .*set it > 0"),
+                                              ("algorithm.kl_ctrl.target_kl=0", "target_kl = 0.0: .*set it > 0")])
+def test_an_adaptive_kl_controller_that_cannot_work_is_refused_at_load(override, message):
+    """horizon 0 was refused only when the trainer was built, after the models loaded; target_kl 0
+    raised ZeroDivisionError at step 1."""
+    with pytest.raises(ConfigError, match=message):
+        load_config(overrides=["algorithm.use_kl_in_reward=true", "algorithm.kl_ctrl.type=adaptive", override])
+    load_config(overrides=[override])  # the fixed controller reads neither
