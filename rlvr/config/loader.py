@@ -132,14 +132,24 @@ def parse_overrides(overrides: Iterable[str]) -> dict[str, Any]:
 
 def split_overrides(overrides: Iterable[str]) -> tuple[list[str], list[str]]:
     """(assignments, keys to delete): Hydra's ``~key`` or ``~key=value`` deletes ``key``, which for
-    rlvr's typed schema means: back to the schema default, whatever the recipe or file set."""
+    rlvr's typed schema means: back to the schema default, whatever the recipe or file set.
+    The later of a deletion and a setting of one key wins, as between two settings: a deletion
+    drops the settings of its key before it, and a setting after a deletion cancels it."""
     sets, deletions = [], []
     for item in overrides:
         if item.startswith("~"):
-            deletions.append(item[1:].split("=", 1)[0].strip())
+            key = item[1:].split("=", 1)[0].strip()
+            sets = [s for s in sets if _override_key(s) != key]
+            deletions.append(key)
         else:
+            deletions = [d for d in deletions if d != _override_key(item)]
             sets.append(item)
     return sets, deletions
+
+
+def _override_key(item: str) -> str:
+    """The key an override ``[+|++]key=value`` sets."""
+    return item.split("=", 1)[0].strip().lstrip("+")
 
 
 def _flatten(nested: dict[str, Any], prefix: str = "") -> dict[str, Any]:

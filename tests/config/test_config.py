@@ -231,6 +231,9 @@ def test_hydra_style_overrides():
     assert cfg.actor_rollout_ref.actor.clip_ratio_high == pytest.approx(0.28) and cfg.data.train_batch_size == 4
     assert cfg.actor_rollout_ref.actor.optim.lr == 1e-6  # the recipe's 1e-5 deleted: back to the schema default
     assert cfg.trainer.test_freq == -1
+    # the later of a deletion and a setting of one key wins, as between two settings (the deletion always did)
+    assert load_config(overrides=["~trainer.test_freq", "trainer.test_freq=5"]).trainer.test_freq == 5
+    assert load_config(overrides=["trainer.test_freq=5", "~trainer.test_freq"]).trainer.test_freq == -1
     with pytest.raises(ConfigError, match=r"unknown config key 'data.train_batch_sise' .*did you mean 'data.train_batch_size'"):
         load_config(overrides=["+data.train_batch_sise=3"])
     with pytest.raises(ConfigError, match=r"unknown config key 'trainer.tesst_freq' \(from the command line, ~"):
