@@ -670,7 +670,7 @@ def _distributed(cfg: RLVRConfig) -> list[str]:
         errors.append(f"actor_rollout_ref.{offloads[0]} needs actor_rollout_ref.actor.strategy=fsdp2")
     elif offloads and not on_gpu(cfg):
         errors.append(f"actor_rollout_ref.{offloads[0]} moves GPU memory to the CPU; on a CPU (trainer.device=cpu, or auto without CUDA) the "
-                      "model is already there: set it to false")
+                      "model is already there: set it to false (to plan a GPU run on this machine: trainer.device=cuda)")
     if not arr.hybrid_engine and arr.rollout.mode != "async":  # async: the servers are the rollout's own devices
         rollout_world = arr.rollout.n_gpus_per_node
         if rollout_world < 1:

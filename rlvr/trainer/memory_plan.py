@@ -448,8 +448,10 @@ class Run:
     @property
     def own_engine(self) -> bool:
         """The engine is a ``RolloutWorker`` with a model of its own (async or a pool), not the hybrid
-        worker's: the hybrid worker's rollout_mode, where the offloads happen, never runs."""
-        return (bool(self.ahead) or self.pool) and not self.servers
+        worker's: the hybrid worker's rollout_mode, where the offloads happen, never runs. colocate_async
+        builds one at any num_warmup_batches, 0 included."""
+        colocate_async = self.config.trainer.v1.trainer_mode == "colocate_async"
+        return (bool(self.ahead) or self.pool or colocate_async) and not self.servers
 
 
 def plan_memory(config: RLVRConfig, model_cfg: dict, device_memory_gb: float | None = None) -> MemoryPlan:
@@ -583,8 +585,9 @@ def own_engine_terms(run: Run, t: dict[str, Term]) -> None:
     colocate_async, generating while the actor updates, or on a rollout pool's devices
     (``hybrid_engine=false``). Each weight version sent is a full fp32 copy until the engine loads
     it: colocate_async's ``CopyWeights`` on the actor's device, k = num_warmup_batches of them when
-    the engine is k batches behind its queue, the most it can be; a pool's receiver stages each
-    broadcast version whole (one at least, k ahead under separate_async)."""
+    the engine is k batches behind its queue, the most it can be (one at k = 0: the version sent
+    waits for the engine's next load); a pool's receiver stages each broadcast version whole (one at
+    least, k ahead under separate_async)."""
     P, k = run.shape.params(), run.ahead
     where = "on the rollout pool's devices" if run.pool else "colocate_async"
     if run.vllm:  # vLLM's own weights are counted already; the worker's fp32 model they are streamed from is not
@@ -594,7 +597,7 @@ def own_engine_terms(run: Run, t: dict[str, Term]) -> None:
         cast = run.roll_b * P if run.arr.rollout.dtype != "float32" else 0.0
         t["engine_weights"] = Term(f"rollout engine's own model (fp32{' + ' + run.arr.rollout.dtype if cast else ''})",
                                    4 * P + cast, True, f"its own copy, kept ({where})")
-    versions = max(1, k) if run.pool else k
+    versions = max(1, k)  # k = 0 too: the version sent waits, one full copy, until the engine loads it
     t["pending_weights"] = Term("weight versions sent, not yet loaded (fp32)", versions * 4 * P, True,
                                 f"at most {versions} (num_warmup_batches = {k}), each freed once the engine loads it")
 

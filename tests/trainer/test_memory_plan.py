@@ -75,8 +75,10 @@ def test_offload_leaves_generation(tiny_folder, monkeypatch):
     import rlvr.trainer.memory_plan
 
     monkeypatch.setattr(rlvr.trainer.memory_plan, "on_gpu", lambda config: False)  # the packed projections count
-    # offload moves GPU memory: a CPU device refuses it, so the device is left to find
-    overrides = tiny_overrides(tiny_folder) + ["trainer.device=auto","actor_rollout_ref.actor.fsdp_config.param_offload=true",
+    # offload moves GPU memory: a CPU device refuses it (auto on this CPU too), so the plan is a GPU's
+    overrides = tiny_overrides(tiny_folder) + ["trainer.device=cuda", "actor_rollout_ref.actor.dtype=float32",
+                                               "actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype=float32",
+                                               "actor_rollout_ref.actor.fsdp_config.param_offload=true",
                                                "actor_rollout_ref.actor.fsdp_config.optimizer_offload=true",
                                                "actor_rollout_ref.ref.fsdp_config.param_offload=true"]
     plan = plan_memory(load_config(None, overrides), TINY)
@@ -451,6 +453,11 @@ def test_colocate_async_holds_the_engines_own_model_and_the_versions_sent_throug
     # sharded (fsdp2): the engine's model is its own, never gathered from the shards and freed
     sharded = plan_memory(load_config(None, overrides + ["actor_rollout_ref.actor.strategy=fsdp2"]), TINY)
     assert "engine_weights" in sharded.phases["update"] and "engine_weights" in sharded.phases["init"]
+    # k = 0: colocate_async still builds the engine of its own (it was planned as the hybrid engine), and
+    # the version sent waits for it, one fp32 copy
+    zero = plan_memory(load_config(None, overrides[:-1] + ["trainer.v1.colocate_async.num_warmup_batches=0"]), TINY)
+    z = {name: term.bytes for name, term in zero.terms.items()}
+    assert z["engine_weights"] == 8688 and z["pending_weights"] == 5792
 
 
 
