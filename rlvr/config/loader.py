@@ -225,11 +225,15 @@ def _verl_keys(data: dict[str, Any], source: str) -> None:
               file=sys.stderr, flush=True)
 
 
-def _verl_aliases(data: dict[str, Any], source: str) -> None:
+def _verl_aliases(data: dict[str, Any], source: str, penalty_ends: list | None = None) -> None:
     """Move verl's spelling of a key rlvr reads (``VERL_ALIASES``) onto rlvr's key, with one notice.
-    Both spellings in one layer with different values are refused (neither would be what the user meant)."""
+    Both spellings in one layer with different values are refused (neither would be what the user meant).
+    verl's ``max_resp_len`` is kept in ``penalty_ends`` with its layer: ``load_config`` checks it
+    against data.max_response_length as every layer leaves it."""
     flat = _flatten(data)
     end, limit = flat.get("reward_model.reward_kwargs.max_resp_len"), flat.get("data.max_response_length")
+    if end is not None and penalty_ends is not None:
+        penalty_ends.append((end, source))
     if end is not None and limit is not None and end != limit:
         raise ConfigError(f"reward_model.reward_kwargs.max_resp_len={end!r} (from {source}) differs from "
                           f"data.max_response_length={limit!r}: rlvr's overlong penalty (reward.overlong_buffer) "
@@ -489,13 +493,14 @@ def load_config(config_file: str | Path | None = None, overrides: Iterable[str] 
     engine_set_by = [source for data, source in layers
                      if "checkpoint_engine" in (data.get("actor_rollout_ref") or {}).get("rollout", {})]
     async_chosen_at = None  # the layer whose async_training chose trainer.v1.trainer_mode
+    penalty_ends: list = []  # verl's reward_model.reward_kwargs.max_resp_len, with its layer
     for i, (data, source) in enumerate(layers):
         if "trainer_mode" in ((data.get("trainer") or {}).get("v1") or {}):
             async_chosen_at = None  # set by hand: kept
         if _fully_async_keys(data, source, merged):
             async_chosen_at = i
         _rollout_is_keys(data, source)
-        _verl_aliases(data, source)
+        _verl_aliases(data, source, penalty_ends)
         _verl_keys(data, source)
         _ray_init_keys(data, source)
         _check_keys(data, source)
@@ -505,6 +510,12 @@ def load_config(config_file: str | Path | None = None, overrides: Iterable[str] 
             raise ConfigError(_explain(err, source)) from None
         _one_run_length(data, source, merged, defaults, set_by)
         merged = _ppo_group_size(data, source, merged)
+    for end, source in penalty_ends:  # another layer's (verl.yaml's 512) may set the response length
+        limit = OmegaConf.select(merged, "data.max_response_length")
+        if end != limit:
+            raise ConfigError(f"reward_model.reward_kwargs.max_resp_len={end!r} (from {source}) differs from "
+                              f"data.max_response_length={limit!r}: rlvr's overlong penalty (reward.overlong_buffer) "
+                              "ends at data.max_response_length; make them equal")
     if async_chosen_at is not None:  # a later layer may have set hybrid_engine: the mode follows it
         mode = "colocate_async" if OmegaConf.select(merged, "actor_rollout_ref.hybrid_engine") else "separate_async"
         if OmegaConf.select(merged, "trainer.v1.trainer_mode") != mode:

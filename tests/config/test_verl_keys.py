@@ -141,6 +141,10 @@ def test_dapo_overlong_keys_are_read_as_rlvrs(capsys):
     assert cfg.reward.overlong_buffer.enable and cfg.reward.overlong_buffer.len == 16
     with pytest.raises(ConfigError, match="max_resp_len=128 .* differs from data.max_response_length=64"):
         load_config(None, ["data.max_response_length=64", "+reward_model.reward_kwargs.max_resp_len=128"])
+    # the response length from another layer (the recipe's 64 here; verl.yaml's 512 under main_ppo): refused
+    # too (the key was dropped with a notice and the penalty ended elsewhere than asked)
+    with pytest.raises(ConfigError, match="max_resp_len=4096 .* differs from data.max_response_length=64"):
+        load_config(None, ["+reward_model.reward_kwargs.max_resp_len=4096"])
 
 
 def test_verls_reward_model_section_is_read():
