@@ -9,7 +9,7 @@ Estimators of KL(pi || pi_ref) per token from log-probs (x = logp - ref_logp):
   (http://joschu.net/blog/kl-approx.html), clamped to [-10, 10] as verl does. One seed
   document shows a different piecewise formula; this is the correct one.
 - ``full``: sum_v p(v) (log p(v) - log q(v)) from full log-distributions (..., V).
-- ``k1+``, ``k3+`` (any name + "+"): straight-through: the value of the named estimator,
+- ``k1+``/``kl+``, ``k3+``/``low_var_kl+``, ``abs+`` (``KL_TYPES``; no ``k2+``, whose gradient is already k2's): straight-through: the value of the named estimator,
   the gradient of k2 (which is the unbiased gradient of the KL).
 """
 

@@ -195,7 +195,7 @@ class RefConfig:
     fsdp_config: RefFSDPConfig = field(default_factory=RefFSDPConfig)
     """The reference is sharded like the actor when ``actor.strategy=fsdp2``."""
     log_prob_micro_batch_size_per_gpu: int = 16
-    """Rows per forward pass when computing reference log-probs."""
+    """Rows per forward pass when computing reference log-probs (and the distillation teachers')."""
 
 
 @dataclass

@@ -88,6 +88,8 @@ def forward_layout(config: RLVRConfig) -> str:
     if config.actor_rollout_ref.actor.share_prompt_forward and config.actor_rollout_ref.rollout.n > 1:
         return ("the grouped prompt-once layout (actor.share_prompt_forward=true: flat with SDPA attention, "
                 "padded otherwise)")
+    if config.actor_rollout_ref.rollout.n == 1:  # no prompt to share: groups of one, packed flat
+        return "the flat layout of one row a prompt (with SDPA attention; padded rows otherwise)"
     return "the per-row layout"
 
 
