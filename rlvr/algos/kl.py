@@ -84,7 +84,8 @@ def apply_kl_penalty(token_level_scores, old_log_probs, ref_log_prob, response_m
 
     Returns (token_level_rewards, metrics) with verl's metric names.
     """
-    kld = kl_penalty(old_log_probs, ref_log_prob, kl_penalty_type) * response_mask  # (bs, T)
+    kld = kl_penalty(old_log_probs, ref_log_prob, kl_penalty_type)  # (bs, T); masked positions selected away,
+    kld = torch.where(response_mask.bool(), kld, torch.zeros_like(kld)) * response_mask  # not x 0 (NaN x 0 is NaN)
     beta = kl_ctrl.value
     rewards = token_level_scores - beta * kld
     current_kl = float(masked_mean(kld, response_mask, dim=-1).mean())  # mean over samples of per-sample mean

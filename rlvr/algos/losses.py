@@ -156,7 +156,7 @@ def compute_policy_loss_gspo(old_log_prob, log_prob, advantages, response_mask, 
     low, high = clip_range(config)
     neg_kl = log_prob - old_log_prob
     lengths = response_mask.sum(dim=-1).clamp(min=1)
-    seq_neg_kl = (neg_kl * response_mask).sum(dim=-1) / lengths  # (bs,)
+    seq_neg_kl = masked_sum(neg_kl, response_mask, dim=-1) / lengths  # (bs,); a NaN at a masked position stays out
     # s_i,t = sg[s_i] * pi(y_t) / sg[pi(y_t)]: the value of the sequence ratio, a per-token gradient
     log_ratio = log_prob - log_prob.detach() + seq_neg_kl.detach().unsqueeze(-1)
     ratio = torch.exp(torch.clamp(log_ratio, max=10.0))

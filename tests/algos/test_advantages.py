@@ -48,6 +48,15 @@ def test_grpo_two_groups():
     assert torch.equal(adv, ret)
 
 
+def test_grpo_scores_near_the_reward_bound_keep_their_advantages():
+    """Two scores of +-1.5e19 (inside the reward manager's +-1.8e19 bound): their squared deviations
+    (4.5e38) pass float32's range, which made the group std inf and both advantages 0. In float64:
+    mean 0, std sqrt((2.25e38 + 2.25e38) / 1) = 2.1213e19 -> +-1.5e19 / 2.1213e19 = +-0.70711."""
+    scores = torch.tensor([1.5e19, -1.5e19, 2.0, 4.0, 6.0])
+    adv, _ = run("grpo", token_level_rewards=rewards_on_last_token(scores))
+    assert torch.allclose(per_sample(adv)[:2], torch.tensor([math.sqrt(0.5), -math.sqrt(0.5)]), atol=1e-6)
+
+
 def test_dr_grpo_skips_std():
     adv, _ = run("grpo", norm_adv_by_std_in_grpo=False)
     # a: 1 - 0.5, 0 - 0.5; b: 2 - 4, 4 - 4, 6 - 4

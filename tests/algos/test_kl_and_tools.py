@@ -113,6 +113,11 @@ def test_apply_kl_penalty():
     # per-token KL (1, 0); rewards = scores - 0.1 * KL = (-0.1, 1); mean KL per sample 0.5
     assert torch.allclose(rewards, torch.tensor([[-0.1, 1.0]]))
     assert metrics == {"actor/reward_kl_penalty": pytest.approx(0.5), "actor/reward_kl_penalty_coeff": 0.1}
+    # a NaN log-prob at a masked position (padding, tool output) stays out of the rewards: NaN x 0 is NaN,
+    # and an estimator that sums the row's rewards unmasked read the whole row's score as NaN
+    old_nan = torch.tensor([[-1.0, float("nan")]])
+    rewards, metrics = apply_kl_penalty(scores, old_nan, ref, torch.tensor([[1.0, 0.0]]), FixedKLController(0.1), "kl")
+    assert torch.allclose(rewards, torch.tensor([[-0.1, 1.0]])) and metrics["actor/reward_kl_penalty"] == 1.0
 
 
 def test_filter_groups_keeps_groups_with_signal():
@@ -153,6 +158,11 @@ def test_masked_statistics_ignore_nan_and_inf_at_masked_positions():
                           atol=1e-6)
     with pytest.raises(ValueError, match="at least 2"):
         masked_var(values, torch.tensor([[1.0, 0, 0], [0, 0, 0]]))
+    # scores near the reward bound: squares past float32's range; whitened in float64 (the variance was inf
+    # and every value 0): mean 0, var 2 x 2.25e38 / (2 - 1) = 4.5e38, +-1.5e19 / 2.1213e19 = +-0.70711
+    big = torch.tensor([[1.5e19, -1.5e19]])
+    assert masked_var(big.double(), torch.ones(1, 2)).item() == pytest.approx(4.5e38, rel=1e-6)
+    assert torch.allclose(masked_whiten(big, torch.ones(1, 2)), torch.tensor([[0.70711, -0.70711]]), atol=1e-5)
 
 
 def test_compute_response_mask():
