@@ -24,6 +24,10 @@ import torch
 from rlvr.config.schema import RolloutConfig
 
 
+SAMPLING_EPS = 1e-5
+"""A temperature below this samples greedily (vLLM's ``_SAMPLING_EPS``)."""
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     max_new_tokens: int
@@ -46,7 +50,9 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return not self.do_sample or self.temperature == 0
+        """No sampling, or a temperature below ``SAMPLING_EPS`` (vLLM's rule: logits / 1e-50 are inf in
+        float32, and every log-prob NaN)."""
+        return not self.do_sample or self.temperature < SAMPLING_EPS
 
     @property
     def logprob_temperature(self) -> float:
@@ -81,6 +87,7 @@ def filter_probs(probs: torch.Tensor, params: SamplingParams) -> torch.Tensor:
         # keep the smallest prefix reaching top_p: a token goes once the mass before it does (at an
         # exact tie too, as transformers' and vLLM's "cumulative from the tail <= 1 - top_p")
         drop_sorted = before >= params.top_p * total
+        drop_sorted[..., 0] = False  # the most likely token always stays (a top_p of 1e-50 dropped every token)
         probs = probs.masked_fill(torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted), 0.0)
     return probs
 

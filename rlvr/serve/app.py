@@ -27,7 +27,8 @@ from rlvr.rollout.base import Completion
 from rlvr.serve.protocol import (UNIMPLEMENTED_GENERATE, UNIMPLEMENTED_SAMPLING, AbortRequest, BadRequest,
                                  DestroyWeightsUpdateGroup, GenerateRequest, InitWeightsUpdateGroup, MemoryTags,
                                  PauseRequest, SGLangSamplingParams, UpdateWeightsFromDisk,
-                                 UpdateWeightsFromDistributed, check_sampling, parse_json, refuse_unimplemented,
+                                 UpdateWeightsFromDistributed, check_sampling, check_stop_and_seed, parse_json,
+                                 refuse_unimplemented,
                                  validate)
 from rlvr.serve.state import MAX_N, ClientGone, RowSpec, Server, wait_for_disconnect
 
@@ -91,6 +92,7 @@ def sglang_spec(server: Server, body: GenerateRequest) -> tuple[RowSpec, bool]:
     names = {k: f"sampling_params.{k}" for k in ("temperature", "top_p", "top_k", "min_p", "n")}
     check_sampling(sp.temperature, sp.top_p, sp.top_k, sp.min_p, sp.n, MAX_N, names)
     stop = (sp.stop,) if isinstance(sp.stop, str) else tuple(sp.stop or ())
+    check_stop_and_seed(stop, sp.sampling_seed, "sampling_params.stop", "sampling_params.sampling_seed")
     spec = RowSpec(prompt, server.budget(len(prompt), sp.max_new_tokens, "sampling_params.max_new_tokens"),
                    sp.temperature, sp.top_p, sp.top_k, sp.min_p, stop,
                    server.check_token_ids(sp.stop_token_ids, "sampling_params.stop_token_ids"), sp.ignore_eos, sp.n,
@@ -204,7 +206,11 @@ async def sglang_stream(server: Server, request: Request, rid: str, rows, spec: 
     """SGLang's stream: one event per new token with the text and ids so far (cumulative, SGLang's
     default), the last one the whole output with its finish reason, then ``[DONE]``."""
     queue: asyncio.Queue = asyncio.Queue()
-    (task,) = server.tasks(rid, rows, lambda j, ids, lps: queue.put_nowait(ids))
+    try:
+        (task,) = server.tasks(rid, rows, lambda j, ids, lps: queue.put_nowait(ids))
+    except BadRequest as err:  # the id of a request that started since the route checked it
+        yield sse({"error": {"message": err.message, "type": "BadRequestError", "param": err.param, "code": 400}})
+        return
     task.add_done_callback(lambda _: queue.put_nowait(None))
     watcher = asyncio.create_task(wait_for_disconnect(request))
     watcher.add_done_callback(lambda _: queue.put_nowait(False))
@@ -330,7 +336,11 @@ def add_sglang_routes(app: FastAPI, server: Server) -> None:
             raise BadRequest("mode", f"{body.mode!r}: use 'abort' (running requests end now), 'in_place' (they "
                                      "stay, paused, and continue after /continue_generation) or rlvr's 'wait' (they "
                                      "finish first); SGLang's 'retract' is not implemented")
-        await server.engine.pause(modes[body.mode], deadline_s=server.request_timeout)
+        try:
+            await server.engine.pause(modes[body.mode], deadline_s=server.request_timeout)
+        except TimeoutError as err:  # 'wait': rows still run past --request-timeout; the engine stays paused
+            return error_response(504, f"{err}; the engine stays paused (admitting nothing): abort them with "
+                                       "/abort_request, or /continue_generation")
         return {"success": True, "message": f"paused ({body.mode})"}
 
     @app.post("/continue_generation")

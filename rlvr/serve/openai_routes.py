@@ -23,7 +23,7 @@ from rlvr.rollout.async_engine import EngineBusy
 from rlvr.rollout.base import Completion
 from rlvr.serve.app import finish_text, read_body, sse
 from rlvr.serve.protocol import (UNIMPLEMENTED_OPENAI, BadRequest, ChatCompletionRequest, CompletionRequest,
-                                 OpenAISampling, check_sampling, refuse_unimplemented, validate)
+                                 OpenAISampling, check_sampling, check_stop_and_seed, refuse_unimplemented, validate)
 from rlvr.serve.state import MAX_N, RowSpec, Server, wait_for_disconnect
 
 
@@ -112,6 +112,10 @@ def chat_prompt(server: Server, body: ChatCompletionRequest) -> list[int]:
     for i, message in enumerate(body.messages):
         if message.get("role") not in ("system", "user", "assistant", "tool", "developer"):
             raise BadRequest(f"messages.{i}.role", f"{message.get('role')!r}: use system, user, assistant or tool")
+    for key in ("chat_template", "tokenize", "tools", "add_generation_prompt", "conversation"):
+        if key in (body.chat_template_kwargs or {}):  # a client's own template runs on the server: refused, as vLLM
+            raise BadRequest(f"chat_template_kwargs.{key}", "is not a template variable; a template of the "
+                                                            "client's own is not run here")
     try:
         text = server.tokenizer.apply_chat_template(body.messages, tools=body.tools if body.tool_choice != "none"
                                                     else None, add_generation_prompt=body.add_generation_prompt,
@@ -133,6 +137,7 @@ def openai_spec(server: Server, body: OpenAISampling, prompt: list[int], max_tok
     check_sampling(temperature, top_p, top_k, min_p, body.n, MAX_N,
                    {k: k for k in ("temperature", "top_p", "top_k", "min_p", "n")})
     stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
+    check_stop_and_seed(stop, body.seed, "stop", "seed")
     return RowSpec(prompt, server.budget(len(prompt), max_tokens, field_name), temperature, top_p, top_k, min_p,
                    stop, server.check_token_ids(body.stop_token_ids, "stop_token_ids"), body.ignore_eos, body.n,
                    body.seed)
@@ -204,7 +209,13 @@ async def respond(server: Server, request: Request, body: OpenAISampling, specs:
     """Every prompt's ``n`` choices (choice ``i * n + j``), gathered."""
     base = body.request_id or uuid.uuid4().hex
     rows_of = [server.requests(spec, base if len(specs) == 1 else f"{base}-{i}") for i, spec in enumerate(specs)]
-    results = await asyncio.gather(*(server.complete(request, rid, rows) for rid, rows in rows_of))
+    prompts = [asyncio.ensure_future(server.complete(request, rid, rows)) for rid, rows in rows_of]
+    try:
+        results = await asyncio.gather(*prompts)
+    except BaseException:  # one prompt failed (503, 504, an id in use): the others' rows are aborted too
+        for future in prompts:
+            future.cancel()
+        raise
     choices, prompt_tokens, completion_tokens, versions = [], 0, 0, set()
     for spec, completions in zip(specs, results):
         prompt_tokens += len(spec.prompt_ids)
@@ -259,8 +270,14 @@ def stream(server: Server, request: Request, body: OpenAISampling, specs: list[R
     async def events():
         queue: asyncio.Queue = asyncio.Queue()
         tasks = []
-        for i, (rid, rows) in enumerate(rows_of):
-            tasks += server.tasks(rid, rows, lambda j, ids, lps, i=i: queue.put_nowait((i * n + j, ids, lps)))
+        try:
+            for i, (rid, rows) in enumerate(rows_of):
+                tasks += server.tasks(rid, rows, lambda j, ids, lps, i=i: queue.put_nowait((i * n + j, ids, lps)))
+        except BadRequest as err:  # the id of a request that started since the route checked it
+            for task in tasks:
+                task.cancel()
+            yield sse({"error": {"message": err.message, "type": "BadRequestError", "param": err.param, "code": 400}})
+            return
         for t, task in enumerate(tasks):
             task.add_done_callback(lambda task, t=t: queue.put_nowait((t, None, None)))
         watcher = asyncio.create_task(wait_for_disconnect(request))

@@ -226,6 +226,16 @@ class MemoryTags(Strict):
     tags: list[str] | None = None
 
 
+def check_stop_and_seed(stop: tuple[str, ...], seed: int | None, stop_field: str, seed_field: str) -> None:
+    """An empty stop string (which every text contains: each request stopped at its first token, with
+    empty text) and a seed torch's generators cannot take (outside [-2^63, 2^64)) are refused, as vLLM
+    refuses the first."""
+    if any(s == "" for s in stop):
+        raise BadRequest(stop_field, "a stop string must not be empty (every text contains it)")
+    if seed is not None and not (-2 ** 63 <= seed < 2 ** 64):
+        raise BadRequest(seed_field, f"must be an integer in [-2^63, 2^64), got {seed}")
+
+
 def check_sampling(temperature: float, top_p: float, top_k: int, min_p: float, n: int, max_n: int,
                    names: dict[str, str]) -> None:
     """The ranges SGLang and vLLM accept; ``names`` maps each to the field name of the route."""

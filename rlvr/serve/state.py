@@ -135,7 +135,8 @@ class Server:
                                 temperature=spec.temperature if spec.temperature > 0 else 1.0, top_p=spec.top_p,
                                 top_k=spec.top_k, min_p=spec.min_p, stop=spec.stop, seed=seed)
         ids = [rid] if spec.n == 1 else [f"{rid}/{j}" for j in range(spec.n)]
-        return rid, [Request(i, spec.prompt_ids, params, group=("serve", rid), row=j, width=spec.n,
+        group = ("serve", rid, uuid.uuid4().hex)  # this request's rows only: never another client's prompt
+        return rid, [Request(i, spec.prompt_ids, params, group=group, row=j, width=spec.n,
                              stop_token_ids=spec.stop_token_ids, ignore_eos=spec.ignore_eos)
                      for j, i in enumerate(ids)]
 
@@ -150,7 +151,10 @@ class Server:
     def tasks(self, rid: str, rows: list[Request],
               on_tokens: Callable[[int, list[int], list[float]], None] | None = None) -> list[asyncio.Task]:
         """One task per row (cancelling one aborts its row); ``rid`` is listed as in flight until
-        every row has ended."""
+        every row has ended. A second request of the id that got past ``requests``' check (both were
+        checked before either started) is refused here, where checking and listing take no await."""
+        if rid in self.inflight:
+            raise BadRequest("rid", f"a request with id {rid!r} is running; ids must be unique")
         self.inflight[rid] = [r.id for r in rows]
         tasks = [asyncio.create_task(self.engine.generate(
             r, None if on_tokens is None else (lambda ids, lps, j=j: on_tokens(j, ids, lps)))) for j, r in enumerate(rows)]

@@ -104,7 +104,7 @@ def _parameters(data: Any, where: str) -> OpenAIFunctionParametersSchema:
         if not isinstance(spec, dict) or "type" not in spec:
             raise SchemaError(f"{where}.properties.{key}: must be a mapping with a 'type'")
         types = spec["type"] if isinstance(spec["type"], list) else [spec["type"]]
-        bad = [t for t in types if t not in JSON_TYPES]
+        bad = [t for t in types if not isinstance(t, str) or t not in JSON_TYPES]  # a dict is unhashable: not `in`
         if bad:
             raise SchemaError(f"{where}.properties.{key}.type: {bad[0]!r} is not a JSON schema type ({sorted(JSON_TYPES)})")
         enum = spec.get("enum")
@@ -112,7 +112,7 @@ def _parameters(data: Any, where: str) -> OpenAIFunctionParametersSchema:
             raise SchemaError(f"{where}.properties.{key}.enum: must be a list")
         properties[key] = OpenAIFunctionPropertySchema(spec["type"], spec.get("description"), enum, spec.get("items"))
     required = data.get("required", []) or []
-    if not isinstance(required, list) or any(r not in properties for r in required):
+    if not isinstance(required, list) or any(not isinstance(r, str) or r not in properties for r in required):
         raise SchemaError(f"{where}.required: must list names among the properties {sorted(properties)}, got {required!r}")
     return OpenAIFunctionParametersSchema("object", properties, list(required))
 

@@ -7,6 +7,7 @@ never from the server under test."""
 import asyncio
 import copy
 import json
+import math
 import os
 import signal
 import socket
@@ -482,6 +483,56 @@ def test_bad_temperature_is_refused(served):
     assert r.status_code == 400 and r.json()["error"]["param"] == "temperature"
     r = post(served, "/generate", {"text": "Hi", "sampling_params": {"temperature": "hot"}})
     assert r.status_code == 400 and r.json()["error"]["param"] == "sampling_params.temperature"
+
+
+def test_a_tiny_temperature_or_top_p_is_greedy_not_a_dead_engine(served, tiny):
+    """temperature 1e-50 made every log-prob NaN and the sampler pick a token past the vocabulary,
+    which killed the engine thread (every later request 500); top_p 1e-50 dropped every token. As in
+    vLLM, a temperature below 1e-5 is greedy, and top-p keeps the most likely token: both give
+    transformers' greedy tokens, and the engine answers after them."""
+    model, tokenizer = tiny
+    prompt = prompt_ids(tokenizer, QUESTIONS)[0]
+    want = reference_greedy(model, tokenizer, [prompt], 6, eos_ids(tiny))[0]
+    for sampling in ({"temperature": 1e-50}, {"temperature": 1.0, "top_p": 1e-50}):
+        r = post(served, "/generate", {"input_ids": prompt, "return_logprob": True,
+                                       "sampling_params": {"max_new_tokens": 6, **sampling}})
+        assert r.status_code == 200, r.text
+        assert r.json()["output_ids"] == want, sampling
+        assert all(math.isfinite(lp) for lp, _, _ in r.json()["meta_info"]["output_token_logprobs"])
+    assert served.engine.alive
+
+
+@pytest.mark.parametrize("route,body,param", [
+    ("/v1/completions", {"prompt": "Hi", "stop": [""]}, "stop"),
+    ("/generate", {"text": "Hi", "sampling_params": {"stop": ""}}, "sampling_params.stop"),
+    ("/generate", {"text": "Hi", "sampling_params": {"sampling_seed": 2 ** 64}}, "sampling_params.sampling_seed"),
+    ("/v1/completions", {"prompt": "Hi", "seed": -(2 ** 70)}, "seed"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}],
+                              "chat_template_kwargs": {"chat_template": "{% for i in range(9) %}x{% endfor %}"}},
+     "chat_template_kwargs.chat_template"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}], "tools": [{"type": "function",
+      "function": {"name": "f", "parameters": {"type": "object", "properties": {"x": {"type": {"a": 1}}}}}}]},
+     "tools.0.function.parameters.properties.x.type"),
+])
+def test_inputs_that_failed_deep_inside_get_a_400_naming_the_field(served, route, body, param):
+    """An empty stop string (every request stopped at its first token, with empty text), a seed torch
+    cannot take (500), a template of the client's own (run on the server), a tool schema whose type
+    is a mapping (500)."""
+    r = post(served, route, body)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == param
+
+
+def test_two_requests_of_one_id_never_share_a_prefill(served, tiny):
+    """Each request's rows are a group of their own: two that got past the id check together were
+    admitted as one group, the second's rows decoding the first's prompt."""
+    from rlvr.serve.state import RowSpec
+
+    _, tokenizer = tiny
+    a, b = prompt_ids(tokenizer, QUESTIONS)[:2]
+    spec = lambda prompt: RowSpec(prompt, 4, 0.0, 1.0, -1, 0.0, (), (), False, 1, None)  # noqa: E731
+    (_, (first,)), (_, (second,)) = served.requests(spec(a), "same"), served.requests(spec(b), "same")
+    assert first.group != second.group
 
 
 def test_full_queue_answers_503_with_retry_after(tiny):
