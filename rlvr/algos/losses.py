@@ -104,6 +104,9 @@ def call_policy_loss(fn: PolicyLossFn, old_log_prob, log_prob, advantages, respo
         share = response_mask.sum() / torch.as_tensor(totals["num_tokens"], dtype=response_mask.dtype)
     else:
         share = count_seqs(response_mask) / max(totals["num_seqs"], 1)
+    if loss_agg_mode == "seq-mean-token-sum-norm" and totals.get("norm_constant"):
+        # its agg_loss divided by the padded width (the step's longest response); rlvr's by max_response_length
+        share = share * response_mask.shape[-1] / totals["norm_constant"]
     return (pg_loss * share, *rest)
 
 

@@ -214,3 +214,29 @@ def test_policy_loss_registry():
         get_policy_loss_fn("ppo")
     with pytest.raises(ValueError, match="'vanilla' is already registered"):
         register_policy_loss("vanilla")(lambda *a: None)
+
+
+@pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"])
+def test_a_loss_with_verls_signature_equals_one_given_the_totals(mode):
+    """A loss written with verl's signature aggregates over its micro-batch alone; weighed by its
+    share it equals rlvr's, in every mode: seq-mean-token-sum-norm included, whose verl-style loss
+    divides by the padded width (4 here), rlvr's by max_response_length (10)."""
+    from rlvr.algos.losses import agg_loss, call_policy_loss, count_seqs
+
+    old = torch.tensor([[-1.0, -2.0, -1.5, 0.0], [-0.5, -1.0, 0.0, 0.0]])
+    new = old + torch.tensor([[0.1, -0.2, 0.05, 0.0], [0.0, 0.3, 0.0, 0.0]])
+    adv = torch.tensor([[1.0, 1.0, 1.0, 0.0], [-0.5, -0.5, 0.0, 0.0]])
+    mask = torch.tensor([[1.0, 1.0, 1.0, 0.0], [1.0, 1.0, 0.0, 0.0]])
+
+    def verl_style(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config, rollout_is_weights=None):
+        return agg_loss(-advantages * torch.exp(log_prob - old_log_prob), response_mask, loss_agg_mode), 0, 0, 0
+
+    def rlvr_style(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config, rollout_is_weights=None,
+                   num_tokens=None, num_seqs=None, norm_constant=None):
+        return agg_loss(-advantages * torch.exp(log_prob - old_log_prob), response_mask, loss_agg_mode, num_tokens,
+                        num_seqs, norm_constant), 0, 0, 0
+
+    totals = {"num_tokens": mask.sum() + 3, "num_seqs": count_seqs(mask) + 1, "norm_constant": 10}  # a larger mini-batch
+    theirs = call_policy_loss(verl_style, old, new, adv, mask, mode, None, **totals)[0]
+    ours = call_policy_loss(rlvr_style, old, new, adv, mask, mode, None, **totals)[0]
+    assert theirs.item() == pytest.approx(ours.item(), rel=1e-6)
