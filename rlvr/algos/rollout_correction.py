@@ -18,7 +18,10 @@ numeric path (bf16 engine, fp32 actor), or older weights (async training). With
   (threshold ``"lower_upper"``, or ``upper`` with lower = 1 / upper); k2 and k3 keep a
   value <= the upper bound.
 - ``bypass_mode``: pi_old is pi_rollout (no old-log-prob pass); the weights and the rejection
-  mask then compare the policy being trained with the rollout's, per micro-batch, and
+  mask then compare the policy being trained with the rollout's, per micro-batch (so a rejected
+  token leaves the policy loss only: the mini-batch's token and sequence totals, known before the
+  forward, the entropy bonus and the KL loss still count it; decoupled mode rejects before the
+  update, from every term), and
   ``loss_type`` picks the loss: ``ppo_clip`` (the ratio already carries the correction, so no
   weight is applied) or ``reinforce`` (-A * w * log pi, w the detached weight). With
   ``rollout_is_batch_normalize`` the weights are divided by their mean over the whole
