@@ -30,7 +30,7 @@ from omegaconf.errors import OmegaConfBaseException
 from rlvr.config.schema import RayInitConfig, RLVRConfig
 from rlvr.config.verl_keys import VERL_ALIASES, VERL_NO_EFFECT, VERL_RENAMED
 from rlvr.registry import import_file
-from rlvr.config.validate import ConfigError, distillation_notes, on_gpu, server_notes, validate
+from rlvr.config.validate import ConfigError, device_notes, distillation_notes, on_gpu, server_notes, validate
 
 RECIPES_DIR = Path(__file__).parent
 DEFAULT_RECIPE = RECIPES_DIR / "grpo.yaml"
@@ -540,7 +540,7 @@ def load_config(config_file: str | Path | None = None, overrides: Iterable[str] 
     resolve_critic_batches(cfg)
     validate(cfg)
     _check_tools(cfg)
-    for note in distillation_notes(cfg) + server_notes(cfg):
+    for note in distillation_notes(cfg) + server_notes(cfg) + device_notes(cfg):
         print(f"[rlvr] note: {note}", file=sys.stderr, flush=True)
     if engine_set_by and cfg.actor_rollout_ref.rollout.mode == "async":
         print(f"[rlvr] note: actor_rollout_ref.rollout.checkpoint_engine (from {', '.join(engine_set_by)}) has no "

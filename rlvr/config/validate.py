@@ -190,6 +190,19 @@ def on_gpu(config: RLVRConfig) -> bool:
     return device == "cuda" or (device == "auto" and torch.cuda.is_available())
 
 
+def device_notes(cfg: RLVRConfig) -> list[str]:
+    """Settings a GPU script carries that trainer.device=auto on a machine without CUDA leaves without
+    effect (refused outright under trainer.device=cpu): said, not dropped silently."""
+    arr = cfg.actor_rollout_ref
+    offloads = [k for k, on in (("actor.fsdp_config.param_offload", arr.actor.fsdp_config.param_offload),
+                                ("actor.fsdp_config.optimizer_offload", arr.actor.fsdp_config.optimizer_offload),
+                                ("ref.fsdp_config.param_offload", arr.ref.fsdp_config.param_offload)) if on]
+    if offloads and cfg.trainer.device == "auto" and not on_gpu(cfg):
+        return [f"actor_rollout_ref.{{{','.join(offloads)}}} have no effect here: this machine has no CUDA device "
+                "(trainer.device=auto runs on the CPU, where the model already is)"]
+    return []
+
+
 def server_notes(cfg: RLVRConfig) -> list[str]:
     """What a run on servers does differently from the config's face, each with the reason."""
     rollout = cfg.actor_rollout_ref.rollout
@@ -668,8 +681,8 @@ def _distributed(cfg: RLVRConfig) -> list[str]:
                                 ("ref.fsdp_config.param_offload", arr.ref.fsdp_config.param_offload)) if on]
     if offloads and arr.actor.strategy != "fsdp2":
         errors.append(f"actor_rollout_ref.{offloads[0]} needs actor_rollout_ref.actor.strategy=fsdp2")
-    elif offloads and not on_gpu(cfg):
-        errors.append(f"actor_rollout_ref.{offloads[0]} moves GPU memory to the CPU; on a CPU (trainer.device=cpu, or auto without CUDA) the "
+    elif offloads and trainer.device == "cpu":
+        errors.append(f"actor_rollout_ref.{offloads[0]} moves GPU memory to the CPU; with trainer.device=cpu the "
                       "model is already there: set it to false (to plan a GPU run on this machine: trainer.device=cuda)")
     if not arr.hybrid_engine and arr.rollout.mode != "async":  # async: the servers are the rollout's own devices
         rollout_world = arr.rollout.n_gpus_per_node

@@ -110,16 +110,22 @@ def test_prompt_groups_not_splitting_over_devices():
     assert "gen_batch_size" not in str(err.value)  # unset: it is train_batch_size, reported once
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="auto is the GPU there")
+def test_offload_under_auto_on_a_machine_without_cuda_is_said_to_do_nothing(capsys):
+    """A GPU script (verl's set param_offload) loads on a CPU machine, as it did, but its offload is
+    no longer a silent no-op: a notice says so."""
+    load_config(overrides=["actor_rollout_ref.actor.strategy=fsdp2",
+                           "actor_rollout_ref.actor.fsdp_config.param_offload=true"])
+    assert "actor.fsdp_config.param_offload} have no effect here: this machine has no CUDA device" in \
+        capsys.readouterr().err
+
+
 def test_several_devices_need_fsdp2_and_offload_needs_a_gpu():
     with pytest.raises(ConfigError, match="2 devices: the actor is split over them with FSDP2; set .*strategy=fsdp2"):
         load_config(overrides=["trainer.n_gpus_per_node=2", "actor_rollout_ref.actor.strategy=local"])
-    with pytest.raises(ConfigError, match="param_offload moves GPU memory to the CPU; on a CPU"):
+    with pytest.raises(ConfigError, match="param_offload moves GPU memory to the CPU; with trainer.device=cpu"):
         load_config(overrides=["actor_rollout_ref.actor.strategy=fsdp2", "trainer.device=cpu",
                                "actor_rollout_ref.actor.fsdp_config.param_offload=true"])
-    if not torch.cuda.is_available():  # trainer.device=auto on this CPU machine: refused too (it passed)
-        with pytest.raises(ConfigError, match="param_offload moves GPU memory to the CPU; on a CPU"):
-            load_config(overrides=["actor_rollout_ref.actor.strategy=fsdp2",
-                                   "actor_rollout_ref.actor.fsdp_config.param_offload=true"])
     with pytest.raises(ConfigError, match="optimizer_offload needs actor_rollout_ref.actor.strategy=fsdp2"):
         load_config(overrides=["actor_rollout_ref.actor.fsdp_config.optimizer_offload=true"])
     with pytest.raises(ConfigError, match="strategy=fsdp2 is not implemented yet; use strategy=local .* for LoRA"):
