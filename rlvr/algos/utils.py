@@ -22,27 +22,27 @@ def masked_mean(values: torch.Tensor, mask: torch.Tensor, dim: int | None = None
 
 
 def masked_var(values: torch.Tensor, mask: torch.Tensor, unbiased: bool = True) -> torch.Tensor:
-    """Variance over the masked elements; unbiased uses Bessel's correction n / (n - 1). Summed in
-    float64 (the squares of scores within the reward manager's bound pass float32's range; a
-    variance past it is inf in float32 values' dtype, so ``masked_whiten`` passes float64)."""
-    wide = values.double()
-    mean = masked_mean(wide, mask)
-    var = masked_mean((wide - mean) ** 2, mask)
+    """Variance over the masked elements; unbiased uses Bessel's correction n / (n - 1)."""
+    mean = masked_mean(values, mask)
+    var = masked_mean((values - mean) ** 2, mask)
     if unbiased:
         count = mask.sum()
         if count < 2:
             raise ValueError(f"an unbiased variance needs at least 2 masked elements, got {int(count)}")
         var = var * count / (count - 1)
-    return var.to(values.dtype)
+    return var
 
 
 def masked_whiten(values: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True) -> torch.Tensor:
     """(values - mean) / sqrt(var + 1e-8) over the masked elements; keeps the mean when not shift_mean.
-    In float64, returned in ``values``' dtype: a variance of scores near the reward bound passes float32."""
-    wide = values.double()
-    mean, var = masked_mean(wide, mask), masked_var(wide, mask)
-    whitened = (wide - mean) * torch.rsqrt(var + 1e-8)
-    return (whitened if shift_mean else whitened + mean).to(values.dtype)
+    Values whose squares pass their dtype's range (scores near the reward manager's bound, in float32)
+    are whitened in float64, and returned in their dtype: the variance was inf and every value 0."""
+    if values.dtype != torch.float64 and not torch.isfinite(masked_var(values, mask)) \
+            and torch.isfinite(masked_sum(values, mask)):
+        return masked_whiten(values.double(), mask, shift_mean).to(values.dtype)
+    mean, var = masked_mean(values, mask), masked_var(values, mask)
+    whitened = (values - mean) * torch.rsqrt(var + 1e-8)
+    return whitened if shift_mean else whitened + mean
 
 
 def compute_response_mask(responses: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
@@ -66,16 +66,18 @@ def group_range(values: torch.Tensor, ids: torch.Tensor, num_groups: int) -> tup
 
 def group_mean_std(scores: torch.Tensor, ids: torch.Tensor, num_groups: int):
     """Per-sample group mean and unbiased group std, with verl's rule for a group of one
-    (mean 0, std 1). Returns (mean (bs,), std (bs,), count (bs,)), in ``scores``' dtype, computed in
-    float64: two scores of +-1.5e19 (inside the reward manager's bound) square past float32's range,
-    which made the std inf and every advantage of the group 0."""
-    dtype, scores = scores.dtype, scores.double()
+    (mean 0, std 1). Returns (mean (bs,), std (bs,), count (bs,)). Finite scores whose squared
+    deviations pass their dtype's range (two of +-1.5e19, inside the reward manager's bound, in
+    float32) are taken in float64 and returned in their dtype: the std was inf and every advantage
+    of the group 0."""
     count = torch.zeros(num_groups, dtype=scores.dtype).index_add_(0, ids, torch.ones_like(scores))
     total = torch.zeros(num_groups, dtype=scores.dtype).index_add_(0, ids, scores)
     mean = total / count
     sq_dev = torch.zeros(num_groups, dtype=scores.dtype).index_add_(0, ids, (scores - mean[ids]) ** 2)
+    if scores.dtype != torch.float64 and not torch.isfinite(sq_dev).all() and torch.isfinite(scores).all():
+        return tuple(t.to(scores.dtype) for t in group_mean_std(scores.double(), ids, num_groups))
     std = torch.sqrt(sq_dev / (count - 1).clamp(min=1))
     single = count == 1
     mean = torch.where(single, torch.zeros_like(mean), mean)
     std = torch.where(single, torch.ones_like(std), std)
-    return mean[ids].to(dtype), std[ids].to(dtype), count[ids].to(dtype)
+    return mean[ids], std[ids], count[ids]
