@@ -617,6 +617,7 @@ def test_a_replica_gone_before_a_weight_update_leaves_the_rotation(tiny, tmp_pat
         rollout.close()
 
 
+@pytest.mark.slow  # two rlvr serve processes and a kill: about 20 s
 def test_a_weight_group_a_replica_left_is_destroyed_on_both_sides(tiny, tmp_path):
     """The broadcast's group is opened again without a replica that left; the old group is
     destroyed on the survivors (SGLang's /destroy_weights_update_group: asking again answers that it

@@ -241,6 +241,7 @@ def test_incompatible_config_is_refused(tiny_config, tmp_path):
     assert build_trainer(fresh, progress_bar=False).global_step == 0
 
 
+@pytest.mark.slow  # a two-step run first: about 20 s
 def test_a_resume_whose_batches_would_not_continue_the_run_is_refused_before_anything_changes(tiny_config, tmp_path):
     """Batches of another size (data.gen_batch_size, DAPO's) draw other prompts each step: refused
     with the reason, before the model loads and before the folder's config.yaml is rewritten (it
