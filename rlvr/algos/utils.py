@@ -37,10 +37,9 @@ def masked_whiten(values: torch.Tensor, mask: torch.Tensor, shift_mean: bool = T
     """(values - mean) / sqrt(var + 1e-8) over the masked elements; keeps the mean when not shift_mean.
     Values whose squares pass their dtype's range (scores near the reward manager's bound, in float32)
     are whitened in float64, and returned in their dtype: the variance was inf and every value 0."""
-    if values.dtype != torch.float64 and not torch.isfinite(masked_var(values, mask)) \
-            and torch.isfinite(masked_sum(values, mask)):
-        return masked_whiten(values.double(), mask, shift_mean).to(values.dtype)
     mean, var = masked_mean(values, mask), masked_var(values, mask)
+    if values.dtype != torch.float64 and not torch.isfinite(var) and torch.isfinite(mean):
+        return masked_whiten(values.double(), mask, shift_mean).to(values.dtype)
     whitened = (values - mean) * torch.rsqrt(var + 1e-8)
     return whitened if shift_mean else whitened + mean
 

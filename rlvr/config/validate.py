@@ -190,13 +190,17 @@ def on_gpu(config: RLVRConfig) -> bool:
     return device == "cuda" or (device == "auto" and torch.cuda.is_available())
 
 
+def _offloads(arr) -> list[str]:
+    """The offload keys set (under actor_rollout_ref)."""
+    return [k for k, on in (("actor.fsdp_config.param_offload", arr.actor.fsdp_config.param_offload),
+                            ("actor.fsdp_config.optimizer_offload", arr.actor.fsdp_config.optimizer_offload),
+                            ("ref.fsdp_config.param_offload", arr.ref.fsdp_config.param_offload)) if on]
+
+
 def device_notes(cfg: RLVRConfig) -> list[str]:
     """Settings a GPU script carries that trainer.device=auto on a machine without CUDA leaves without
     effect (refused outright under trainer.device=cpu): said, not dropped silently."""
-    arr = cfg.actor_rollout_ref
-    offloads = [k for k, on in (("actor.fsdp_config.param_offload", arr.actor.fsdp_config.param_offload),
-                                ("actor.fsdp_config.optimizer_offload", arr.actor.fsdp_config.optimizer_offload),
-                                ("ref.fsdp_config.param_offload", arr.ref.fsdp_config.param_offload)) if on]
+    offloads = _offloads(cfg.actor_rollout_ref)
     if offloads and cfg.trainer.device == "auto" and not on_gpu(cfg):
         return [f"actor_rollout_ref.{{{','.join(offloads)}}} have no effect here: this machine has no CUDA device "
                 "(trainer.device=auto runs on the CPU, where the model already is)"]
@@ -676,9 +680,7 @@ def _distributed(cfg: RLVRConfig) -> list[str]:
                         fsdp.mixed_precision.reduce_dtype)):
         if value not in DTYPES:
             errors.append(f"{key} = {value!r}; choose one of {list(DTYPES)}")
-    offloads = [k for k, on in (("actor.fsdp_config.param_offload", fsdp.param_offload),
-                                ("actor.fsdp_config.optimizer_offload", fsdp.optimizer_offload),
-                                ("ref.fsdp_config.param_offload", arr.ref.fsdp_config.param_offload)) if on]
+    offloads = _offloads(arr)
     if offloads and arr.actor.strategy != "fsdp2":
         errors.append(f"actor_rollout_ref.{offloads[0]} needs actor_rollout_ref.actor.strategy=fsdp2")
     elif offloads and trainer.device == "cpu":
