@@ -17,14 +17,16 @@ import statistics
 import time
 from pathlib import Path
 
+from runs import at_least
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--prompts", type=int, default=8)
-    p.add_argument("--n", type=int, default=8)
-    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--prompts", type=at_least(1), default=8)
+    p.add_argument("--n", type=at_least(1), default=8)
+    p.add_argument("--repeats", type=at_least(1), default=3)
     args = p.parse_args()
     from rlvr.config import load_config
     from rlvr.trainer.main import build_trainer
@@ -47,7 +49,9 @@ def main() -> None:
         out = trainer.rollout_wg.generate_sequences(gen)
         return time.perf_counter() - start, int(out.batch["response_mask"].sum())
 
-    timed(next(batches)[0], "turn")  # warm-up: the gateway's imports, the engine's first packing
+    warm_up = next(batches)[0]
+    for schedule in ("request", "turn"):  # warm-up, not timed: the gateway's imports, the engine's first packing
+        timed(warm_up.select_idxs(list(range(len(warm_up)))), schedule)
     rows = []
     for r in range(args.repeats):
         batch = next(batches)[0]

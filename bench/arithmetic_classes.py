@@ -5,7 +5,8 @@ groups can carry for that class); with ``--pass-at K``, each test problem sample
 by class: pass@K (a right answer among the K, what GRPO can reinforce into the greedy answer) and
 mean@K.
 
-    .venv/bin/python bench/arithmetic_classes.py [MODEL ...] [--negative-problems 24] [--n 16] [--pass-at 16]
+    .venv/bin/python bench/arithmetic_classes.py [MODEL ...] [--negative-problems 24] [--n 16] [--pass-at 0]
+    .venv/bin/python bench/arithmetic_classes.py builtin --pass-at 16   # pass@16 and mean@16 too
 
 MODEL: ``builtin`` (default) or a checkpoint's actor folder, such as
 ``runs/rlvr/arithmetic_grpo/checkpoints/global_step_24/actor``. Run ``rlvr prepare arithmetic``
@@ -25,6 +26,7 @@ from rlvr.data import RLHFDataset
 from rlvr.models import load_model_and_tokenizer
 from rlvr.rewards.scorers.arithmetic import compute_score
 from rlvr.rollout import NativeRollout, SamplingParams
+from runs import at_least
 
 DATA = Path("~/data/arithmetic").expanduser()
 
@@ -41,9 +43,9 @@ def problem_class(question: str, answer: int) -> str:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("models", nargs="*", default=["builtin"])
-    p.add_argument("--negative-problems", type=int, default=24, help="training problems with a negative result")
-    p.add_argument("--n", type=int, default=16, help="samples of each at T = 1 (0: skip)")
-    p.add_argument("--pass-at", type=int, default=0, help="samples of each test problem at T = 1 (0: skip)")
+    p.add_argument("--negative-problems", type=at_least(1), default=24, help="training problems with a negative result")
+    p.add_argument("--n", type=at_least(0), default=16, help="samples of each at T = 1 (0: skip)")
+    p.add_argument("--pass-at", type=at_least(0), default=0, help="samples of each test problem at T = 1 (0: skip)")
     args = p.parse_args()
     torch.set_num_threads(max(1, torch.get_num_threads()))
     for path in args.models:

@@ -30,17 +30,27 @@ from pathlib import Path
 
 import torch
 
-from rlvr.config import load_config
-from rlvr.trainer.main import build_trainer
+from runs import at_least, comma_list
 
 COLUMNS = ("timing_s/step", "timing_s/wait_gen", "timing_s/gen", "timing_s/update_weights", "timing_s/sync_weights",
            "timing_s/update_actor",
            "perf/trainer_idle_ratio", "perf/rollout_idle_ratio")
 
 
+def mode_name(text: str) -> str:
+    """An argparse type: ``sync``, ``k`` (steps generated ahead) or ``pool-sync`` / ``pool-k``."""
+    ahead = text.removeprefix("pool-")
+    if ahead != "sync" and not ahead.isdigit():
+        raise argparse.ArgumentTypeError(f"{text!r} is not a mode: sync, k (0, 1, 2, ...), pool-sync or pool-k")
+    return text
+
+
 def run_mode(mode: str, steps: int, overrides: list[str]) -> dict[str, float]:
     if mode.startswith("pool"):
         return run_on_a_pool(mode, steps, overrides)
+    from rlvr.config import load_config  # here, not at the top: importing this file to check its arguments stays quick
+    from rlvr.trainer.main import build_trainer
+
     extra = [] if mode == "sync" else ["trainer.v1.trainer_mode=colocate_async",
                                        f"trainer.v1.colocate_async.num_warmup_batches={int(mode)}"]
     cuda = torch.cuda.is_available()
@@ -101,12 +111,21 @@ def run_on_a_pool(mode: str, steps: int, overrides: list[str]) -> dict[str, floa
     return {key: statistics.median(m.get(key, 0.0) for m in per_step) for key in COLUMNS}
 
 
-def main() -> None:
+def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[str]]:
+    """(the flags, the key=value overrides for every mode); any other argument is refused."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--steps", type=int, default=4)
-    parser.add_argument("--modes", default="sync,1,2")
-    args, overrides = parser.parse_known_args()
-    results = {mode: run_mode(mode, args.steps, overrides) for mode in args.modes.split(",")}
+    parser.add_argument("--steps", type=at_least(2), default=4, help="at least 2: the first step is left out")
+    parser.add_argument("--modes", type=comma_list(mode_name), default="sync,1,2")
+    args, overrides = parser.parse_known_args(argv)
+    unknown = [arg for arg in overrides if arg.startswith("-") or not (arg.startswith("~") or "=" in arg)]
+    if unknown:
+        parser.error(f"unrecognized arguments: {' '.join(unknown)} (overrides are key=value)")
+    return args, overrides
+
+
+def main(argv: list[str] | None = None) -> None:
+    args, overrides = parse_args(argv)
+    results = {mode: run_mode(mode, args.steps, overrides) for mode in args.modes}
     sync = results.get("sync", {}).get("timing_s/step")
     print(f"median of steps 2-{args.steps} (seconds unless a ratio)")
     print(f"{'mode':<10}" + "".join(f"{c.split('/')[-1]:>19}" for c in COLUMNS) + f"{'vs sync':>10}")

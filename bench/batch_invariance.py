@@ -18,15 +18,17 @@ import argparse
 import sys
 from pathlib import Path
 
+from runs import at_least
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--requests", type=int, default=16)
-    ap.add_argument("--max-new-tokens", type=int, default=64)
-    ap.add_argument("--max-num-seqs", type=int, default=6)
-    ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--requests", type=at_least(1), default=16)
+    ap.add_argument("--max-new-tokens", type=at_least(1), default=64)
+    ap.add_argument("--max-num-seqs", type=at_least(1), default=6)
+    ap.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
     args = ap.parse_args()
 
     from rlvr.config.schema import RolloutConfig

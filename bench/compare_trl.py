@@ -16,17 +16,18 @@ weight sync fails (``load_weights`` per parameter: ``'Parameter' object has no a
 vLLM 0.22-0.31). With ``use_transformers_paged=True`` (continuous batching) TRL took 58.8 s a
 step against 50-55 s with plain ``generate`` on the same machine, so plain ``generate`` it is.
 
-Prints each trainer's per-step time and mean reward (after a warm-up step), and the ratio
-TRL / rlvr of the mean step time.
+Prints each trainer's median step time and mean reward (after a warm-up step), and the ratio
+TRL / rlvr of the median step times (a median: one slow step on a shared machine does not move it).
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
 import tempfile
 import time
 
-import numpy as np
+from runs import at_least
 
 
 def arithmetic_rows(count: int) -> list[dict]:
@@ -108,10 +109,10 @@ def run_rlvr(args, rows: list[dict]) -> tuple[list[float], list[float]]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=4, help="timed steps (after one warm-up step)")
-    parser.add_argument("--prompts", type=int, default=8)
-    parser.add_argument("--n", type=int, default=4)
-    parser.add_argument("--max-response-length", type=int, default=64)
+    parser.add_argument("--steps", type=at_least(1), default=4, help="timed steps (after one warm-up step)")
+    parser.add_argument("--prompts", type=at_least(1), default=8)
+    parser.add_argument("--n", type=at_least(2), default=4, help="completions per prompt (a group: at least 2)")
+    parser.add_argument("--max-response-length", type=at_least(1), default=64)
     parser.add_argument("--lr", type=float, default=1e-5)
     parser.add_argument("--beta", type=float, default=0.04)
     parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
@@ -133,10 +134,12 @@ def main() -> None:
     print(f"{args.prompts} prompts x {args.n} completions, <= {args.max_response_length} tokens, T=1.0, "
           f"beta={args.beta}, lr={args.lr}, {args.dtype}, {args.steps} timed steps")
     for name, (times, rewards) in results.items():
-        print(f"  {name:<5} step time {np.mean(times):6.2f} s  (steps: {', '.join(f'{t:.1f}' for t in times)})  "
-              f"reward {np.mean(rewards):.3f}  (steps: {', '.join(f'{r:.2f}' for r in rewards)})")
+        print(f"  {name:<5} median step time {statistics.median(times):6.2f} s  (steps: "
+              f"{', '.join(f'{t:.1f}' for t in times)})  mean reward {statistics.mean(rewards):.3f}  (steps: "
+              f"{', '.join(f'{r:.2f}' for r in rewards)})")
     if len(results) == 2:
-        print(f"  TRL / rlvr time per step: {np.mean(results['trl'][0]) / np.mean(results['rlvr'][0]):.2f}x")
+        ratio = statistics.median(results['trl'][0]) / statistics.median(results['rlvr'][0])
+        print(f"  TRL / rlvr median time per step: {ratio:.2f}x")
 
 
 if __name__ == "__main__":

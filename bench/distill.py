@@ -13,6 +13,11 @@
 Each run validates at steps 0, 6, 12, 18 and 24 (greedy accuracy on the 300 held-out problems,
 mean@1) and reports its wall time and median step. The issue's goal: the student reaches the
 teacher's accuracy within 12 steps (GRPO: about 0.50 at step 12).
+
+``key=value`` overrides apply to every run. An override of a key this script sets itself is
+refused, naming the flag that sets it: it would be overridden silently otherwise. The keys with
+no flag (validation and save frequencies, the run folder's resume mode and logger) are refused
+too: the comparison depends on them.
 """
 
 from __future__ import annotations
@@ -22,7 +27,21 @@ import json
 import statistics
 from pathlib import Path
 
-from runs import rlvr_train
+from runs import at_least, comma_list, fresh_run_dir, one_of, override_key, rlvr_train
+
+RUNS = ("grpo", "distill", "distill_task")
+# Keys this script (or runs.rlvr_train) sets in the runs -> what to use instead of an override of one.
+SET_HERE = {
+    "trainer.device": "--device",
+    "trainer.total_training_steps": "--steps",
+    "distillation.teacher_models.teacher_model.model_path": "--teacher",
+    "distillation.distillation_loss.use_task_rewards": "--runs distill_task",
+    "trainer.default_local_dir": "--out",
+    "trainer.test_freq": "no flag: every run validates every 6 steps, the table's columns",
+    "trainer.save_freq": "no flag: the grpo run saves its last step, the teacher",
+    "trainer.resume_mode": "no flag: every run starts afresh in its own folder",
+    "trainer.logger": "no flag: the runs' metrics.jsonl is read back",
+}
 
 
 def run(name: str, out: Path, steps: int, device: str, *overrides: str) -> dict:
@@ -36,21 +55,34 @@ def run(name: str, out: Path, steps: int, device: str, *overrides: str) -> dict:
     return result
 
 
-def main() -> None:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--teacher", help="the teacher's folder (default: the grpo run's step-24 checkpoint)")
-    parser.add_argument("--steps", type=int, default=24)
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--runs", default="grpo,distill,distill_task")
+    parser.add_argument("--teacher", help="the teacher's folder (default: the grpo run's last checkpoint)")
+    parser.add_argument("--steps", type=at_least(1), default=24)
+    parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="cpu")
+    parser.add_argument("--runs", type=comma_list(one_of(*RUNS)), default=",".join(RUNS))
     parser.add_argument("--out", default="bench_out/distill")
     parser.add_argument("overrides", nargs="*", help="key=value for every run (a smaller model or data to try it)")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    for key in map(override_key, args.overrides):
+        if key in SET_HERE:
+            parser.error(f"this script sets {key} itself ({SET_HERE[key]})")
+    if args.teacher and not {"distill", "distill_task"} & set(args.runs):
+        parser.error("--teacher is read by the distill runs only: --runs has none")
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
-    runs = args.runs.split(",")
+    # grpo also runs unasked when no --teacher is given: its last checkpoint is the teacher
+    runs = [name for name in RUNS if name in args.runs or (name == "grpo" and args.teacher is None)]
+    for name in runs:  # an earlier run's folder is refused now, not after the runs before it
+        fresh_run_dir(out / name)
     results = []
     teacher = args.teacher
-    if "grpo" in runs or teacher is None:
+    if "grpo" in runs:
         results.append(run("grpo", out, args.steps, args.device, f"trainer.save_freq={args.steps}", *args.overrides))
         teacher = teacher or str(out / "grpo" / "checkpoints" / f"global_step_{args.steps}" / "actor")
     common = ("--config", "distill", f"distillation.teacher_models.teacher_model.model_path={teacher}", "trainer.save_freq=-1",

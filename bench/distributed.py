@@ -21,6 +21,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from runs import at_least, comma_list, fresh_run_dir, one_of
+
 ROOT = Path(__file__).resolve().parents[1]
 MODES = {
     "local": [],
@@ -33,8 +35,6 @@ MODES = {
 
 
 def run(mode: str, steps: int, device: str, extra: list[str], out: Path) -> dict:
-    from runs import fresh_run_dir
-
     run_dir = fresh_run_dir(out / mode)
     command = [sys.executable, "-m", "rlvr.cli", "train", *MODES[mode], f"trainer.device={device}",
                f"trainer.total_training_steps={steps}", "trainer.test_freq=-1", "trainer.save_freq=-1",
@@ -57,14 +57,18 @@ def run(mode: str, steps: int, device: str, extra: list[str], out: Path) -> dict
             "reward": statistics.mean(r["critic/score/mean"] for r in records if "critic/score/mean" in r)}
 
 
-def main() -> None:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--modes", default="local,ray2")
-    parser.add_argument("--steps", type=int, default=4)
-    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--modes", type=comma_list(one_of(*MODES)), default="local,ray2")
+    parser.add_argument("--steps", type=at_least(2), default=4, help="at least 2: the first step is left out")
+    parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="cpu")
     parser.add_argument("overrides", nargs="*", help="extra key=value overrides for every mode")
-    args = parser.parse_args()
-    modes = args.modes.split(",")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    modes = args.modes
     with tempfile.TemporaryDirectory() as tmp:
         results = {mode: run(mode, args.steps, args.device, args.overrides, Path(tmp)) for mode in modes}
     base = results[modes[0]]

@@ -23,6 +23,8 @@ the memory plan, and the native engine's tokens/s.
 - ``train``: ``rlvr train`` of the default job on ``trainer.device=cuda`` with
   ``actor_rollout_ref.actor.strategy=fsdp2`` (and ``local`` with ``--strategies``), validation
   included: greedy accuracy at each validation, wall time, the median step split.
+- ``profile`` (not in the default ``--parts``): one bf16 engine call under torch's profiler, its
+  table written to ``OUT/profile.txt``.
 
 Exits non-zero when no CUDA device is present: CI never runs this; the README says which
 figures came from it and on what device.
@@ -41,7 +43,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
-from runs import rlvr_train  # noqa: E402 (bench/ on the path first)
+from runs import at_least, comma_list, fresh_run_dir, one_of, rlvr_train  # noqa: E402 (bench/ on the path first)
 GB = 1e9
 DEVICE = "cuda"  # --device cpu runs the same code without the memory figures (a smoke test of this script)
 
@@ -135,15 +137,18 @@ def rollout_speed(model_path: str, repeats: int) -> list[dict]:
         timed(engine, batch[:8])
         generate_model = engine.model  # the engine's weights in its dtype, as bench/rollout.py compares
         timed_generate(generate_model, tokenizer, engine.eos_ids, on_device[:8], 8)
+        runs = {"engine": lambda seed: timed(engine, batch, seed),
+                "generate": lambda seed: timed_generate(generate_model, tokenizer, engine.eos_ids, on_device, 128, seed)}
         rates, gen_rates = [], []
         for seed in range(repeats):
-            sync()
-            t, n = timed(engine, batch, seed)
+            done = {}
+            for name in (list(runs) if seed % 2 == 0 else list(runs)[::-1]):  # the order flips every seed
+                sync()
+                done[name] = runs[name](seed)
+                sync()
+            (t, n), (t_gen, n_gen) = done["engine"], done["generate"]
             rates.append(n / t)
-            sync()
-            t, n = timed_generate(generate_model, tokenizer, engine.eos_ids, on_device, 128, seed)
-            sync()
-            gen_rates.append(n / t)
+            gen_rates.append(n_gen / t_gen)
             print(f"  {dtype} seed {seed}: engine {rates[-1]:.0f} tokens/s, generate {gen_rates[-1]:.0f} tokens/s",
                   flush=True)
         ratios = [a / b for a, b in zip(rates, gen_rates)]
@@ -246,10 +251,12 @@ def print_table(title: str, columns: list[str], rows: list[list[str]]) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="builtin")
-    parser.add_argument("--parts", default="parity,phases,rollout,train")
-    parser.add_argument("--strategies", default="fsdp2")
-    parser.add_argument("--steps", type=int, default=None, help="training steps (default: the recipe's 24)")
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--parts", type=comma_list(one_of("parity", "phases", "rollout", "train", "profile")),
+                        default="parity,phases,rollout,train")
+    parser.add_argument("--strategies", type=comma_list(one_of("fsdp2", "local")), default="fsdp2",
+                        help="of the train part")
+    parser.add_argument("--steps", type=at_least(1), default=None, help="training steps (default: the recipe's 24)")
+    parser.add_argument("--repeats", type=at_least(1), default=3, help="seeds of the rollout part")
     parser.add_argument("--out", default="outputs/gpu-bench")
     parser.add_argument("--device", default="cuda", help=argparse.SUPPRESS)  # cpu: a smoke test of this script
     args = parser.parse_args()
@@ -259,7 +266,10 @@ def main() -> None:
         raise SystemExit("bench/gpu.py needs a CUDA device; none is visible to torch")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    parts = args.parts.split(",")
+    parts = args.parts
+    if "train" in parts:  # an earlier run's folder is refused now, not after the other parts
+        for strategy in args.strategies:
+            fresh_run_dir(out / f"train-{strategy}")
     device = f"{torch.cuda.get_device_name(0) if DEVICE == 'cuda' else 'cpu'}, torch {torch.__version__}"
     report: dict = {"device": device}
     print(f"device: {device}", flush=True)
@@ -275,7 +285,7 @@ def main() -> None:
     if "profile" in parts:
         print(profile_engine(args.model, out), flush=True)
     if "train" in parts:
-        report["train"] = [train(args.model, s, args.steps, out) for s in args.strategies.split(",")]
+        report["train"] = [train(args.model, s, args.steps, out) for s in args.strategies]
         (out / "gpu.json").write_text(json.dumps(report, indent=1))
 
     print(f"\n{device}")

@@ -8,7 +8,8 @@ llama.cpp checkout, or the copy inside PyPI's llama-cpp-python source: ``pip dow
 -DGGML_NATIVE=ON -DLLAMA_CURL=OFF && cmake --build build -j2 --target llama-batched-bench
 llama-quantize``) and pass the folder that holds them (``build/bin``). The built-in model's GGUF
 (Q4_1) is dequantized to F32 once by ``llama-quantize``: the same weights rlvr runs, which
-dequantizes the same file to float32.
+dequantizes the same file to float32. Both sides run ``--threads`` threads (torch's
+``set_num_threads`` for rlvr).
 
 The shape: ROWS sequences that share one prompt of PROMPT_TOKENS tokens (llama.cpp's ``-pps``; rlvr
 prefills a prompt its group shares once), each decoding exactly TOKENS tokens: rlvr's engine samples
@@ -22,7 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
 import time
 from pathlib import Path
 
@@ -32,14 +32,19 @@ from rlvr.config.schema import RolloutConfig
 from rlvr.models import load_model_and_tokenizer
 from rlvr.models.loader import builtin_gguf_path, cache_root
 from rlvr.rollout import NativeRollout, SamplingParams
+from runs import at_least, run_child
 
 
 def f32_gguf(llama_bin: Path) -> Path:
+    """The built-in model's GGUF dequantized to F32, converted once and cached. The conversion is
+    written under another name and renamed when complete, so an interrupted one is never reused."""
     target = cache_root() / "llamacpp" / "SmolLM2-135M-Instruct.F32.gguf"
     if not target.is_file():
         target.parent.mkdir(parents=True, exist_ok=True)
-        subprocess.run([str(llama_bin / "llama-quantize"), "--allow-requantize", str(builtin_gguf_path()),
-                        str(target), "F32"], check=True, capture_output=True)
+        partial = target.with_suffix(".partial.gguf")
+        run_child([str(llama_bin / "llama-quantize"), "--allow-requantize", str(builtin_gguf_path()), str(partial), "F32"],
+                  "llama-quantize")
+        partial.replace(target)
     return target
 
 
@@ -49,7 +54,7 @@ def llama_run(llama_bin: Path, gguf: Path, args) -> dict:
                "-c", str(args.prompt_tokens + args.rows * args.tokens + 16), "-b", "2048", "-ub", "512", "-pps",
                "-ctk", args.kv_type, "-ctv", args.kv_type, "-npp", str(args.prompt_tokens), "-ntg", str(args.tokens),
                "-npl", str(args.rows), "--output-format", "jsonl"]
-    out = subprocess.run(command, check=True, capture_output=True, text=True).stdout
+    out = run_child(command, "llama-batched-bench")
     return [json.loads(line) for line in out.splitlines() if line.startswith("{")][-1]
 
 
@@ -66,17 +71,18 @@ def rlvr_run(engine: NativeRollout, prompt: list[int], args, seed: int) -> float
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--llama-bin", required=True, type=Path, help="folder with llama-batched-bench and llama-quantize")
-    p.add_argument("--rows", type=int, default=64)
-    p.add_argument("--prompt-tokens", type=int, default=48)
-    p.add_argument("--tokens", type=int, default=128)
-    p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--threads", type=int, default=torch.get_num_threads())
+    p.add_argument("--rows", type=at_least(1), default=64)
+    p.add_argument("--prompt-tokens", type=at_least(1), default=48)
+    p.add_argument("--tokens", type=at_least(1), default=128)
+    p.add_argument("--repeats", type=at_least(1), default=3)
+    p.add_argument("--threads", type=at_least(1), default=torch.get_num_threads(), help="for both llama.cpp and torch")
     p.add_argument("--kv-type", default="f32", help="llama.cpp's KV cache type (its own default is f16; rlvr's is the "
                    "model's dtype, float32 here)")
     args = p.parse_args()
     missing = [name for name in ("llama-batched-bench", "llama-quantize") if not (args.llama_bin / name).is_file()]
     if missing:
         p.error(f"--llama-bin {args.llama_bin} has no {' or '.join(missing)}: build them as this script's help says")
+    torch.set_num_threads(args.threads)  # rlvr's side: the same thread count as llama.cpp's -t
     gguf = f32_gguf(args.llama_bin)
     model, tokenizer = load_model_and_tokenizer("builtin")
     engine = NativeRollout(model, tokenizer, RolloutConfig(dtype="float32"), args.tokens)

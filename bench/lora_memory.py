@@ -19,10 +19,11 @@ from __future__ import annotations
 import argparse
 import json
 import resource
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+from runs import at_least, run_child
 
 MB = 1024 ** 2
 
@@ -61,8 +62,8 @@ def run_mode(rank: int, steps: int) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rank", type=int, default=16)
-    parser.add_argument("--steps", type=int, default=2)
+    parser.add_argument("--rank", type=at_least(1), default=16)
+    parser.add_argument("--steps", type=at_least(1), default=2)
     parser.add_argument("--mode", type=int, default=None, help=argparse.SUPPRESS)  # the child process
     args = parser.parse_args()
     if args.mode is not None:
@@ -70,9 +71,8 @@ def main() -> None:
         return
     results = {}
     for name, rank in (("full fine-tuning", 0), (f"LoRA rank {args.rank}", args.rank)):
-        out = subprocess.run([sys.executable, __file__, "--mode", str(rank), "--steps", str(args.steps)],
-                             capture_output=True, text=True, check=True)
-        results[name] = json.loads(out.stdout.strip().splitlines()[-1])
+        out = run_child([sys.executable, __file__, "--mode", str(rank), "--steps", str(args.steps)], name)
+        results[name] = json.loads(out.strip().splitlines()[-1])
     keys = ("peak_rss_mb", "weights_mb", "reference_copy_mb", "gradients_mb", "optimizer_state_mb", "trained_parameters")
     print(f"{'':<20}" + "".join(f"{k:>20}" for k in keys))
     for name, r in results.items():

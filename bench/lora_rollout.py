@@ -22,12 +22,13 @@ from rlvr.models import load_model_and_tokenizer
 from rlvr.models.lora import apply_lora, unwrap
 from rlvr.rollout import NativeRollout
 from rollout import make_batch, timed
+from runs import at_least
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rank", type=int, default=16)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--rank", type=at_least(1), default=16)
+    parser.add_argument("--repeats", type=at_least(1), default=3)
     args = parser.parse_args()
     config = RolloutConfig(temperature=1.0, dtype="float32")
     plain_model, tokenizer = load_model_and_tokenizer("builtin")

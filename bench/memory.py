@@ -26,6 +26,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from runs import at_least, comma_list
+
 GB = 1e9
 
 
@@ -140,9 +142,9 @@ def main() -> None:
     if sys.argv[1:2] == ["--rank"]:
         return rank_main(*sys.argv[2:3], int(sys.argv[3]), sys.argv[4])
     parser = argparse.ArgumentParser()
-    parser.add_argument("--worlds", default="1,2,4")
-    parser.add_argument("--layers", type=int, default=28)
-    parser.add_argument("--hidden", type=int, default=1024)
+    parser.add_argument("--worlds", type=comma_list(at_least(1)), default="1,2,4")
+    parser.add_argument("--layers", type=at_least(1), default=28)
+    parser.add_argument("--hidden", type=at_least(1), default=1024)
     parser.add_argument("--json", help="also write the figures here (per world: params, and per phase the ranks' "
                                        "measured bytes and the plan's)")
     args = parser.parse_args()
@@ -155,7 +157,7 @@ def main() -> None:
         model_dir = tmp / "model"
         make_model(model_dir, args.layers, args.hidden)
         rows, figures = [], {}
-        for world in [int(w) for w in args.worlds.split(",")]:
+        for world in args.worlds:
             plan = plan_memory(load_config(None, overrides(str(model_dir), world)), read_model_config(str(model_dir)))
             ranks = run_world(model_dir, world, tmp)
             figures[world] = {"params": plan.params, "full_fp32_bytes": 4 * plan.params,

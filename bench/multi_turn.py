@@ -37,6 +37,7 @@ from rlvr.data import RLHFDataset
 from rlvr.models import load_model_and_tokenizer
 from rlvr.rollout import MultiTurnRollout, NativeRollout, ToolSetup
 from rlvr.tools import load_tools
+from runs import at_least, comma_list
 
 DATA = Path("~/data/calculator/test.parquet").expanduser()
 
@@ -66,6 +67,13 @@ def timed_multi_turn(multi, batch, schedule: str, keep_turns: bool = True):
     finally:
         vars(engine).pop("turn_cache", None)
     return out, wall, engine.prefill_tokens["computed"] - before
+
+
+def timed_single_turn(engine, batch):
+    """(output, wall seconds) of the single-turn engine on the same batch: the reference, no tools."""
+    start = time.perf_counter()
+    out = engine.generate_sequences(batch)
+    return out, time.perf_counter() - start
 
 
 def delay_tools(tools: dict, seconds: float) -> None:
@@ -104,12 +112,13 @@ def tool_call_latency(tool_name: str, arguments: dict, calls: int) -> float:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--prompts", type=int, default=8)
-    p.add_argument("--n", type=int, default=8)
-    p.add_argument("--max-response-length", type=int, default=64)
-    p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--python-calls", type=int, default=10)
-    p.add_argument("--tool-seconds", default="", help="comma-separated delays added to every tool call, e.g. 0.5,2")
+    p.add_argument("--prompts", type=at_least(1), default=8)
+    p.add_argument("--n", type=at_least(1), default=8)
+    p.add_argument("--max-response-length", type=at_least(1), default=64)
+    p.add_argument("--repeats", type=at_least(1), default=3)
+    p.add_argument("--python-calls", type=at_least(0), default=10, help="calls of each tool timed (0: skip)")
+    p.add_argument("--tool-seconds", type=comma_list(at_least(0, float)), default=[],
+                   help="comma-separated delays added to every tool call, e.g. 0.5,2")
     args = p.parse_args()
     torch.set_num_threads(max(1, torch.get_num_threads()))
     model, tokenizer = load_model_and_tokenizer("builtin")
@@ -120,17 +129,21 @@ def main() -> None:
     dataset = RLHFDataset([DATA], tokenizer, data_cfg, setup.chat)
     engine = NativeRollout(model, tokenizer, rollout_cfg, args.max_response_length)
     multi = MultiTurnRollout(engine, setup.tools, rollout_cfg.multi_turn, setup.chat, args.max_response_length)
-    timed_multi_turn(multi, batch_of(dataset, args.prompts, args.n, seed=10_000), "turn")  # warm-up, not timed
+    for schedule in ("request", "turn"):  # warm-up, not timed: both, as either runs first in a repeat
+        timed_multi_turn(multi, batch_of(dataset, args.prompts, args.n, seed=10_000), schedule)
     ratios, rows, keep_ratios, schedule_ratios = [], [], [], []
     for r in range(args.repeats):
         batch = batch_of(dataset, args.prompts, args.n, seed=r)
-        order = [("request", True), ("turn", True), ("turn", False)]
-        if r % 2:  # alternate which runs first
-            order.reverse()
-        runs = {(schedule, keep): timed_multi_turn(multi, batch, schedule, keep) for schedule, keep in order}
-        out, wall, _ = runs[("request", True)]
-        turn_out, wall_turn, prefilled_turn = runs[("turn", True)]
-        _, wall_full, prefilled_full = runs[("turn", False)]
+        runs = {"request": lambda: timed_multi_turn(multi, batch, "request"),
+                "turn": lambda: timed_multi_turn(multi, batch, "turn"),
+                "turn, whole prefill": lambda: timed_multi_turn(multi, batch, "turn", keep_turns=False),
+                "single-turn": lambda: timed_single_turn(engine, batch)}
+        order = list(runs) if r % 2 == 0 else list(runs)[::-1]  # alternate which runs first, the reference too
+        done = {name: runs[name]() for name in order}
+        out, wall, _ = done["request"]
+        turn_out, wall_turn, prefilled_turn = done["turn"]
+        _, wall_full, prefilled_full = done["turn, whole prefill"]
+        single, single_wall = done["single-turn"]
         keep_ratios.append(wall_full / wall_turn)
         R = out.batch["responses"].shape[1]
         model_tokens = int(out.batch["response_mask"].sum())
@@ -138,9 +151,6 @@ def main() -> None:
         schedule_ratios.append((model_tokens / wall) / (turn_tokens / wall_turn))
         all_tokens = int(out.batch["attention_mask"][:, -R:].sum())
         calls = sum(c.get("tool_calls", 0) > 0 for c in out.non_tensor_batch["multi_turn_metrics"]) / len(out)
-        start = time.perf_counter()
-        single = engine.generate_sequences(batch)
-        single_wall = time.perf_counter() - start
         single_tokens = int(single.batch["response_mask"].sum())
         ratio = (model_tokens / wall) / (single_tokens / single_wall)
         ratios.append(ratio)
@@ -157,7 +167,7 @@ def main() -> None:
           f"single-turn {med[2]:.1f} tok/s, per request / single-turn {statistics.median(ratios):.2f}; kept turn cache: "
           f"turn by turn {statistics.median(keep_ratios):.2f}x faster than prefilling each turn's whole conversation "
           f"(range {min(keep_ratios):.2f}-{max(keep_ratios):.2f})")
-    for seconds in [float(x) for x in args.tool_seconds.split(",") if x]:
+    for seconds in args.tool_seconds:
         delay_tools(multi.tools, seconds)
         per = [schedule_ratio(multi, batch_of(dataset, args.prompts, args.n, seed=r), reverse=bool(r % 2))
                for r in range(args.repeats)]

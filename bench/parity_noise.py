@@ -2,13 +2,16 @@
 fresh weights: the noise the parity guard and the log-prob drift check (rlvr/trainer/guards.py)
 must tolerate, and how often each check would stop a healthy run.
 
-    .venv/bin/python bench/parity_noise.py --model tiny|builtin|random [--dtype bfloat16]
-        [--batches 4] [--logit-offset 48] [overrides ...]
+    .venv/bin/python bench/parity_noise.py [--model tiny|builtin|random] [--dtype bfloat16]
+        [--batches 4] [--logit-offset 0] [overrides ...]
+    .venv/bin/python bench/parity_noise.py --model random --logit-offset 48   # the bf16 worst case
 
 ``random`` is a random Llama of ``--hidden`` width and ``--layers`` layers over the built-in
 vocabulary; ``--logit-offset`` adds a constant to every logit (a forward hook on the head, in
-the head's own dtype), the review's worst case for bf16: logits in [32, 64), where one bf16
-rounding step is 0.25. A constant leaves the distribution unchanged, so only rounding moves.
+the head's own dtype; 48 is the review's worst case for bf16: logits in [32, 64), where one bf16
+rounding step is 0.25). A constant leaves the distribution unchanged, so only rounding moves.
+The engine's lean decode step computes the head from its weight, past the hook, so with an
+offset the rollout runs ``rollout.lean_decode=false``: every step through the model's forward.
 
 The trainer's own stages run on the default job's shape (8 prompts x n=8 per batch): the
 engine samples (``rollout.dtype``), the actor recomputes (fp32, grouped prompt-once layout),
@@ -32,6 +35,9 @@ from rlvr.errors import StopTraining
 from rlvr.models import model_folder, save_tiny_model
 from rlvr.trainer.guards import drift_threshold, log_prob_gap, parity_tolerance
 from rlvr.trainer.main import build_trainer
+from runs import at_least, override_key
+
+LEAN_DECODE = "actor_rollout_ref.rollout.lean_decode"
 
 
 def random_model(out: Path, hidden: int, layers: int) -> Path:
@@ -52,23 +58,41 @@ def random_model(out: Path, hidden: int, layers: int) -> Path:
     return out
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--model", default="tiny")
-    parser.add_argument("--dtype", default="bfloat16")
-    parser.add_argument("--batches", type=int, default=4)
-    parser.add_argument("--hidden", type=int, default=1024)
-    parser.add_argument("--layers", type=int, default=2)
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", choices=("tiny", "builtin", "random"), default="tiny")
+    parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="bfloat16")
+    parser.add_argument("--batches", type=at_least(1), default=4)
+    parser.add_argument("--hidden", type=at_least(128), default=1024, help="--model random: a multiple of 128")
+    parser.add_argument("--layers", type=at_least(1), default=2, help="--model random")
     parser.add_argument("--logit-offset", type=float, default=0.0)
     parser.add_argument("overrides", nargs="*")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    shape = {"hidden": args.hidden, "layers": args.layers}
+    if args.model != "random" and shape != {k: parser.get_default(k) for k in shape}:
+        parser.error("--hidden and --layers shape --model random only")
+    if args.hidden % 128:  # 64-wide heads, half as many key-value heads
+        parser.error(f"--hidden {args.hidden} is not a multiple of 128")
+    if args.logit_offset and any(override_key(o) == LEAN_DECODE for o in args.overrides):
+        parser.error(f"--logit-offset sets {LEAN_DECODE}=false (the hook on the head misses the lean step): "
+                     "leave that key out")
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
     tmp = Path(tempfile.mkdtemp())
     path = {"tiny": lambda: save_tiny_model(tmp / "m", tokenizer_path=str(model_folder("builtin"))),
             "builtin": lambda: "builtin",
             "random": lambda: random_model(tmp / "m", args.hidden, args.layers)}[args.model]()
+    overrides = list(args.overrides)
+    if args.logit_offset:  # the lean decode step computes the head from its weight, past the hook
+        overrides.append(f"{LEAN_DECODE}=false")
+        print(f"--logit-offset {args.logit_offset:g}: {LEAN_DECODE}=false, so every engine step runs the model's "
+              "forward (and the hook on its head)", flush=True)
     config = load_config(None, [f"actor_rollout_ref.model.path={path}", f"actor_rollout_ref.rollout.dtype={args.dtype}",
                                 f"trainer.default_local_dir={tmp / 'run'}", "trainer.logger=[]",
-                                "trainer.freshness_check_freq=1", *args.overrides])
+                                "trainer.freshness_check_freq=1", *overrides])
     trainer = build_trainer(config, progress_bar=False)
     worker = trainer.wg.worker
     if args.logit_offset:

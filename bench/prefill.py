@@ -5,10 +5,11 @@ prompt prefilled whole, alternating, in one process.
     .venv/bin/python bench/prefill.py [--repeats 2]
     .venv/bin/python bench/prefill.py --rows-ab [--repeats 4]
 
-Prints each run's seconds and prompt tokens prefilled, whether both give the same tokens, and
-the median ratio whole / shared of the seconds. ``--rows-ab`` instead compares prefilling the
-300 prompts in chunks of ``core.PREFILL_ROW_TOKENS`` tokens against one forward over all of
-them: the seconds spent in the prefill and in the whole generation, and the page faults.
+After one untimed warm-up call (64 prompts), prints each run's seconds and prompt tokens
+prefilled, whether both give the same tokens, and the median ratio whole / shared of the
+seconds. ``--rows-ab`` instead compares prefilling the 300 prompts in chunks of
+``core.PREFILL_ROW_TOKENS`` tokens against one forward over all of them: the seconds spent in
+the prefill and in the whole generation, and the page faults.
 """
 
 from __future__ import annotations
@@ -28,13 +29,14 @@ from rlvr.data import RLHFDataset
 from rlvr.data.prepare import prepare_arithmetic
 from rlvr.models import load_model_and_tokenizer
 from rlvr.rollout import NativeRollout, SamplingParams
+from runs import at_least
 
 DATA = Path("~/data/arithmetic").expanduser()
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--repeats", type=at_least(1), default=2)
     p.add_argument("--rows-ab", action="store_true", help="prefill in row chunks against one forward")
     args = p.parse_args()
     torch.set_num_threads(max(1, torch.get_num_threads()))
@@ -44,6 +46,8 @@ def main() -> None:
     ids = RLHFDataset([DATA / "test.parquet"], tokenizer).prompt_ids  # as validation tokenises them
     print(f"{len(ids)} prompts of {sum(map(len, ids)) / len(ids):.1f} tokens, "
           f"{engine_module.common_prefix_length(ids)} of them common to all")
+    # warm-up, not timed: the first call pays lazy imports, thread start-up and first allocations
+    NativeRollout(model, tokenizer, RolloutConfig(), 64).generate(ids[:64], SamplingParams(max_new_tokens=64, do_sample=False))
     if args.rows_ab:
         return rows_ab(model, tokenizer, ids, args.repeats)
     minimum = engine_module.SHARED_PREFIX_MIN_TOKENS

@@ -1,12 +1,14 @@
 """Reward scoring throughput: samples/s of the gsm8k and math scorers on 10,000 responses,
 scored in the trainer process (serial) and in the process pool (``reward.num_workers``).
 
-    .venv/bin/python bench/rewards.py [--samples 10000] [--workers 2]
+    .venv/bin/python bench/rewards.py [--samples 10000] [--workers N] [--repeats 3]
 
 Responses are realistic and varied: GSM8K-style reasoning ending in ``#### 1,234`` (right,
 wrong, or missing the marker), and MATH-style answers in ``\\boxed{...}`` with fractions,
 LaTeX and plain numbers (right and wrong). Timing covers the manager's whole ``compute``:
-decoding the token ids, scoring, and placing scores on the last token.
+decoding the token ids, scoring, and placing scores on the last token. Both are warmed up first
+(the pool's workers started), then alternate ``--repeats`` times, the order flipping every repeat;
+the ratio printed is the median of the per-repeat ratios. ``--workers`` defaults to the CPU count.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 import argparse
 import os
 import random
+import statistics
 import time
 
 import torch
@@ -22,6 +25,7 @@ from rlvr.config.schema import RewardConfig
 from rlvr.models import load_tokenizer
 from rlvr.protocol import DataProto
 from rlvr.rewards import RewardManager
+from runs import at_least
 
 
 def gsm8k_sample(rng: random.Random) -> tuple[str, str]:
@@ -65,29 +69,41 @@ def make_batch(tokenizer, kind: str, samples: int) -> DataProto:
                                 "extra_info": [{"index": i} for i in range(samples)]})
 
 
-def main() -> None:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--samples", type=int, default=10_000)
-    parser.add_argument("--workers", type=int, default=os.cpu_count() or 2)
-    args = parser.parse_args()
+    parser.add_argument("--samples", type=at_least(1), default=10_000)
+    parser.add_argument("--workers", type=at_least(1), default=os.cpu_count() or 2, help="the pool's processes")
+    parser.add_argument("--repeats", type=at_least(1), default=3)
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
     tokenizer = load_tokenizer("builtin")
-    print(f"{args.samples} responses per scorer; pool of {args.workers} processes; {os.cpu_count()} CPUs")
+    print(f"{args.samples} responses per scorer; pool of {args.workers} processes; {os.cpu_count()} CPUs; "
+          f"{args.repeats} repeats")
     for kind in ("gsm8k", "math"):
         batch = make_batch(tokenizer, kind, args.samples)
-        rates, means = {}, {}
-        for label, workers in (("serial", 0), (f"pool({args.workers})", args.workers)):
-            manager = RewardManager(tokenizer, RewardConfig(num_workers=workers))
-            if workers:
-                manager.compute(batch[:workers * 4])  # start the workers outside the timing
-            start = time.perf_counter()
-            result = manager.compute(batch)
-            elapsed = time.perf_counter() - start
+        managers = {"serial": RewardManager(tokenizer, RewardConfig(num_workers=0)),
+                    f"pool({args.workers})": RewardManager(tokenizer, RewardConfig(num_workers=args.workers))}
+        for manager in managers.values():  # warm-up, not timed: the pool's workers start, the scorers import
+            manager.compute(batch[:args.workers * 4])
+        rates = {label: [] for label in managers}
+        means = {}
+        for repeat in range(args.repeats):
+            order = list(managers) if repeat % 2 == 0 else list(managers)[::-1]  # flips every repeat: the machine drifts
+            for label in order:
+                start = time.perf_counter()
+                result = managers[label].compute(batch)
+                rates[label].append(args.samples / (time.perf_counter() - start))
+                means[label] = float(result.token_level_scores.sum(-1).mean())
+        for manager in managers.values():
             manager.close()
-            rates[label] = args.samples / elapsed
-            means[label] = float(result.token_level_scores.sum(-1).mean())
-        line = "  ".join(f"{label} {rate:8.0f} samples/s" for label, rate in rates.items())
         serial, pooled = rates.values()
-        print(f"{kind:<6} {line}  pool/serial {pooled / serial:.2f}x  (mean score {means['serial']:.3f}, "
+        ratios = [p / s for p, s in zip(pooled, serial)]
+        line = "  ".join(f"{label} {statistics.median(r):8.0f} samples/s" for label, r in rates.items())
+        print(f"{kind:<6} median {line}  pool/serial median {statistics.median(ratios):.2f}x "
+              f"(range {min(ratios):.2f}-{max(ratios):.2f}; mean score {means['serial']:.3f}, "
               f"same in both: {len(set(means.values())) == 1})")
 
 

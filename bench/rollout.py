@@ -9,9 +9,9 @@ compute ceiling (the projections' FLOPs a token against a ``torch.mm`` peak meas
 setting) and the fraction of it each engine reached, and the peak resident memory of the
 process. ``generate`` is timed with the same prompts, the same sampling settings and its padded
 rows not counted as generated tokens. Shared machines are noisy and
-tokens/s depends on the lengths drawn (a batch decodes until its longest row ends), so the two
-alternate ``--repeats`` times, repeat r sampling with seed r in both, and the median of the
-per-repeat ratios is reported.
+tokens/s depends on the lengths drawn (a batch decodes until its longest row ends), so the engines
+alternate ``--repeats`` times (each warmed up first; the order flips every repeat), repeat r
+sampling with seed r in all, and the median of the per-repeat ratios is reported.
 """
 
 from __future__ import annotations
@@ -25,12 +25,14 @@ import time
 import torch
 
 from rlvr.config.schema import RolloutConfig
+from rlvr.config.validate import DTYPES
 from rlvr.data import left_pad
 from rlvr.data.tasks import arithmetic
 from rlvr.models import load_model_and_tokenizer
 from rlvr.protocol import DataProto
-from rlvr.rollout import NativeRollout, VLLMRollout, response_mask_from_eos
-from step import matmul_peak_gflops, parameter_counts
+from runs import at_least, comma_list, one_of
+
+PROMPT_SETS = ("arithmetic", "open", "tools")
 
 QUESTIONS = ["What is 17 + 25? Explain step by step.", "Write a short poem about the sea.",
              "What is the capital of France, and why is it famous?", "Compute 12 * 13 and show your work.",
@@ -88,9 +90,20 @@ def timed(engine, batch: DataProto, seed: int = 0) -> tuple[float, int]:
     return time.perf_counter() - start, int(out.batch["response_mask"].sum())
 
 
+def timed_own_prompts(engine, batch: DataProto, seed: int) -> tuple[float, int]:
+    """``timed`` with every row reading its own copy of its group's prompt in decode steps."""
+    shared, engine.core.share_prompts = engine.core.share_prompts, False
+    try:
+        return timed(engine, batch, seed)
+    finally:
+        engine.core.share_prompts = shared
+
+
 @torch.inference_mode()
 def timed_generate(model, tokenizer, eos_ids, batch: DataProto, max_new_tokens: int, seed: int = 0) -> tuple[float, int]:
     """Plain ``model.generate`` (multinomial sampling, T=1, no top-k/top-p), tokens up to each row's EOS."""
+    from rlvr.rollout import response_mask_from_eos  # rlvr.rollout imports transformers: not needed to check arguments
+
     torch.manual_seed(seed)
     start = time.perf_counter()
     out = model.generate(input_ids=batch.batch["input_ids"], attention_mask=batch.batch["attention_mask"],
@@ -101,57 +114,73 @@ def timed_generate(model, tokenizer, eos_ids, batch: DataProto, max_new_tokens: 
     return elapsed, int(response_mask_from_eos(responses, eos_ids).sum())
 
 
-def main() -> None:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--prompts", type=int, default=8)
-    parser.add_argument("--n", type=int, default=8)
-    parser.add_argument("--max-new-tokens", type=int, default=128)
-    parser.add_argument("--dtypes", default="float32,bfloat16")
-    parser.add_argument("--prompt-set", default="arithmetic,open",
+    parser.add_argument("--prompts", type=at_least(1), default=8)
+    parser.add_argument("--n", type=at_least(1), default=8)
+    parser.add_argument("--max-new-tokens", type=at_least(1), default=128)
+    parser.add_argument("--dtypes", type=comma_list(one_of(*DTYPES)), default="float32,bfloat16")
+    parser.add_argument("--prompt-set", type=comma_list(one_of(*PROMPT_SETS)), default="arithmetic,open",
                         help="arithmetic, open and/or tools (the calculator task's ~200-token prompts)")
     parser.add_argument("--no-shared-prompts", action="store_true",
                         help="every row reads its own copy of its group's prompt in decode steps (the engine before)")
     parser.add_argument("--shared-ab", action="store_true",
                         help="also time the engine with every row reading its own copy of the prompt (same seeds)")
-    parser.add_argument("--repeats", type=int, default=3, help="alternating engine/generate runs per setting")
+    parser.add_argument("--repeats", type=at_least(1), default=3, help="alternating engine/generate runs per setting")
     parser.add_argument("--skip-generate", action="store_true", help="do not time model.generate")
     parser.add_argument("--skip-vllm", action="store_true", help="do not time vLLM")
     parser.add_argument("--no-lean", action="store_true", help="rollout.lean_decode=false (transformers decode step)")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    if args.shared_ab and (args.no_shared_prompts or args.no_lean):  # the lean step is what reads a shared prompt
+        parser.error("--shared-ab times shared prompts against each row's own: it needs the lean decode step with "
+                     "shared prompts (no --no-shared-prompts, no --no-lean)")
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    from rlvr.rollout import NativeRollout, VLLMRollout  # here: checking the arguments needs no transformers
+    from step import matmul_peak_gflops, parameter_counts
 
     model, tokenizer = load_model_and_tokenizer("builtin")
     print(f"workload: {args.prompts} prompts x n={args.n}, <= {args.max_new_tokens} new tokens, temperature 1.0, "
           f"{torch.get_num_threads()} threads, {args.repeats} repeats")
-    for kind, dtype in [(k, d) for k in args.prompt_set.split(",") for d in args.dtypes.split(",")]:
+    for kind, dtype in [(k, d) for k in args.prompt_set for d in args.dtypes]:
         batch = make_batch(tokenizer, args.prompts, args.n, kind)
         config = RolloutConfig(temperature=1.0, dtype=dtype, lean_decode=not args.no_lean)
         native = NativeRollout(model, tokenizer, config, args.max_new_tokens)
         native.core.share_prompts = native.core.share_prompts and not args.no_shared_prompts
         timed(native, batch[: args.n])  # warm-up: first-call allocations and lazy imports
-        vllm = None
+        runs = {"rlvr": lambda seed: timed(native, batch, seed)}
+        if args.shared_ab:
+            runs["own"] = lambda seed: timed_own_prompts(native, batch, seed)
         if not args.skip_vllm:
             vllm = VLLMRollout(model, tokenizer, RolloutConfig(name="vllm", temperature=1.0, dtype=dtype),
                                args.max_new_tokens, max_prompt_length=int(batch.batch["input_ids"].shape[1]))
             vllm.sync_weights()
             timed(vllm, batch[: args.n])
+            runs["vllm"] = lambda seed: timed(vllm, batch, seed)
+        if not args.skip_generate:
+            timed_generate(native.model, tokenizer, native.eos_ids, batch[: args.n], args.max_new_tokens)  # warm-up too
+            runs["generate"] = lambda seed: timed_generate(native.model, tokenizer, native.eos_ids, batch,
+                                                           args.max_new_tokens, seed)
         rates, gen_rates, vllm_rates, own_rates = [], [], [], []
         for repeat in range(args.repeats):  # each repeat samples with its own seed, in every engine
-            t_native, tok_native = timed(native, batch, seed=repeat)
+            order = list(runs) if repeat % 2 == 0 else list(runs)[::-1]  # flips every repeat: the machine drifts
+            done = {name: runs[name](repeat) for name in order}
+            t_native, tok_native = done["rlvr"]
             rates.append(tok_native / t_native)
             line = f"    rlvr engine: {tok_native} tokens in {t_native:.1f} s = {rates[-1]:.1f} tokens/s"
-            if args.shared_ab:
-                shared, native.core.share_prompts = native.core.share_prompts, False
-                t_own, tok_own = timed(native, batch, seed=repeat)
-                native.core.share_prompts = shared
+            if "own" in done:
+                t_own, tok_own = done["own"]
                 own_rates.append(tok_own / t_own)
                 line += f" | each row its own prompt: {own_rates[-1]:.1f} tokens/s ({rates[-1] / own_rates[-1]:.2f}x)"
-            if vllm is not None:
-                t_vllm, tok_vllm = timed(vllm, batch, seed=repeat)
+            if "vllm" in done:
+                t_vllm, tok_vllm = done["vllm"]
                 vllm_rates.append(tok_vllm / t_vllm)
                 line += f" | vLLM: {tok_vllm} tokens in {t_vllm:.1f} s = {vllm_rates[-1]:.1f} tokens/s"
-            if not args.skip_generate:
-                t_gen, tok_gen = timed_generate(native.model, tokenizer, native.eos_ids, batch, args.max_new_tokens,
-                                                seed=repeat)
+            if "generate" in done:
+                t_gen, tok_gen = done["generate"]
                 gen_rates.append(tok_gen / t_gen)
                 line += (f" | model.generate: {tok_gen} tokens in {t_gen:.1f} s = {gen_rates[-1]:.1f} tokens/s"
                          f" | ratio {rates[-1] / gen_rates[-1]:.2f}x")

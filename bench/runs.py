@@ -1,7 +1,10 @@
-"""``rlvr train`` as a benchmark runs it: in a child process, its log kept, its records read back."""
+"""What the bench scripts share: ``rlvr train`` as a benchmark runs it (in a child process, its log
+kept, its records read back), a child's failure told with its output, and argparse types that
+refuse a bad argument before any work starts (argparse's usage error, exit status 2)."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import subprocess
 import sys
@@ -9,6 +12,54 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def at_least(minimum: int | float, kind: type = int):
+    """An argparse type: a number (``kind``) no smaller than ``minimum``. A count below what the script
+    needs (0 repeats, 1 step where the first is left out) would end in an empty median after the work."""
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not {'an integer' if kind is int else 'a number'}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"{value} is below the minimum, {minimum}")
+        return value
+    return parse
+
+
+def one_of(*choices: str):
+    """An argparse type: one of ``choices``; an error lists them. (For one name ``choices=`` does the
+    same; this one also checks each item of a ``comma_list``.)"""
+    def parse(text: str) -> str:
+        if text not in choices:
+            raise argparse.ArgumentTypeError(f"{text!r} is not one of {', '.join(choices)}")
+        return text
+    return parse
+
+
+def comma_list(item):
+    """An argparse type: comma-separated values, each read by the type ``item`` (at least one)."""
+    def parse(text: str) -> list:
+        values = [item(part) for part in text.split(",") if part]
+        if not values:
+            raise argparse.ArgumentTypeError("no value given")
+        return values
+    return parse
+
+
+def override_key(override: str) -> str:
+    """The key a ``key=value`` override sets (Hydra's ``+key``, ``++key`` and ``~key`` forms too)."""
+    return override.split("=", 1)[0].strip().lstrip("+~")
+
+
+def run_child(command: list[str], what: str, **kwargs) -> str:
+    """``command``'s stdout; when it fails, the benchmark stops with the end of its output (not a
+    bare CalledProcessError, which hides what the child said)."""
+    done = subprocess.run(command, capture_output=True, text=True, **kwargs)
+    if done.returncode:
+        raise SystemExit(f"{what} failed (exit status {done.returncode}):\n{done.stdout[-2000:]}\n{done.stderr[-5000:]}")
+    return done.stdout
 
 
 def fresh_run_dir(run_dir: Path) -> Path:

@@ -7,7 +7,10 @@ beside processes that keep every core busy (loaded), then compares the two runs'
 metrics.jsonl (every key but timings and memory) and rollouts/*.jsonl (the
 sampled text, scores and advantages) byte for byte. The first difference is
 printed with its step and key. Exit status 1 if any pair differs. A run folder
-that already holds all its steps is kept, not run again.
+that already holds all its steps is kept, not run again; one that holds anything
+else (an interrupted run, a run of another --steps) is refused before any run
+starts: `rlvr train` would write the new run to `<folder>-2` and this script
+would compare the old one.
 """
 
 from __future__ import annotations
@@ -20,6 +23,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+from runs import at_least, comma_list, fresh_run_dir, one_of
 
 MODES = {
     "sync": [],
@@ -41,15 +46,24 @@ def _spin(stop_at: float) -> None:
             x = x * 1.0000001 % 7.0
 
 
+def kept(folder: Path, steps: int) -> bool:
+    """True when ``folder`` holds a complete run of ``steps`` steps (kept, not run again); False when
+    it is missing or empty (to run). Anything else in it is refused, naming the folder."""
+    try:
+        if len(_run_record(folder)) == steps:
+            return True
+    except (OSError, ValueError):  # no metrics.jsonl, or its last line cut short
+        pass
+    fresh_run_dir(folder)
+    return False
+
+
 def run_job(mode: str, steps: int, folder: Path, load: bool) -> float:
     cmd = [sys.executable, "-m", "rlvr.cli", "train",
            f"trainer.total_training_steps={steps}", "trainer.test_freq=-1",
            "trainer.val_before_train=false", "trainer.save_freq=-1",
            f"trainer.experiment_name={folder.name}", f"trainer.default_local_dir={folder}",
            *MODES[mode]]
-    if (folder / "metrics.jsonl").exists() and len(_run_record(folder)) == steps:
-        print(f"{folder.name}: kept (its {steps} steps are there)", flush=True)
-        return float("nan")
     spinners = []
     if load:  # one busy process per core, for the whole run
         for _ in range(os.cpu_count() or 1):
@@ -92,21 +106,26 @@ def first_difference(a: Path, b: Path) -> str | None:
     return None
 
 
-def main() -> int:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--modes", default="sync,async0,async1")
-    ap.add_argument("--steps", type=int, default=24)
+    ap.add_argument("--modes", type=comma_list(one_of(*MODES)), default="sync,async0,async1")
+    ap.add_argument("--steps", type=at_least(1), default=24)
     ap.add_argument("--out", default="/tmp/same_run")
-    args = ap.parse_args()
+    return ap.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     out = Path(args.out)
+    folders = {mode: (out / f"{mode}_quiet", out / f"{mode}_loaded") for mode in args.modes}
+    keep = {folder: kept(folder, args.steps) for pair in folders.values() for folder in pair}  # before any run
+    for folder in (folder for folder, complete in keep.items() if complete):
+        print(f"{folder.name}: kept (its {args.steps} steps are there)", flush=True)
     out.mkdir(parents=True, exist_ok=True)
     failed = False
-    for mode in args.modes.split(","):
-        if mode not in MODES:
-            ap.error(f"--modes: {mode!r} is not one of {sorted(MODES)}")
-        quiet, loaded = out / f"{mode}_quiet", out / f"{mode}_loaded"
-        t_quiet = run_job(mode, args.steps, quiet, load=False)
-        t_loaded = run_job(mode, args.steps, loaded, load=True)
+    for mode, (quiet, loaded) in folders.items():
+        t_quiet = float("nan") if keep[quiet] else run_job(mode, args.steps, quiet, load=False)
+        t_loaded = float("nan") if keep[loaded] else run_job(mode, args.steps, loaded, load=True)
         diff = first_difference(quiet, loaded)
         rows = len(_run_record(quiet))
         verdict = "bitwise equal" if diff is None else f"DIFFER: {diff}"

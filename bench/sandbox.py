@@ -19,6 +19,7 @@ import tempfile
 import time
 
 from rlvr.tools.python import PYTHON, SandboxLimits, run_sandboxed
+from runs import at_least
 
 CODE = "print(sum(range(1000)))"
 
@@ -38,7 +39,7 @@ async def sandboxed() -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--calls", type=int, default=30)
+    parser.add_argument("--calls", type=at_least(1), default=30)
     args = parser.parse_args()
     times = {"bare": [], "sandbox": []}
     for _ in range(args.calls):

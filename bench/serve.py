@@ -31,6 +31,8 @@ import time
 import urllib.request
 from pathlib import Path
 
+from runs import at_least, comma_list
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -113,15 +115,17 @@ def measure(port: int, model: str, tokenizer: str, concurrency: int, args, seed:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--concurrency", default="1,8,32")
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--input-len", type=int, default=64)
-    ap.add_argument("--output-len", type=int, default=128)
-    ap.add_argument("--prompts-per-client", type=int, default=4, help="requests = this x concurrency (at least 8)")
+    ap.add_argument("--concurrency", type=comma_list(at_least(1)), default="1,8,32")
+    ap.add_argument("--repeats", type=at_least(1), default=3)
+    ap.add_argument("--input-len", type=at_least(1), default=64)
+    ap.add_argument("--output-len", type=at_least(1), default=128)
+    ap.add_argument("--prompts-per-client", type=at_least(1), default=4, help="requests = this x concurrency (at least 8)")
     ap.add_argument("--vllm-eager", action="store_true", help="vLLM without compiled graphs")
-    ap.add_argument("--vllm-kv-gb", type=int, default=4, help="VLLM_CPU_KVCACHE_SPACE")
+    ap.add_argument("--vllm-kv-gb", type=at_least(1), default=4, help="VLLM_CPU_KVCACHE_SPACE")
     ap.add_argument("--skip-vllm", action="store_true")
     args = ap.parse_args()
+    if args.skip_vllm and (args.vllm_eager or args.vllm_kv_gb != ap.get_default("vllm_kv_gb")):
+        ap.error("--vllm-eager and --vllm-kv-gb set up the vLLM server, which --skip-vllm leaves out")
     sys.path.insert(0, str(ROOT))
     from rlvr.models.loader import model_folder
 
@@ -146,7 +150,7 @@ def main() -> int:
                                      logs), port)
         models = {name: served_model(port) for name, (_, port) in servers.items()}
         results: dict[tuple[str, int], list[dict]] = {}
-        for c in [int(x) for x in args.concurrency.split(",")]:
+        for c in args.concurrency:
             for repeat in range(args.repeats):
                 order = list(servers) if repeat % 2 == 0 else list(servers)[::-1]
                 for name in order:

@@ -22,6 +22,7 @@ from rlvr.models import load_model_and_tokenizer
 from rlvr.rollout import NativeRollout
 from rlvr.rollout.core import Request
 from rlvr.rollout.sampling import SamplingParams
+from runs import at_least
 
 SHAPES = [(40, 8, 8), (3, 8, 8), (40, 4, 16), (120, 8, 8)]  # system prompt repeats, prompts, rows a prompt
 
@@ -48,7 +49,7 @@ def step_ms(engine, prefixes, steps: int = 10) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--repeats", type=int, default=4)
+    parser.add_argument("--repeats", type=at_least(1), default=4)
     args = parser.parse_args()
     model, tokenizer = load_model_and_tokenizer("builtin")
     engine = NativeRollout(model, tokenizer, RolloutConfig(), 256)

@@ -24,6 +24,7 @@ import torch
 
 from rlvr.config import load_config
 from rlvr.trainer.main import build_trainer
+from runs import at_least
 
 
 def matmul_peak_gflops(size: int = 2048, repeats: int = 10) -> float:
@@ -45,7 +46,7 @@ def parameter_counts(model) -> tuple[int, int]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--steps", type=at_least(1), default=3, help="timed steps, after one warm-up step")
     parser.add_argument("--config", help="a shipped recipe (distill, dapo, ...) or a YAML file, as `rlvr train --config`")
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args()

@@ -20,6 +20,8 @@ import sys
 import time
 from pathlib import Path
 
+from runs import at_least, fresh_run_dir
+
 FP32 = ["actor_rollout_ref.actor.dtype=float32", "actor_rollout_ref.rollout.dtype=float32"]
 VARIANTS = {
     "recipe": [],
@@ -50,9 +52,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--deadline", type=float, default=345.0, help="seconds before unfinished runs are stopped")
-    parser.add_argument("--steps", type=int, default=None, help="training steps (default: the recipe's 24)")
+    parser.add_argument("--steps", type=at_least(1), default=None, help="training steps (default: the recipe's 24)")
     parser.add_argument("--variants", default=",".join(VARIANTS))
-    parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--seeds", type=at_least(1), default=3)
     parser.add_argument("--runs", default=None, help="VARIANT_sSEED,... instead of every variant x seed")
     parser.add_argument("--out", default="outputs/sweep")
     args = parser.parse_args()
@@ -66,8 +68,6 @@ def main() -> None:
     if unknown:
         parser.error(f"unknown runs {unknown}: each is VARIANT_sSEED, VARIANT one of {', '.join(VARIANTS)}")
     runs = {tag: (name, int(seed)) for tag, (name, seed) in parts.items()}  # tag -> (variant, seed)
-    from runs import fresh_run_dir
-
     for tag in runs:
         fresh_run_dir(out / tag)
     for tag, (name, seed) in runs.items():

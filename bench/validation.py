@@ -24,6 +24,8 @@ import sys
 import time
 from pathlib import Path
 
+from runs import at_least
+
 HERE = Path(__file__).resolve().parents[1]
 DATA = Path("~/data/arithmetic").expanduser()
 
@@ -73,7 +75,7 @@ def mm_rate() -> float:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--trees", default="", help="other checkouts, comma-separated")
-    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--repeats", type=at_least(1), default=3)
     p.add_argument("--child", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.child:

@@ -24,6 +24,8 @@ import time
 
 import torch
 
+from runs import at_least, comma_list, one_of
+
 SHAPES = {  # hidden, layers, intermediate, heads, kv heads, vocabulary
     "builtin": (576, 30, 1536, 9, 3, 49152),
     "0.36b": (1024, 24, 2816, 16, 4, 49152),
@@ -141,25 +143,34 @@ def server_cases(names: list[str], repeats: int) -> None:
             rollout.close()
 
 
-def main() -> None:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--models", default="builtin,0.36b")
-    parser.add_argument("--receivers", type=int, default=1)
-    parser.add_argument("--bucket-mb", default="2048,256")
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--models", type=comma_list(one_of(*SHAPES)), default="builtin,0.36b")
+    parser.add_argument("--receivers", type=at_least(1), default=1)
+    parser.add_argument("--bucket-mb", type=comma_list(at_least(1)), default=[2048, 256], help="comma-separated sizes")
+    parser.add_argument("--repeats", type=at_least(1), default=3)
     parser.add_argument("--servers", action="store_true", help="the sync to an rlvr serve replica, by each route")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    if args.servers and (args.receivers, args.bucket_mb) != (parser.get_default("receivers"),
+                                                             parser.get_default("bucket_mb")):
+        parser.error("--servers times one rlvr serve replica by its own routes: --receivers and --bucket-mb "
+                     "do not apply")
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
     if args.servers:
-        server_cases(args.models.split(","), args.repeats)
+        server_cases(args.models, args.repeats)
         return
     print(f"{'model':>8} {'params':>7} {'MB':>6} {'bucket':>7} {'recv':>4} {'sync s':>7} {'GB/s':>6} "
           f"{'copy s':>7} {'sync/copy':>9}")
-    for name in args.models.split(","):
+    for name in args.models:
         meta = meta_of(name)
         tensors = tensors_of(meta)
         nbytes = sum(t.numel() * t.element_size() for _, t in tensors)
         params = sum(t.numel() for _, t in tensors)
-        for bucket in (int(b) for b in args.bucket_mb.split(",")):
+        for bucket in args.bucket_mb:
             sync = statistics.median(run_case(meta, tensors, args.receivers, bucket, args.repeats))
             copy = statistics.median(copy_time(tensors, args.repeats))
             print(f"{name:>8} {params / 1e9:>6.2f}B {nbytes / 2**20:>6.0f} {bucket:>5}MB {args.receivers:>4} "
