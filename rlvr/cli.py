@@ -34,10 +34,19 @@ DISK_ADVICE = ("write somewhere you can, with room (rlvr train writes under trai
                "rlvr prepare under --out, rlvr export to its destination)")
 
 
+# the options of one task: refused for the others
+PREPARE_OPTIONS = {"digits": ("arithmetic",), "max_operand": ("arithmetic",), "operators": ("arithmetic",),
+                   "num_operands": ("arithmetic",), "src": ("gsm8k",), "system_prompt": ("gsm8k",)}
+
+
 def _cmd_prepare(args: argparse.Namespace) -> None:
     from rlvr.data import prepare
     from rlvr.data.tasks.arithmetic import ArithmeticSpec
 
+    for option, owner in PREPARE_OPTIONS.items():  # an option of another task would change nothing
+        if getattr(args, option) is not None and args.task not in owner:
+            raise ConfigError(f"--{option.replace('_', '-')} applies to rlvr prepare {' / '.join(owner)}, "
+                              f"not {args.task}: leave it out")
     out = Path(args.out or prepare.DEFAULT_ROOT / args.task).expanduser()
     try:
         out.mkdir(parents=True, exist_ok=True)
@@ -47,9 +56,12 @@ def _cmd_prepare(args: argparse.Namespace) -> None:
         raise DatasetError(f"--out {out}: cannot make that folder ({err.strerror}: {err.filename}); "
                            "pass a folder that exists or can be made") from None
     if args.task == "arithmetic":
+        defaults = {"digits": 2, "max_operand": 20, "operators": "+-*", "num_operands": 2}
+        given = {key: default if getattr(args, key) is None else getattr(args, key) for key, default in defaults.items()}
         try:
-            spec = ArithmeticSpec(digits=args.digits, operators=args.operators, num_operands=args.num_operands,
-                                  max_operand=None if args.max_operand == 0 else args.max_operand)
+            spec = ArithmeticSpec(digits=given["digits"], operators=given["operators"],
+                                  num_operands=given["num_operands"],
+                                  max_operand=None if given["max_operand"] == 0 else given["max_operand"])
         except ValueError as err:  # the spec's messages open with its field: the option of that name
             raise ConfigError("--" + str(err).replace("_", "-", 1)) from None
         try:
@@ -135,11 +147,20 @@ def _cmd_eval(args: argparse.Namespace) -> None:
     from rlvr.rewards import RewardManager
     from rlvr.rollout import build_rollout
     from rlvr.trainer.evaluate import evaluate
+    from rlvr.trainer.main import check_scorable
 
     _refuse_an_adapter(args.model)
     pin_threads()  # one fixed intra-op thread count (rlvr/determinism.py)
     model, tokenizer = load_model_and_tokenizer(args.model)
     dataset = RLHFDataset([args.data], tokenizer, DataConfig(max_prompt_length=args.max_prompt_length))
+    check_scorable(dataset, RewardConfig(), "data_source", args.data)  # before generating, not after
+    _report_dropped(dataset, f"{args.data} (--max-prompt-length {args.max_prompt_length})")
+    multi = sum(bool(row.get("agent_name") or (row.get("extra_info") or {}).get("tools_kwargs")
+                     or (row.get("extra_info") or {}).get("interaction_kwargs")) for row in dataset.rows)
+    if multi:  # eval has no tools config: such rows get one turn, and score as a single turn does
+        print(f"[rlvr] {multi} of {len(dataset)} rows name tools, an agent loop or an interaction; rlvr eval answers "
+              "every row in one turn without tools (rlvr rollout --config <the run's config.yaml> runs them as "
+              "training does)", file=sys.stderr, flush=True)
     if args.limit:
         dataset.rows, dataset.origins, dataset.prompt_ids = (x[:args.limit] for x in
                                                              (dataset.rows, dataset.origins, dataset.prompt_ids))
@@ -160,6 +181,13 @@ def _cmd_eval(args: argparse.Namespace) -> None:
         metric = name.split("/reward/", 1)[-1]
         label = _eval_labels(args.n, args.temperature).get(metric, "")
         print(f"  {name:<40} {value:.4f}  {label}")
+
+
+def _report_dropped(dataset, split: str) -> None:
+    """Say how many rows loading dropped as overlong: accuracy over the rest is not the split's."""
+    report = dataset.filter_report(split)
+    if report:
+        print(f"[rlvr] {report}", file=sys.stderr, flush=True)
 
 
 def _eval_labels(n: int, temperature: float) -> dict[str, str]:
@@ -246,35 +274,41 @@ def _cmd_rollout(args: argparse.Namespace) -> None:
     """Load the model and a batch of validation prompts, generate, score, print."""
     from rlvr.data import RLHFDataset
     from rlvr.models import load_model_and_tokenizer
-    from rlvr.rewards import get_scorer
-    from rlvr.rewards.manager import with_trajectory_info
+    from rlvr.rewards import RewardManager
     from rlvr.rollout import ToolSetup, build_rollout
+    from rlvr.trainer.evaluate import generation_batch
+    from rlvr.trainer.main import check_scorable, validation_reward_config
 
     cfg = _load(args)
     pin_threads()  # one fixed intra-op thread count (rlvr/determinism.py)
     model, tokenizer = load_model_and_tokenizer(cfg.actor_rollout_ref.model.path)
     tools = ToolSetup.from_config(tokenizer, cfg.actor_rollout_ref.rollout)
     dataset = RLHFDataset(cfg.data.val_files, tokenizer, cfg.data, tools.chat if tools else None)
+    reward = validation_reward_config(cfg.reward)  # the run's validation scoring: its functions, no length penalty
+    check_scorable(dataset, reward, cfg.data.reward_fn_key, "data.val_files")  # before generating, not after
+    _report_dropped(dataset, "data.val_files")
     items = [dataset[i] for i in range(min(args.limit, len(dataset)))]
     batch = dataset.collate(items)
-    batch.meta_info.update(do_sample=cfg.actor_rollout_ref.rollout.val_kwargs.do_sample)
+    gen = generation_batch(batch)  # what the engine reads; the rest (reward columns) stays for scoring
+    gen.meta_info.update(do_sample=cfg.actor_rollout_ref.rollout.val_kwargs.do_sample)
     rollout = build_rollout(model, tokenizer, cfg.actor_rollout_ref.rollout, cfg.data.max_response_length, tools,
                             cfg.data.max_prompt_length)
     rollout.sync_weights()  # an engine of its own (vllm) gets the model's weights
     start = time.perf_counter()
-    out = rollout.generate_sequences(batch)
-    extra = with_trajectory_info(out) or [it["extra_info"] for it in items]
+    out = rollout.generate_sequences(gen)
     elapsed = time.perf_counter() - start
-    scores = []
+    manager = RewardManager(tokenizer, reward, cfg.data.reward_fn_key)
+    try:
+        result = manager(batch.union(out))
+    finally:
+        manager.close()
+    scores = result.token_level_scores.sum(dim=-1).tolist()
     for i, item in enumerate(items):
         present = out.batch["attention_mask"][i, -out.batch["responses"].shape[1]:].bool()
         text = tokenizer.decode(out.batch["responses"][i][present], skip_special_tokens=True)
-        score = get_scorer(item["data_source"])(item["data_source"], text, item["reward_model"]["ground_truth"],
-                                                {**item["extra_info"], **extra[i]})
-        scores.append(float(score["score"] if isinstance(score, dict) else score))
         if i < args.show:
             question = item["extra_info"].get("expression") or item["extra_info"].get("question", "")
-            print(f"[{i}] {question!s:>12} -> {text.strip()[:80]!r}  score={scores[-1]:.0f}")
+            print(f"[{i}] {question!s:>12} -> {text.strip()[:80]!r}  score={scores[i]:.0f}")
     tokens = int(out.batch["response_mask"].sum())
     print(f"{len(items)} prompts, mean score {sum(scores) / len(scores):.3f}, "
           f"{tokens} tokens in {elapsed:.1f} s ({tokens / elapsed:.1f} tokens/s)")
@@ -367,10 +401,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="rows in train (default 1000; countdown 10000)")
     p.add_argument("--test-size", type=_at_least(1), default=None, help="rows in test (default 300; calculator 100)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--digits", type=int, default=2, help="arithmetic: digits of the largest operand")
-    p.add_argument("--max-operand", type=int, default=20, help="arithmetic: largest operand (0: by --digits)")
-    p.add_argument("--operators", default="+-*", help="arithmetic: operators to use, from +-*/")
-    p.add_argument("--num-operands", type=int, default=2, help="arithmetic: numbers per problem")
+    p.add_argument("--digits", type=int, default=None, help="arithmetic: digits of the largest operand (default 2)")
+    p.add_argument("--max-operand", type=int, default=None,
+                   help="arithmetic: largest operand (default 20; 0: by --digits)")
+    p.add_argument("--operators", default=None, help="arithmetic: operators to use, from +-*/ (default +-*)")
+    p.add_argument("--num-operands", type=int, default=None, help="arithmetic: numbers per problem (default 2)")
     p.set_defaults(func=_cmd_prepare)
 
     p = sub.add_parser("config", help="print the resolved config")

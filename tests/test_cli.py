@@ -209,3 +209,56 @@ def test_rollout_refuses_a_limit_below_one(capsys):
     assert exit.value.code == 2
     err = capsys.readouterr().err
     assert "rlvr rollout: error: argument --limit: must be >= 1, got -3" in err and "Traceback" not in err
+
+
+def test_eval_and_rollout_refuse_an_unscorable_row_before_generating(tmp_path, tiny_model_dir, capsys):
+    """Both generated first and then died in a KeyError traceback; rollout also ignored the run's
+    reward config (its custom function), scoring by data_source alone."""
+    import json
+
+    row = {"data_source": "my_task", "prompt": [{"role": "user", "content": "Say 7."}],
+           "reward_model": {"ground_truth": "7"}}
+    data = tmp_path / "d.jsonl"
+    data.write_text(json.dumps(row) + "\n")
+    assert main(["eval", "--model", str(tiny_model_dir), "--data", str(data), "--max-response-length", "2"]) == 2
+    err = capsys.readouterr().err
+    assert "d.jsonl, line 1" in err and "my_task" in err and "Traceback" not in err
+    common = ["rollout", "--limit", "1", f"actor_rollout_ref.model.path={tiny_model_dir}", f"data.val_files=[{data}]",
+              "data.max_response_length=2"]
+    assert main(common) == 2
+    assert "my_task" in capsys.readouterr().err
+    scorer = tmp_path / "score.py"
+    scorer.write_text("def always(data_source, solution_str, ground_truth, extra_info=None):\n    return 0.75\n")
+    assert main([*common, f"reward.custom_reward_function.path={scorer}", "reward.custom_reward_function.name=always"]) == 0
+    assert "1 prompts, mean score 0.750" in capsys.readouterr().out
+
+
+def test_eval_says_how_many_rows_it_dropped_as_overlong(tmp_path, tiny_model_dir, capsys):
+    import json
+
+    rows = [{"data_source": "arithmetic", "prompt": [{"role": "user", "content": text}],
+             "reward_model": {"ground_truth": "7"}} for text in ("3 + 4?", "word " * 100)]
+    data = tmp_path / "d.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert main(["eval", "--model", str(tiny_model_dir), "--data", str(data), "--max-response-length", "2",
+                 "--max-prompt-length", "40"]) == 0
+    captured = capsys.readouterr()
+    assert "1 of 2 rows dropped" in captured.err and "(1 prompts" in captured.out
+
+
+@pytest.mark.parametrize("args, option", [(["countdown", "--num-operands", "5"], "--num-operands"),
+                                          (["arithmetic", "--system-prompt", "think-answer"], "--system-prompt"),
+                                          (["calculator", "--digits", "4"], "--digits")])
+def test_prepare_refuses_an_option_of_another_task(tmp_path, capsys, args, option):
+    assert main(["prepare", *args, "--out", str(tmp_path / "x")]) == 2
+    assert f"{option} applies to rlvr prepare" in capsys.readouterr().err
+    assert not (tmp_path / "x").exists()
+
+
+def test_prepare_gsm8k_from_a_test_file_writes_the_test_split(tmp_path, capsys):
+    import json
+
+    src = tmp_path / "test.jsonl"
+    src.write_text(json.dumps({"question": "1 + 1?", "answer": "1 + 1 = 2\n#### 2"}) + "\n")
+    assert main(["prepare", "gsm8k", "--src", str(src), "--out", str(tmp_path / "out")]) == 0
+    assert (tmp_path / "out" / "test.parquet").exists() and not (tmp_path / "out" / "train.parquet").exists()

@@ -117,7 +117,7 @@ def parse_overrides(overrides: Iterable[str]) -> dict[str, Any]:
             raise ConfigError(f"override {item!r} is not of the form key=value (e.g. data.train_batch_size=16)")
         key, raw = bare.split("=", 1)
         try:
-            value = yaml.safe_load(raw) if raw != "" else ""
+            value = _hydra_flow(yaml.safe_load(raw)) if raw != "" else ""
         except yaml.YAMLError:
             value = raw
         node = nested
@@ -128,6 +128,22 @@ def parse_overrides(overrides: Iterable[str]) -> dict[str, Any]:
                 raise ConfigError(f"override {item!r} sets a sub-key of {part!r}, which was given a value")
         node[parts[-1]] = value
     return nested
+
+
+def _hydra_flow(value):
+    """Hydra's ``{a:1,b:x}`` as Hydra reads it. YAML needs a space after a flow mapping's colon
+    and reads ``{a:1}`` as the key ``"a:1"`` with no value, which would set nothing."""
+    if isinstance(value, list):
+        return [_hydra_flow(v) for v in value]
+    if not isinstance(value, dict):
+        return value
+    out = {}
+    for key, sub in value.items():
+        if sub is None and isinstance(key, str) and ":" in key:
+            key, text = key.split(":", 1)
+            sub = yaml.safe_load(text) if text else None
+        out[key] = _hydra_flow(sub)
+    return out
 
 
 def split_overrides(overrides: Iterable[str]) -> tuple[list[str], list[str]]:

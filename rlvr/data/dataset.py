@@ -29,7 +29,7 @@ import torch
 
 from rlvr.config.schema import DataConfig
 from rlvr.data.chat_template import ChatFormat, frozen_date_kwargs
-from rlvr.data.io import DatasetError, read_rows
+from rlvr.data.io import DatasetError, read_numbered_rows
 from rlvr.protocol import DataProto
 
 
@@ -39,10 +39,10 @@ TOOLS_KWARGS_KEYS = {"create_kwargs", "execute_kwargs", "calc_reward_kwargs", "r
 @dataclass(frozen=True)
 class RowOrigin:
     file: str
-    row: int
+    where: str  # "row 3" (parquet, from 0) or "line 4" (JSONL, as an editor counts)
 
     def __str__(self) -> str:
-        return f"{self.file}, row {self.row}"
+        return f"{self.file}, {self.where}"
 
 
 CHAT_ROLES = ("system", "user", "assistant", "tool", "developer")
@@ -73,6 +73,13 @@ def validate_row(row: dict[str, Any], origin: RowOrigin, prompt_key: str = "prom
                        + (f"; did you mean {near[0]!r}?" if near else ""))
     if not any(m["content"].strip() for m in messages):
         raise fail(prompt_key, "has only empty message contents")
+    if messages[-1]["role"] == "assistant":  # the template would open a second assistant turn after it
+        raise fail(f"{prompt_key}[{len(messages) - 1}].role",
+                   "is 'assistant', the prompt's last message: the model would answer after its own answer; "
+                   "end the prompt with the user's (or tool's) message and put the answer in reward_model.ground_truth")
+    if "tools_kwargs" in row and row["tools_kwargs"] is not None:
+        raise fail("tools_kwargs", "is a column of its own; rlvr (as verl) reads a row's tool arguments from "
+                   "extra_info.tools_kwargs: move it there")
     for key in ("reward_model", "extra_info"):
         if key in row and row[key] is not None and not isinstance(row[key], dict):
             raise fail(key, f"must be a dict, got {type(row[key]).__name__}")
@@ -86,9 +93,6 @@ def validate_row(row: dict[str, Any], origin: RowOrigin, prompt_key: str = "prom
             bad = set(kw) - TOOLS_KWARGS_KEYS if isinstance(kw, dict) else {"(not a mapping)"}
             if bad:
                 raise fail(f"extra_info.tools_kwargs.{tool}", f"has keys {sorted(bad)}; allowed: {sorted(TOOLS_KWARGS_KEYS)}")
-    reward_model = row.get("reward_model")
-    if isinstance(reward_model, dict) and "ground_truth" not in reward_model:
-        raise fail("reward_model.ground_truth", "is missing (rule-based scorers compare against it)")
 
 
 def truncate_ids(ids: list[int], max_length: int, mode: str, origin: RowOrigin | None = None) -> list[int]:
@@ -123,14 +127,14 @@ class RLHFDataset:
         self.rows: list[dict[str, Any]] = []
         self.origins: list[RowOrigin] = []
         for file in files:
-            for i, row in enumerate(read_rows(file)):
-                origin = RowOrigin(str(file), i)
+            for where, row in read_numbered_rows(file):
+                origin = RowOrigin(str(file), where)
                 validate_row(row, origin, self.config.prompt_key, self.config.reward_fn_key)
                 self.rows.append(row)
                 self.origins.append(origin)
         if not self.rows:
             raise DatasetError(f"dataset files {[str(f) for f in files]} hold no rows")
-        self.prompt_ids = [self._tokenize(row) for row in self.rows]
+        self.prompt_ids = [self._tokenize(row, origin) for row, origin in zip(self.rows, self.origins)]
         self.num_filtered = 0
         self.num_rows_read = len(self.rows)
         self.longest_filtered = 0  # tokens of the longest prompt filtered out
@@ -146,6 +150,9 @@ class RLHFDataset:
                     f"every prompt in {[str(f) for f in files]} is longer than data.max_prompt_length="
                     f"{self.config.max_prompt_length} tokens; raise it"
                 )
+        elif self.config.truncation == "error":  # now, not at the step that first samples the row
+            for ids, origin in zip(self.prompt_ids, self.origins):
+                truncate_ids(ids, self.config.max_prompt_length, "error", origin)
 
     def filter_report(self, split: str) -> str | None:
         """What loading dropped, in a sentence (None: nothing)."""
@@ -164,8 +171,17 @@ class RLHFDataset:
                                                       **frozen_date_kwargs())
         return "\n".join(m["content"] for m in messages)
 
-    def _tokenize(self, row: dict[str, Any]) -> list[int]:
-        return self.tokenizer.encode(self._prompt_text(row), add_special_tokens=False)
+    def _tokenize(self, row: dict[str, Any], origin: RowOrigin) -> list[int]:
+        try:
+            return self.tokenizer.encode(self._prompt_text(row), add_special_tokens=False)
+        except Exception as err:  # the template's own refusal (jinja's raise_exception), no template, bad text
+            hint = ""
+            if self.chat is None and self.config.apply_chat_template and not getattr(self.tokenizer, "chat_template",
+                                                                                      None):
+                hint = ("; the tokenizer has no chat template (a base model?): set data.apply_chat_template=false "
+                        "to join the messages' contents as plain text")
+            raise DatasetError(f"{origin}: key {self.config.prompt_key!r} could not be rendered and tokenised "
+                               f"({type(err).__name__}: {err}){hint}") from None
 
     def __len__(self) -> int:
         return len(self.rows)

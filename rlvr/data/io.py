@@ -18,7 +18,15 @@ class DatasetError(ValueError):
 
 def read_rows(path: str | Path) -> list[dict[str, Any]]:
     """All rows of a parquet or JSONL file as dicts."""
+    return [row for _, row in read_numbered_rows(path)]
+
+
+def read_numbered_rows(path: str | Path) -> list[tuple[str, dict[str, Any]]]:
+    """All rows of a parquet or JSONL file, each with where it is: ``row i`` (parquet, from 0) or
+    ``line n`` (JSONL, as an editor counts: blank lines too, from 1), for messages about it."""
     path = Path(path).expanduser()
+    if path.is_dir():
+        raise DatasetError(f"dataset path {str(path)!r} is a folder; give the file itself ({', '.join(SUFFIXES)})")
     if not path.is_file():
         hint = ""
         if "arithmetic" in str(path) or "countdown" in str(path):
@@ -26,7 +34,7 @@ def read_rows(path: str | Path) -> list[dict[str, Any]]:
         raise DatasetError(f"dataset file {str(path)!r} does not exist{hint}")
     if path.suffix == ".parquet":
         try:
-            return pq.read_table(path).to_pylist()
+            return [(f"row {i}", row) for i, row in enumerate(pq.read_table(path).to_pylist())]
         except (pa.ArrowInvalid, OSError) as err:
             raise DatasetError(f"dataset file {str(path)!r} is not a readable parquet file: {err}") from None
     if path.suffix in (".jsonl", ".json"):
@@ -34,7 +42,7 @@ def read_rows(path: str | Path) -> list[dict[str, Any]]:
     raise DatasetError(f"dataset file {str(path)!r} has suffix {path.suffix!r}; rlvr reads {list(SUFFIXES)}")
 
 
-def _read_jsonl(path: Path) -> list[dict[str, Any]]:
+def _read_jsonl(path: Path) -> list[tuple[str, dict[str, Any]]]:
     rows = []
     with path.open("rb") as fh:  # decoded line by line: an encoding error names its line
         for line_no, raw in enumerate(fh, start=1):
@@ -44,10 +52,13 @@ def _read_jsonl(path: Path) -> list[dict[str, Any]]:
             try:
                 row = json.loads(line)
             except json.JSONDecodeError as err:
-                raise DatasetError(f"{path}: line {line_no} is not valid JSON ({err.msg})") from None
+                whole = ""
+                if line_no == 1 and line.strip() in ("{", "["):  # a pretty-printed .json file
+                    whole = "; rlvr reads JSON Lines: one whole JSON object per line"
+                raise DatasetError(f"{path}: line {line_no} is not valid JSON ({err.msg}){whole}") from None
             if not isinstance(row, dict):
                 raise DatasetError(f"{path}: line {line_no} is a JSON {type(row).__name__}, not an object")
-            rows.append(row)
+            rows.append((f"line {line_no}", row))
     return rows
 
 

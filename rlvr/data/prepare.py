@@ -18,12 +18,11 @@ def prepare_arithmetic(out_dir: Path, train_size: int = 1000, test_size: int = 3
 
 def prepare_countdown(out_dir: Path, train_size: int = 10000, test_size: int = 300, seed: int = 0,
                       min_count: int = 3, max_count: int = 4) -> dict[str, Path]:
-    sizes = {"train": train_size, "test": test_size}
-    return {
-        split: write_parquet(countdown.make_rows(n, seed, split, min_count=min_count, max_count=max_count),
-                             out_dir / f"{split}.parquet")
-        for split, n in sizes.items()
-    }
+    seen: set = set()  # the test problems first, then train without them: the splits are disjoint
+    sizes = {"test": test_size, "train": train_size}
+    rows = {split: countdown.make_rows(n, seed, split, seen=seen, min_count=min_count, max_count=max_count)
+            for split, n in sizes.items()}
+    return {split: write_parquet(rows[split], out_dir / f"{split}.parquet") for split in ("train", "test")}
 
 
 def prepare_gsm8k(out_dir: Path, src: Path, system_prompt: str | None = None) -> dict[str, Path]:

@@ -100,9 +100,15 @@ def default_name(class_name: str) -> str:
     return (simple[:-len("Interaction")] if simple.endswith("Interaction") else simple).lower()
 
 
-def load_interactions(path: str | None) -> dict[str, BaseInteraction]:
+def interaction_names(path: str | None) -> list[str]:
+    """The names the interaction config defines, read before anything is built (to check the
+    data's ``interaction_kwargs`` at load); every entry is checked as ``load_interactions`` does."""
+    return list(load_interactions(path, build=False))
+
+
+def load_interactions(path: str | None, build: bool = True) -> dict[str, BaseInteraction | None]:
     """The interactions of a YAML in verl's format by name (see the module docstring); each error
-    names the file and the entry."""
+    names the file and the entry. ``build=False``: the names alone, each class imported and checked."""
     if not path:
         return {}
     file = Path(path).expanduser()
@@ -125,5 +131,5 @@ def load_interactions(path: str | None) -> dict[str, BaseInteraction]:
         cls = import_class(class_name, at, file.parent)
         if not (isinstance(cls, type) and issubclass(cls, BaseInteraction)):
             raise ToolConfigError(f"{at}: {class_name!r} is not a BaseInteraction subclass (rlvr.tools.interaction)")
-        out[name] = cls({**dict(entry.get("config") or {}), "name": name})
+        out[name] = cls({**dict(entry.get("config") or {}), "name": name}) if build else None
     return out

@@ -14,6 +14,7 @@ critic) workers, one process per device; the trainer cannot tell the groups apar
 from __future__ import annotations
 
 import dataclasses
+import math
 import sys
 from pathlib import Path
 
@@ -31,6 +32,7 @@ from rlvr.distributed.weight_sync import open_channel
 from rlvr.models import load_tokenizer
 from rlvr.rewards import RewardManager
 from rlvr.rollout import ToolSetup
+from rlvr.tools.interaction import interaction_names
 from rlvr.rewards.registry import needs_ground_truth, reward_fn_name_for
 from rlvr.errors import StopTraining, TrainingInterrupted
 from rlvr.trainer import checkpoint
@@ -66,14 +68,13 @@ def is_empty(value) -> bool:
     return False
 
 
-def check_scorable(dataset: RLHFDataset, config: RLVRConfig, split: str) -> None:
-    """Every row must be scorable: its data_source selects a reward function (unless functions
-    are configured), and a function that compares against ``reward_model.ground_truth`` finds one.
-    Otherwise every sample of that row would fail to score, at every step."""
-    reward = config.reward
+def check_scorable(dataset: RLHFDataset, reward: RewardConfig, key: str, split: str) -> None:
+    """Every row must be scorable: its data_source (the column ``key``) selects a reward function
+    (unless functions are configured), and a function that compares against
+    ``reward_model.ground_truth`` finds one it can compare. Otherwise every sample of that row would
+    fail to score, at every step."""
     if reward.custom_reward_function.path:
         return  # a user's function: rlvr cannot know what it reads
-    key = config.data.reward_fn_key
     fixed = [f.name for f in reward.functions] or None
     for row, origin in zip(dataset.rows, dataset.origins):
         source = row.get(key)
@@ -94,6 +95,37 @@ def check_scorable(dataset: RLHFDataset, config: RLVRConfig, split: str) -> None
                 f"{needing[0]!r} (for data_source {source!r}) compares each response against it; add "
                 "\"reward_model\": {\"ground_truth\": ...} to every row (rlvr prepare writes it), or score with your "
                 "own function (reward.custom_reward_function.path)")
+        wrong = next((name for name in needing if not truth_fits(name, truth)), None)
+        if wrong is not None:
+            shape = "a mapping with 'target' and 'numbers'" if wrong == "countdown" else "one answer (text or a number)"
+            raise DatasetError(
+                f"{origin} ({split}): key 'reward_model.ground_truth' is {truth!r} ({type(truth).__name__}), but the "
+                f"reward function {wrong!r} (for data_source {source!r}) compares each response against {shape}: "
+                "every sample of this row would score as wrong, whatever it answers")
+
+
+def truth_fits(scorer: str, truth) -> bool:
+    """Whether ``truth`` is a ground truth ``scorer`` can compare against: countdown's {target,
+    numbers}, or one answer for the others (``str(["72"])`` never equals an answer, nor does NaN)."""
+    if scorer == "countdown":
+        return isinstance(truth, dict) and {"target", "numbers"} <= set(truth)
+    if isinstance(truth, float):
+        return math.isfinite(truth)
+    return isinstance(truth, (str, int, np.integer, np.floating))
+
+
+def check_interaction_names(dataset: RLHFDataset | None, names: list[str], split: str) -> None:
+    """Every interaction a row's ``extra_info.interaction_kwargs.name`` names must be in the
+    interaction config (a misspelt name would otherwise stop the run at its first rollout)."""
+    if dataset is None or not names:
+        return
+    for row, origin in zip(dataset.rows, dataset.origins):
+        kwargs = (row.get("extra_info") or {}).get("interaction_kwargs")
+        if kwargs and (not isinstance(kwargs, dict) or kwargs.get("name") not in names):
+            named = kwargs.get("name") if isinstance(kwargs, dict) else kwargs
+            raise DatasetError(f"{origin} ({split}): extra_info.interaction_kwargs names interaction {named!r}, which "
+                               f"the interaction config does not define (it defines {sorted(names)}); "
+                               "interaction_kwargs needs a 'name'")
 
 
 def check_tools_kwargs(dataset: RLHFDataset | None, tools: dict, split: str) -> None:
@@ -201,9 +233,9 @@ def build_trainer(config: RLVRConfig, progress_bar: bool = True) -> RLTrainer:
     chat = tool_setup.chat if tool_setup is not None else None
     train = RLHFDataset(config.data.train_files, tokenizer, config.data, chat)
     val = RLHFDataset(config.data.val_files, tokenizer, config.data, chat) if config.data.val_files else None
-    check_scorable(train, config, "data.train_files")
+    check_scorable(train, config.reward, config.data.reward_fn_key, "data.train_files")
     if val is not None:
-        check_scorable(val, config, "data.val_files")
+        check_scorable(val, validation_reward_config(config.reward), config.data.reward_fn_key, "data.val_files")
     for dataset, split in ((train, "data.train_files"), (val, "data.val_files")):
         if dataset is not None:
             check_agent_names(dataset.rows, dataset.origins, config, split)
@@ -212,8 +244,10 @@ def build_trainer(config: RLVRConfig, progress_bar: bool = True) -> RLTrainer:
         if report:
             print(f"[rlvr] {report}", file=sys.stderr, flush=True)
     if tool_setup is not None:
+        interactions = interaction_names(config.actor_rollout_ref.rollout.multi_turn.interaction_config_path)
         for dataset, split in ((train, "data.train_files"), (val, "data.val_files")):
             check_tools_kwargs(dataset, tool_setup.tools, split)
+            check_interaction_names(dataset, interactions, split)
     per_batch = config.data.gen_batch_size or config.data.train_batch_size
     batches = len(train) // per_batch
     if batches == 0:

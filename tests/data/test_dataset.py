@@ -74,7 +74,7 @@ def test_filter_overlong_prompts(tmp_path, tokenizer):
     write_jsonl(tmp_path / "a.jsonl", [row("short"), row("long " * 200), row("also short")])
     ds = RLHFDataset(tmp_path / "a.jsonl", tokenizer, DataConfig(max_prompt_length=64))
     assert len(ds) == 2 and ds.num_filtered == 1
-    assert [o.row for o in ds.origins] == [0, 2]  # origins still point at the file's rows
+    assert [o.where for o in ds.origins] == ["line 1", "line 3"]  # origins still point at the file's lines
 
 
 @pytest.mark.parametrize("mode", ["left", "right", "middle"])
@@ -87,10 +87,13 @@ def test_truncation_in_dataset(tmp_path, tokenizer, mode):
 
 
 def test_truncation_error_names_file_and_row(tmp_path, tokenizer):
+    # refused when the dataset loads, not at the step that first samples the row
     write_jsonl(tmp_path / "a.jsonl", [row(), row("word " * 100)])
-    ds = RLHFDataset(tmp_path / "a.jsonl", tokenizer, DataConfig(max_prompt_length=32, filter_overlong_prompts=False))
-    with pytest.raises(DatasetError, match=r"a.jsonl, row 1: prompt has \d+ tokens"):
-        ds[1]
+    with pytest.raises(DatasetError, match=r"a.jsonl, line 2: prompt has \d+ tokens"):
+        RLHFDataset(tmp_path / "a.jsonl", tokenizer, DataConfig(max_prompt_length=48, filter_overlong_prompts=False))
+    ds = RLHFDataset(tmp_path / "a.jsonl", tokenizer, DataConfig(max_prompt_length=48, filter_overlong_prompts=False,
+                                                                 truncation="left"))
+    assert len(ds[1]["raw_prompt_ids"]) == 48
 
 
 @pytest.mark.parametrize(
@@ -101,7 +104,9 @@ def test_truncation_error_names_file_and_row(tmp_path, tokenizer):
         ({"prompt": []}, "key 'prompt' must be a non-empty list"),
         ({"prompt": [{"role": "user", "content": "   "}]}, "key 'prompt' has only empty message contents"),
         ({"prompt": [{"role": "user"}]}, r"key 'prompt\[0\]' must be a dict with string 'role' and 'content'"),
-        ({"reward_model": {"style": "rule"}}, "key 'reward_model.ground_truth' is missing"),
+        ({"prompt": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "42"}]},
+         r"key 'prompt\[1\].role' is 'assistant', the prompt's last message"),
+        ({"tools_kwargs": {"calculator": {}}}, "key 'tools_kwargs' is a column of its own.*extra_info.tools_kwargs"),
         ({"extra_info": "oops"}, "key 'extra_info' must be a dict"),
         # a template renders any string as the role: the model would be prompted by 'usr'
         ({"prompt": [{"role": "usr", "content": "hi"}]}, r"key 'prompt\[0\].role' is 'usr', not a chat role "
@@ -110,7 +115,7 @@ def test_truncation_error_names_file_and_row(tmp_path, tokenizer):
 )
 def test_malformed_row_names_file_row_and_key(tmp_path, tokenizer, bad, message):
     write_jsonl(tmp_path / "a.jsonl", [row(), row(**bad)])
-    with pytest.raises(DatasetError, match=r"a.jsonl, row 1: " + message):
+    with pytest.raises(DatasetError, match=r"a.jsonl, line 2: " + message):
         RLHFDataset(tmp_path / "a.jsonl", tokenizer)
 
 
@@ -118,7 +123,7 @@ def test_missing_prompt_key(tmp_path, tokenizer):
     bad = row()
     del bad["prompt"]
     write_jsonl(tmp_path / "a.jsonl", [bad])
-    with pytest.raises(DatasetError, match=r"row 0: key 'prompt' is missing \(the row has"):
+    with pytest.raises(DatasetError, match=r"line 1: key 'prompt' is missing \(the row has"):
         RLHFDataset(tmp_path / "a.jsonl", tokenizer)
 
 
@@ -144,3 +149,40 @@ def test_prompt_loader_yields_dataproto_batches(tmp_path, tokenizer):
     seen = [i for b in batches for i in b.non_tensor_batch["index"].tolist()]
     assert len(set(seen)) == 8
     assert all(b.batch["input_ids"].dtype == torch.long for b in batches)
+
+
+def test_jsonl_rows_are_named_by_their_line_as_an_editor_counts(tmp_path, tokenizer):
+    """A blank line counts: the bad row on line 4 was called "row 2" (rows from 0, blanks skipped)."""
+    good = json.dumps(row())
+    (tmp_path / "a.jsonl").write_text(f"{good}\n\n{good}\n{json.dumps(row(prompt=[{'role': 'usr', 'content': 'x'}]))}\n")
+    with pytest.raises(DatasetError, match=r"a.jsonl, line 4: key 'prompt\[0\].role'"):
+        RLHFDataset(tmp_path / "a.jsonl", tokenizer)
+
+
+def test_a_folder_or_a_pretty_printed_json_file_is_named_for_what_it_is(tmp_path, tokenizer):
+    (tmp_path / "data").mkdir()
+    with pytest.raises(DatasetError, match=r"'.*data' is a folder; give the file itself"):
+        RLHFDataset(tmp_path / "data", tokenizer)
+    (tmp_path / "a.json").write_text(json.dumps(row(), indent=2))
+    with pytest.raises(DatasetError, match=r"line 1 is not valid JSON .*one whole JSON object per line"):
+        RLHFDataset(tmp_path / "a.json", tokenizer)
+
+
+def test_a_template_that_refuses_a_row_is_named_with_its_row(tmp_path, tokenizer):
+    """A chat template's own refusal (jinja's raise_exception, as Gemma's for a system turn) and a
+    tokenizer without a template were bare tracebacks naming neither the file nor the row."""
+    import copy
+
+    strict = copy.copy(tokenizer)
+    strict.chat_template = ("{% for m in messages %}{% if m['role'] == 'system' and not loop.first %}"
+                            "{{ raise_exception('System must be first') }}{% endif %}{{ m['content'] }}{% endfor %}")
+    write_jsonl(tmp_path / "a.jsonl", [row(), row(prompt=[{"role": "user", "content": "hi"},
+                                                          {"role": "system", "content": "late"},
+                                                          {"role": "user", "content": "again"}])])
+    with pytest.raises(DatasetError, match=r"a.jsonl, line 2: key 'prompt' could not be rendered.*System must be first"):
+        RLHFDataset(tmp_path / "a.jsonl", strict)
+    bare = copy.copy(tokenizer)
+    bare.chat_template = None
+    with pytest.raises(DatasetError, match=r"line 1: .*no chat template.*data.apply_chat_template=false"):
+        RLHFDataset(tmp_path / "a.jsonl", bare)
+    assert len(RLHFDataset(tmp_path / "a.jsonl", bare, DataConfig(apply_chat_template=False))) == 2

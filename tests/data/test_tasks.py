@@ -130,3 +130,12 @@ def test_prepare_countdown_writes_both_splits(tmp_path):
     paths = prepare_countdown(tmp_path, train_size=20, test_size=5)
     assert len(read_rows(paths["train"])) == 20 and len(read_rows(paths["test"])) == 5
     assert isinstance(read_rows(paths["test"])[0]["reward_model"]["ground_truth"]["numbers"], list)
+
+
+def test_countdown_splits_are_disjoint_and_without_repeats(tmp_path):
+    """Seeded apart with no shared record, 3 of 300 test problems were in train, and train repeated 19."""
+    paths = prepare_countdown(tmp_path, train_size=3000, test_size=300)
+    key = lambda r: (tuple(sorted(r["reward_model"]["ground_truth"]["numbers"])), r["reward_model"]["ground_truth"]["target"])
+    train = [key(r) for r in read_rows(paths["train"])]
+    test = [key(r) for r in read_rows(paths["test"])]
+    assert len(set(train)) == 3000 and len(set(test)) == 300 and not set(train) & set(test)

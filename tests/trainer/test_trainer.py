@@ -477,3 +477,46 @@ def test_dapo_never_keeps_a_group_with_an_invalid_reward(tiny_config, tmp_path):
     for step in (1, 2):
         rows = [json.loads(line) for line in open(tmp_path / "run" / "rollouts" / f"{step}.jsonl")]
         assert len(rows) == 2 * 3 and {r["score"] for r in rows} <= {0.0, 1.0}  # no placeholder (-7) kept
+
+
+@pytest.mark.parametrize("source, truth, shape", [
+    ("openai/gsm8k", ["72"], "one answer"),        # str(["72"]) is "['72']": no answer ever equals it
+    ("arithmetic", {"answer": "7"}, "one answer"),
+    ("arithmetic", float("nan"), "one answer"),     # valid in JSONL, and equal to nothing
+    ("countdown", "24", "a mapping with 'target' and 'numbers'"),
+])
+def test_a_ground_truth_its_scorer_cannot_compare_is_refused_at_load(tmp_path, tokenizer, source, truth, shape):
+    from rlvr.config.schema import RewardConfig
+    from rlvr.data import RLHFDataset
+    from rlvr.trainer.main import check_scorable
+
+    good = {"data_source": source, "prompt": [{"role": "user", "content": "q"}],
+            "reward_model": {"ground_truth": {"target": 24, "numbers": [4, 6]} if source == "countdown" else "7"}}
+    bad = {**good, "reward_model": {"ground_truth": truth}}
+    (tmp_path / "a.jsonl").write_text(json.dumps(good) + "\n" + json.dumps(bad) + "\n")
+    dataset = RLHFDataset(tmp_path / "a.jsonl", tokenizer)
+    with pytest.raises(DatasetError, match=rf"a.jsonl, line 2 \(data.train_files\): key 'reward_model.ground_truth' is "
+                                           rf".*compares each response against {shape}"):
+        check_scorable(dataset, RewardConfig(), "data_source", "data.train_files")
+    dataset.rows, dataset.origins = dataset.rows[:1], dataset.origins[:1]
+    check_scorable(dataset, RewardConfig(), "data_source", "data.train_files")  # the good row passes
+
+
+def test_a_row_naming_an_interaction_the_config_lacks_is_refused_at_load(tmp_path, tokenizer):
+    """It stopped the run at its first rollout, a ValueError naming "sample 0" and no file."""
+    from rlvr.data import RLHFDataset
+    from rlvr.tools.interaction import interaction_names
+    from rlvr.trainer.main import check_interaction_names
+
+    path = tmp_path / "interactions.yaml"
+    path.write_text("interaction:\n  - name: gsm8k\n    class_name: rlvr.tools.interaction.Gsm8kInteraction\n")
+    names = interaction_names(str(path))
+    assert names == ["gsm8k"]
+    rows = [{"data_source": "arithmetic", "prompt": [{"role": "user", "content": "q"}],
+             "reward_model": {"ground_truth": "1"}, "extra_info": {"interaction_kwargs": {"name": name}}}
+            for name in ("gsm8k", "gms8k")]
+    (tmp_path / "a.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    dataset = RLHFDataset(tmp_path / "a.jsonl", tokenizer)
+    with pytest.raises(DatasetError, match=r"a.jsonl, line 2 \(data.val_files\): .*names interaction 'gms8k'.*"
+                                           r"\['gsm8k'\]"):
+        check_interaction_names(dataset, names, "data.val_files")

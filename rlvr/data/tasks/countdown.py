@@ -38,11 +38,20 @@ def make_problem(rng: random.Random, min_count: int = 3, max_count: int = 4, max
             return numbers, value, expression[1:-1] if expression.startswith("(") else expression
 
 
-def make_rows(n: int, seed: int, split: str, template: str = PROMPT_TEMPLATE, **kwargs) -> list[dict[str, Any]]:
+def make_rows(n: int, seed: int, split: str, template: str = PROMPT_TEMPLATE, seen: set | None = None,
+              **kwargs) -> list[dict[str, Any]]:
+    """``n`` distinct problems; none of those in ``seen`` (another split's), which gains these."""
     rng = random.Random(f"countdown-{seed}-{split}")
+    seen = set() if seen is None else seen
     rows = []
     for i in range(n):
-        numbers, target, solution = make_problem(rng, **kwargs)
+        for _ in range(10_000):  # a repeat is redrawn: the same numbers and target are the same problem
+            numbers, target, solution = make_problem(rng, **kwargs)
+            if (problem := (tuple(sorted(numbers)), target)) not in seen:
+                break
+        else:
+            raise ValueError(f"{split}: could not draw {n} distinct problems (min_count/max_count too narrow)")
+        seen.add(problem)
         rows.append({
             "data_source": DATA_SOURCE,
             "prompt": [{"role": "user", "content": template.format(numbers=numbers, target=target)}],

@@ -63,8 +63,12 @@ def convert_row(row: dict[str, Any], index: int, split: str, origin: str,
 def find_split_files(src: Path) -> dict[str, Path]:
     """``{'train': ..., 'test': ...}`` from a folder (files whose names contain the split) or one file."""
     src = src.expanduser()
-    if src.is_file():
-        return {"train": src}
+    if src.is_file():  # the split its name says, as a folder's files are matched
+        splits = [split for split in ("train", "test") if split in src.name.lower()]
+        if len(splits) > 1:
+            raise DatasetError(f"GSM8K source file {str(src)!r}: its name names both splits; name it *train*.jsonl "
+                               "or *test*.jsonl, or give the folder holding both")
+        return {(splits or ["train"])[0]: src}  # a file named for neither split is the train split
     if not src.is_dir():
         raise DatasetError(f"GSM8K source {str(src)!r} does not exist; give the folder holding train.jsonl/test.jsonl")
     found = {}
