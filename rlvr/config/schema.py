@@ -296,7 +296,9 @@ class CheckpointEngineConfig:
 @dataclass
 class RolloutServerConfig:
     """Rollout servers (``rollout.mode=async``): verl's ``rollout.server`` keys with verl's meaning,
-    and how the weights reach the servers."""
+    and how the weights reach the servers. With ``mode=sync`` only ``timeout`` and
+    ``max_start_wait_time`` are read (by served distillation teachers); the others are refused
+    unless left at their defaults."""
     timeout: float = 600.0
     """Seconds one request may take; past it the request is aborted there and sent again (verl's
     default is 60 s; a CPU replica decoding a full validation batch takes longer)."""
@@ -337,14 +339,19 @@ class RolloutConfig:
     driven request by request (``rlvr/rollout/servers.py``)."""
     external_server_addresses: list[str] = field(default_factory=list)
     """``host:port`` of servers rlvr did not start (mode=async): checked before step 1, never
-    stopped. Empty: rlvr starts ``n_gpus_per_node`` local ``rlvr serve`` replicas."""
+    stopped. Empty: rlvr starts ``n_gpus_per_node`` local replicas of ``name``'s server. The keys
+    that only build a replica's command (dtype, max_num_seqs, max_num_batched_tokens,
+    max_model_len, lean_decode and vLLM's engine keys) are refused beside it."""
     server: RolloutServerConfig = field(default_factory=RolloutServerConfig)
     n: int = 4
     """Responses sampled per prompt (the GRPO group size)."""
     temperature: float = 1.0
+    """Sampling temperature of training rollouts (> 0). With vllm at least 0.01: vLLM raises a
+    temperature in (0, 0.01) to 0.01, so a lower one is refused at load."""
     top_p: float = 1.0
     top_k: int = -1
-    """-1 disables top-k."""
+    """-1 or 0: off (servers are sent -1); else the number of likeliest tokens kept. Below -1 is
+    refused at load."""
     min_p: float = 0.0
     do_sample: bool = True
     dtype: str = "auto"
@@ -352,7 +359,9 @@ class RolloutConfig:
     CPUs, where the engine then shares the actor's fp32 weights (no copy)."""
     lean_decode: bool = True
     """Decode steps of Llama-family models run rlvr's lean step (same arithmetic, fewer ops, a
-    prepacked vocabulary projection); false keeps the transformers forward for every step."""
+    prepacked vocabulary projection); false keeps the transformers forward for every step. Read by
+    the native engine only (in process, and the rlvr serve replicas rlvr starts): false is refused
+    with other engines and with external servers."""
     log_prob_micro_batch_size_per_gpu: int = 16
     """Rows per forward pass when computing the actor's old log-probs."""
     stop: list[str] = field(default_factory=list)
@@ -378,15 +387,19 @@ class RolloutConfig:
     it; the native engine core refuses a request whose prompt + max_new_tokens passes it). None:
     data.max_prompt_length + data.max_response_length (vLLM), no bound but the model's (native)."""
     gpu_memory_utilization: Optional[float] = None
-    """vllm: the fraction of the device's memory the engine may take (weights + KV cache). None:
-    0.5 on a GPU (verl's default); on a CPU the KV cache is sized instead: max_num_seqs rows x
-    max_model_len tokens, at most 1 GiB (more rows wait in vLLM's queue). The native engine
-    allocates the cache of the rows it runs and refuses this key."""
+    """vllm (in process, or the vllm serve replicas rlvr starts): the fraction of the device's memory
+    the engine may take (weights + KV cache). None: 0.5 on a GPU (verl's default); on a CPU the KV
+    cache is sized instead: max_num_seqs rows x max_model_len tokens, at most 1 GiB (more rows wait
+    in vLLM's queue). The native engine allocates the cache of the rows it runs and refuses this
+    key."""
     enforce_eager: bool = True
     """vllm: run the model eagerly (no torch.compile / CUDA graphs). On this CPU an eager engine
     starts in seconds instead of a minute; on a GPU, false captures CUDA graphs."""
     enable_prefix_caching: bool = True
-    """vllm: rows that share a prompt (a GRPO group) reuse its prefill from vLLM's prefix cache."""
+    """vllm: rows that share a prompt (a GRPO group) reuse its prefill from vLLM's prefix cache, in
+    whole KV blocks only: 128 tokens a block on a CPU (vLLM's CPU block size), so there prompts
+    shorter than 128 tokens (the default job's arithmetic prompts, 47-49 tokens) share nothing;
+    16 a block on a GPU."""
     tensor_model_parallel_size: int = 1
     """vllm: ranks one engine spans (verl's hybrid engine: vLLM's external launcher in each of k
     consecutive ranks, the group's first rank driving the rollout; docs/vllm.md). 1: each training
@@ -394,7 +407,8 @@ class RolloutConfig:
     free_cache_engine: bool = True
     """vllm on a GPU: the engine sleeps between rollouts (vLLM's sleep mode: weights and KV cache
     released for training, weights streamed back before the next rollout). vLLM's CPU build has
-    no sleep mode: there its KV cache stays allocated. The native engine always frees its cache."""
+    no sleep mode: there its KV cache stays allocated. The native engine always frees its cache;
+    vllm serve replicas (mode=async) keep their memory: false is refused for both."""
     n_gpus_per_node: int = 1
     """Devices of the rollout's own pool when ``actor_rollout_ref.hybrid_engine=false`` (one
     rollout worker each, on one node, beside the actor's ``trainer.n_gpus_per_node``); with
@@ -434,11 +448,12 @@ class CriticConfig:
 @dataclass
 class CustomRewardFunctionConfig:
     path: Optional[str] = None
-    """Python file that defines the reward function."""
+    """Python file that defines the reward function (checked at load: it exists, parses and defines ``name``)."""
     name: str = "compute_score"
-    """Function name inside ``path``."""
+    """Function name inside ``path``; called as verl calls it, by keyword: ``name(data_source=...,
+    solution_str=..., ground_truth=..., extra_info=..., **reward_kwargs)``."""
     reward_kwargs: dict[str, Any] = field(default_factory=dict)
-    """Extra keyword arguments passed to the function."""
+    """Extra keyword arguments passed to the function (verl's ``custom_reward_function.reward_kwargs``)."""
 
 
 @dataclass
@@ -451,11 +466,18 @@ class RewardFunctionEntry:
 @dataclass
 class RewardModelConfig:
     enable: bool = False
-    """Score with a sequence-classification model from ``path``."""
+    """Score with a sequence-classification model from ``path`` (verl's ``reward_model.enable``): each
+    sample's score is then the model's, as verl's reward managers return it; the rule scorer still runs,
+    its values (``acc``, extras) logged, not trained on."""
     path: Optional[str] = None
+    """A local folder of a ``*ForSequenceClassification`` model with a ``score`` head (Llama, Qwen2, ...)."""
     micro_batch_size_per_gpu: int = 8
+    """Conversations per forward pass of the reward model (>= 1)."""
     weight: float = 1.0
-    """The score is the rule-based score + weight x the reward model's score."""
+    """rlvr's: the model's score is multiplied by this (1.0: verl's score)."""
+    add_rule_scores: bool = False
+    """rlvr's: true scores rule score + weight x the model's score (and the overlong penalty, when on);
+    false (verl's) trains on weight x the model's score alone."""
 
 
 @dataclass
@@ -477,7 +499,7 @@ class RewardConfig:
     custom_reward_function: CustomRewardFunctionConfig = field(default_factory=CustomRewardFunctionConfig)
     reward_model: RewardModelConfig = field(default_factory=RewardModelConfig)
     num_workers: int = 0
-    """Processes that score in parallel; 0 scores in the trainer process."""
+    """Processes that score in parallel (>= 0); 0 scores in the trainer process."""
     timeout_s: Optional[float] = 10.0
     """Per-sample scoring time limit in seconds (> 0); null means no limit, inline and in the pool."""
     on_error: str = "score"
@@ -486,6 +508,7 @@ class RewardConfig:
     """A scorer that returns NaN, inf or None: drop (count it; its group is left out of the
     update, never given a score) | raise."""
     failure_score: float = 0.0
+    """The score of a sample whose function raised or timed out (trained on; within ±1.8e19, as scores)."""
     max_failed_fraction: float = 0.99
     """The run stops with the first failure when more than this fraction of a batch's samples
     failed to score (a step where every reward failed would train on failure scores only);

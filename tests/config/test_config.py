@@ -456,12 +456,102 @@ def test_rollout_engine_names(capsys):
     capsys.readouterr()
     load_config(overrides=["actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.mode=async",  # the user's server
                            "actor_rollout_ref.rollout.external_server_addresses=[127.0.0.1:30000]",
-                           "trainer.device=cpu", "actor_rollout_ref.rollout.max_num_batched_tokens=64"])
+                           "trainer.device=cpu"])
     # which gets no seed from a CPU trainer, and the console says so; replicas rlvr starts get them, silently
     assert "external_server_addresses with name=vllm from a CPU trainer: the requests carry no seed" in capsys.readouterr().err
     load_config(overrides=["actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.mode=async",
                            "trainer.device=cpu"])
     assert "carry no seed" not in capsys.readouterr().err
+
+
+VLLM = "actor_rollout_ref.rollout.name=vllm"
+ASYNC = "actor_rollout_ref.rollout.mode=async"
+EXTERNAL = "actor_rollout_ref.rollout.external_server_addresses=[127.0.0.1:30000]"
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_vllm_refuses_the_native_engines_lean_decode(mode):
+    """lean_decode is the native engine's decode step (and its rlvr serve replicas'): with vLLM it
+    would do nothing."""
+    with pytest.raises(ConfigError, match=r"rollout.lean_decode = False is read by the native engine only .*"
+                                          r"remove it or set actor_rollout_ref.rollout.name=native"):
+        load_config(overrides=[VLLM, f"actor_rollout_ref.rollout.mode={mode}", "actor_rollout_ref.rollout.lean_decode=false"])
+    load_config(overrides=["actor_rollout_ref.rollout.lean_decode=false"])  # the native engine reads it
+
+
+@pytest.mark.parametrize("setting", ["weight_sync=disk", "weights_dir=/tmp/weights", "max_attempts=5",
+                                     "retry_delay=0.5", "max_connections=10", "api_key=secret"])
+def test_server_settings_without_servers_are_refused(setting):
+    """rollout.server's request, retry and weight settings are read by rollout servers only; with
+    mode=sync they would do nothing."""
+    key = setting.split("=")[0]
+    with pytest.raises(ConfigError, match=rf"rollout.server.{key} = .* is read by rollout servers only "
+                                          r"\(rollout.mode=async\).*remove it or set actor_rollout_ref.rollout.mode=async"):
+        load_config(overrides=[f"actor_rollout_ref.rollout.server.{setting}"])
+    load_config(overrides=[ASYNC, f"actor_rollout_ref.rollout.server.{setting}"])
+
+
+def test_server_timeouts_load_without_servers():
+    """timeout and max_start_wait_time are read by served distillation teachers too, in any mode."""
+    cfg = load_config(overrides=["actor_rollout_ref.rollout.server.timeout=30",
+                                 "actor_rollout_ref.rollout.server.max_start_wait_time=60"])
+    assert cfg.actor_rollout_ref.rollout.server.timeout == 30
+
+
+def test_vllm_serve_replicas_refuse_free_cache_engine():
+    """vllm serve replicas never sleep between rollouts: free_cache_engine would do nothing."""
+    with pytest.raises(ConfigError, match=r"rollout.free_cache_engine = False does nothing with "
+                                          r"actor_rollout_ref.rollout.mode=async.*vllm serve replicas"):
+        load_config(overrides=[VLLM, ASYNC, "actor_rollout_ref.rollout.free_cache_engine=false"])
+    load_config(overrides=[VLLM, "actor_rollout_ref.rollout.free_cache_engine=false"])  # in process: read
+
+
+@pytest.mark.parametrize("setting", ["max_num_seqs=64", "max_num_batched_tokens=4096", "max_model_len=4096",
+                                     "gpu_memory_utilization=0.8", "enforce_eager=false",
+                                     "enable_prefix_caching=false", "dtype=bfloat16"])
+def test_settings_of_the_replicas_rlvr_starts_are_refused_for_external_vllm_servers(setting):
+    """These keys only build the command that starts a replica: a server rlvr did not start has its
+    own. (dtype: bfloat16 on this CPU machine differs from what auto resolves to, float32.)"""
+    key = setting.split("=")[0]
+    with pytest.raises(ConfigError, match=rf"rollout.{key} = .* sets up the servers rlvr starts.*"
+                                          r"external_server_addresses.*set it where the servers are started"):
+        load_config(overrides=[VLLM, ASYNC, EXTERNAL, "trainer.device=cpu", f"actor_rollout_ref.rollout.{setting}"])
+    load_config(overrides=[VLLM, ASYNC, "trainer.device=cpu", f"actor_rollout_ref.rollout.{setting}"])  # replicas
+
+
+@pytest.mark.parametrize("setting", ["max_num_seqs=64", "lean_decode=false"])
+def test_settings_of_the_replicas_rlvr_starts_are_refused_for_external_native_servers(setting):
+    key = setting.split("=")[0]
+    with pytest.raises(ConfigError, match=rf"rollout.{key} = .* sets up the servers rlvr starts"):
+        load_config(overrides=[ASYNC, EXTERNAL, f"actor_rollout_ref.rollout.{setting}"])
+    load_config(overrides=[ASYNC, f"actor_rollout_ref.rollout.{setting}"])  # the rlvr serve replicas read it
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_vllm_refuses_temperatures_it_would_raise_to_0_01(mode):
+    """vLLM's SamplingParams raises 0 < T < 0.01 to 0.01: the rollout's log-probs would be of T = 0.01
+    and the actor's of T. Greedy validation (T = 0) is untouched, and the native engine samples at T."""
+    on = [VLLM, f"actor_rollout_ref.rollout.mode={mode}"]
+    with pytest.raises(ConfigError, match=r"actor_rollout_ref.rollout.temperature = 0.005: vLLM raises a temperature "
+                                          r"in \(0, 0.01\) to 0.01"):
+        load_config(overrides=[*on, "actor_rollout_ref.rollout.temperature=0.005"])
+    with pytest.raises(ConfigError, match=r"actor_rollout_ref.rollout.val_kwargs.temperature = 0.001: vLLM raises"):
+        load_config(overrides=[*on, "actor_rollout_ref.rollout.val_kwargs.do_sample=true",
+                               "actor_rollout_ref.rollout.val_kwargs.temperature=0.001"])
+    cfg = load_config(overrides=[*on, "actor_rollout_ref.rollout.val_kwargs.temperature=0"])  # greedy validation
+    assert not cfg.actor_rollout_ref.rollout.val_kwargs.do_sample
+    load_config(overrides=[*on, "actor_rollout_ref.rollout.temperature=0.01"])
+    load_config(overrides=["actor_rollout_ref.rollout.temperature=0.005"])  # the native engine samples at T
+
+
+@pytest.mark.parametrize("key", ["top_k", "val_kwargs.top_k"])
+def test_top_k_below_minus_1_is_refused(key):
+    """-1 and 0 turn top-k off (the engines read both so); below -1 a vLLM or SGLang server answers 400."""
+    with pytest.raises(ConfigError, match=rf"actor_rollout_ref.rollout.{key} = -2: use -1 or 0 \(off\) or a "
+                                          r"number of tokens >= 1"):
+        load_config(overrides=[f"actor_rollout_ref.rollout.{key}=-2"])
+    for value in (-1, 0, 5):
+        load_config(overrides=[f"actor_rollout_ref.rollout.{key}={value}"])
 
 
 def test_verl_strategy_fsdp_is_fsdp2_and_several_devices_without_a_strategy_shard(capsys):
@@ -660,3 +750,12 @@ def test_an_adaptive_kl_controller_that_cannot_work_is_refused_at_load(override,
     with pytest.raises(ConfigError, match=message):
         load_config(overrides=["algorithm.use_kl_in_reward=true", "algorithm.kl_ctrl.type=adaptive", override])
     load_config(overrides=[override])  # the fixed controller reads neither
+
+
+def test_a_hydra_flow_mapping_without_spaces_sets_its_keys():
+    """YAML reads {attention_dropout:0.1} as the key 'attention_dropout:0.1' with no value, so the
+    override set nothing; Hydra, whose syntax verl's scripts use, reads it as a mapping."""
+    cfg = load_config(overrides=["actor_rollout_ref.model.override_config={attention_dropout:0.1,rope_theta:500000}"])
+    assert cfg.actor_rollout_ref.model.override_config == {"attention_dropout": 0.1, "rope_theta": 500000}
+    from rlvr.config.loader import parse_overrides
+    assert parse_overrides(['a={b:{c:2},d:"x:y",e:[1,2]}']) == {"a": {"b": {"c": 2}, "d": "x:y", "e": [1, 2]}}

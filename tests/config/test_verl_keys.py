@@ -258,3 +258,12 @@ def test_the_critics_fsdp_section_in_both_of_verls_layouts(capsys):
     with pytest.raises(ConfigError, match=r"critic.fsdp.param_offload=True \(from the command line\) cannot be "
                                           r"honoured: the critic is sharded like the actor .* never offloaded"):
         load_config(None, ["critic.fsdp.param_offload=true"])
+
+
+def test_the_chunked_prefill_notice_says_what_rlvr_does_on_a_cpu(capsys):
+    """verl's enable_chunked_prefill: rlvr decides it, and on a CPU it turns vLLM's chunked prefill off
+    (vllm_rollout.whole_prefill_tokens); the notice used to say vLLM always chunks."""
+    load_config(None, ["actor_rollout_ref.rollout.enable_chunked_prefill=True"])
+    err = capsys.readouterr().err
+    assert "actor_rollout_ref.rollout.enable_chunked_prefill" in err
+    assert "on a CPU rlvr turns chunked prefill off" in err and "always chunks" not in err

@@ -502,6 +502,188 @@ def test_a_vllm_serve_replica_generates_and_takes_new_weights(tiny_vllm_model_di
     assert rollout.replicas[0].process.poll() is not None
 
 
+@pytest.fixture
+def started(monkeypatch):
+    """Replicas rlvr would start are recorded, never started: [(on_cpu, max_model_len)] per start."""
+    from rlvr.rollout import servers
+
+    starts = []
+
+    def start(model_path, config, count, log_dir, max_model_len, model_config=None, on_cpu=True):
+        starts.append((on_cpu, max_model_len))
+        return [Replica(i, f"127.0.0.1:{30000 + i}") for i in range(count)]
+
+    monkeypatch.setattr(servers, "start_local_replicas", start)
+    return starts
+
+
+@pytest.mark.parametrize("family, experts", [("qwen3_moe", dict(num_experts=4, num_experts_per_tok=2,
+                                                                 moe_intermediate_size=32)),
+                                             ("mixtral", dict(num_local_experts=4, num_experts_per_tok=2))])
+def test_vllm_serve_replicas_on_a_cpu_refuse_a_mixture_of_experts(family, experts, tokenizer, started):
+    """vLLM 0.32's CPU experts kernel reads w13/w2 packed at load; a reload through vllm serve's
+    /collective_rpc reload_weights does not pack them again (the in-process engine does it itself,
+    _repack_cpu_experts), so CPU replicas would decode every synced version with unpacked experts.
+    Refused before any replica starts, naming what to use; a GPU replica's kernel repacks (started)."""
+    from rlvr.config import ConfigError
+    from tests.rollout.test_vllm import tiny_family
+
+    model = tiny_family(family, **experts)
+    config = RolloutConfig(mode="async", name="vllm")
+    with pytest.raises(ConfigError, match=r"mixture of experts.*does not pack them again.*rollout.name=native.*"
+                                          r"mode=sync with actor_rollout_ref.rollout.name=vllm"):
+        ServerRollout(model, tokenizer, config, 8, max_prompt_length=8, device="cpu")
+    assert started == []
+    ServerRollout(model, tokenizer, config, 8, max_prompt_length=8, device="cuda")
+    assert started == [(False, 16)]
+    dense = tiny_family("qwen3")
+    ServerRollout(dense, tokenizer, config, 8, max_prompt_length=8, device="cpu")
+    assert started[-1] == (True, 16)
+
+
+@pytest.mark.parametrize("family, architecture", [("olmo2", "Olmo2ForCausalLM"), ("smollm3", "SmolLM3ForCausalLM")])
+def test_vllm_serve_replicas_refuse_a_family_vllm_runs_through_its_transformers_backend(family, architecture,
+                                                                                         tokenizer, started,
+                                                                                         monkeypatch):
+    """The in-process engine's check (check_native_architecture) holds for the replicas rlvr starts:
+    vLLM's greedy tokens differed from transformers' on such families. External servers run the
+    model their owner started them with, under a vLLM rlvr does not know: not refused."""
+    from rlvr.config import ConfigError
+    from rlvr.rollout import servers
+    from tests.rollout.test_vllm import tiny_family
+
+    model = tiny_family(family, architectures=[architecture])
+    with pytest.raises(ConfigError, match=rf"{architecture} \(model_type '{family}'\).*vllm serve replicas.*"
+                                          r"rollout.name=native"):
+        ServerRollout(model, tokenizer, RolloutConfig(mode="async", name="vllm"), 8, max_prompt_length=8)
+    assert started == []
+    monkeypatch.setattr(servers, "wait_healthy", lambda replica, deadline_s: None)
+    ServerRollout(model, tokenizer, RolloutConfig(mode="async", name="vllm",
+                                                  external_server_addresses=["127.0.0.1:30000"]), 8)
+    ServerRollout(model, tokenizer, RolloutConfig(mode="async", name="native"), 8, max_prompt_length=8)  # rlvr serve
+    assert len(started) == 1
+
+
+def synced_names(rollout, monkeypatch) -> set[str]:
+    """The tensor names of the folder a disk sync writes (the replicas' load is recorded, not sent)."""
+    from safetensors import safe_open
+
+    names = set()
+
+    def load(replica, folder, version, timeout):
+        with safe_open(str(folder / "model.safetensors"), "pt") as f:
+            names.update(f.keys())
+
+    monkeypatch.setattr(rollout.protocol, "load_from_disk", load)
+    rollout.sync_weights(1)
+    return names
+
+
+def test_a_gemma2_disk_sync_to_vllm_serve_leaves_out_the_head_vllm_has_no_parameter_for(tokenizer, monkeypatch):
+    """vLLM's Gemma2ForCausalLM computes its logits from embed_tokens and has no lm_head: its reload
+    raised "There is no module or parameter named 'lm_head'" on the folder the sync wrote. The folder
+    holds the policy's checkpoint names less the tied head; a Llama's (vLLM ties a head of its own)
+    keeps it. (In process the same holds, checked on a real engine: test_vllm.py's slow
+    test_a_familys_greedy_tokens_equal_transformers_after_the_sync[gemma2].)"""
+    from tests.rollout.test_vllm import tiny_family
+
+    gemma = tiny_family("gemma2")
+    assert gemma.config.tie_word_embeddings
+    rollout = ServerRollout(gemma, tokenizer, RolloutConfig(mode="async", name="vllm"), 8,
+                            replicas=[Replica(0, "127.0.0.1:30000")])
+    assert synced_names(rollout, monkeypatch) == set(gemma.state_dict()) - {"lm_head.weight"}
+    llama = tiny_family("llama", tie_word_embeddings=True)
+    rollout = ServerRollout(llama, tokenizer, RolloutConfig(mode="async", name="vllm"), 8,
+                            replicas=[Replica(0, "127.0.0.1:30000")])
+    assert "lm_head.weight" in synced_names(rollout, monkeypatch)
+
+
+def test_the_families_vllm_builds_without_a_head_are_vllms():
+    """HEADLESS_ARCHITECTURES is read off the installed vLLM: every model file whose logits come from
+    embed_tokens, whose causal LM makes no lm_head (Gemma-3's ties one: it is sent the head)."""
+    import inspect
+    from pathlib import Path
+
+    import vllm.model_executor.models as models
+    from vllm.model_executor.models.registry import _VLLM_MODELS
+
+    from rlvr.rollout.vllm_rollout import HEADLESS_ARCHITECTURES
+
+    folder = Path(inspect.getfile(models)).parent
+    from_embeddings = {f.stem for f in folder.glob("*.py") if "logits_processor(self.model.embed_tokens" in f.read_text()}
+    assert from_embeddings == {_VLLM_MODELS[a][0] for a in HEADLESS_ARCHITECTURES}
+    for architecture in HEADLESS_ARCHITECTURES:
+        assert "self.lm_head" not in (folder / f"{_VLLM_MODELS[architecture][0]}.py").read_text()
+    assert "self.lm_head" in (folder / "gemma3.py").read_text()
+    assert "Gemma3ForCausalLM" not in HEADLESS_ARCHITECTURES
+
+
+def test_vllm_serve_on_a_gpu_takes_a_device_fraction_not_the_cpu_cache_size():
+    """A GPU replica gets gpu_memory_utilization 0.5 when the config says none (as the in-process
+    engine on a GPU, and as the docs say), never the CPU's KV cache in bytes; a CPU replica gets
+    max_num_seqs rows x max_model_len, at most 1 GiB."""
+    from rlvr.rollout.servers import vllm_command
+    from tests.rollout.test_vllm import tiny_family
+
+    model_config = tiny_family("llama").config
+
+    def memory(on_cpu, **kw):
+        cmd = vllm_command("m", 8000, RolloutConfig(mode="async", name="vllm", **kw), 512, model_config, on_cpu)
+        return {flag: cmd[cmd.index(flag) + 1] for flag in ("--gpu-memory-utilization", "--kv-cache-memory-bytes")
+                if flag in cmd}
+
+    assert memory(False) == {"--gpu-memory-utilization": "0.5"}
+    assert memory(False, gpu_memory_utilization=0.8) == {"--gpu-memory-utilization": "0.8"}
+    # 2 layers x 1 kv head x 64 x (keys, values) x 4 bytes = 1024 bytes a token, x 1024 rows x 512 tokens
+    assert memory(True) == {"--kv-cache-memory-bytes": str(min(1024 * 1024 * 512, 2**30))}
+
+
+def test_the_drivers_replicas_start_on_the_runs_device(tiny_model_dir, tmp_path, started):
+    """The trainer's driver of the servers (RolloutWorker) holds its copy of the policy on the CPU,
+    but a GPU run's replicas start on GPUs: they were started with the CPU's settings (on_cpu),
+    whatever trainer.device said. Their context is prompt + response."""
+    from rlvr.workers.rollout import RolloutWorker
+
+    for device, on_cpu in (("cuda", False), ("cpu", True)):
+        config = load_config(overrides=[f"actor_rollout_ref.model.path={tiny_model_dir}", f"trainer.device={device}",
+                                        "actor_rollout_ref.rollout.mode=async",
+                                        f"trainer.default_local_dir={tmp_path / device}"])
+        worker = RolloutWorker(config)
+        worker.init_model()
+        assert worker.model.device.type == "cpu"
+        assert started[-1] == (on_cpu, config.data.max_prompt_length + config.data.max_response_length)
+
+
+@pytest.mark.parametrize("protocol", ["sglang", "vllm"])
+def test_top_k_0_is_sent_as_off(protocol, tiny):
+    """top_k 0 is off in rlvr's config (as in vLLM); rlvr serve and SGLang answer 0 with HTTP 400, so
+    every server is sent -1."""
+    model, tokenizer = tiny
+    rollout = ServerRollout(model, tokenizer, RolloutConfig(mode="async", name=protocol), 8,
+                            replicas=[Replica(0, "127.0.0.1:30000")])
+    for top_k, sent in ((0, -1), (-1, -1), (5, 5)):
+        _, body = rollout.protocol.request([1, 2], SamplingParams(max_new_tokens=4, top_k=top_k), 1, 4, 11, "r")
+        assert (body.get("sampling_params") or body)["top_k"] == sent
+
+
+@pytest.mark.parametrize("protocol", ["native", "vllm"])
+def test_an_adapter_on_a_tied_embedding_is_refused_on_servers(protocol, tokenizer):
+    """A server's model ties its head to the embedding (one tensor); peft adapts the embedding alone,
+    so the merged embedding would overwrite the head (vllm serve) or the head would be the adapted
+    embedding (rlvr serve, SGLang: the alias is not sent). The in-process engines untie it."""
+    from rlvr.config import ConfigError
+    from rlvr.models.lora import unwrap
+    from tests.rollout.test_vllm import embedding_lora, tiny_family
+
+    tied = tiny_family("llama", tie_word_embeddings=True)
+    config = RolloutConfig(mode="async", name=protocol)
+    with pytest.raises(ConfigError, match=r"adapter on embed_tokens.*tied.*mode=sync"):
+        ServerRollout(unwrap(embedding_lora(tied)), tokenizer, config, 8, replicas=[Replica(0, "127.0.0.1:1")])
+    ServerRollout(unwrap(embedding_lora(tied, ("q_proj",))), tokenizer, config, 8, replicas=[Replica(0, "127.0.0.1:1")])
+    untied = tiny_family("llama", tie_word_embeddings=False)
+    ServerRollout(unwrap(embedding_lora(untied)), tokenizer, config, 8, replicas=[Replica(0, "127.0.0.1:1")])
+
+
 def test_a_request_to_a_server_that_hangs_times_out_is_aborted_there_and_sent_again(tiny):
     """rollout.server.timeout: the first /generate hangs past it; the client aborts it there by its
     rid, waits retry_delay, sends it again (the replica stays in the rotation) and counts it."""

@@ -406,3 +406,27 @@ def test_seeded_prompts_past_one_steps_token_budget_are_prefilled_whole(policy):
     assert all(first) and first == [c.token_ids for c in engine.generate(ids, params)]
     with pytest.raises(ValueError, match="max_num_batched_tokens = 64 is less than max_model_len 128"):
         vllm_engine(model, tokenizer, max_num_batched_tokens=64)
+
+
+def test_a_rollout_workers_engine_is_sized_by_prompt_and_response(tiny_vllm_model_dir, monkeypatch):
+    """A rollout of its own (hybrid_engine=false, trainer.v1 colocate_async: a RolloutWorker) sizes
+    vLLM's context as the hybrid worker and the load check do, data.max_prompt_length +
+    data.max_response_length (the recipe's 128 + 64), not the model's max_position_embeddings (the
+    worker passed no prompt length). vLLM's constructor is a recording stand-in."""
+    from types import SimpleNamespace
+
+    from rlvr.config import load_config
+    from rlvr.rollout import vllm_rollout
+    from rlvr.workers.rollout import RolloutWorker
+
+    started = []
+    monkeypatch.setattr(vllm_rollout, "_ENGINES", {})
+    monkeypatch.setattr(vllm_rollout, "_start_engine",
+                        lambda config, tokenizer, args, device: started.append(args) or SimpleNamespace())
+    config = load_config(overrides=[f"actor_rollout_ref.model.path={tiny_vllm_model_dir}",
+                                    "actor_rollout_ref.rollout.name=vllm", "trainer.device=cpu"])
+    worker = RolloutWorker(config)
+    worker.init_model()
+    longest = config.data.max_prompt_length + config.data.max_response_length
+    assert longest == 192 != worker.model.config.max_position_embeddings
+    assert started[0]["max_model_len"] == longest and worker.rollout.max_model_len == longest
