@@ -1,7 +1,8 @@
 """Multi-turn rollout throughput on the built-in tool task: the calculator recipe's workload
-(8 test prompts x n=8, two assistant turns, the tag format) with the built-in model.
+(8 test prompts x n=8, two assistant turns, the tag format) with the built-in model, or with a
+trained policy (``--model``: the calculator recipe's checkpoint calls the tool in every answer).
 
-    .venv/bin/python bench/multi_turn.py [--prompts 8] [--n 8] [--repeats 3] [--python-calls 10] [--tool-seconds S,...]
+    .venv/bin/python bench/multi_turn.py [--model builtin] [--prompts 8] [--n 8] [--repeats 3] [--python-calls 10] [--tool-seconds S,...]
 
 Prints, per repeat and as medians: the model's generated tokens/s under the per-request
 schedule (``multi_turn.schedule=request``, the default: each request's next turn joins the
@@ -112,6 +113,9 @@ def tool_call_latency(tool_name: str, arguments: dict, calls: int) -> float:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="builtin",
+                   help="the policy: builtin (untrained: a fifth to a third of its answers call the tool) or a "
+                        "checkpoint's actor folder, e.g. the calculator recipe's after training (every answer calls it)")
     p.add_argument("--prompts", type=at_least(1), default=8)
     p.add_argument("--n", type=at_least(1), default=8)
     p.add_argument("--max-response-length", type=at_least(1), default=64)
@@ -121,7 +125,7 @@ def main() -> None:
                    help="comma-separated delays added to every tool call, e.g. 0.5,2")
     args = p.parse_args()
     torch.set_num_threads(max(1, torch.get_num_threads()))
-    model, tokenizer = load_model_and_tokenizer("builtin")
+    model, tokenizer = load_model_and_tokenizer(args.model)
     rollout_cfg = RolloutConfig(multi_turn=MultiTurnConfig(enable=True, tool_config_path="calculator", format="tag",
                                                            max_assistant_turns=2, max_tool_response_length=64))
     setup = ToolSetup.from_config(tokenizer, rollout_cfg)

@@ -76,11 +76,12 @@ def main() -> None:
     every_step = [k for k in mean if k.startswith("timing_s/") and k != "timing_s/step" and len(sums[k]) == args.steps]
     for key in sorted(every_step):
         print(f"  {key:<28} {mean[key]:7.2f} s  {100 * mean[key] / step_s:5.1f}%")
-    if "timing_s/freshness_probe" in mean:  # step 2 and every freshness_check_freq steps: its share of a step, amortised
-        freq = config.trainer.freshness_check_freq
+    if "timing_s/freshness_probe" in mean:  # steps 1, 2 and every freshness_check_freq: its share, amortised
+        freq, run_steps = config.trainer.freshness_check_freq, 24  # over the default job's 24 steps
+        probes = len({1, 2} | set(range(freq, run_steps + 1, freq)))  # ppo_trainer's _freshness_due
         probe_s = mean["timing_s/freshness_probe"]
-        print(f"  freshness probe: {probe_s:.2f} s when it runs (step 2 and every {freq} steps): "
-              f"{100 * probe_s / freq / step_s:.2f}% of a step over a run")
+        print(f"  freshness probe: {probe_s:.2f} s when it runs (steps 1, 2 and every {freq}: {probes} times in a "
+              f"{run_steps}-step run): {100 * probe_s * probes / run_steps / step_s:.2f}% of a step over such a run")
     gen_tokens = mean["response_length/mean"] * config.data.train_batch_size * config.actor_rollout_ref.rollout.n
     print(f"generated tokens/s: {gen_tokens / mean['timing_s/gen']:.1f} ({gen_tokens:.0f} tokens per step)")
     fwd_tokens, resp_tokens = mean["perf/actor_forward_tokens"], mean["perf/actor_response_tokens"]
