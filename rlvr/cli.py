@@ -487,6 +487,17 @@ def _add_config_args(p: argparse.ArgumentParser) -> None:
                                                 "+key=value, ++key=value and ~key (back to the schema default)")
 
 
+# the configs verl's main_ppo bundles (verl/trainer/config/), as its scripts name them with a relative
+# --config-path: None, verl's defaults (rlvr's verl base); otherwise why rlvr has no such config
+VERL_BUNDLED_CONFIGS = {
+    "ppo_trainer": None,
+    "ppo_megatron_trainer": "verl's Megatron-LM backend, which rlvr does not implement (rlvr shards with FSDP2, "
+                            "actor_rollout_ref.actor.strategy=fsdp2): drop --config-path/--config-name and every "
+                            "*.megatron.* key; Megatron's LoRA keys (actor_rollout_ref.model.lora.*) become "
+                            "actor_rollout_ref.model.lora_rank/lora_alpha",
+}
+
+
 def _config_file(args: argparse.Namespace) -> str | None:
     """--config, or Hydra's --config-path/--config-name as verl's scripts pass them."""
     if args.config_name is None:
@@ -497,6 +508,16 @@ def _config_file(args: argparse.Namespace) -> str | None:
         raise ConfigError("--config and --config-name both name the config file; keep one")
     name = args.config_name if args.config_name.endswith((".yaml", ".yml")) else f"{args.config_name}.yaml"
     path = Path(args.config_path or ".").expanduser() / name
+    stem = Path(name).stem
+    if not path.is_file() and stem in VERL_BUNDLED_CONFIGS and not Path(args.config_path or ".").is_absolute():
+        # Hydra reads a relative --config-path beside verl's main_ppo: verl's own config of that name
+        if VERL_BUNDLED_CONFIGS[stem] is not None:
+            raise ConfigError(f"--config-name {args.config_name!r} is verl's bundled {stem}.yaml: "
+                              f"{VERL_BUNDLED_CONFIGS[stem]}")
+        if args.base not in (None, "verl"):
+            raise ConfigError(f"--config-name {args.config_name!r} is verl's defaults; --base {args.base} is not: keep one")
+        args.base = "verl"
+        return None
     if not path.is_file():
         raise ConfigError(f"--config-name {args.config_name!r}: {path} does not exist (looked in --config-path "
                           f"{args.config_path or '.'!r})")

@@ -262,3 +262,22 @@ def test_prepare_gsm8k_from_a_test_file_writes_the_test_split(tmp_path, capsys):
     src.write_text(json.dumps({"question": "1 + 1?", "answer": "1 + 1 = 2\n#### 2"}) + "\n")
     assert main(["prepare", "gsm8k", "--src", str(src), "--out", str(tmp_path / "out")]) == 0
     assert (tmp_path / "out" / "test.parquet").exists() and not (tmp_path / "out" / "train.parquet").exists()
+
+
+def test_verls_bundled_config_names_are_verls_configs(tmp_path, monkeypatch, capsys):
+    """verl's scripts pass --config-path=config --config-name=ppo_trainer (or ppo_megatron_trainer):
+    Hydra reads a relative path beside verl's main_ppo, so they name verl's own configs. rlvr looked
+    for ./config/ppo_trainer.yaml and said it does not exist."""
+    monkeypatch.chdir(tmp_path)
+    assert main(["train", "--config-path=config", "--config-name=ppo_megatron_trainer", "--explain"]) == 2
+    err = capsys.readouterr().err
+    assert "verl's Megatron-LM backend, which rlvr does not implement" in err and "*.megatron.*" in err
+    # verl's defaults: its ppo_mini_batch_size of 256 is refused beside a batch of 16, as with --base verl
+    assert main(["train", "--config-path=config", "--config-name=ppo_trainer", "data.train_batch_size=16",
+                 "--explain"]) == 2
+    assert "ppo_mini_batch_size = 256 prompts is larger than data.train_batch_size = 16" in capsys.readouterr().err
+    # a file of that name where the path says is the user's own
+    (tmp_path / "config").mkdir()
+    (tmp_path / "config" / "ppo_trainer.yaml").write_text("data:\n  train_batch_size: 16\n")
+    assert main(["config", "show", "--config-path=config", "--config-name=ppo_trainer"]) == 0
+    assert "train_batch_size: 16" in capsys.readouterr().out
