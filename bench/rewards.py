@@ -62,7 +62,7 @@ def make_batch(tokenizer, kind: str, samples: int) -> DataProto:
     mask = torch.zeros(samples, width, dtype=torch.long)
     for i, row in enumerate(ids):
         responses[i, :len(row)], mask[i, :len(row)] = torch.tensor(row), 1
-    source = "openai/gsm8k" if kind == "gsm8k" else "math"
+    source = "openai/gsm8k" if kind == "gsm8k" else "HuggingFaceH4/MATH-500"  # math-verify's scorer (verl's math_reward)
     return DataProto.from_dict({"responses": responses, "response_mask": mask},
                                {"data_source": [source] * samples,
                                 "reward_model": [{"ground_truth": truth} for _, truth in pairs],

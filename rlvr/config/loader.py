@@ -254,9 +254,10 @@ def _verl_aliases(data: dict[str, Any], source: str, penalty_ends: list | None =
         raise ConfigError(f"reward_model.reward_kwargs.max_resp_len={end!r} (from {source}) differs from "
                           f"data.max_response_length={limit!r}: rlvr's overlong penalty (reward.overlong_buffer) "
                           "ends at data.max_response_length; make them equal")
-    moved = []
+    moved, schema = [], known_keys()
     for verl_key, rlvr_key in VERL_ALIASES.items():
-        if verl_key not in flat or isinstance(flat[verl_key], dict):
+        # a section's keys move one by one; a dict-valued key (reward_kwargs: {bonus: 0.5}) moves whole
+        if verl_key not in flat or isinstance(flat[verl_key], dict) and _is_section(rlvr_key, schema):
             continue
         value = flat[verl_key]
         if rlvr_key in flat and flat[rlvr_key] != value:
@@ -268,7 +269,7 @@ def _verl_aliases(data: dict[str, Any], source: str, penalty_ends: list | None =
             node = node.setdefault(part, {})
         node[rlvr_key.rsplit(".", 1)[-1]] = value
         moved.append(f"{verl_key} -> {rlvr_key}")
-    _prune_empty(data, "", known_keys())
+    _prune_empty(data, "", schema)
     if moved:
         print(f"[rlvr] note: verl keys (from {source}) read under rlvr's names: {', '.join(moved)}",
               file=sys.stderr, flush=True)

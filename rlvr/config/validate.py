@@ -730,6 +730,91 @@ def _reward_model(cfg: RLVRConfig) -> list[str]:
     return errors
 
 
+CALL_ARGUMENTS = ("data_source", "solution_str", "ground_truth", "extra_info")
+"""The keyword arguments the reward manager passes to every reward function (verl's)."""
+
+
+def _reward_settings(cfg: RLVRConfig) -> list[str]:
+    """Reward settings that nothing would read (a custom function's name or kwargs without its file),
+    that would fail only when scoring starts (a missing file, a wrong function name, a micro-batch of 0),
+    or that would give every sample a score no update can use (NaN or huge weights and failure scores)."""
+    from rlvr.rewards.manager import MAX_SCORE
+
+    reward, errors = cfg.reward, []
+    custom, key = reward.custom_reward_function, "reward.custom_reward_function"
+    if not custom.path:
+        if custom.reward_kwargs:
+            errors.append(f"{key}.reward_kwargs = {custom.reward_kwargs!r} is passed to a custom reward function, and "
+                          f"{key}.path is not set: set the path to your file, or remove reward_kwargs (the built-in "
+                          "scorers take none)")
+        if custom.name != "compute_score":
+            errors.append(f"{key}.name = {custom.name!r} is the function in {key}.path, which is not set: set the "
+                          "path to your file, or remove the name")
+    else:
+        errors += _custom_reward_file(custom.path, custom.name)
+    clash = sorted(set(custom.reward_kwargs) & set(CALL_ARGUMENTS))
+    if clash:
+        errors.append(f"{key}.reward_kwargs has {clash[0]!r}, an argument the manager passes itself (it calls the "
+                      f"function with {', '.join(CALL_ARGUMENTS)}): rename the keyword argument")
+    if reward.num_workers < 0:
+        errors.append(f"reward.num_workers = {reward.num_workers} must be >= 0 (0 scores in the trainer process, "
+                      "n in a pool of n processes)")
+    if reward.reward_model.micro_batch_size_per_gpu < 1:
+        errors.append(f"reward.reward_model.micro_batch_size_per_gpu = {reward.reward_model.micro_batch_size_per_gpu} "
+                      "must be >= 1 (conversations per forward pass of the reward model)")
+    if not (math.isfinite(reward.failure_score) and abs(reward.failure_score) <= MAX_SCORE):
+        errors.append(f"reward.failure_score = {reward.failure_score} must be a number within ±{MAX_SCORE:.2g}: it is "
+                      "trained on as a score, and a group's float32 variance of a larger one overflows")
+    weights = [(f"reward.{name}[{i}].weight", entry.weight) for name in ("functions", "val_functions")
+               for i, entry in enumerate(getattr(reward, name))] + [("reward.reward_model.weight",
+                                                                     reward.reward_model.weight)]
+    errors += [f"{name} = {weight} must be a finite number (it multiplies every sample's score)"
+               for name, weight in weights if not math.isfinite(weight)]
+    rm = reward.reward_model
+    unread = [f"{name}={value}" for name, value, default in (("add_rule_scores", rm.add_rule_scores, False),
+                                                             ("weight", rm.weight, 1.0)) if value != default]
+    if unread and not rm.enable:
+        errors.append(f"reward.reward_model.{' and '.join(unread)} apply to the reward model's scores, and "
+                      "reward.reward_model.enable is false: enable the reward model, or remove them")
+    if rm.enable and not rm.add_rule_scores and reward.overlong_buffer.enable:
+        errors.append("reward.overlong_buffer.enable=true with reward.reward_model.enable=true: the score is the reward "
+                      "model's alone (verl's), and the overlong penalty shapes the rule score, which is not trained "
+                      "on; set reward.reward_model.add_rule_scores=true to train on rule score + penalty + weight x "
+                      "the model's score, or set reward.overlong_buffer.enable=false")
+    return errors
+
+
+def _custom_reward_file(path: str, name: str) -> list[str]:
+    """The custom reward file exists, parses, and binds ``name`` at its top level (read, not imported: a
+    file's import may be slow or have effects; the reward manager imports it)."""
+    import ast
+
+    key, file = "reward.custom_reward_function", Path(path).expanduser()
+    if not file.is_file():
+        return [f"{key}.path = {path!r} does not exist (a Python file defining the reward function; a relative "
+                f"path is read from the working directory, {str(Path.cwd())!r})"]
+    try:
+        tree = ast.parse(file.read_bytes(), filename=str(file))
+    except (SyntaxError, ValueError) as err:
+        return [f"{key}.path = {path!r} is not valid Python: {err}"]
+    bound: list[str] = []
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            bound.append(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            bound += [t.id for t in targets if isinstance(t, ast.Name)]
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            if any(alias.name == "*" for alias in node.names):
+                return []  # a star import may bind it: the manager's import tells
+            bound += [(alias.asname or alias.name).split(".")[0] for alias in node.names]
+    if name in bound:
+        return []
+    functions = sorted(n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
+                       and not n.name.startswith("_"))
+    return [f"{key}.name = {name!r}: {str(file)!r} defines no {name!r} at its top level; it defines {functions}"]
+
+
 def _distributed(cfg: RLVRConfig) -> list[str]:
     errors = []
     arr, trainer = cfg.actor_rollout_ref, cfg.trainer
@@ -970,6 +1055,7 @@ def validate(cfg: RLVRConfig) -> None:
         + _reward_model(cfg) + _async_training(cfg) + _agent_loops(cfg) + _distillation(cfg)
     errors += _grad_clips(cfg) + _training_sampling(cfg) + _run_names(cfg) + _number_ranges(cfg) \
         + _unread_rollout_keys(cfg) + _sampling_ranges(cfg)
+    errors += _reward_settings(cfg)
     if errors:
         raise ConfigError("invalid config:\n  - " + "\n  - ".join(errors))
 

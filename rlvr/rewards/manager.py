@@ -2,10 +2,13 @@
 
 For each sample it decodes the response, picks the reward function(s) — one custom
 function, a weighted list (``reward.functions``), or the scorer of the row's data_source —
-and writes the score on the response's last valid token (zeros elsewhere), as verl does.
-Dict results add extra values: ``reward_extra_info`` arrays and per-step metrics.
+calls it by keyword as verl does (``fn(data_source=..., solution_str=..., ground_truth=...,
+extra_info=...)``) and writes the score on the response's last valid token (zeros elsewhere),
+as verl does. Dict results add extra values: ``reward_extra_info`` arrays (one entry per row)
+and per-step metrics; an extra named like a column the batch has (``uid``) is refused. The
+working directory is put back after each call.
 
-Robustness: a score that is not a number (NaN, inf, None) is never given one: the sample is
+Robustness: a score that is not a number (NaN, inf, None, a string, an int beyond float) is never given one: the sample is
 counted (``reward/num_invalid``, and per data source) and its whole group is left out of the
 update (``reward.on_invalid=drop``; ``raise`` stops the run). Every sample is scored under a
 time limit (``reward.timeout_s``). A function that raises or runs out of time gives that sample
@@ -15,20 +18,27 @@ its sample), or fails the step when ``reward.on_error=raise``; a function that c
 has failed on that sample too. A score beyond ±1.8e19 (``MAX_SCORE``) is invalid, as NaN is: the
 scores are float32 and a group's variance of it would overflow. A batch where more than
 ``reward.max_failed_fraction`` of the samples failed stops the run with the first failure. The
-timer is a signal (SIGALRM), which only the main thread receives: scored from another thread with
-``reward.num_workers = 0``, the samples go to a one-process pool, where it acts. With ``reward.num_workers > 0``
-samples are scored in a process pool; a worker stuck in C code that ignores the timer is
-killed with the pool, and the pool is rebuilt for the next call. The other samples keep
+time limit is a POSIX timer of rlvr's own that sends ``TIMEOUT_SIGNAL`` (SIGUSR2) to the scoring
+thread: not SIGALRM, whose timer the code being timed can clear (``signal.alarm(0)``; math-verify
+does), and not a watchdog thread, which could not run while a C call (a backtracking regex) holds
+the GIL. Python runs signal handlers in the main thread only: scored from another thread with
+``reward.num_workers = 0``, the samples go to a one-process pool, where it acts. With
+``reward.num_workers > 0`` samples are scored in a process pool, whose processes import the
+functions when they start (outside any sample's limit); a worker stuck in C code that ignores the
+signal is killed with the pool, and the pool is rebuilt for the next call. The other samples keep
 their scores.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
+import ctypes
 import dataclasses
 import importlib
 import math
 import multiprocessing
+import os
 import signal
 import sys
 import threading
@@ -116,27 +126,171 @@ def load_function(path: str, name: str):
     return getattr(module, name)
 
 
+TIMEOUT_SIGNAL = signal.SIGUSR2
+"""The signal that stops a scoring call at ``reward.timeout_s``. Not SIGALRM: its timer is shared with
+the code being timed, and ``signal.alarm(0)`` there (math-verify's own parsing timeout does it) would
+clear the limit."""
+
+
 class _Timeout(BaseException):
-    """Raised by the timer inside a scoring call (BaseException: user code's `except Exception` can't eat it)."""
+    """Raised by the timer's signal inside a scoring call (BaseException: user code's `except Exception` can't eat it)."""
 
 
-def _on_alarm(signum, frame):
-    raise _Timeout()
+class _TimeSpec(ctypes.Structure):
+    _fields_ = [("tv_sec", ctypes.c_long), ("tv_nsec", ctypes.c_long)]
+
+
+class _ITimerSpec(ctypes.Structure):
+    _fields_ = [("it_interval", _TimeSpec), ("it_value", _TimeSpec)]
+
+
+class _SigEvent(ctypes.Structure):  # Linux's struct sigevent (64 bytes), its thread id where SIGEV_THREAD_ID reads it
+    _fields_ = [("sigev_value", ctypes.c_void_p), ("sigev_signo", ctypes.c_int), ("sigev_notify", ctypes.c_int),
+                ("sigev_notify_thread_id", ctypes.c_int), ("_pad", ctypes.c_int * 11)]
+
+
+class _KernelTimer:
+    """A one-shot POSIX timer (``timer_create``, CLOCK_MONOTONIC) that sends ``TIMEOUT_SIGNAL`` to the thread
+    that made it. The kernel sends it: it fires while a C call holds the GIL (a regex that backtracks
+    for minutes checks for signals and stops), and nothing but this class can clear it."""
+
+    signum = TIMEOUT_SIGNAL
+
+    def __init__(self):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.timer_create.argtypes = [ctypes.c_int, ctypes.POINTER(_SigEvent), ctypes.POINTER(ctypes.c_void_p)]
+        libc.timer_settime.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.POINTER(_ITimerSpec),
+                                       ctypes.POINTER(_ITimerSpec)]
+        libc.timer_gettime.argtypes = [ctypes.c_void_p, ctypes.POINTER(_ITimerSpec)]
+        self._libc, self._id, self.pid = libc, ctypes.c_void_p(), os.getpid()
+        self._new, self._old = _ITimerSpec(), _ITimerSpec()  # reused: a sample's limit costs two calls
+        event = _SigEvent(sigev_signo=TIMEOUT_SIGNAL, sigev_notify=4,  # SIGEV_THREAD_ID
+                          sigev_notify_thread_id=threading.get_native_id())
+        if libc.timer_create(1, ctypes.byref(event), ctypes.byref(self._id)) != 0:  # CLOCK_MONOTONIC
+            raise OSError(ctypes.get_errno(), "timer_create failed")
+
+    def _set(self, seconds: float) -> float:
+        """Arm for ``seconds`` (0: disarm); the time that was left (0: it had fired)."""
+        value, old = self._new.it_value, self._old.it_value
+        value.tv_sec, value.tv_nsec = int(seconds), int((seconds - int(seconds)) * 1e9)
+        self._libc.timer_settime(self._id, 0, self._new, self._old)
+        return old.tv_sec + old.tv_nsec * 1e-9
+
+    def arm(self, seconds: float) -> None:
+        self._set(max(seconds, 1e-9))
+
+    def disarm(self) -> bool:
+        """Stop it; whether it had fired (its signal sent)."""
+        return self._set(0) == 0
+
+    def remaining(self) -> float:
+        spec = _ITimerSpec()
+        self._libc.timer_gettime(self._id, ctypes.byref(spec))
+        return spec.it_value.tv_sec + spec.it_value.tv_nsec * 1e-9
+
+
+class _AlarmTimer:
+    """Where there is no ``timer_create`` (not Linux): SIGALRM's real-time timer, which the code being
+    timed can clear (``signal.alarm(0)``)."""
+
+    signum, pid = signal.SIGALRM, None
+
+    def arm(self, seconds: float) -> None:
+        signal.setitimer(signal.ITIMER_REAL, seconds)
+
+    def disarm(self) -> bool:
+        return signal.setitimer(signal.ITIMER_REAL, 0)[0] == 0
+
+    def remaining(self) -> float:
+        return signal.getitimer(signal.ITIMER_REAL)[0]
+
+
+_TIMER: _KernelTimer | _AlarmTimer | None = None  # this process's, made by its main thread at its first limit
+_ARMED = False  # a scoring call's limit is running: the timer's signal stops it
+
+
+def _timer() -> _KernelTimer | _AlarmTimer:
+    global _TIMER
+    if _TIMER is None or (_TIMER.pid is not None and _TIMER.pid != os.getpid()):  # a forked child has no timers
+        try:
+            _TIMER = _KernelTimer()
+        except (AttributeError, OSError):
+            _TIMER = _AlarmTimer()
+    return _TIMER
+
+
+def _on_timeout(signum, frame):
+    if _ARMED and _TIMER.remaining() == 0:  # a signal of an earlier call, armed again since, is ignored
+        raise _Timeout()
+
+
+def _time_limit(timeout_s: float | None):
+    """Context: ``timeout_s`` seconds for the block (None: no limit), then ``_Timeout`` in it. Main thread only."""
+    if timeout_s is None:
+        return contextlib.nullcontext()
+    return _limited(_timer(), timeout_s)
+
+
+@contextlib.contextmanager
+def _limited(timer, timeout_s: float):
+    global _ARMED
+    previous = signal.signal(timer.signum, _on_timeout)
+    _ARMED, fired = True, True
+    timer.arm(timeout_s)
+    try:
+        yield
+    finally:
+        try:
+            fired = timer.disarm()  # the handler may still raise in here (the limit passed as the call returned)
+        finally:
+            _ARMED = False
+            if fired:  # restored with the signal blocked and the one sent taken: never delivered to the old handler
+                signal.pthread_sigmask(signal.SIG_BLOCK, {timer.signum})
+                if timer.signum in signal.sigpending():
+                    signal.sigwait({timer.signum})
+            signal.signal(timer.signum, previous)
+            if fired:
+                signal.pthread_sigmask(signal.SIG_UNBLOCK, {timer.signum})
+
+
+def as_score(value) -> tuple[float | None, str]:
+    """A reward function's score as a float, or None and what it was instead: None, a string (even
+    "0.75": a string is not a score), an int beyond float, NaN or inf."""
+    if value is None or isinstance(value, (str, bytes)):
+        return None, "None" if value is None else f"the string {value!r}, not a number"
+    try:
+        number = float(value)
+    except OverflowError:
+        return None, f"an int too large for a float ({str(value)[:12]}... with {len(str(value))} digits)"
+    return (number, "") if math.isfinite(number) else (None, repr(number))
 
 
 def score_sample(fns: tuple, data_source: str, solution_str: str, ground_truth: Any, extra_info: Any,
                  timeout_s: float | None) -> dict:
-    """Score one sample with weighted functions under a time limit (None: no limit). Runs in a
-    pool worker or inline. A NaN or infinite score is an error, like an exception."""
-    use_timer = timeout_s is not None and threading.current_thread() is threading.main_thread()
-    if use_timer:
-        previous = signal.signal(signal.SIGALRM, _on_alarm)
-        signal.setitimer(signal.ITIMER_REAL, timeout_s)
+    """Score one sample with weighted functions under a time limit (None: no limit; off the main thread,
+    where the signal cannot act, none either: the manager scores there in a pool). Runs in a pool worker
+    or inline; the working directory is put back after each call."""
+    cwd = os.getcwd()
+    limit = timeout_s if threading.current_thread() is threading.main_thread() else None
     try:
-        total, extras, name = 0.0, {}, None
+        with _time_limit(limit):
+            return _score(fns, data_source, solution_str, ground_truth, extra_info)
+    except _Timeout:  # also when it fires between the call's return and the disarm
+        return {"status": "timeout", "error": f"took longer than reward.timeout_s={timeout_s} s"}
+    finally:
+        if os.getcwd() != cwd:  # os.chdir in a reward function would move the trainer's relative run paths
+            os.chdir(cwd)
+
+
+def _score(fns: tuple, data_source: str, solution_str: str, ground_truth: Any, extra_info: Any) -> dict:
+    """The weighted sum of ``fns``' scores, each function called with verl's keyword arguments. A score
+    that is not a number is invalid; an exception is an error."""
+    total, extras, name = 0.0, {}, None
+    try:
         for ref, weight in fns:
             name = ref.name
-            result = ref.resolve()(data_source, solution_str, ground_truth, extra_info, **dict(ref.kwargs))
+            result = ref.resolve()(data_source=data_source, solution_str=solution_str, ground_truth=ground_truth,
+                                   extra_info=extra_info, **dict(ref.kwargs))
             if isinstance(result, dict):
                 if "score" not in result:
                     raise RewardError(f"reward function {ref.name!r} returned a dict without 'score': {result}")
@@ -144,42 +298,74 @@ def score_sample(fns: tuple, data_source: str, solution_str: str, ground_truth: 
                 extras.update({k: v for k, v in result.items() if k != "score"})
             else:
                 value = result
-            if value is None or not math.isfinite(value := float(value)):
-                return {"status": "invalid", "error": f"reward function {ref.name!r} returned {value!r}"}
+            value, instead = as_score(value)
+            if value is None:
+                return {"status": "invalid", "error": f"reward function {ref.name!r} returned {instead}"}
             if len(fns) > 1:
                 extras[ref.name] = value
             total += weight * value
-        if abs(total) > MAX_SCORE:
-            return {"status": "invalid", "error": f"reward function {name!r} returned {total:.4g}, beyond "
-                    f"±{MAX_SCORE:.2g}: a group's std of such scores overflows float32 (rescale the reward)"}
-        return {"status": "ok", "score": total, "extras": extras}
-    except _Timeout:
-        return {"status": "timeout", "error": f"took longer than reward.timeout_s={timeout_s} s"}
     except SystemExit as err:  # sys.exit() in user code would end the run (or a pool worker) silently
         return {"status": "error", "error": f"reward function {name!r} called sys.exit({err.code!r})"}
     except Exception as err:  # reported with the sample by the manager, and counted
         return {"status": "error", "error": f"{type(err).__name__}: {err}"}
-    finally:
-        if use_timer:
-            signal.setitimer(signal.ITIMER_REAL, 0)
-            signal.signal(signal.SIGALRM, previous)
+    if abs(total) > MAX_SCORE:
+        return {"status": "invalid", "error": f"reward function {name!r} returned {total:.4g}, beyond "
+                f"±{MAX_SCORE:.2g}: a group's std of such scores overflows float32 (rescale the reward)"}
+    return {"status": "ok", "score": total, "extras": extras}
 
 
 def given_score(value) -> dict:
     """An agent loop's ``reward_score`` as a scoring result: a finite number, else invalid (counted,
     its group left out, as a reward function's NaN)."""
     try:
-        score = float(value)
+        score, instead = as_score(value)
     except (TypeError, ValueError):
-        return {"status": "invalid", "error": f"the agent loop returned reward_score {value!r}, not a number"}
-    if not math.isfinite(score) or abs(score) > MAX_SCORE:
-        return {"status": "invalid", "error": f"the agent loop returned reward_score {score!r}"}
+        score, instead = None, f"{value!r}, not a number"
+    if score is None or abs(score) > MAX_SCORE:
+        return {"status": "invalid", "error": f"the agent loop returned reward_score {instead or score!r}"}
     return {"status": "ok", "score": score, "extras": {}}
 
 
 def score_chunk(jobs: list[tuple]) -> list[dict]:
     """``score_sample`` over a list of jobs (the unit of work sent to a pool worker)."""
     return [score_sample(*job) for job in jobs]
+
+
+def resolve_all(refs: tuple) -> None:
+    """Import each function's module or file now (a pool worker's start-up), not inside a sample's time
+    limit, where a slow import would be cut off, undone, and tried again by every sample. A function
+    that fails to resolve is left for the samples: each fails again, and is counted and reported with
+    the error (an initializer that raised would only have the pool start the worker again)."""
+    for ref in refs:
+        try:
+            ref.resolve()
+        except (Exception, SystemExit):  # reported by every sample that uses it
+            continue
+
+
+def object_column(values: list) -> np.ndarray:
+    """(n,) object array with one entry per row, whatever the entries are (np.array of n equal-length
+    lists would make it (n, k))."""
+    column = np.empty(len(values), dtype=object)
+    for i, value in enumerate(values):
+        column[i] = value
+    return column
+
+
+def refuse_reserved_extras(jobs: list[tuple], results: list[dict], columns) -> None:
+    """An extra value named like a column the batch already has (``uid``: GRPO's groups, ``data_source``)
+    would replace that column when the trainer adds the extras; ``score`` is the score's own name."""
+    reserved = set(columns) | {"score"}
+    for job, result in zip(jobs, results):
+        clash = sorted(reserved.intersection(result.get("extras", ())))
+        if not clash:
+            continue
+        key, names = clash[0], [ref.name for ref, _ in job[0]]
+        owner = f"reward function {key!r}" if key in names else \
+            f"reward function {names[0]!r}" if len(names) == 1 else f"one of the reward functions {names}"
+        what = "the score's own name" if key == "score" else \
+            f"a column of the batch (its columns: {sorted(columns)}), which the value would replace"
+        raise RewardError(f"{owner} returned the extra value {key!r}, which is {what}; rename it")
 
 
 @dataclass
@@ -287,6 +473,7 @@ class RewardManager:
                          None if extra_info is None else extra_info[i], self.config.timeout_s))
         start = time.perf_counter()
         results = self._run(jobs)
+        refuse_reserved_extras(jobs, results, data.non_tensor_batch)
         if given is not None:  # the loops' scores in their rows' places, checked as a function's are
             scored = iter(results)
             results = [next(scored) if value is None else given_score(value) for value in given]
@@ -383,7 +570,7 @@ class RewardManager:
             numeric = [float(v) for v in values if isinstance(v, (int, float, bool, np.number))]
             if numeric:
                 metrics[f"reward/{key}/mean"] = float(np.mean(numeric))
-        return RewardResult(place_on_last_token(scores, mask), {k: np.array(v, dtype=object) for k, v in extras.items()},
+        return RewardResult(place_on_last_token(scores, mask), {k: object_column(v) for k, v in extras.items()},
                             metrics, scores, invalid)
 
     # ------------------------------------------------------------------ pool and async
@@ -401,9 +588,15 @@ class RewardManager:
         if self._pool is None:
             workers = max(1, self.config.num_workers)
             context = multiprocessing.get_context("forkserver")  # safe beside torch's threads
-            self._pool = context.Pool(workers)
+            self._pool = context.Pool(workers, initializer=resolve_all, initargs=(self._known_functions(),))
             self._pool.map(score_chunk, [[]] * workers, chunksize=1)
         return self._pool
+
+    def _known_functions(self) -> tuple:
+        """The functions a sample may use: the configured ones, else every registered one."""
+        if self._fixed_fns is not None:
+            return tuple(ref for ref, _ in self._fixed_fns)
+        return tuple(FnRef.of(name, REWARD_FNS.get(name)) for name in REWARD_FNS.names())
 
     def _kill_pool(self) -> None:
         if self._pool is not None:

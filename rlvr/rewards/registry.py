@@ -1,35 +1,57 @@
 """Reward functions by name, and which one scores each data_source.
 
 A reward function has the signature
-``fn(data_source, solution_str, ground_truth, extra_info=None) -> float | dict``; a dict
-carries ``"score"`` plus extra values that are logged. Register your own with
+``fn(data_source, solution_str, ground_truth, extra_info=None) -> float | dict`` and is called
+with keyword arguments, as verl calls it; a dict carries ``"score"`` plus extra values that are
+logged. Register your own (a function defined at the top level of a module: the scoring
+processes find it again by its module and name) with
 ``@register_reward_fn("name", data_sources=["my/source"])`` or point
 ``reward.custom_reward_function.path``/``name`` at a file.
+
+Data sources follow verl's ``default_compute_score``: ``math``, ``math_dapo``,
+``math_dapo_reasoning`` and every source starting with ``aime`` are DAPO's ±1 ``math_dapo``
+scorer; the MATH data sets (``lighteval/MATH``, ``DigitalLearningGmbH/MATH-lighteval``,
+``HuggingFaceH4/MATH-500``) are the 1/0 ``math`` scorer (math-verify).
 """
 
 from __future__ import annotations
 
+import inspect
 from typing import Callable, Iterable
 
 from rlvr.registry import Registry
-from rlvr.rewards.scorers import arithmetic, countdown, format, gsm8k, math, tool_answer
+from rlvr.rewards.scorers import arithmetic, countdown, format, gsm8k, math, math_dapo, tool_answer
 
 RewardFn = Callable[..., "float | dict"]
 REWARD_FNS: Registry[RewardFn] = Registry("reward function")
 _DATA_SOURCES: dict[str, str] = {}
+_DATA_SOURCE_PREFIXES: dict[str, str] = {}
 _NEEDS_GROUND_TRUTH: set[str] = set()
 
 
-def register_reward_fn(name: str, data_sources: Iterable[str] = (), needs_ground_truth: bool = True):
-    """Register ``fn`` under ``name`` and make it the scorer of ``data_sources``.
+def register_reward_fn(name: str, data_sources: Iterable[str] = (), needs_ground_truth: bool = True,
+                       data_source_prefixes: Iterable[str] = ()):
+    """Register ``fn`` under ``name`` and make it the scorer of ``data_sources`` and of every data
+    source starting with one of ``data_source_prefixes`` (verl's ``aime*``).
 
     ``needs_ground_truth``: the function compares against ``reward_model.ground_truth``, so a
-    dataset row without one is refused when the dataset loads (not scored 0 at every step)."""
+    dataset row without one is refused when the dataset loads (not scored 0 at every step).
+    ``fn`` must be a function defined at the top level of a module (``def``): a scoring process
+    imports it again by module and name, which a lambda, a nested function or a
+    ``functools.partial`` does not have."""
 
     def decorator(fn: RewardFn) -> RewardFn:
+        if not inspect.isfunction(fn) or "<" in fn.__qualname__:  # <lambda>, outer.<locals>.inner
+            raise TypeError(
+                f"register_reward_fn({name!r}) needs a function defined with def at the top level of a module, got "
+                f"{getattr(fn, '__qualname__', None) or type(fn).__name__}: scoring processes find the function "
+                "again by its module and name. For a partial or a closure, define a module-level function that "
+                "calls it with the arguments, or pass them as reward.custom_reward_function.reward_kwargs")
         REWARD_FNS.register(name)(fn)
         for source in data_sources:
             _DATA_SOURCES[source] = name
+        for prefix in data_source_prefixes:
+            _DATA_SOURCE_PREFIXES[prefix] = name
         if needs_ground_truth:
             _NEEDS_GROUND_TRUTH.add(name)
         return fn
@@ -47,8 +69,8 @@ for _name, _fn, _sources, _needs_truth in [
     ("tool_answer", tool_answer.compute_score, ["arithmetic_tool"], True),
     ("gsm8k", gsm8k.compute_score, ["openai/gsm8k", "gsm8k"], True),
     ("gsm8k_flexible", gsm8k.compute_score_flexible, [], True),
-    ("math", math.compute_score, ["math", "lighteval/MATH", "DigitalLearningGmbH/MATH-lighteval",
-                                  "HuggingFaceH4/MATH-500", "math_dapo", "aime"], True),
+    ("math", math.compute_score, ["lighteval/MATH", "DigitalLearningGmbH/MATH-lighteval", "HuggingFaceH4/MATH-500"],
+     True),
     ("correctness", format.correctness, [], True),
     ("digit", format.digit, [], False),
     ("hard_format", format.hard_format, [], False),
@@ -56,20 +78,26 @@ for _name, _fn, _sources, _needs_truth in [
     ("mark", format.mark, [], False),
 ]:
     register_reward_fn(_name, _sources, _needs_truth)(_fn)
+register_reward_fn("math_dapo", ["math_dapo", "math", "math_dapo_reasoning"],
+                   data_source_prefixes=["aime"])(math_dapo.compute_score)
 
 
 def known_data_sources() -> list[str]:
-    return sorted(_DATA_SOURCES)
+    """The data sources with a scorer; ``aime*`` stands for every source starting with ``aime``."""
+    return sorted([*_DATA_SOURCES, *(f"{prefix}*" for prefix in _DATA_SOURCE_PREFIXES)])
 
 
 def reward_fn_name_for(data_source: str) -> str:
-    if data_source not in _DATA_SOURCES:
-        raise KeyError(
-            f"no reward function for data_source {data_source!r}; known data sources: {known_data_sources()}. "
-            "Set reward.custom_reward_function.path/name to your own function, list functions in "
-            "reward.functions, or register one with @register_reward_fn(name, data_sources=[...])"
-        )
-    return _DATA_SOURCES[data_source]
+    if data_source in _DATA_SOURCES:
+        return _DATA_SOURCES[data_source]
+    prefixes = [p for p in _DATA_SOURCE_PREFIXES if isinstance(data_source, str) and data_source.startswith(p)]
+    if prefixes:
+        return _DATA_SOURCE_PREFIXES[max(prefixes, key=len)]  # the most specific prefix
+    raise KeyError(
+        f"no reward function for data_source {data_source!r}; known data sources: {known_data_sources()}. "
+        "Set reward.custom_reward_function.path/name to your own function, list functions in "
+        "reward.functions, or register one with @register_reward_fn(name, data_sources=[...])"
+    )
 
 
 def get_scorer(data_source: str) -> RewardFn:

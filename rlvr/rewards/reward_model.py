@@ -1,14 +1,18 @@
 """A sequence-classification reward model from a local folder.
 
 It scores prompt + response with its own tokenizer and chat template (the policy's token
-ids are decoded and re-encoded, as verl does when the tokenizers differ). The score is the
-classification head applied at the last token of the templated conversation; it lands in
-``rm_scores`` on the response's last valid token.
+ids are decoded and re-encoded, as verl does when the tokenizers differ). The response is read
+as verl reads it, by ``attention_mask``: with tools, their output too. The score is the model's
+``score`` head (that of the ``*ForSequenceClassification`` models of decoder LMs) applied at the
+last token of the templated conversation; it lands in ``rm_scores`` on the response's last token
+the model generated.
 
-``add_reward_model_scores`` adds ``reward.reward_model.weight`` x that score to the rule score. A
-score that is not a number (NaN, inf: a diverged or broken classifier) is handled as a rule
-scorer's NaN is (``reward.on_invalid``): counted (``reward/num_invalid``, per data source, and
-``reward_model/num_invalid``) and its group left out of the update, or the step stopped.
+``add_reward_model_scores`` makes ``reward.reward_model.weight`` x that score the sample's score,
+as verl's reward managers return the model's scores alone when there are any (the rule scores
+stay logged); ``reward.reward_model.add_rule_scores=true`` (rlvr's) adds it to the rule score
+instead. A score that is not a number (NaN, inf: a diverged or broken classifier) is handled as a
+rule scorer's NaN is (``reward.on_invalid``): counted (``reward/num_invalid``, per data source,
+and ``reward_model/num_invalid``) and its group left out of the update, or the step stopped.
 """
 
 from __future__ import annotations
@@ -39,14 +43,20 @@ class RewardModel:
         self.model = AutoModelForSequenceClassification.from_pretrained(folder, dtype=torch.float32).to(device).eval()
         if self.model.config.num_labels != 1:
             raise RewardError(f"reward model {config.path!r} has num_labels={self.model.config.num_labels}; need 1")
+        if not isinstance(getattr(self.model, "score", None), torch.nn.Module):
+            raise RewardError(
+                f"reward model {config.path!r} ({type(self.model).__name__}) has no `score` head: rlvr applies the "
+                "`score` layer of a decoder LM's *ForSequenceClassification model (Llama, Qwen2, Mistral, ...) at "
+                "the conversation's last token; this model classifies otherwise (BERT: its `classifier` on the "
+                "pooled first token). Use a decoder reward model (e.g. Skywork-Reward-Llama, a Qwen2 RM)")
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
 
     def _conversation_ids(self, data: DataProto, i: int) -> list[int]:
         mask = data.batch["attention_mask"][i].bool()
         P = data.batch["prompts"].shape[1] if "prompts" in data.batch else data.batch["input_ids"].shape[1] - \
             data.batch["responses"].shape[1]
-        response = self.policy_tokenizer.decode(
-            data.batch["responses"][i][data.batch["response_mask"][i].bool()], skip_special_tokens=True)
+        # the whole response, as verl's reward model reads it: with tools, the calls and their results too
+        response = self.policy_tokenizer.decode(data.batch["responses"][i][mask[P:]], skip_special_tokens=True)
         raw = data.non_tensor_batch.get("raw_prompt")
         if raw is not None:
             messages = list(raw[i])
@@ -83,10 +93,12 @@ class RewardModel:
 
 def add_reward_model_scores(reward: RewardResult, rm_scores: torch.Tensor, config: RewardConfig,
                             sources) -> RewardResult:
-    """``reward`` (the rule scores) plus ``config.reward_model.weight`` x ``rm_scores`` (bs, R). A
-    sample whose reward-model score is not a number joins the rule scorer's invalid samples: its
-    placeholder score (the rule score alone) is never trained on, because its group is dropped
-    (``reward.on_invalid=drop``); ``raise`` stops the step naming it."""
+    """The samples' scores with the reward model's ``rm_scores`` (bs, R): ``config.reward_model.weight`` x
+    them (verl's: the model's scores alone), or ``reward`` (the rule scores) plus that with
+    ``reward_model.add_rule_scores``. A sample whose model score is not a number is invalid: its
+    placeholder is never trained on, because its group is dropped (``reward.on_invalid=drop``);
+    ``raise`` stops the step naming it. Without the rule scores, the rule's invalid samples are not."""
+    rm = config.reward_model
     rm_scores = rm_scores.to(reward.token_level_scores.device)
     bad = ~torch.isfinite(rm_scores).all(dim=-1)  # (bs,)
     rows = bad.nonzero().flatten().tolist()
@@ -95,11 +107,17 @@ def add_reward_model_scores(reward: RewardResult, rm_scores: torch.Tensor, confi
         raise RewardError(f"the reward model's score for sample {i} (data_source={sources[i]!r}) is not a number "
                           f"({float(rm_scores[i].sum())}); set reward.on_invalid=drop to drop its group from the "
                           "update instead, or check the reward model (reward.reward_model.path)")
-    placed = torch.where(bad[:, None], torch.zeros_like(rm_scores), rm_scores)
-    rule_invalid = reward.invalid if reward.invalid is not None else torch.zeros(len(bad), dtype=torch.bool)
+    placed = rm.weight * torch.where(bad[:, None], torch.zeros_like(rm_scores), rm_scores)
+    metrics = dict(reward.metrics)
+    if rm.add_rule_scores:
+        rule_invalid = reward.invalid if reward.invalid is not None else torch.zeros(len(bad), dtype=torch.bool)
+        scores, token_level_scores = reward.scores, reward.token_level_scores + placed
+    else:  # the rule's invalid samples are not trained on: nothing of theirs to drop
+        rule_invalid = torch.zeros(len(bad), dtype=torch.bool)
+        scores, token_level_scores = placed.sum(-1).cpu(), placed
+        metrics = {k: v for k, v in metrics.items() if not k.startswith("reward/num_invalid/")}
     invalid = rule_invalid | bad.cpu()
-    metrics = {**reward.metrics, "reward_model/num_invalid": float(len(rows)),
-               "reward/num_invalid": float(invalid.sum())}
+    metrics.update({"reward_model/num_invalid": float(len(rows)), "reward/num_invalid": float(invalid.sum())})
     for i in rows:
         if not rule_invalid[i]:  # counted once, with its data source, as a rule scorer's NaN is
             key = f"reward/num_invalid/{sources[i]}"
@@ -108,5 +126,5 @@ def add_reward_model_scores(reward: RewardResult, rm_scores: torch.Tensor, confi
         print(f"[rlvr] {len(rows)} reward-model score(s) of this batch are not numbers (first: sample {rows[0]}, "
               f"data_source={sources[rows[0]]!r}): counted, and never trained on (reward.on_invalid=drop leaves "
               "their groups out of the update)", file=sys.stderr, flush=True)
-    return dataclasses.replace(reward, token_level_scores=reward.token_level_scores + config.reward_model.weight * placed,
-                               metrics=metrics, invalid=invalid)
+    return dataclasses.replace(reward, token_level_scores=token_level_scores, metrics=metrics, scores=scores,
+                               invalid=invalid)

@@ -3,7 +3,12 @@
 ``evaluate`` generates ``n`` responses per prompt with any ``generate_sequences`` callable
 (the worker group's during training, a bare rollout engine in ``rlvr eval``), scores them
 with a reward manager and reports ``val-core/<data_source>/reward/{mean,best,maj}@n``;
-``best@n`` is pass@n for 0/1 rewards. A progress bar (stderr, as the training loop's) counts the
+``best@n`` is pass@n for 0/1 rewards. As in training, a reward that is not a number (NaN, inf,
+None) or whose function raised or timed out has a placeholder score, ``reward.failure_score``,
+and it counts in these means as that score (at the default 0, a 0/1 scorer's wrong answer);
+how many there were is reported beside them, summed over the validation's batches:
+``val-aux/reward/{num_invalid,num_errors,num_timeouts}`` and ``val-aux/reward/num_invalid/<data_source>``
+(the training metrics' names under ``val-aux/``). A progress bar (stderr, as the training loop's) counts the
 prompts scored, batch by batch, and while a batch generates it shows the rows the engine has
 finished (``generating 37/300 rows``) with its elapsed time, redrawn every second (the default
 job validates in one batch of 40-50 s).
@@ -12,6 +17,7 @@ job validates in one batch of 40-50 s).
 from __future__ import annotations
 
 import contextlib
+import sys
 import threading
 from typing import Any, Callable, Iterator
 
@@ -22,6 +28,8 @@ from rlvr.progress import listening
 from rlvr.protocol import EPISODE_SAMPLE, DataProto, final_samples
 from rlvr.trainer.metrics import multi_turn_stats, tool_tokens, validation_metrics
 
+FAILURE_COUNTS = ("reward/num_invalid", "reward/num_errors", "reward/num_timeouts")
+"""The reward manager's counts of samples with a placeholder score, reported for validation under ``val-aux/``."""
 GENERATION_KEYS = ("input_ids", "attention_mask", "position_ids")
 GENERATION_NON_TENSOR_KEYS = ("raw_prompt_ids", "raw_prompt", "tools_kwargs", "uid")
 BATCH_SEED_STRIDE = 104_729  # batch seeds: seed + stride x first row (the first batch keeps the caller's seed)
@@ -71,6 +79,7 @@ def evaluate(generate: Callable[[DataProto], DataProto], reward_fn, dataset, tok
     "generating", its elapsed time ticking, while a batch generates."""
     size = batch_size or len(dataset)
     sources, groups, scores, answers = [], [], [], []
+    failures = dict.fromkeys(FAILURE_COUNTS, 0.0)  # summed over the batches, per data source too
     turns, counters, tool_token_counts = [], [], []  # multi-turn rollouts only
     bar = tqdm(total=len(dataset), desc=progress, unit="prompt", dynamic_ncols=True, leave=False,
                disable=progress is None)
@@ -90,6 +99,9 @@ def evaluate(generate: Callable[[DataProto], DataProto], reward_fn, dataset, tok
             out.non_tensor_batch.pop(EPISODE_SAMPLE, None)
             batch = batch.repeat(n, interleave=True).union(out)
         result = reward_fn(batch)
+        for key, value in result.metrics.items():
+            if key.startswith(FAILURE_COUNTS):
+                failures[key] = failures.get(key, 0.0) + value
         texts = [tokenizer.decode(r[m.bool()], skip_special_tokens=True).strip()
                  for r, m in zip(batch.batch["responses"], batch.batch["response_mask"])]
         preds = result.reward_extra_info.get("pred")
@@ -105,6 +117,12 @@ def evaluate(generate: Callable[[DataProto], DataProto], reward_fn, dataset, tok
         bar.set_postfix(score=f"{np.mean(scores):.3f}")
     bar.close()
     metrics = validation_metrics(sources, groups, scores, answers)
+    metrics.update({f"val-aux/{key}": value for key, value in failures.items()})
+    if any(failures[key] for key in FAILURE_COUNTS):
+        print(f"[rlvr] validation: of {len(scores)} samples, {failures['reward/num_invalid']:g} rewards were not "
+              f"numbers, {failures['reward/num_errors']:g} raised and {failures['reward/num_timeouts']:g} timed out; "
+              "each counts in val-core/.../mean@n as its placeholder score (reward.failure_score)",
+              file=sys.stderr, flush=True)
     if turns:
         metrics.update(multi_turn_stats(turns, counters, tool_token_counts, prefix="val-aux/"))
     return metrics

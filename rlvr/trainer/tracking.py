@@ -39,6 +39,9 @@ WARNING_FIELDS = (
     ("training/zero_variance_groups", "groups without signal"),
     ("actor/grad_norm_nonfinite", "skipped steps"),
     ("rollout/server_retries", "server retries"),
+    ("val-aux/reward/num_invalid", "invalid validation rewards"),
+    ("val-aux/reward/num_errors", "validation reward errors"),
+    ("val-aux/reward/num_timeouts", "validation reward timeouts"),
 )
 
 

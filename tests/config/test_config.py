@@ -267,8 +267,10 @@ def test_verl_keys_without_effect_get_a_notice_and_renamed_ones_the_rlvr_name(tm
                                           r"is verl's name; rlvr's is actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu"):
         load_config(overrides=["actor_rollout_ref.actor.ppo_micro_batch_size=4"])
     # verl's custom_reward_function is read as reward.custom_reward_function (issue 48; refused before)
-    cfg = load_config(overrides=["custom_reward_function.path=my.py", "custom_reward_function.name=score"])
-    assert (cfg.reward.custom_reward_function.path, cfg.reward.custom_reward_function.name) == ("my.py", "score")
+    scorer = tmp_path / "my.py"
+    scorer.write_text("def score(data_source, solution_str, ground_truth, extra_info=None):\n    return 1.0\n")
+    cfg = load_config(overrides=[f"custom_reward_function.path={scorer}", "custom_reward_function.name=score"])
+    assert (cfg.reward.custom_reward_function.path, cfg.reward.custom_reward_function.name) == (str(scorer), "score")
 
 
 def test_recipe_by_name():

@@ -243,9 +243,13 @@ def test_fully_async_mode_follows_hybrid_engine_from_any_layer(tmp_path):
     assert load_config(async_file).trainer.v1.trainer_mode == "colocate_async"
 
 
-def test_a_dict_valued_keys_entries_are_its_value_not_verl_keys():
+def test_a_dict_valued_keys_entries_are_its_value_not_verl_keys(tmp_path):
     # reward_kwargs is the scorer's: a kwarg that happens to share a verl key's name (use_shm) is passed on
-    cfg = load_config(None, ["+reward.custom_reward_function.reward_kwargs.use_shm=true",
+    scorer = tmp_path / "score.py"
+    scorer.write_text("def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kw):\n"
+                      "    return 1.0\n")
+    cfg = load_config(None, [f"reward.custom_reward_function.path={scorer}",
+                             "+reward.custom_reward_function.reward_kwargs.use_shm=true",
                              "+reward.custom_reward_function.reward_kwargs._target_=x"])
     assert cfg.reward.custom_reward_function.reward_kwargs == {"use_shm": True, "_target_": "x"}
 

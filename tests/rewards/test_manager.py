@@ -173,9 +173,11 @@ def test_overlong_shaping_penalises_the_last_buffer_tokens(tmp_path, tokenizer):
 POOL_REWARD = '''
 import signal, time
 
+from rlvr.rewards.manager import TIMEOUT_SIGNAL
+
 def score(data_source, solution_str, ground_truth, extra_info=None):
     if "stuck" in solution_str:  # like C code that never returns to Python: the per-sample timer cannot fire
-        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGALRM})
+        signal.pthread_sigmask(signal.SIG_BLOCK, {TIMEOUT_SIGNAL})
         time.sleep(30)
     if "slow" in solution_str:
         time.sleep(5)
@@ -238,7 +240,7 @@ def test_a_reward_function_registered_by_custom_modules_scores_in_the_pool(tmp_p
 
 
 def test_the_time_limit_holds_off_the_main_thread(tmp_path, tokenizer):
-    """Scored from another thread (where SIGALRM cannot fire), with num_workers=0: the manager scores
+    """Scored from another thread (where the timer's signal cannot act), with num_workers=0: the manager scores
     in a one-process pool, whose timer acts, so a hanging scorer times out. Failed before the fix:
     the scorer ran its 5 s to the end and scored 1.0 (the timer was skipped off the main thread)."""
     import concurrent.futures
@@ -255,3 +257,42 @@ def test_the_time_limit_holds_off_the_main_thread(tmp_path, tokenizer):
     assert result.token_level_scores.sum(-1).tolist() == [1.0, -1.0]
     assert result.metrics["reward/num_timeouts"] == 1.0
     assert manager.config.num_workers == 0  # the configuration is left as it was
+
+
+def test_list_extras_of_equal_length_stay_one_entry_per_row(tmp_path, tokenizer):
+    """Failed before the fix: three 2-item lists became a (3, 2) object array, which DataProto refused
+    later in select_idxs (non-tensor keys must be 1-D)."""
+    f = tmp_path / "lists.py"
+    f.write_text("def score(data_source, solution_str, ground_truth, extra_info=None):\n"
+                 "    return {'score': 1.0, 'pred': [solution_str, ground_truth]}\n")
+    data = batch(tokenizer, ["12", "13", "14"], ["x"] * 3, ["1"] * 3)
+    result = RewardManager(tokenizer, RewardConfig(custom_reward_function=CustomRewardFunctionConfig(str(f), "score"))
+                           ).compute(data)
+    pred = result.reward_extra_info["pred"]
+    assert pred.shape == (3,) and pred[1] == ["13", "1"]
+    data.non_tensor_batch["pred"] = pred
+    kept = data.select_idxs(np.array([True, False, True]))
+    assert kept.non_tensor_batch["pred"].tolist() == [["12", "1"], ["14", "1"]]
+
+
+@pytest.mark.parametrize("key", ["uid", "data_source", "score"])
+def test_an_extra_named_like_a_batch_column_is_refused(tmp_path, tokenizer, monkeypatch, key):
+    """Failed before the fix: a function returning {'score', 'uid': ...} replaced GRPO's group ids in
+    the batch (every sample one group); 'data_source' replaced the rows' sources. 'score' is reserved
+    too: reward.functions logs each function's value under the function's name."""
+    from rlvr.rewards.registry import REWARD_FNS
+    from rlvr.rewards.scorers import format
+
+    f = tmp_path / "clash.py"
+    f.write_text("def score(data_source, solution_str, ground_truth, extra_info=None):\n"
+                 f"    return {{'score': 1.0, {key!r}: 'mine'}}\n")
+    cfg = RewardConfig(custom_reward_function=CustomRewardFunctionConfig(str(f), "score"))
+    if key == "score":  # a dict's own "score" is its score: a function registered as "score" in a list is the clash
+        monkeypatch.setitem(REWARD_FNS._entries, "score", format.mark)
+        cfg = RewardConfig(functions=[RewardFunctionEntry("correctness"), RewardFunctionEntry("score")])
+    data = batch(tokenizer, ["12", "13"], ["x"] * 2, ["1"] * 2)
+    data.non_tensor_batch["uid"] = np.array(["g0", "g0"], dtype=object)
+    with pytest.raises(RewardError, match=rf"reward function 'score' returned the extra value {key!r}, which is "
+                                          rf"(a column of the batch|the score's own name)"):
+        RewardManager(tokenizer, cfg).compute(data)
+    assert data.non_tensor_batch["uid"].tolist() == ["g0", "g0"]

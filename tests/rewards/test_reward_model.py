@@ -79,8 +79,11 @@ def test_missing_path_is_clear(tokenizer):
         RewardModel(RewardModelConfig(enable=True, path=None), tokenizer)
 
 
-def test_trainer_adds_weighted_rm_scores(classifier_dir, tiny_model_dir, tmp_path):
-    """With reward.reward_model.enable the step's score is rule score + weight x rm score."""
+@pytest.mark.parametrize("add_rule_scores", [False, True])
+def test_trainer_trains_on_the_weighted_rm_scores(classifier_dir, tiny_model_dir, tmp_path, add_rule_scores):
+    """With reward.reward_model.enable the step's score is weight x rm score, as verl's reward managers
+    return the model's scores alone; reward.reward_model.add_rule_scores=true adds the rule score.
+    Failed before the fix (False): the rule score was always added."""
     from rlvr.config import load_config
     from rlvr.data.prepare import prepare_arithmetic
     from rlvr.trainer.main import build_trainer
@@ -93,6 +96,7 @@ def test_trainer_adds_weighted_rm_scores(classifier_dir, tiny_model_dir, tmp_pat
         "trainer.val_before_train=false", "trainer.logger=[]",
         f"trainer.default_local_dir={tmp_path / 'run'}", "reward.reward_model.enable=true",
         f"reward.reward_model.path={classifier_dir}", "reward.reward_model.weight=0.5",
+        f"reward.reward_model.add_rule_scores={add_rule_scores}",
     ])
     trainer = build_trainer(config, progress_bar=False)
     seen = {}
@@ -112,7 +116,8 @@ def test_trainer_adds_weighted_rm_scores(classifier_dir, tiny_model_dir, tmp_pat
     rm = seen["rm"].batch["rm_scores"].sum(-1)
     rule = seen["rule"].token_level_scores.sum(-1)
     assert rm.abs().min() > 0
-    assert metrics["critic/score/mean"] == pytest.approx(float((rule + 0.5 * rm).mean()), abs=1e-6)
+    expected = rule + 0.5 * rm if add_rule_scores else 0.5 * rm
+    assert metrics["critic/score/mean"] == pytest.approx(float(expected.mean()), abs=1e-6)
 
 
 ZERO_REWARD = '''
@@ -184,3 +189,55 @@ def test_a_nan_reward_model_score_stops_the_step_under_on_invalid_raise(classifi
                                           r"number \(nan\)"):
         trainer.fit()
     trainer.tracker.close()
+
+
+def test_the_model_alone_is_the_score_unless_rule_scores_are_added():
+    """add_reward_model_scores on hand-made scores: two samples, rule scores 1.0 and NaN (sample 1 is
+    invalid for the rule scorer), model scores 0.5 and -0.2 on each response's last token."""
+    from rlvr.config.schema import RewardConfig
+    from rlvr.rewards.manager import RewardResult, place_on_last_token
+    from rlvr.rewards.reward_model import add_reward_model_scores
+
+    mask = torch.tensor([[1, 1, 0], [1, 1, 1]])
+    rule = RewardResult(place_on_last_token(torch.tensor([1.0, 0.0]), mask), {}, {"reward/num_invalid": 1.0,
+                        "reward/num_invalid/a": 1.0}, torch.tensor([1.0, 0.0]), torch.tensor([False, True]))
+    rm_scores = place_on_last_token(torch.tensor([0.5, -0.2]), mask)
+    alone = add_reward_model_scores(rule, rm_scores, RewardConfig(reward_model=RewardModelConfig(weight=2.0)), ["a", "a"])
+    # 2 x 0.5 = 1.0 and 2 x -0.2 = -0.4; the rule's NaN is not trained on, so nothing is dropped
+    assert alone.token_level_scores.sum(-1).tolist() == pytest.approx([1.0, -0.4])
+    assert alone.token_level_scores[0, 1] == pytest.approx(1.0)  # on the last valid token
+    assert alone.scores.tolist() == pytest.approx([1.0, -0.4])
+    assert alone.invalid.tolist() == [False, False] and alone.metrics["reward/num_invalid"] == 0.0
+    assert "reward/num_invalid/a" not in alone.metrics
+    added = add_reward_model_scores(rule, rm_scores, RewardConfig(
+        reward_model=RewardModelConfig(weight=2.0, add_rule_scores=True)), ["a", "a"])
+    # 1.0 + 2 x 0.5 = 2.0; sample 1's rule score is a placeholder (0.0), its group dropped: invalid
+    assert added.token_level_scores.sum(-1).tolist() == pytest.approx([2.0, -0.4])
+    assert added.invalid.tolist() == [False, True] and added.metrics["reward/num_invalid"] == 1.0
+
+
+def test_a_classifier_without_a_score_head_is_refused_when_built(tmp_path, tokenizer):
+    """Failed before the fix: a BERT classifier (its head is `classifier`, on the pooled first token)
+    loaded, then failed at the first step with an AttributeError."""
+    from transformers import BertConfig, BertForSequenceClassification
+
+    from rlvr.rewards import RewardError
+
+    config = BertConfig(vocab_size=len(tokenizer), hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                        intermediate_size=32, num_labels=1)
+    BertForSequenceClassification(config).save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    with pytest.raises(RewardError, match=r"\(BertForSequenceClassification\) has no `score` head"):
+        RewardModel(RewardModelConfig(enable=True, path=str(tmp_path)), tokenizer)
+
+
+def test_the_response_is_read_whole_tool_output_included(classifier_dir, tokenizer):
+    """verl's reward model reads the response by attention_mask: with tools, the calls' results too.
+    Failed before the fix: decoded by response_mask, the tool output (mask 0) was cut out."""
+    rm = RewardModel(RewardModelConfig(enable=True, path=str(classifier_dir)), tokenizer)
+    data = policy_batch(tokenizer)
+    data.batch["response_mask"][1, 1:3] = 0  # two tokens of the second response are a tool's output
+    text = tokenizer.apply_chat_template([{"role": "user", "content": "Name a colour that is also a fruit, please."},
+                                          {"role": "assistant", "content": "Orange, the fruit and the colour."}],
+                                         tokenize=False)
+    assert rm._conversation_ids(data, 1) == tokenizer.encode(text, add_special_tokens=False)

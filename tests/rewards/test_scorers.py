@@ -50,3 +50,24 @@ def test_answers_inside_and_outside_tags():
     gt = {"target": 24, "numbers": [4, 6, 1]}
     assert countdown.compute_score("countdown", "<think>4*6=24</think><answer>4 * 6 * 1</answer>", gt)["score"] == 1.0
     assert countdown.compute_score("countdown", "4 * 6 * 1 = 24", gt)["score"] == 0.0  # no answer tag
+
+
+def test_a_gold_answer_with_an_escaped_dollar_is_parsed_as_latex():
+    """Failed before the fix: a gold ``\\$32`` has a "$", so it was not wrapped in $...$ as LaTeX,
+    math-verify could not parse it, and every sample of the row raised (counted as an error)."""
+    assert math.compute_score("math", "The price is $\\boxed{\\$32}$.", "\\$32")["score"] == 1.0
+    assert math.compute_score("math", "The price is $\\boxed{\\$33}$.", "\\$32")["score"] == 0.0
+    assert math.compute_score("math", "so $\\boxed{5}$", "$5$")["score"] == 1.0  # delimited gold: as before
+
+
+@pytest.mark.parametrize("text, truth, strict", [
+    ("#### 12", "12.0000001", 0.0),      # differs in the 7th decimal: within the old 1e-6 tolerance
+    ("#### 1000000.0000001", "1000000", 0.0),
+    ("#### 12345678901234567891", "12345678901234567890", 0.0),  # equal as floats (1.2345678901234567e19)
+    ("#### 12.0", "12", 1.0),            # the same number written two ways
+    ("#### 1,2,3", "123", 0.0),          # "1,2,3" is no number with thousands separators: "1" is read
+    ("#### 1,234", "1234", 1.0),
+    ("#### 12", "1,2", 0.0),             # a ground truth is read by the same rule
+])
+def test_gsm8k_compares_numbers_exactly(text, truth, strict):
+    assert gsm8k.compute_score("openai/gsm8k", text, truth) == strict

@@ -3,20 +3,32 @@
 The final number is the one inside an explicit answer marker when the response has one
 (``<answer>..</answer>``, ``\\boxed{..}``, ``#### ..``, "answer is ..") and otherwise the
 last number in the response, so a model is rewarded for the answer it settles on, not for
-a number it mentions on the way.
+a number it mentions on the way. Numbers compare exactly, as fractions (``12.0`` equals
+``12``; two 20-digit numbers that one float would hold equal do not), and a comma is a
+thousands separator only between groups of exactly three digits (``1,234``; ``1,2,3`` is
+three numbers).
 """
 
 from __future__ import annotations
 
 import re
+from fractions import Fraction
 
-_NUMBER = r"-?\d[\d,]*(?:\.\d+)?"
+DIGITS = r"(?:\d{1,3}(?:,\d{3})+(?!\d)|\d+)(?:\.\d+)?"
+"""An unsigned decimal number, its whole part plain or in comma-separated thousands."""
+_NUMBER = r"-?" + DIGITS
 _MARKERS = [
     re.compile(r"<answer>\s*(" + _NUMBER + r")\s*</answer>", re.S),
     re.compile(r"\\boxed\{\s*(" + _NUMBER + r")\s*\}"),
     re.compile(r"####\s*(" + _NUMBER + ")"),
     re.compile(r"answer\s*(?:is|:)\s*\$?(" + _NUMBER + ")", re.I),
 ]
+
+
+def as_number(text) -> Fraction | None:
+    """``text`` as an exact number (``"1,234.5"`` -> 2469/2), or None when it is not one number."""
+    text = str(text).strip()
+    return Fraction(text.replace(",", "")) if re.fullmatch(_NUMBER, text) else None
 
 
 def extract_final_number(text: str) -> str | None:
@@ -26,14 +38,12 @@ def extract_final_number(text: str) -> str | None:
         if found:
             return found[-1].replace(",", "")
     found = re.findall(_NUMBER, text)
-    return found[-1].replace(",", "").rstrip(".") if found else None
+    return found[-1].replace(",", "") if found else None
 
 
 def compute_score(data_source: str, solution_str: str, ground_truth: str, extra_info: dict | None = None) -> float:
+    truth = as_number(ground_truth)
+    if truth is None:  # every sample of the row would score 0, whatever it answers
+        raise ValueError(f"the ground truth {ground_truth!r} is not a number")
     answer = extract_final_number(solution_str)
-    if answer is None:
-        return 0.0
-    try:
-        return 1.0 if float(answer) == float(ground_truth) else 0.0
-    except ValueError:
-        return 0.0
+    return 0.0 if answer is None else float(as_number(answer) == truth)

@@ -1,14 +1,20 @@
 """GSM8K: the final answer after ``####`` (strict) or the last number (flexible), as verl scores it.
 
-Commas in numbers (``1,234``), signs, ``$`` and a trailing period are handled; numbers
-compare numerically, so ``72.0`` equals ``72``.
+Where rlvr departs from verl's ``gsm8k.compute_score``, which compares the extracted text
+(commas and ``$`` removed) with the ground truth as strings: numbers compare exactly as
+numbers, so ``72.0`` and ``72.00`` equal ``72`` (verl: wrong) and ``12.0000001`` does not; a
+comma counts only as a thousands separator between groups of three digits (``1,234``; verl
+drops every comma, reading ``1,2,3`` as ``123``); ``####`` may be followed by any spacing
+(verl: one space); ``$``, a sign and a final period are handled as verl does.
 """
 
 from __future__ import annotations
 
 import re
 
-_NUMBER = r"-?[$]?\d[\d,]*(?:\.\d+)?"
+from rlvr.rewards.scorers.arithmetic import DIGITS, as_number
+
+_NUMBER = r"-?[$]?" + DIGITS
 _STRICT = re.compile(r"####\s*(" + _NUMBER + ")")
 _ANY = re.compile(_NUMBER)
 
@@ -28,11 +34,11 @@ def extract_solution(solution_str: str, method: str = "strict") -> str | None:
     return _normalize(found[-1]) if found else None
 
 
-def _same_number(a: str, b: str) -> bool:
-    try:
-        return abs(float(a) - float(b)) < 1e-6
-    except ValueError:
-        return a.strip() == b.strip()
+def _same_number(answer: str, ground_truth) -> bool:
+    """Equal as exact numbers; a ground truth that is no number is compared as text."""
+    truth = str(ground_truth).replace("$", "").strip().rstrip(".")
+    a, b = as_number(answer), as_number(truth)
+    return a == b if a is not None and b is not None else answer.strip() == truth
 
 
 def compute_score(data_source, solution_str, ground_truth, extra_info=None, method: str = "strict",
@@ -41,7 +47,7 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None, meth
     answer = extract_solution(solution_str, method)
     if answer is None:
         return 0.0
-    return score if _same_number(answer, _normalize(str(ground_truth))) else format_score
+    return score if _same_number(answer, ground_truth) else format_score
 
 
 def compute_score_flexible(data_source, solution_str, ground_truth, extra_info=None) -> float:

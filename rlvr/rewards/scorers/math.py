@@ -5,6 +5,7 @@ per-sample limit), so math-verify's own signal timers are switched off."""
 from __future__ import annotations
 
 import logging
+import re
 
 from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
 
@@ -12,11 +13,12 @@ from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, veri
 logging.getLogger("math_verify").setLevel(logging.ERROR)
 
 _GOLD_CONFIG = [LatexExtractionConfig(), ExprExtractionConfig()]
+_MATH_DELIMITER = re.compile(r"(?<!\\)\$")  # a "$" that opens or closes math; "\$" is a dollar sign
 
 
 def _gold(ground_truth: str):
     text = str(ground_truth)
-    if "\\boxed" not in text and "$" not in text:
+    if "\\boxed" not in text and not _MATH_DELIMITER.search(text):
         text = f"${text}$"  # a bare gold answer like "\\frac{1}{2}" or "3" is LaTeX without delimiters
     return parse(text, _GOLD_CONFIG, parsing_timeout=None)
 
