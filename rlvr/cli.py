@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import errno
 import math
+import os
 import sys
 import time
 from pathlib import Path
@@ -222,9 +223,14 @@ def _cmd_export(args: argparse.Namespace) -> None:
     """Copy a checkpoint's policy out as a standalone Hugging Face folder."""
     import shutil
 
+    import json
+
     from rlvr.trainer.checkpoint import damaged_file, latest_checkpoint
 
     source = Path(args.checkpoint).expanduser()
+    if source.name.startswith((".tmp-", ".pruned-")):
+        raise ConfigError(f"{source} is a checkpoint being written or removed, not a saved one; export a "
+                          "checkpoints/global_step_<k> folder")
     if not (source / "actor").is_dir():  # a run directory: its newest checkpoint
         latest = latest_checkpoint(source / "checkpoints")
         if latest is None:
@@ -234,26 +240,46 @@ def _cmd_export(args: argparse.Namespace) -> None:
     out = Path(args.out).expanduser()
     if out.exists():
         raise ConfigError(f"{out} already exists; choose a new folder")
-    damaged = damaged_file(source / "actor")
+    damaged = damaged_file(source / "actor") or _unreadable_part(source / "actor")
     if damaged is not None:  # a copy would carry it into a folder that looks whole
         raise ConfigError(f"cannot export {source}: {damaged[0]} {damaged[1]}; export an earlier checkpoint "
                           f"(a checkpoints/global_step_<k> folder of the run)")
+    partial = out.with_name(f".tmp-{out.name}")  # renamed to OUT when whole: a cut-short export leaves no OUT
+    shutil.rmtree(partial, ignore_errors=True)
     adapter_config = source / "actor" / "adapter_config.json"
-    if adapter_config.exists():  # a LoRA checkpoint: merge the adapter into its base model
-        import json
+    try:
+        if adapter_config.exists():  # a LoRA checkpoint: merge the adapter into its base model
+            from rlvr.models.lora import merged_model
 
-        from rlvr.models.lora import merged_model
+            base = json.loads(adapter_config.read_text())["base_model_name_or_path"]
+            merged_model(base, source / "actor").save_pretrained(partial, safe_serialization=True)
+            for item in (source / "actor").iterdir():  # the tokenizer files saved next to the adapter
+                if item.is_file() and not item.name.startswith("adapter_") and item.name != "README.md":
+                    shutil.copy2(item, partial / item.name)
+            what = f"{source / 'actor'} (LoRA adapter) merged into {base}"
+        else:
+            shutil.copytree(source / "actor", partial)
+            what = str(source / "actor")
+        os.replace(partial, out)
+    except BaseException:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise
+    print(f"exported {what} -> {out} (load with AutoModelForCausalLM.from_pretrained)")
 
-        base = json.loads(adapter_config.read_text())["base_model_name_or_path"]
-        merged_model(base, source / "actor").save_pretrained(out, safe_serialization=True)
-        for item in (source / "actor").iterdir():  # the tokenizer files saved next to the adapter
-            if item.is_file() and not item.name.startswith("adapter_") and item.name != "README.md":
-                shutil.copy2(item, out / item.name)
-        print(f"exported {source / 'actor'} (LoRA adapter) merged into {base} -> {out} "
-              "(load with AutoModelForCausalLM.from_pretrained)")
-        return
-    shutil.copytree(source / "actor", out)
-    print(f"exported {source / 'actor'} -> {out} (load with AutoModelForCausalLM.from_pretrained)")
+
+def _unreadable_part(actor: Path) -> tuple[Path, str] | None:
+    """What a checkpoint's actor/ lacks to load on its own: its weights (or adapter), a config.json
+    (or adapter_config.json) that is JSON."""
+    import json
+
+    if not any(actor.glob("*.safetensors")):
+        return actor, "holds no *.safetensors weights (model or LoRA adapter)"
+    config = actor / ("adapter_config.json" if (actor / "adapter_config.json").exists() else "config.json")
+    try:
+        json.loads(config.read_text())
+    except (OSError, ValueError) as err:
+        return config, f"is not readable JSON ({err})"
+    return None
 
 
 def _cmd_plot(args: argparse.Namespace) -> None:

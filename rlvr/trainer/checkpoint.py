@@ -59,12 +59,24 @@ class CheckpointWriteError(StopTraining):
 DISK_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EIO)
 
 
+# how the writers word a refused write when they raise no OSError: torch's zip writer ('PytorchStreamWriter
+# failed writing file', or 'unexpected pos' from its C++ stream after a short write), safetensors' Rust I/O error
+DISK_WORDS = ("PytorchStreamWriter failed", "unexpected pos", "iostream error", "No space left on device",
+              "os error 28", "Disk quota exceeded", "Read-only file system")
+
+
 def disk_refused(err: BaseException) -> bool:
-    """A write the disk refused: an OSError of ``DISK_ERRNOS``, or torch's own wording of one
-    (its zip writer raises RuntimeError 'PytorchStreamWriter failed writing file ...')."""
-    if isinstance(err, OSError):
-        return err.errno in DISK_ERRNOS
-    return isinstance(err, RuntimeError) and "PytorchStreamWriter failed" in str(err)
+    """A write the disk refused: an OSError of ``DISK_ERRNOS`` anywhere in the exception's chain, or
+    a writer's own wording of one (``DISK_WORDS``)."""
+    seen = set()
+    while err is not None and id(err) not in seen:
+        seen.add(id(err))
+        if isinstance(err, OSError) and err.errno in DISK_ERRNOS:
+            return True
+        if not isinstance(err, OSError) and any(word in str(err) for word in DISK_WORDS):
+            return True
+        err = err.__cause__ or err.__context__
+    return False
 
 
 def refused_save(root: Path, step: int, err: BaseException) -> CheckpointWriteError:
@@ -142,6 +154,8 @@ def save(root: Path, step: int, write_parts, trainer_state: dict[str, Any], keep
     renamed to ``global_step_<step>`` when complete; older ones beyond ``keep`` are removed."""
     final = root / f"global_step_{step}"
     tmp = root / f".tmp-global_step_{step}"
+    if final.is_dir():  # this step is saved (a step folder only ever appears whole, by the rename below):
+        return final    # writing it again would open a window with no complete copy of it
     try:
         root.mkdir(parents=True, exist_ok=True)
         for stale in root.glob(".tmp-global_step_*"):  # left by saves that were killed midway
@@ -155,18 +169,29 @@ def save(root: Path, step: int, write_parts, trainer_state: dict[str, Any], keep
         if disk_refused(err):
             raise refused_save(root, step, err) from None
         raise
-    if final.exists():
-        shutil.rmtree(final)
     os.replace(tmp, final)
-    latest = root / f".tmp-{LATEST_FILE}"
-    latest.write_text(str(step))
-    _fsync(latest)
-    os.replace(latest, root / LATEST_FILE)
-    _fsync(root)
+    try:
+        latest = root / f".tmp-{LATEST_FILE}"
+        latest.write_text(str(step))
+        _fsync(latest)
+        os.replace(latest, root / LATEST_FILE)
+        _fsync(root)
+    except OSError as err:  # the checkpoint is complete; only verl's pointer file is not
+        if disk_refused(err):
+            raise refused_save(root, step, err) from None
+        raise
     if keep is not None and keep > 0:
         for old in step_dirs(root)[:-keep]:
-            shutil.rmtree(old, ignore_errors=True)
+            prune(old)
     return final
+
+
+def prune(old: Path) -> None:
+    """Remove a checkpoint folder, first renamed to a name no run reads (``.pruned-global_step_k``):
+    a removal cut short never leaves a step folder with files missing."""
+    gone = old.with_name(f".pruned-{old.name}")
+    os.replace(old, gone)
+    shutil.rmtree(gone, ignore_errors=True)
 
 
 def folder_bytes(folder: Path) -> int:
@@ -210,6 +235,7 @@ def resolve_resume(config: RLVRConfig) -> Path | None:
         return None
     if mode == "auto":
         path = latest_checkpoint(checkpoint_root(config))
+        refuse_verl_layout(Path(config.trainer.default_local_dir).expanduser(), path)
     else:
         problem = resume_mode_problem(mode)  # checked at load; the folder may have gone since
         if problem:
@@ -218,6 +244,20 @@ def resolve_resume(config: RLVRConfig) -> Path | None:
     if path is not None:
         check_intact(path, mode)
     return path
+
+
+def refuse_verl_layout(run_dir: Path, ours: Path | None) -> None:
+    """verl saves ``global_step_<k>/actor/`` (sharded, per rank) in the run folder itself, beside its
+    ``latest_checkpointed_iteration.txt``; rlvr saves under ``checkpoints/``. A folder of verl's
+    checkpoints would otherwise get a fresh run of rlvr's written into it, from step 0, without a word."""
+    if ours is not None or not run_dir.is_dir():
+        return
+    steps = [p for p in run_dir.iterdir() if p.is_dir() and STEP_DIR.match(p.name)]
+    if steps or (run_dir / LATEST_FILE).is_file():
+        raise ConfigError(f"{run_dir} holds verl's checkpoints ({sorted(p.name for p in steps) or LATEST_FILE}: verl's "
+                          "layout, FSDP shards per rank), which rlvr cannot resume: set trainer.default_local_dir to "
+                          "another folder; to start from verl's weights, merge them into a Hugging Face folder with "
+                          "verl's model merger and give it as actor_rollout_ref.model.path")
 
 
 def file_problem(file: Path) -> str | None:
@@ -248,18 +288,33 @@ def damaged_file(folder: Path) -> tuple[Path, str] | None:
     return None
 
 
+def missing_part(folder: Path) -> tuple[Path, str] | None:
+    """The first part every checkpoint has that ``folder`` lacks (a copy cut short, a file removed by
+    hand), with why: the trainer's and the actor's state, the policy's weights (or adapter), and the
+    critic's two parts together."""
+    for name in ("trainer_state.pt", "actor_state.pt"):
+        if not (folder / name).is_file():
+            return folder / name, "is missing"
+    if not any((folder / "actor").glob("*.safetensors")):
+        return folder / "actor", "holds no *.safetensors weights (model or LoRA adapter)"
+    critic = [(folder / "critic_state.pt").is_file(), (folder / "critic").is_dir()]
+    if any(critic) and not (folder / "critic_state.pt").is_file():
+        return folder / "critic_state.pt", "is missing (the critic's weights are there)"
+    return None
+
+
 def check_intact(path: Path, mode: str = "auto") -> None:
-    """Refuse to resume from a checkpoint with a damaged file: name the file, and the newest earlier
-    checkpoint of the run whose files are whole, with how to resume from it. Never a silent fallback
-    to an older step: the steps after it would be trained again without a word."""
-    found = damaged_file(path)
+    """Refuse to resume from a checkpoint with a missing or damaged file: name the file, and the
+    newest earlier checkpoint of the run that is whole, with how to resume from it. Never a silent
+    fallback to an older step: the steps after it would be trained again without a word."""
+    found = missing_part(path) or damaged_file(path)
     if found is None:
         return
     file, problem = found
     match = STEP_DIR.match(path.name)
     earlier = [p for p in reversed(step_dirs(path.parent))
                if match and int(STEP_DIR.match(p.name).group(1)) < int(match.group(1))]
-    intact = next((p for p in earlier if damaged_file(p) is None), None)
+    intact = next((p for p in earlier if missing_part(p) is None and damaged_file(p) is None), None)
     message = f"cannot resume from {path}: {file} {problem}."
     if intact is None:
         message += (" No earlier checkpoint of this run is intact; start afresh with trainer.resume_mode=disable "

@@ -38,8 +38,8 @@ from rlvr.errors import StopTraining, TrainingInterrupted
 from rlvr.trainer import checkpoint
 from rlvr.trainer.ppo_trainer import RLTrainer
 from rlvr.trainer.memory_plan import on_gpu
-from rlvr.trainer.run_folder import claim_run_folder, lock_run_folder
-from rlvr.trainer.tracking import Tracking
+from rlvr.trainer.run_folder import claim_run_folder, lock_run_folder, moved
+from rlvr.trainer.tracking import Tracking, replace_text
 from rlvr.workers.critic import CriticWorker
 from rlvr.workers.hybrid import ActorRolloutRefWorker, resolve_device
 from rlvr.workers.rollout import RolloutWorker
@@ -267,7 +267,7 @@ def build_trainer(config: RLVRConfig, progress_bar: bool = True) -> RLTrainer:
 
         reward_model = RewardModel(config.reward.reward_model, tokenizer, str(resolve_device(config.trainer.device)))
     run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.yaml").write_text(to_yaml(config))
+    replace_text(run_dir / "config.yaml", to_yaml(config))  # a resume rewrites it: never half of it
     tracker = Tracking(config.trainer.logger, run_dir, progress_bar, config.trainer.project_name,
                        config.trainer.experiment_name, dataclasses.asdict(config))
     trainer = RLTrainer(config, actor_wg, tokenizer, train, val, reward_fn,
@@ -387,6 +387,8 @@ def run_training(config: RLVRConfig) -> dict[str, float]:
         print(notice, file=sys.stderr, flush=True)
     config = claim_run_folder(config)  # one run per folder: this one's, before anything is written
     run_dir = Path(config.trainer.default_local_dir).expanduser().resolve()
+    # absolute from here: a Ray actor (runtime_env.working_dir) runs in another folder than this process
+    config = moved(config, config.trainer.default_local_dir, str(run_dir))
     with lock_run_folder(run_dir):  # and one process per folder, for as long as it runs
         print(f"[rlvr] run directory: {run_dir}", flush=True)
         return fit_on_ray(config) if uses_ray(config) else fit(config)

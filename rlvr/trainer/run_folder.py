@@ -207,9 +207,14 @@ def claim_run_folder(config: RLVRConfig) -> RLVRConfig:
             raise ConfigError(f"{wanted}-2 ... {wanted}-{MAX_SUFFIX} all hold other runs: set "
                               "trainer.experiment_name or trainer.default_local_dir")
         folder = wanted.with_name(f"{wanted.name}-{suffix}")
-    for stale in sorted((folder / "checkpoints").glob(".tmp-global_step_*")):
+    checkpoints = folder / "checkpoints"
+    for stale in sorted([*checkpoints.glob(".tmp-global_step_*"), *checkpoints.glob(".pruned-global_step_*")]):
         shutil.rmtree(stale, ignore_errors=True)
-        print(f"[rlvr] removed {stale}: a save cut short (the checkpoints beside it are complete)", flush=True)
+        what = "a save cut short" if stale.name.startswith(".tmp-") else "a removal of an old checkpoint cut short"
+        if stale.exists():  # a read-only disk: say so, not that it went
+            print(f"[rlvr] could not remove {stale} ({what})", flush=True)
+        else:
+            print(f"[rlvr] removed {stale}: {what} (the checkpoints beside it are complete)", flush=True)
     if folder == wanted:
         return config
     print(f"[rlvr] {wanted} {first_reason}: this run writes to {folder}", flush=True)

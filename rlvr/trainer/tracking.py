@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import time
 from pathlib import Path
 
@@ -43,6 +44,14 @@ WARNING_FIELDS = (
     ("val-aux/reward/num_errors", "validation reward errors"),
     ("val-aux/reward/num_timeouts", "validation reward timeouts"),
 )
+
+
+def replace_text(path: Path, text: str) -> None:
+    """Write ``path`` whole or not at all (a temporary file, then a rename): a run stopped or refused
+    by a full disk mid-write keeps the file it had (metrics.jsonl's history, config.yaml)."""
+    tmp = path.with_name(f".tmp-{path.name}")
+    tmp.write_text(text)
+    os.replace(tmp, path)
 
 
 class Tracking:
@@ -94,7 +103,7 @@ class Tracking:
         if self._jsonl is not None:
             self._jsonl.close()
             path = self.run_dir / "metrics.jsonl"
-            path.write_text("".join(line + "\n" for line in read_records(path, upto=step)))
+            replace_text(path, "".join(line + "\n" for line in read_records(path, upto=step)))
             self._jsonl = open(path, "a")
         if self._tensorboard is not None:
             self._tensorboard.close()

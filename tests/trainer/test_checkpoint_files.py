@@ -1,0 +1,184 @@
+"""Checkpoint files as a disk, a kill or a user leaves them: what is written whole, what is refused.
+No training: the checkpoints are written by ``checkpoint.save`` with stand-in parts."""
+
+import errno
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from rlvr.cli import main
+from rlvr.config import ConfigError
+from rlvr.trainer import checkpoint
+from rlvr.trainer.checkpoint import (DamagedCheckpointError, CheckpointWriteError, disk_refused, save, step_dirs)
+
+
+def parts(folder: Path, weight: float = 1.0) -> None:
+    """What a worker writes: the policy folder (weights and config) and its optimizer state."""
+    (folder / "actor").mkdir()
+    save_file({"w": torch.full((2,), weight)}, folder / "actor" / "model.safetensors")
+    (folder / "actor" / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    torch.save({"optimizer": {}}, folder / "actor_state.pt")
+
+
+def test_a_full_disk_is_recognised_as_each_writer_words_it():
+    """safetensors' Rust error and torch's C++ stream raise no OSError: a full disk during a save was
+    a traceback, and the step's record was lost, where the docs promise the free-space message."""
+    assert disk_refused(OSError(errno.ENOSPC, "No space left on device"))
+    assert disk_refused(Exception("Error while serializing: I/O error: No space left on device (os error 28)"))
+    wrapped = RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 64 vs 0")
+    assert disk_refused(wrapped)
+    try:  # an OSError anywhere in the chain
+        try:
+            raise OSError(errno.EDQUOT, "Disk quota exceeded")
+        except OSError as inner:
+            raise RuntimeError("could not write") from inner
+    except RuntimeError as outer:
+        assert disk_refused(outer)
+    assert not disk_refused(RuntimeError("a bug")) and not disk_refused(OSError(errno.ENOENT, "gone"))
+
+
+def test_a_disk_that_refuses_the_weights_stops_the_run_with_the_message(tmp_path):
+    root = tmp_path / "checkpoints"
+
+    def full(folder: Path) -> None:
+        raise Exception("Error while serializing: I/O error: No space left on device (os error 28)")
+
+    with pytest.raises(CheckpointWriteError, match=r"cannot save step 1 .*No space left on device.*free on that disk"):
+        save(root, 1, full, {"step": 1})
+    assert list(root.iterdir()) == []  # the partial folder removed
+
+
+def test_saving_a_saved_step_again_leaves_it_as_it_is(tmp_path):
+    """A Ctrl-C during the pruning after a save made the interrupt handler write the step again:
+    the old copy was removed before the new one was renamed in, and a second Ctrl-C there left a
+    step folder with files missing, which the next run picked and died on."""
+    root = tmp_path / "checkpoints"
+    first = save(root, 2, parts, {"step": 2})
+
+    def must_not_run(folder):
+        raise AssertionError("the step was written again")
+
+    assert save(root, 2, must_not_run, {"step": 2}) == first
+    assert (first / "trainer_state.pt").is_file() and not list(root.glob(".tmp-*"))
+
+
+def test_a_pruning_cut_short_leaves_no_step_folder_with_files_missing(tmp_path, monkeypatch, capsys):
+    root = tmp_path / "run" / "checkpoints"
+    for step in (1, 2):
+        save(root, step, parts, {"step": step})
+    real_rmtree = checkpoint.shutil.rmtree
+
+    def interrupted(path, ignore_errors=False):
+        (Path(path) / "actor_state.pt").unlink()  # part of it gone, then Ctrl-C
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(checkpoint.shutil, "rmtree", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        save(root, 3, parts, {"step": 3}, keep=1)
+    monkeypatch.setattr(checkpoint.shutil, "rmtree", real_rmtree)
+    assert [p.name for p in step_dirs(root)] == ["global_step_2", "global_step_3"]  # step 1 is out of sight
+    checkpoint.check_intact(step_dirs(root)[0])
+    from rlvr.config import load_config, to_yaml
+    from rlvr.trainer.run_folder import claim_run_folder
+    config = load_config(None, [f"trainer.default_local_dir={tmp_path / 'run'}"])
+    (tmp_path / "run" / "config.yaml").write_text(to_yaml(config))  # the run's own, resumed
+    assert claim_run_folder(config) is config
+    assert not list(root.glob(".pruned-*")) and "a removal of an old checkpoint cut short" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("remove", ["actor_state.pt", "trainer_state.pt", "actor/model.safetensors"])
+def test_a_checkpoint_with_a_part_missing_is_refused_naming_it_and_the_newest_whole_one(tmp_path, remove):
+    """Only the files present were checked: a missing actor_state.pt was a FileNotFoundError
+    traceback after the model loaded."""
+    root = tmp_path / "checkpoints"
+    for step in (1, 2):
+        save(root, step, parts, {"step": step})
+    (root / "global_step_2" / remove).unlink()
+    with pytest.raises(DamagedCheckpointError, match=rf"cannot resume from .*global_step_2: .*global_step_2/"
+                                                     rf"{remove.split('/')[0]}.* The newest intact checkpoint is "
+                                                     rf".*global_step_1"):
+        checkpoint.check_intact(root / "global_step_2")
+
+
+def test_a_folder_of_verls_checkpoints_is_refused_not_trained_over(tmp_path):
+    """verl saves global_step_<k>/actor/ shards in the run folder itself; resume_mode=auto found no
+    rlvr checkpoint there and started a fresh run inside it, from step 0."""
+    from rlvr.config import load_config
+
+    run = tmp_path / "verl_run"
+    (run / "global_step_5" / "actor").mkdir(parents=True)
+    (run / "global_step_5" / "actor" / "model_world_size_2_rank_0.pt").write_bytes(b"x")
+    (run / "latest_checkpointed_iteration.txt").write_text("5")
+    config = load_config(None, [f"trainer.default_local_dir={run}"])
+    with pytest.raises(ConfigError, match=r"holds verl's checkpoints \(\['global_step_5'\].*verl's model merger"):
+        checkpoint.resolve_resume(config)
+
+
+def test_a_rewrite_cut_short_keeps_the_file_it_had(tmp_path, monkeypatch):
+    """metrics.jsonl (rewound on resume) and config.yaml (rewritten on resume) were truncated, then
+    written: a kill or a full disk between emptied the history, or sent the next run to a new folder."""
+    from rlvr.trainer.tracking import replace_text
+
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"step": 1}\n')
+    real = Path.write_text
+
+    def full(self, text, *args, **kwargs):
+        real(self, text[:3], *args, **kwargs)
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(Path, "write_text", full)
+    with pytest.raises(OSError):
+        replace_text(path, '{"step": 1}\n{"step": 2}\n')
+    monkeypatch.setattr(Path, "write_text", real)
+    assert path.read_text() == '{"step": 1}\n'
+
+
+def test_export_refuses_a_checkpoint_that_would_not_load_and_leaves_nothing_when_cut_short(tmp_path, capsys,
+                                                                                           monkeypatch):
+    """A checkpoint without its weights, or with a config.json that is not JSON, exported with a
+    success line; a Ctrl-C during the copy left a partial OUT that the next export called taken."""
+    root = tmp_path / "checkpoints"
+    good = save(root, 1, parts, {"step": 1})
+    broken = save(root, 2, parts, {"step": 2})
+    (broken / "actor" / "config.json").write_text("")
+    assert main(["export", str(broken), str(tmp_path / "out")]) == 2
+    assert "config.json is not readable JSON" in capsys.readouterr().err and not (tmp_path / "out").exists()
+    (broken / "actor" / "model.safetensors").unlink()
+    assert main(["export", str(broken), str(tmp_path / "out")]) == 2
+    assert "holds no *.safetensors weights" in capsys.readouterr().err
+
+    import shutil
+
+    real_copytree = shutil.copytree
+
+    def cut_short(src, dst, *args, **kwargs):
+        os.makedirs(dst)
+        (Path(dst) / "config.json").write_text("{}")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(shutil, "copytree", cut_short)
+    assert main(["export", str(good), str(tmp_path / "out")]) == 130  # Ctrl-C: the command's own status
+    assert not (tmp_path / "out").exists() and not (tmp_path / ".tmp-out").exists()
+    monkeypatch.setattr(shutil, "copytree", real_copytree)
+    assert main(["export", str(good), str(tmp_path / "out")]) == 0
+    assert (tmp_path / "out" / "model.safetensors").is_file()
+
+
+def test_the_run_folder_goes_to_the_workers_absolute(tiny_config, tmp_path, monkeypatch):
+    """A relative trainer.default_local_dir went on as it was: a Ray TaskRunner started in another
+    folder (runtime_env.working_dir) wrote the whole run, checkpoints included, under Ray's
+    temporary folder, and the next run found nothing to resume."""
+    import rlvr.trainer.main as main_module
+
+    monkeypatch.chdir(tmp_path)
+    seen = []
+    monkeypatch.setattr(main_module, "fit", lambda cfg, *a, **k: seen.append(cfg) or {})
+    main_module.run_training(tiny_config("trainer.default_local_dir=runs/here",
+                                         "trainer.rollout_data_dir=runs/here/dumps"))
+    assert seen[0].trainer.default_local_dir == str(tmp_path / "runs" / "here")
+    assert seen[0].trainer.rollout_data_dir == str(tmp_path / "runs" / "here" / "dumps")
