@@ -11,8 +11,11 @@ Every estimator is called as::
 explicitly. Values match verl's core_algos on the same tensors; grouped estimators are
 vectorised with scatter-adds over dense group ids (no Python loop over samples or groups).
 
-Departures from verl: none in the values. ``grpo_passk`` breaks ties for the best sample
-by the lowest row index (verl leaves it to ``torch.topk``).
+Departures from verl: none in the values inside the mask. GAE's advantages are zero outside
+it, where verl's whitening leaves values (no loss reads them). ``grpo_passk`` breaks ties for
+the best sample by the lowest row index (verl leaves it to ``torch.topk``). The trainer passes
+the loss mask as ``response_mask`` (tokens rollout correction rejected are out, as verl narrows
+``response_mask`` before ``compute_advantage``).
 """
 
 from __future__ import annotations

@@ -12,9 +12,14 @@ Every policy loss is called as::
 a share of the mini-batch loss, so the optimizer step's gradient does not depend on how
 the mini-batch is split (see ``agg_loss``).
 
-Departure from verl: ``seq-mean-token-sum-norm`` is the Dr.GRPO paper's
+GSPO and SAPO aggregate ``seq-mean-token-mean`` whatever ``loss_agg_mode`` says, and GMPO
+(``geo_mean``) takes the mean over sequences of its sequence losses, as verl's do
+(``OWN_AGGREGATION``); ``loss_agg_mode`` still aggregates the entropy and KL terms.
+
+Departures from verl: ``seq-mean-token-sum-norm`` is the Dr.GRPO paper's
 mean over sequences of (token sum / constant); verl divides the sum over sequences by the
-constant without dividing by the number of sequences.
+constant without dividing by the number of sequences. ``geo_mean`` divides by the sequences
+with a valid token, verl by every row (a fully masked row, a dropped group's, counts there).
 """
 
 from __future__ import annotations
@@ -29,6 +34,9 @@ from rlvr.registry import Registry
 from rlvr.algos.utils import masked_mean, masked_sum
 
 LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+# policy losses whose aggregation belongs to their definition (verl's too): loss_agg_mode does not reach them
+OWN_AGGREGATION = {"gspo": "seq-mean-token-mean", "sapo": "seq-mean-token-mean",
+                   "geo_mean": "seq-mean (each sequence's -A x its geometric-mean ratio)"}
 
 
 def agg_loss(loss_mat: torch.Tensor, loss_mask: torch.Tensor, loss_agg_mode: str,
@@ -167,7 +175,7 @@ def compute_policy_loss_gspo(old_log_prob, log_prob, advantages, response_mask, 
     losses2 = -advantages * torch.clamp(ratio, 1 - low, 1 + high)
     pg_losses = _weighted(torch.maximum(losses1, losses2), rollout_is_weights)
     agg_kwargs.pop("num_tokens", None)  # GSPO is defined per sequence
-    pg_loss = agg_loss(pg_losses, response_mask, "seq-mean-token-mean", **agg_kwargs)
+    pg_loss = agg_loss(pg_losses, response_mask, OWN_AGGREGATION["gspo"], **agg_kwargs)
     pg_clipfrac = masked_mean(torch.gt(losses2, losses1).float(), response_mask)
     return pg_loss, pg_clipfrac, masked_mean(-neg_kl, response_mask), _zero(pg_loss)
 
@@ -175,16 +183,16 @@ def compute_policy_loss_gspo(old_log_prob, log_prob, advantages, response_mask, 
 @register_policy_loss("cispo")
 def compute_policy_loss_cispo(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config,
                               rollout_is_weights=None, **agg_kwargs):
-    """CISPO (MiniMax-M1): -sg(clip(ratio)) * A * log_prob; every token keeps a gradient."""
+    """CISPO (MiniMax-M1): -sg(clip(ratio)) * A * log_prob; every token keeps a gradient.
+    ``pg_clipfrac`` is verl's: the share of tokens clipped on either side; ``pg_clipfrac_lower`` 0."""
     low, high = clip_range(config)
     neg_kl = _log_ratio(old_log_prob, log_prob)
     ratio = torch.exp(neg_kl)
     clipped_ratio = torch.clamp(ratio, 1 - low, 1 + high).detach()
     pg_losses = _weighted(-advantages * clipped_ratio * log_prob, rollout_is_weights)
     pg_loss = agg_loss(pg_losses, response_mask, loss_agg_mode, **agg_kwargs)
-    pg_clipfrac = masked_mean(torch.gt(ratio, 1 + high).float(), response_mask)
-    pg_clipfrac_lower = masked_mean(torch.lt(ratio, 1 - low).float(), response_mask)
-    return pg_loss, pg_clipfrac, masked_mean(-neg_kl, response_mask), pg_clipfrac_lower
+    pg_clipfrac = masked_mean(torch.ne(ratio, clipped_ratio).float(), response_mask)
+    return pg_loss, pg_clipfrac, masked_mean(-neg_kl, response_mask), _zero(pg_loss)
 
 
 @register_policy_loss("gpg")
@@ -223,12 +231,14 @@ def compute_policy_loss_geo_mean(old_log_prob, log_prob, advantages, response_ma
 @register_policy_loss("sapo")
 def compute_policy_loss_sapo(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config,
                              rollout_is_weights=None, **agg_kwargs):
-    """SAPO: a smooth sigmoid gate 4/tau * sigmoid(tau (ratio - 1)) replaces the hard clip."""
+    """SAPO: a smooth sigmoid gate 4/tau * sigmoid(tau (ratio - 1)) replaces the hard clip;
+    aggregated seq-mean-token-mean whatever ``loss_agg_mode`` says, as verl's (and GSPO)."""
     tau_pos, tau_neg = config.policy_loss.tau_pos, config.policy_loss.tau_neg
     neg_kl = _log_ratio(old_log_prob, log_prob)
     ratio = torch.exp(neg_kl)
     tau = torch.where(advantages > 0, torch.full_like(ratio, tau_pos), torch.full_like(ratio, tau_neg))
     gate = torch.sigmoid(tau * (ratio - 1.0)) * (4.0 / tau)  # slope 1 at ratio 1, like the plain ratio
     pg_losses = _weighted(-gate * advantages, rollout_is_weights)
-    pg_loss = agg_loss(pg_losses, response_mask, loss_agg_mode, **agg_kwargs)
+    agg_kwargs.pop("num_tokens", None)  # SAPO is aggregated per sequence
+    pg_loss = agg_loss(pg_losses, response_mask, OWN_AGGREGATION["sapo"], **agg_kwargs)
     return pg_loss, _zero(pg_loss), masked_mean(-neg_kl, response_mask), _zero(pg_loss)

@@ -29,10 +29,11 @@ numeric path (bf16 engine, fp32 actor), or older weights (async training). With
   before the optimizer step's), so the gradient does not depend on the split. Departure from
   verl: its bypass loss normalises within each micro-batch (across ranks).
 
-Metrics (``rollout_corr/*``, verl's names): the weights' mean/max/min/std, effective sample
-size and the share outside the bounds; each rejection option's masked token and sequence
-shares; and the gap itself: ``kl`` (E[log pi_rollout - log pi_old]), ``k3_kl``, both
-perplexities, ``chi2_token`` and ``chi2_seq``.
+Metrics (``rollout_corr/*``, verl's names): the weights' mean/max/min, share outside the bounds
+(per token, or per sequence at the sequence levels), std and effective sample size, and their
+per-sequence statistics, all taken before truncation as verl does (``weight_metrics``); each
+rejection option's masked token and sequence shares; and the gap itself: ``kl``
+(E[log pi_rollout - log pi_old]), ``k3_kl``, both perplexities, ``chi2_token`` and ``chi2_seq``.
 """
 
 from __future__ import annotations
@@ -113,6 +114,12 @@ def _seq_valid(mask: torch.Tensor) -> torch.Tensor:
 
 def _truncated_weights(log_ratio: torch.Tensor, mask: torch.Tensor, level: str, threshold):
     """(raw weights, truncated or zeroed weights, upper, lower), (bs, T), 0 on masked tokens."""
+    raw, weights, upper, lower, _ = _weights_and_logs(log_ratio, mask, level, threshold)
+    return raw, weights, upper, lower
+
+
+def _weights_and_logs(log_ratio: torch.Tensor, mask: torch.Tensor, level: str, threshold):
+    """``_truncated_weights`` and the log of each weight, (bs, T), before the safety clamp."""
     upper, lower = parse_is_threshold(threshold)
     if level == "token":
         log_w = log_ratio
@@ -127,7 +134,42 @@ def _truncated_weights(log_ratio: torch.Tensor, mask: torch.Tensor, level: str, 
         weights = raw.clamp(max=upper)
     else:
         weights = torch.where((raw >= lower) & (raw <= upper), raw, torch.zeros_like(raw))
-    return raw, weights, upper, lower
+    return raw, weights, upper, lower, log_w
+
+
+def weight_metrics(raw: torch.Tensor, log_w: torch.Tensor, mask: torch.Tensor, level: str, upper: float,
+                   lower: float) -> dict[str, float]:
+    """verl's ``compute_is_metrics`` of the weights before truncation (``raw``, (bs, T), 0 on masked
+    tokens; ``log_w`` their logs): mean, max and min; the shares above ``upper`` and below ``lower``
+    (per token at token level, per sequence at the sequence levels, judged on the log); std and
+    effective sample size of the weights held in [lower, upper]; and per-sequence statistics
+    (``rollout_is_seq_*``) of each sequence's mean weight. Where verl counts a row with no valid token
+    as a sequence of weight 1 (sequence level) or 0 (``seq_*``), rlvr leaves it out, as its seq-mean
+    losses do. No valid token at all: every metric 0."""
+    valid, seqs = mask.bool(), _seq_valid(mask)
+    names = ("mean", "max", "min", "ratio_fraction_high", "ratio_fraction_low", "std", "eff_sample_size",
+             "seq_mean", "seq_std", "seq_max", "seq_min", "seq_max_deviation", "seq_fraction_high", "seq_fraction_low")
+    if not valid.any():
+        return {f"rollout_is_{name}": 0.0 for name in names}
+    out = {"mean": masked_mean(raw, mask)}
+    if level == "token":
+        out.update(max=raw[valid].max(), min=raw[valid].min(),
+                   ratio_fraction_high=masked_mean((raw > upper).to(mask.dtype), mask),
+                   ratio_fraction_low=masked_mean((raw < lower).to(mask.dtype), mask))
+    else:  # one weight per sequence: its log, unclamped but for the max's overflow
+        seq_log_w = log_w[:, 0][seqs]  # (valid sequences,)
+        out.update(max=torch.exp(seq_log_w.max().clamp(max=SAFETY_BOUND)), min=torch.exp(seq_log_w.min()),
+                   ratio_fraction_high=(seq_log_w > math.log(upper)).float().mean(),
+                   ratio_fraction_low=(seq_log_w < math.log(lower)).float().mean())
+    held = raw.clamp(lower, upper)  # verl's std and ESS: the weights held in the bounds, for stability
+    held_mean = masked_mean(held, mask)
+    out["std"] = (masked_mean(held.square(), mask) - held_mean.square()).clamp(min=0).sqrt() if mask.sum() > 1 else 0.0
+    out["eff_sample_size"] = 1.0 / masked_mean((held / (held_mean + 1e-8)).square(), mask)
+    per_seq = masked_mean(raw, mask, dim=-1)[seqs]  # (valid sequences,)
+    out.update(seq_mean=per_seq.mean(), seq_std=per_seq.std() if len(per_seq) > 1 else 0.0, seq_max=per_seq.max(),
+               seq_min=per_seq.min(), seq_max_deviation=(per_seq - 1.0).abs().max(),
+               seq_fraction_high=(per_seq > upper).float().mean(), seq_fraction_low=(per_seq < lower).float().mean())
+    return {f"rollout_is_{name}": float(out[name]) for name in names}
 
 
 def batch_norm_sums(log_ratio: torch.Tensor, mask: torch.Tensor, level: str, threshold) -> tuple[float, float]:
@@ -149,19 +191,8 @@ def is_weights(log_ratio: torch.Tensor, mask: torch.Tensor, level: str, threshol
     when given (the mean over a larger batch, from ``batch_norm_sums``)."""
     log_ratio = log_ratio.detach()
     mask = mask.to(log_ratio.dtype)
-    raw, weights, upper, lower = _truncated_weights(log_ratio, mask, level, threshold)
-    lower_bound = lower if lower is not None else 1.0 / upper
-    valid = mask.bool()
-    mean = masked_mean(weights, mask)
-    metrics = {"rollout_is_mean": float(mean),
-               "rollout_is_max": float(weights[valid].max()) if valid.any() else 0.0,
-               "rollout_is_min": float(weights[valid].min()) if valid.any() else 0.0,
-               "rollout_is_ratio_fraction_high": float(masked_mean((raw > upper).to(mask.dtype), mask)),
-               "rollout_is_ratio_fraction_low": float(masked_mean((raw < lower_bound).to(mask.dtype), mask))}
-    metrics["rollout_is_std"] = float((masked_mean(weights.square(), mask) - mean.square()).clamp(min=0).sqrt())
-    # effective sample size as a share of the tokens: 1 / E[(w / E[w])^2]
-    metrics["rollout_is_eff_sample_size"] = float(1.0 / masked_mean((weights / (mean + 1e-8)).square(), mask)) \
-        if float(mean) > 0 else 0.0
+    raw, weights, upper, lower, log_w = _weights_and_logs(log_ratio, mask, level, threshold)
+    metrics = weight_metrics(raw, log_w, mask, level, upper, lower if lower is not None else 1.0 / upper)
     if batch_normalize:
         if norm is None:
             total, count = batch_norm_sums(log_ratio, mask, level, threshold)

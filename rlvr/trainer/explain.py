@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from rlvr.algos.distillation import get_distillation_loss
+from rlvr.algos.losses import OWN_AGGREGATION
 from rlvr.config.schema import RLVRConfig
 from rlvr.config.validate import teacher_entries
 
@@ -86,10 +87,7 @@ def objective_card(cfg: RLVRConfig) -> str:
         card.add(f"advantage: {algo.adv_estimator}, {norm}, over each prompt's {n} samples")
     else:
         card.add(f"advantage: {algo.adv_estimator}")
-    card.add(f"policy loss: {actor.policy_loss.loss_mode}, clip [{1 - _low(actor):.2f}, {1 + _high(actor):.2f}]"
-             + (f", dual clip {actor.clip_ratio_c}" if actor.policy_loss.loss_mode == "vanilla" else "")
-             + f"; aggregated {actor.loss_agg_mode}"
-             + (f"; entropy bonus {actor.entropy_coeff}" if actor.entropy_coeff else ""))
+    card.add(policy_loss_line(actor))
     # KL
     if actor.use_kl_loss and algo.use_kl_in_reward:
         card.add(f"KL: in the loss ({actor.kl_loss_type}, coef {actor.kl_loss_coef}) and in the reward "
@@ -148,6 +146,26 @@ def objective_card(cfg: RLVRConfig) -> str:
     if differ:
         card.add("differs from verl's defaults: " + "; ".join(differ))
     return str(card)
+
+
+def policy_loss_line(actor) -> str:
+    """The policy loss, its clip (SAPO: its gate's temperatures; GPG: none) and its aggregation: a loss
+    that aggregates its own way (GSPO, SAPO, GMPO, as in verl) is not aggregated by loss_agg_mode."""
+    mode = actor.policy_loss.loss_mode
+    if mode == "sapo":
+        shape = f"soft gate tau_pos {actor.policy_loss.tau_pos}, tau_neg {actor.policy_loss.tau_neg}"
+    elif mode == "gpg":
+        shape = "no ratio, no clip"
+    elif mode == "geo_mean":  # GMPO clips each token's log-ratio
+        shape = f"log-ratio clip [{-_low(actor):.2f}, {_high(actor):.2f}] per token"
+    else:
+        shape = f"clip [{1 - _low(actor):.2f}, {1 + _high(actor):.2f}]" + (
+            f", dual clip {actor.clip_ratio_c}" if mode == "vanilla" else "")
+    own = OWN_AGGREGATION.get(mode)
+    aggregated = (f"aggregated {own} whatever loss_agg_mode says ({actor.loss_agg_mode} aggregates the entropy and "
+                  "KL terms)" if own else f"aggregated {actor.loss_agg_mode}")
+    return (f"policy loss: {mode}, {shape}; {aggregated}"
+            + (f"; entropy bonus {actor.entropy_coeff}" if actor.entropy_coeff else ""))
 
 
 def distillation_line(cfg: RLVRConfig) -> str:

@@ -623,7 +623,13 @@ class RLTrainer:
         return batch.batch["sample_scores"]
 
     def _advantages(self, batch: DataProto) -> dict[str, float]:
-        """token_level_scores -> token_level_rewards (KL in reward) -> advantages and returns."""
+        """token_level_scores -> token_level_rewards (KL in reward) -> advantages and returns.
+
+        The estimator sees what the update trains: the rows of the groups kept, with the loss mask
+        (``train_mask``) as their ``response_mask``. So tokens rollout correction rejected are out of
+        REINFORCE++'s returns, the whitening (REINFORCE++, its baseline variant, GAE) and OPO's lengths,
+        as in verl, which narrows ``response_mask`` before ``compute_advantage``; so are the rows whose
+        teacher log-probs are not finite. The batch's ``response_mask`` stays the sampled tokens."""
         algo = self.config.algorithm
         metrics = {}
         scores = batch.batch["token_level_scores"]
@@ -637,12 +643,11 @@ class RLTrainer:
         check_groups(uids, self.config.actor_rollout_ref.rollout.n, self.global_step, episode_rows(batch))
         check_masks(batch, self.global_step)
         dropped = np.isin(uids, batch.meta_info.get("dropped_groups", []))
-        if not dropped.any():
-            compute_advantage(batch, algo)
-            return metrics
-        # the estimator sees the kept groups only: a batch-wide whitening (REINFORCE++, GAE) over
-        # the dropped groups' placeholder scores would shift, even flip, the kept groups' advantages
-        kept = batch.select_idxs(~dropped)
+        # the kept groups only: a batch-wide whitening (REINFORCE++, GAE) over the dropped groups'
+        # placeholder scores would shift, even flip, the kept groups' advantages. Either way a key map of
+        # its own, whose response_mask is replaced
+        kept = batch.select_idxs(~dropped) if dropped.any() else batch.select()
+        kept.batch["response_mask"] = loss_mask(kept)
         compute_advantage(kept, algo)
         rows = torch.as_tensor(~dropped)
         for key in ("advantages", "returns"):
@@ -662,7 +667,9 @@ class RLTrainer:
     def _correct_rollout(self, batch: DataProto) -> dict[str, float]:
         """``algorithm.rollout_correction``: bypass mode takes pi_old from the rollout's log-probs;
         otherwise the weights pi_old / pi_rollout (``rollout_is_weights``) and the rejection mask
-        (into ``train_mask``) of the whole batch go to the update."""
+        (into ``train_mask``) of the whole batch go to the advantage estimator (``_advantages``) and
+        the update. The KL-in-reward penalty still reads the whole ``response_mask``, as verl's,
+        computed before its rejection."""
         rc = self.config.algorithm.rollout_correction
         b = batch.batch
         if rc.bypass_mode:
@@ -680,19 +687,28 @@ class RLTrainer:
         return metrics
 
     def _greedy_baselines(self, gen_batch: DataProto, batch: DataProto, gen_index: int = 0) -> torch.Tensor:
-        """ReMax: the score of each prompt's greedy response, the baseline of its samples."""
-        rows = np.arange(0, len(gen_batch), self.config.actor_rollout_ref.rollout.n)  # one row per prompt
+        """ReMax: the score of each prompt's greedy response, the baseline of its samples, scored as
+        the samples are: with the reward model, its score x weight (plus the rule score with
+        ``add_rule_scores``), as verl takes the greedy response's ``rm_scores`` when there are any."""
+        cfg = self.config
+        rows = np.arange(0, len(gen_batch), cfg.actor_rollout_ref.rollout.n)  # one row per prompt
         greedy = gen_batch.select_idxs(rows)
         greedy.meta_info.update(do_sample=False, seed=self._seed("greedy", gen_index))
         out = self.rollout_wg.generate_sequences(greedy)
         out = out.select_idxs(final_samples(out))  # an agent's split episode: its final context
         scored = DataProto(batch=dict(out.batch), non_tensor_batch={
-            key: batch.non_tensor_batch[key][rows]
-            for key in (self.config.data.reward_fn_key, "reward_model", "extra_info") if key in batch.non_tensor_batch})
+            key: batch.non_tensor_batch[key][rows]  # the reward model reads the chat prompt (raw_prompt) too
+            for key in (cfg.data.reward_fn_key, "reward_model", "extra_info", "raw_prompt")
+            if key in batch.non_tensor_batch})
         for key in TRAJECTORY_KEYS:  # multi-turn: the greedy trajectory's own turns, as its samples have theirs
             if key in out.non_tensor_batch:
                 scored.non_tensor_batch[key] = out.non_tensor_batch[key]
-        baseline = self.reward_fn(scored).token_level_scores.sum(-1)  # (prompts,)
+        reward = self.reward_fn(scored)
+        if self.reward_model is not None:
+            rm_scores = self.reward_model.compute_rm_score(scored).batch["rm_scores"]
+            sources = scored.non_tensor_batch[cfg.data.reward_fn_key]
+            reward = add_reward_model_scores(reward, rm_scores, cfg.reward, sources)
+        baseline = reward.token_level_scores.sum(-1)  # (prompts,)
         per_episode = baseline.repeat_interleave(self.config.actor_rollout_ref.rollout.n)
         rows = episode_rows(batch)
         return per_episode if rows is None else per_episode[torch.as_tensor(rows)]
@@ -712,7 +728,7 @@ class RLTrainer:
                        "response": decode(batch.batch["responses"][i][batch.batch["attention_mask"][i, -R:].bool()],
                                           skip_special_tokens=True),
                        "score": float(batch.batch["token_level_scores"][i].sum()),
-                       "advantage": float(batch.batch["advantages"][i][batch.batch["response_mask"][i].bool()][:1].sum())}
+                       "advantage": float(batch.batch["advantages"][i][loss_mask(batch)[i].bool()][:1].sum())}
                 for key in ("policy_version", "dispatch_step"):  # which weights generated it, dispatched when
                     if key in batch.non_tensor_batch:
                         row[key] = int(batch.non_tensor_batch[key][i])

@@ -333,13 +333,14 @@ class Actor:
     @torch.no_grad()
     def _bypass_is_norm(self, data: DataProto, micros: list[list[int]], padding: int,
                         temperature: float) -> float | None:
-        """Bypass mode with ``rollout_is_batch_normalize``: the mean importance weight pi / pi_rollout
+        """Bypass mode's REINFORCE with ``rollout_is_batch_normalize``: the mean importance weight pi / pi_rollout
         over the whole mini-batch (every micro-batch, every rank) under the weights this optimizer
         step starts from, which every micro-batch's weights are divided by, so the gradient does not
         depend on the split. It costs one forward of the mini-batch without gradients. None when
         not asked for (decoupled mode normalises over the step's batch in the trainer)."""
         rc = self.algorithm.rollout_correction
-        if not (rc.bypass_mode and rc.rollout_is is not None and rc.rollout_is_batch_normalize):
+        if not (rc.bypass_mode and rc.loss_type == "reinforce" and rc.rollout_is is not None
+                and rc.rollout_is_batch_normalize):  # ppo_clip applies no weights: its metrics take their own mean
             return None
         device, uids, mask = self.model.device, data.non_tensor_batch.get("uid"), loss_mask(data)
         total, count = 0.0, 0.0
@@ -398,6 +399,8 @@ class Actor:
             is_weights, pg_mask, corrections = rollout_correction(log_prob.detach(), old_log_prob, mask, rc, is_norm)
             if rc.loss_type == "reinforce":
                 policy_loss_fn = reinforce_loss
+            else:  # ppo_clip: the ratio is already pi / pi_rollout; the weights are metrics only, as in verl
+                is_weights = None
         pg_loss, clipfrac, ppo_kl, clipfrac_lower = call_policy_loss(
             policy_loss_fn, old_log_prob, log_prob, advantages, pg_mask, cfg.loss_agg_mode, cfg,
             rollout_is_weights=is_weights, **totals)

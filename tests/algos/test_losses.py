@@ -150,6 +150,17 @@ def test_cispo_keeps_gradient_on_clipped_tokens():
     assert clipfrac.item() == pytest.approx(0.5) and lower.item() == 0.0
 
 
+def test_cispo_clipfrac_counts_either_side_as_verl():
+    """verl's pg_clipfrac is the share of tokens whose ratio was clipped on either side, and CISPO's
+    pg_clipfrac_lower is 0 (it has no dual clip)."""
+    # ratios e^0.5 = 1.65 > 1.2 (clipped above) and e^-0.5 = 0.61 < 0.8 (clipped below): 2 of 2 clipped
+    pg_loss, clipfrac, _, lower = loss("cispo", [[0.5, -0.5]], [[1.0, 1.0]])
+    assert clipfrac.item() == pytest.approx(1.0) and lower.item() == 0.0
+    # one token inside [0.8, 1.2] (ratio e^0.1 = 1.105), one below: 1 of 2
+    _, clipfrac, _, lower = loss("cispo", [[0.1, -0.5]], [[1.0, -1.0]])
+    assert clipfrac.item() == pytest.approx(0.5) and lower.item() == 0.0
+
+
 def test_gpg():
     # -A * log_prob: (-2 * -0.5, 1 * -1) = (1, -1) -> mean 0
     pg_loss, *_ = loss("gpg", [[0.3, -0.2]], [[2.0, -1.0]], log_prob=[[-0.5, -1.0]])
@@ -176,6 +187,30 @@ def test_sapo_soft_gate():
     pg_loss.backward()
     # at ratio 1 the gate's slope is 4 * sigmoid'(0) = 1, like the plain ratio: grad -A / 2
     assert torch.allclose(log_prob.grad, torch.tensor([[-0.5, 0.5]], dtype=torch.float64))
+
+
+@pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"])
+def test_sapo_aggregates_seq_mean_token_mean_whatever_loss_agg_mode_says(mode):
+    """verl's SAPO, like GSPO, always aggregates seq-mean-token-mean. With token-mean the sign flips here."""
+    # row 1: one token, log-ratio 0.1 (ratio e^0.1 = 1.10517), A = +1, tau_pos 1:
+    #   gate = 4 * sigmoid(0.10517) = 4 * 0.52627 = 2.10508 -> loss -2.10508
+    # row 2: three tokens, ratio 1, A = -1, tau_neg 1.05: gate = 4 * sigmoid(0) / 1.05 = 1.90476 -> loss +1.90476 each
+    # seq-mean-token-mean: (-2.10508 + 1.90476) / 2 = -0.10016
+    # (token-mean would give (-2.10508 + 3 * 1.90476) / 4 = +0.9023: the sign flips)
+    row1 = -4.0 / (1.0 + math.exp(-(math.exp(0.1) - 1.0)))
+    row2 = 2.0 / 1.05
+    expected = (row1 + row2) / 2
+    assert expected == pytest.approx(-0.10016, abs=1e-5)
+    args = ([[0.1, 0.0, 0.0], [0.0, 0.0, 0.0]],  # log-ratios
+            [[1.0, 0.0, 0.0], [-1.0, -1.0, -1.0]],  # advantages
+            [[1.0, 0.0, 0.0], [1.0, 1.0, 1.0]])  # mask
+    pg_loss, clipfrac, _, lower = loss("sapo", *args, mode=mode)
+    assert pg_loss.item() == pytest.approx(expected, rel=1e-6)
+    assert clipfrac.item() == 0.0 and lower.item() == 0.0
+    # as micro-batches of one row each, given the mini-batch's totals (2 sequences): the shares add up
+    shares = [loss("sapo", [log_ratio], [adv], [mask], mode=mode, num_tokens=4.0, num_seqs=2, norm_constant=3)[0].item()
+              for log_ratio, adv, mask in zip(*args)]
+    assert sum(shares) == pytest.approx(expected, rel=1e-6)
 
 
 # ------------------------------------------------------------------ gradcheck, registry, TIS

@@ -94,9 +94,21 @@ def test_bypass_batch_normalised_weights_do_not_depend_on_the_split(setup, tiny_
         assert torch.allclose(grads[micro], grads[4], rtol=1e-7, atol=1e-10 * float(grads[4].abs().max())), micro
 
 
-def bypass_gradient(setup, model_dir, monkeypatch, micro: int, level: str) -> torch.Tensor:
+def test_bypass_ppo_clip_computes_its_weights_for_the_metrics_only(setup, tiny_model_dir, monkeypatch):
+    """Bypass mode's PPO-clip: the clipped ratio is already pi / pi_rollout, so importance weights
+    (rollout_is) are metrics, never applied to the loss, as in verl (its bypass loss passes
+    rollout_is_weights=None to PPO-clip). The weights here are near e^-0.3 .. e^0.4, far from 1:
+    applied, they changed the gradient (before: the actor multiplied them into the PPO-clip loss)."""
+    clip = dict(loss_type="ppo_clip", rollout_is_batch_normalize=False)
+    weighted = bypass_gradient(setup, tiny_model_dir, monkeypatch, 4, "token", **clip)
+    plain = bypass_gradient(setup, tiny_model_dir, monkeypatch, 4, None, **clip)
+    assert plain.abs().max() > 0 and torch.equal(weighted, plain)
+
+
+def bypass_gradient(setup, model_dir, monkeypatch, micro: int, level: str | None, **rc) -> torch.Tensor:
     """One optimizer step of the actor (4 rows, each its own group, one mini-batch) in bypass mode
-    with batch-normalised IS weights; the accumulated gradient, read before clipping."""
+    with batch-normalised IS weights (REINFORCE, unless ``rc`` says otherwise); the accumulated
+    gradient, read before clipping."""
     import numpy as np
 
     import rlvr.workers.actor as actor_module
@@ -118,9 +130,9 @@ def bypass_gradient(setup, model_dir, monkeypatch, micro: int, level: str) -> to
     assert not torch.allclose(rollout, logp)
     cfg = ActorConfig(ppo_mini_batch_size=4, ppo_micro_batch_size_per_gpu=micro, use_kl_loss=False,
                       entropy_coeff=0.0, share_prompt_forward=False, dtype="float64")
-    algorithm = AlgorithmConfig(rollout_correction=RolloutCorrectionConfig(
-        bypass_mode=True, loss_type="reinforce", rollout_is=level, rollout_is_threshold=5.0,
-        rollout_is_batch_normalize=True))
+    algorithm = AlgorithmConfig(rollout_correction=RolloutCorrectionConfig(**{
+        "bypass_mode": True, "loss_type": "reinforce", "rollout_is": level, "rollout_is_threshold": 5.0,
+        "rollout_is_batch_normalize": True, **rc}))
     optimizer, _ = build_optimizer(model, OptimConfig(lr=1e-3), total_steps=1)
     actor = Actor(model, cfg, algorithm, optimizer=optimizer, pad_id=0, max_response_length=R)
     seen = []

@@ -39,14 +39,44 @@ def test_thresholds_parse_as_verl_spells_them():
 def test_token_weights_truncate_or_zero_outside_the_band():
     w, m = is_weights(LOG_RATIO[:1], MASK[:1], "token", 2.0)
     assert close(w, [[2.0, 0.8, 1.5]])  # 3 truncated at 2
-    # mean 4.3/3; raw > 2: 1 of 3; raw < 1/2: none
-    assert m["rollout_is_mean"] == pytest.approx(4.3 / 3) and m["rollout_is_max"] == pytest.approx(2.0)
+    # the metrics are of the weights before truncation (verl's): mean (3 + 0.8 + 1.5) / 3 = 5.3/3, max 3;
+    # raw > 2: 1 of 3; raw < 1/2: none
+    assert m["rollout_is_mean"] == pytest.approx(5.3 / 3) and m["rollout_is_max"] == pytest.approx(3.0)
     assert m["rollout_is_min"] == pytest.approx(0.8)
     assert m["rollout_is_ratio_fraction_high"] == pytest.approx(1 / 3) and m["rollout_is_ratio_fraction_low"] == 0
-    # ESS = 1 / mean((w / mean w)^2) = 1 / ((4 + 0.64 + 2.25) / 3 / (4.3/3)^2) = 3 * 4.3^2 / (9 * 6.89)
+    # ESS of the weights held in [1/2, 2] (2, 0.8, 1.5): 1 / mean((w / mean w)^2)
+    #   = 1 / ((4 + 0.64 + 2.25) / 3 / (4.3/3)^2) = 3 * 4.3^2 / (9 * 6.89)
     assert m["rollout_is_eff_sample_size"] == pytest.approx(4.3 ** 2 / (3 * 6.89))
     w, _ = is_weights(LOG_RATIO[:1], MASK[:1], "token", "0.9_2.0")  # IcePop: 3 and 0.8 fall outside [0.9, 2]
     assert close(w, [[0.0, 0.0, 1.5]])
+
+
+def test_weight_metrics_are_of_the_weights_before_truncation_as_verl():
+    """verl's compute_is_metrics: mean, max and min of the weights before truncation; std and effective
+    sample size of the weights held in [1/threshold, threshold]; at sequence level the shares above and
+    below are of sequences, not tokens; and per-sequence statistics (rollout_is_seq_*)."""
+    # token level: log-ratios ln 3 and 0 at threshold 2 -> raw weights 3 and 1 (truncated: 2 and 1)
+    lr, mask = torch.tensor([[LN(3), 0.0]], dtype=torch.float64), torch.ones(1, 2, dtype=torch.float64)
+    w, m = is_weights(lr, mask, "token", 2.0)
+    assert close(w, [[2.0, 1.0]])
+    assert m["rollout_is_mean"] == pytest.approx(2.0) and m["rollout_is_max"] == pytest.approx(3.0)  # (3 + 1) / 2
+    assert m["rollout_is_min"] == pytest.approx(1.0) and m["rollout_is_ratio_fraction_high"] == pytest.approx(0.5)
+    # held in [0.5, 2]: 2 and 1, mean 1.5, E[w^2] = 2.5 -> std sqrt(2.5 - 2.25) = 0.5;
+    # ESS = 1 / mean((w / 1.5)^2) = 1 / ((4 + 1) / 2.25 / 2) = 0.9
+    assert m["rollout_is_std"] == pytest.approx(0.5) and m["rollout_is_eff_sample_size"] == pytest.approx(0.9)
+    # sequence level: row A's three tokens ln 3, 0, 0 -> 3 on each; row B one token, 1; row C fully masked (left out)
+    lr = torch.tensor([[LN(3), 0.0, 0.0], [0.0, 0.0, 0.0], [0.0, 0.0, 0.0]], dtype=torch.float64)
+    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 0.0, 0.0], [0.0, 0.0, 0.0]], dtype=torch.float64)
+    _, m = is_weights(lr, mask, "sequence", 2.0)
+    assert m["rollout_is_mean"] == pytest.approx(2.5)  # over the 4 tokens: (3 + 3 + 3 + 1) / 4
+    assert m["rollout_is_max"] == pytest.approx(3.0) and m["rollout_is_min"] == pytest.approx(1.0)
+    # above 2: sequence A, 1 of 2 sequences (per token it would be 3 of 4)
+    assert m["rollout_is_ratio_fraction_high"] == pytest.approx(0.5) and m["rollout_is_ratio_fraction_low"] == 0.0
+    # per sequence: 3 and 1 -> mean 2, unbiased std sqrt(((3-2)^2 + (1-2)^2) / 1) = sqrt 2, farthest from 1: 2
+    assert m["rollout_is_seq_mean"] == pytest.approx(2.0) and m["rollout_is_seq_std"] == pytest.approx(math.sqrt(2))
+    assert m["rollout_is_seq_max"] == pytest.approx(3.0) and m["rollout_is_seq_min"] == pytest.approx(1.0)
+    assert m["rollout_is_seq_max_deviation"] == pytest.approx(2.0)
+    assert m["rollout_is_seq_fraction_high"] == pytest.approx(0.5) and m["rollout_is_seq_fraction_low"] == 0.0
 
 
 def test_sequence_and_geometric_weights_and_batch_normalisation():
