@@ -28,9 +28,11 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from rlvr.config.schema import RayInitConfig, RLVRConfig
-from rlvr.config.verl_keys import VERL_ALIASES, VERL_NO_EFFECT, VERL_RENAMED
+from rlvr.config.verl_keys import (MEGATRON, TEXT_ONLY, VERL_ALIASES, VERL_GLOBAL_MICRO_BATCH, VERL_MEGATRON,
+                                   VERL_MEGATRON_LORA, VERL_MULTIMODAL, VERL_NO_EFFECT, VERL_RENAMED)
 from rlvr.registry import import_file
-from rlvr.config.validate import ConfigError, device_notes, distillation_notes, on_gpu, server_notes, validate
+from rlvr.config.validate import (ConfigError, device_notes, distillation_notes, offload_keys, on_gpu, server_notes,
+                                  uses_ray, validate)
 
 RECIPES_DIR = Path(__file__).parent
 DEFAULT_RECIPE = RECIPES_DIR / "grpo.yaml"
@@ -228,7 +230,7 @@ def _verl_keys(data: dict[str, Any], source: str) -> None:
     """Refuse verl keys that rlvr names differently, or whose value asks for what rlvr does not do (all of
     them at once, each with its reason); drop verl keys that have no effect in rlvr's design and say so
     in one notice (keys that share a reason on one line: a verl script sets a dozen of them)."""
-    refused: list[str] = []
+    refused = _backend_keys(data, source)
     dropped: dict[str, list[str]] = {}  # why -> the keys it explains
     _verl_walk(data, "", known_keys(), refused, dropped, source)
     if len(refused) == 1:
@@ -239,6 +241,62 @@ def _verl_keys(data: dict[str, Any], source: str) -> None:
         lines = "".join(f"\n  {', '.join(keys)}: {why}" for why, keys in dropped.items())
         print(f"[rlvr] note: verl settings (from {source}) that have no effect in rlvr:{lines}",
               file=sys.stderr, flush=True)
+
+
+# markers of a chat template that renders image or video parts (Qwen2-VL's, LLaVA's, Gemma 3's)
+VISION_TEMPLATE_MARKERS = ("<|image_pad|>", "<|video_pad|>", "<|vision_start|>", "image_url", "<image>",
+                           "<start_of_image>")
+STRATEGY_KEYS = ("actor_rollout_ref.actor.strategy", "actor_rollout_ref.ref.strategy", "critic.strategy",
+                 "reward_model.strategy")
+
+
+def _backend_keys(data: dict[str, Any], source: str) -> list[str]:
+    """Take out of ``data`` the keys of what rlvr does not train with, each group refused in one line with
+    its one reason: verl's Megatron-LM backend (``VERL_MEGATRON``, a ``strategy: megatron``, Megatron's
+    LoRA section with the FSDP keys to use instead), and image or video inputs (``VERL_MULTIMODAL``, a
+    chat template that renders image parts). A section's match covers its sub-keys."""
+    megatron, lora, images, taken = [], [], [], []
+    for key, value in _flatten(data).items():
+        if any(key.startswith(t + ".") for t in taken):
+            continue
+        section, _, name = key.rpartition(".")
+        if key in VERL_MEGATRON or key in STRATEGY_KEYS and value == "megatron":
+            megatron.append(f"{key}.*" if isinstance(value, dict) else f"{key}={value}")
+        elif key in VERL_MEGATRON_LORA and not isinstance(value, dict):
+            megatron.append(f"{key}={value!r}")
+        elif section in VERL_MEGATRON_LORA:
+            rlvr_key = VERL_MEGATRON_LORA[section].get(name)
+            lora.append(f"{key}={value} -> {rlvr_key}={value}" if rlvr_key else f"{key} (no FSDP counterpart)")
+        elif _multimodal(key, value):
+            images.append(f"{key}={value!r}")
+        elif key == "actor_rollout_ref.model.custom_chat_template" and isinstance(value, str) \
+                and any(marker in value for marker in VISION_TEMPLATE_MARKERS):
+            images.append(f"{key}=<a template that renders image and video parts>")
+        else:
+            continue
+        taken.append(key)
+    for key in taken:
+        _drop(data, key)
+    refused = []
+    if megatron or lora:
+        sections = sorted({f"{key.rpartition('.')[0]}.*" for key in taken
+                           if key.rpartition(".")[0] in VERL_MEGATRON_LORA})
+        refused.append(f"{', '.join(megatron + sections)} (from {source}): {MEGATRON}"
+                       + (f"; Megatron's LoRA keys become rlvr's (leaving them out would train every weight): "
+                          f"{', '.join(lora)}; rlvr's target_modules takes Hugging Face module names (all-linear, "
+                          "or q_proj, v_proj, ...)" if lora else ""))
+    if images:
+        refused.append(f"{', '.join(images)} (from {source}): {TEXT_ONLY}; remove them (a vision-language model "
+                       "cannot be trained here)")
+    return refused
+
+
+def _multimodal(key: str, value: Any) -> bool:
+    """Whether ``key=value`` asks for image or video inputs (``VERL_MULTIMODAL``)."""
+    for pattern, harmless in VERL_MULTIMODAL.items():
+        if key == pattern or "*" in pattern and fnmatch.fnmatchcase(key, pattern):
+            return harmless is None or value not in harmless
+    return False
 
 
 def _verl_aliases(data: dict[str, Any], source: str, penalty_ends: list | None = None) -> None:
@@ -273,6 +331,114 @@ def _verl_aliases(data: dict[str, Any], source: str, penalty_ends: list | None =
     if moved:
         print(f"[rlvr] note: verl keys (from {source}) read under rlvr's names: {', '.join(moved)}",
               file=sys.stderr, flush=True)
+
+
+@dataclasses.dataclass
+class VerlReadings:
+    """verl keys whose meaning depends on keys another layer may set, taken out of each layer (``take``)
+    and read once every layer is merged (``apply``): verl's global micro-batch sizes (divided by the
+    device count), ``trainer.resume_from_path`` (read only with ``resume_mode=resume_path``) and the
+    ``prime`` reward manager (a pool of scorers, unless the user sized reward.num_workers)."""
+
+    micro: dict[str, tuple[Any, str]] = dataclasses.field(default_factory=dict)  # verl key -> (value, layer)
+    resume_from_path: tuple[Any, str] | None = None
+    prime: str | None = None  # the layer that chose reward_model.reward_manager=prime
+    set_by: dict[str, str] = dataclasses.field(default_factory=dict)  # rlvr keys the user's layers set -> layer
+
+    def take(self, data: dict[str, Any], source: str) -> None:
+        flat = _flatten(data)
+        for key in VERL_GLOBAL_MICRO_BATCH:
+            if key in flat and not isinstance(flat[key], dict):
+                self.micro[key] = (flat[key], source)
+                _drop(data, key)
+        if "trainer.resume_from_path" in flat:
+            self.resume_from_path = (flat["trainer.resume_from_path"], source)
+            _drop(data, "trainer.resume_from_path")
+        if flat.get("reward_model.reward_manager") == "prime":
+            self.prime = source
+            _drop(data, "reward_model.reward_manager")
+        _prune_empty(data, "", known_keys())
+
+    def apply(self, cfg: RLVRConfig) -> None:
+        errors = self._micro_batches(cfg)
+        if errors:
+            raise ConfigError(errors[0] if len(errors) == 1 else
+                              f"{len(errors)} verl settings rlvr cannot take:\n  - " + "\n  - ".join(errors))
+        self._resume(cfg)
+        if self.prime is not None:
+            set_by = self.set_by.get("reward.num_workers")
+            if set_by is None:
+                cfg.reward.num_workers = PRIME_WORKERS
+            print(f"[rlvr] note: reward_model.reward_manager=prime (from {self.prime}) is verl's naive scorer run in a "
+                  f"pool of {PRIME_WORKERS} processes: rlvr's reward manager with reward.num_workers="
+                  f"{cfg.reward.num_workers}{f' (from {set_by})' if set_by else ''}; "
+                  "a row that raises or times out scores reward.failure_score (verl's 0.0), and the time limit is "
+                  "reward.timeout_s (verl's pool gives each row 300 s)", file=sys.stderr, flush=True)
+
+    def _micro_batches(self, cfg: RLVRConfig) -> list[str]:
+        """verl's global micro-batch: per device = value // devices (verl divides by the data-parallel size,
+        devices / Ulysses size, and rlvr has no Ulysses); refused beside the per-device key, or where the
+        division leaves no row, as verl refuses both."""
+        world = cfg.trainer.n_gpus_per_node * cfg.trainer.nnodes
+        errors, read = [], []
+        for key, (value, source) in self.micro.items():
+            per_device = VERL_GLOBAL_MICRO_BATCH[key]
+            if value is None:  # verl's default: the per-device key decides
+                continue
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                errors.append(f"{key}={value!r} (from {source}) must be a whole number of rows >= 1 (verl's global "
+                              f"micro-batch, divided over the devices)")
+            elif per_device in self.set_by:
+                errors.append(f"{key}={value} (from {source}) and {per_device}={_select(cfg, per_device)} (from "
+                              f"{self.set_by[per_device]}) are one setting (verl's global micro-batch, and the "
+                              "per-device one verl divides it into; verl refuses both too): keep one")
+            elif value // world == 0:
+                errors.append(f"{key}={value} (from {source}) is verl's global micro-batch, split over {world} "
+                              f"devices (trainer.n_gpus_per_node x nnodes): {value} // {world} = 0 rows per device "
+                              f"(verl refuses it too); set it to at least {world}, or set {per_device}")
+            else:
+                _assign(cfg, per_device, value // world)
+                read.append(f"{key}={value} -> {per_device} = {value} // {world} = {value // world}")
+        if read and not errors:
+            devices = f"{world} device{'s' if world > 1 else ''}"
+            print(f"[rlvr] note: verl's global micro-batch sizes read per device, divided by the {devices} "
+                  f"(trainer.n_gpus_per_node x nnodes) as verl divides them: {'; '.join(read)}",
+                  file=sys.stderr, flush=True)
+        return errors
+
+    def _resume(self, cfg: RLVRConfig) -> None:
+        """verl's ``resume_mode=resume_path`` resumes from ``resume_from_path``, rlvr's resume_mode names the
+        folder itself; verl ignores resume_from_path under any other mode."""
+        path, source = self.resume_from_path or (None, None)
+        trainer = cfg.trainer
+        if trainer.resume_mode == "resume_path":
+            if path is None:
+                raise ConfigError("trainer.resume_mode=resume_path (verl's) resumes from trainer.resume_from_path, "
+                                  "which is not set: set it to the checkpoint folder (<run dir>/checkpoints/"
+                                  "global_step_<k>), or set trainer.resume_mode to that folder (rlvr's spelling)")
+            trainer.resume_mode = str(path)
+            print(f"[rlvr] note: trainer.resume_mode=resume_path with trainer.resume_from_path={path} (from {source}) "
+                  f"read as trainer.resume_mode={path} (rlvr names the checkpoint folder in resume_mode)",
+                  file=sys.stderr, flush=True)
+        elif path is not None:
+            print(f"[rlvr] note: trainer.resume_from_path={path} (from {source}) has no effect: verl reads it only "
+                  f"with trainer.resume_mode=resume_path, and resume_mode is {trainer.resume_mode}",
+                  file=sys.stderr, flush=True)
+
+
+PRIME_WORKERS = 64  # verl's PrimeRewardManager: ProcessPoolExecutor(max_workers=64)
+
+
+def _select(cfg: RLVRConfig, key: str) -> Any:
+    node = cfg
+    for part in key.split("."):
+        node = getattr(node, part)
+    return node
+
+
+def _assign(cfg: RLVRConfig, key: str, value: Any) -> None:
+    *path, name = key.split(".")
+    setattr(_select(cfg, ".".join(path)), name, value)
 
 
 def _prune_empty(node: dict[str, Any], prefix: str, schema: dict[str, Any]) -> None:
@@ -511,16 +677,20 @@ def load_config(config_file: str | Path | None = None, overrides: Iterable[str] 
                      if "checkpoint_engine" in (data.get("actor_rollout_ref") or {}).get("rollout", {})]
     async_chosen_at = None  # the layer whose async_training chose trainer.v1.trainer_mode
     penalty_ends: list = []  # verl's reward_model.reward_kwargs.max_resp_len, with its layer
+    readings = VerlReadings()  # verl keys whose meaning needs every layer: read once they are merged
     for i, (data, source) in enumerate(layers):
         if "trainer_mode" in ((data.get("trainer") or {}).get("v1") or {}):
             async_chosen_at = None  # set by hand: kept
         if _fully_async_keys(data, source, merged):
             async_chosen_at = i
         _rollout_is_keys(data, source)
+        readings.take(data, source)
         _verl_aliases(data, source, penalty_ends)
         _verl_keys(data, source)
         _ray_init_keys(data, source)
         _check_keys(data, source)
+        if i > 0:  # the base's settings are defaults, not the user's
+            readings.set_by.update((key, source) for key in _flatten(data))
         try:
             merged = OmegaConf.merge(merged, OmegaConf.create(data))
         except OmegaConfBaseException as err:
@@ -550,11 +720,14 @@ def load_config(config_file: str | Path | None = None, overrides: Iterable[str] 
     # files by absolute path: Ray's TaskRunner and workers import them again, from their own folder
     cfg.custom_modules = [os.path.abspath(Path(e).expanduser()) if e.endswith(".py") else e for e in cfg.custom_modules]
     import_custom_modules(cfg.custom_modules)
+    readings.apply(cfg)
     resolve_device(cfg, device_hint)
     resolve_precision(cfg)
     resolve_strategy(cfg)
     resolve_rollout_mode(cfg)
     resolve_critic_batches(cfg)
+    resolve_rollout_correction(cfg)
+    resolve_ray_address(cfg)
     validate(cfg)
     _check_tools(cfg)
     for note in distillation_notes(cfg) + server_notes(cfg) + device_notes(cfg):
@@ -596,6 +769,13 @@ def _hydra_keys(data: dict[str, Any], source: str) -> bool:
     if not isinstance(entries, (list, type(None))):
         raise ConfigError(f"defaults (from {source}) must be Hydra's defaults list, e.g. [ppo_trainer, _self_]")
     other = [e for e in entries or [] if e not in ("ppo_trainer", "_self_")]
+    megatron = [e for e in other if "megatron" in str(e)]  # ppo_megatron_trainer, {actor@...: megatron_actor}
+    if megatron:
+        raise ConfigError(f"defaults (from {source}) entry {megatron[0]!r} composes verl's Megatron config: verl's "
+                          "Megatron-LM backend is not implemented in rlvr, which shards with FSDP2 "
+                          "(actor_rollout_ref.actor.strategy=fsdp2); name ppo_trainer (verl's FSDP defaults) instead "
+                          "and drop the Megatron keys (*.megatron.*; Megatron's LoRA keys actor_rollout_ref.model."
+                          "lora.* become actor_rollout_ref.model.lora_rank/lora_alpha)")
     if other:
         raise ConfigError(f"defaults (from {source}) entry {other[0]!r}: rlvr composes no Hydra config groups; "
                           "verl's ppo_trainer (its defaults) and _self_ are the entries it reads; put the group's "
@@ -620,31 +800,64 @@ PRECISION_KEYS = ("actor_rollout_ref.actor.dtype", "actor_rollout_ref.rollout.dt
                   "actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype")
 
 
+MIXED_PRECISION_KEYS = ("actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype",
+                        "actor_rollout_ref.actor.fsdp_config.mixed_precision.reduce_dtype")
+# verl's other spellings (its PrecisionType, verl/utils/torch_dtypes.py) of the precisions rlvr trains in
+VERL_PRECISIONS = {"bf16": "bfloat16", "fp32": "float32", "32": "float32"}
+
+
 def resolve_precision(cfg: RLVRConfig) -> None:
     """``auto`` precisions follow the device: bfloat16 compute on GPUs (verl's defaults; fp32
     master weights, optimizer state and gradient reduction stay), float32 on CPUs, where bf16
-    matmuls are slower. The resolved config (printed and saved with every run) says which."""
+    matmuls are slower. verl's spellings of the mixed precisions (``bf16``, ``fp32``) are rlvr's
+    names from here on, for every reader. The resolved config (printed and saved with every run)
+    says which."""
     gpu = on_gpu(cfg)
+    for key in MIXED_PRECISION_KEYS:
+        value = _select(cfg, key)
+        _assign(cfg, key, VERL_PRECISIONS.get(value, value))
     for key in PRECISION_KEYS:
-        *path, name = key.split(".")
-        node = cfg
-        for part in path:
-            node = getattr(node, part)
-        if getattr(node, name) == "auto":
-            setattr(node, name, "bfloat16" if gpu else "float32")
+        if _select(cfg, key) == "auto":
+            _assign(cfg, key, "bfloat16" if gpu else "float32")
 
 
 def resolve_strategy(cfg: RLVRConfig) -> None:
     """verl's ``strategy: fsdp`` (its default, FSDP sharding) is rlvr's fsdp2, said in a notice; ``auto``
     (a config that names no strategy) is local on one device and fsdp2 on more, where a verl script
-    that sets only ``trainer.n_gpus_per_node`` gets verl's sharded default."""
-    actor, trainer = cfg.actor_rollout_ref.actor, cfg.trainer
+    that sets only ``trainer.n_gpus_per_node`` gets verl's sharded default.
+
+    On one device, verl's FSDP honours ``param_offload`` / ``optimizer_offload`` (its one-GPU LoRA
+    tuning scripts set them): ``auto`` with offload on a GPU is fsdp2, which offloads too; with LoRA,
+    which rlvr trains unsharded only, and on a CPU, where the model is in host memory already, it is
+    local, and the offloads are turned off with a notice (``rlvr plan`` and the memory check before
+    training refuse a run that does not fit without them). An explicit strategy is kept as given."""
+    arr, trainer = cfg.actor_rollout_ref, cfg.trainer
+    actor = arr.actor
     if actor.strategy == "fsdp":
         print("[rlvr] note: actor_rollout_ref.actor.strategy=fsdp (verl's FSDP) is rlvr's fsdp2: each decoder "
               "layer, then the root, sharded with torch's FSDP2", file=sys.stderr, flush=True)
         actor.strategy = "fsdp2"
+    elif actor.strategy == "auto" and trainer.n_gpus_per_node * trainer.nnodes > 1:
+        actor.strategy = "fsdp2"
     elif actor.strategy == "auto":
-        actor.strategy = "local" if trainer.n_gpus_per_node * trainer.nnodes == 1 else "fsdp2"
+        offloads = offload_keys(arr)
+        lora = arr.model.lora_rank > 0 or cfg.algorithm.adv_estimator == "gae" and cfg.critic.model.lora_rank > 0
+        if offloads and on_gpu(cfg) and not lora:
+            actor.strategy = "fsdp2"
+            print(f"[rlvr] note: actor_rollout_ref.{{{','.join(offloads)}}} on one device: "
+                  "actor_rollout_ref.actor.strategy=fsdp2 (one shard), which offloads between phases as verl's FSDP "
+                  "does on one GPU (with no offload, one device trains the model unsharded, strategy=local)",
+                  file=sys.stderr, flush=True)
+            return
+        actor.strategy = "local"
+        if offloads and (on_gpu(cfg) or trainer.device == "auto"):  # device=cpu with offload is refused
+            why = ("LoRA trains unsharded (strategy=local), which keeps the parameters and the optimizer state on "
+                   "the device" if on_gpu(cfg) else
+                   "this machine has no CUDA device (trainer.device=auto runs on the CPU, where the model already is)")
+            print(f"[rlvr] note: actor_rollout_ref.{{{','.join(offloads)}}} turned off: {why}; rlvr plan and the "
+                  "memory check before training refuse a run that does not fit", file=sys.stderr, flush=True)
+            actor.fsdp_config.param_offload = actor.fsdp_config.optimizer_offload = False
+            arr.ref.fsdp_config.param_offload = False
 
 
 def resolve_rollout_mode(cfg: RLVRConfig) -> None:
@@ -667,6 +880,37 @@ def resolve_rollout_mode(cfg: RLVRConfig) -> None:
               "them) or give actor_rollout_ref.rollout.external_server_addresses (docs/servers.md)",
               file=sys.stderr, flush=True)
         rollout.mode = "sync"
+
+
+def resolve_rollout_correction(cfg: RLVRConfig) -> None:
+    """Bypass mode's ``ppo_clip`` loss with ``rollout_is`` weights: verl computes the weights for its
+    metrics only (``compute_policy_loss_bypass_mode``: "IS weights are NOT applied", the clipped ratio
+    is already pi / pi_rollout, so they would count the correction twice), and so does rlvr's actor
+    (``Actor._micro_loss``); a notice says so."""
+    rc, key = cfg.algorithm.rollout_correction, "algorithm.rollout_correction"
+    if not (rc.bypass_mode and rc.loss_type == "ppo_clip" and rc.rollout_is is not None):
+        return
+    print(f"[rlvr] note: {key}.rollout_is={rc.rollout_is} with bypass_mode and loss_type=ppo_clip: as in verl, the "
+          "weights are computed for the rollout_corr/ metrics only and not applied (the clipped ratio is already "
+          f"pi / pi_rollout); {key}.loss_type=reinforce applies them", file=sys.stderr, flush=True)
+
+
+def resolve_ray_address(cfg: RLVRConfig) -> None:
+    """``ray_kwargs.ray_init.address: null`` is ray.init's: the cluster in ``RAY_ADDRESS`` (what ``ray job
+    submit`` sets), else a Ray of rlvr's own on 127.0.0.1. A run on Ray reads ``RAY_ADDRESS`` here, so
+    the saved config and every reader (several nodes' check, the workers' rendezvous) see the cluster;
+    a one-device run trains in this process, without Ray, and says so."""
+    env = os.environ.get("RAY_ADDRESS")
+    ray_init = cfg.ray_kwargs.ray_init
+    if not env or ray_init.address is not None:
+        return
+    if uses_ray(cfg):
+        ray_init.address = env
+        print(f"[rlvr] note: ray_kwargs.ray_init.address=null with RAY_ADDRESS={env} in the environment: the run "
+              "joins that cluster, as ray.init does", file=sys.stderr, flush=True)
+    else:
+        print(f"[rlvr] note: RAY_ADDRESS={env} is set, but one device trains in this process, without Ray; to run "
+              "on that cluster set ray_kwargs.ray_init.address=auto", file=sys.stderr, flush=True)
 
 
 def resolve_critic_batches(cfg: RLVRConfig) -> None:

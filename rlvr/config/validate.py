@@ -260,7 +260,7 @@ def on_gpu(config: RLVRConfig) -> bool:
     return device == "cuda" or (device == "auto" and torch.cuda.is_available())
 
 
-def _offloads(arr) -> list[str]:
+def offload_keys(arr) -> list[str]:
     """The offload keys set (under actor_rollout_ref)."""
     return [k for k, on in (("actor.fsdp_config.param_offload", arr.actor.fsdp_config.param_offload),
                             ("actor.fsdp_config.optimizer_offload", arr.actor.fsdp_config.optimizer_offload),
@@ -270,7 +270,7 @@ def _offloads(arr) -> list[str]:
 def device_notes(cfg: RLVRConfig) -> list[str]:
     """Settings a GPU script carries that trainer.device=auto on a machine without CUDA leaves without
     effect (refused outright under trainer.device=cpu): said, not dropped silently."""
-    offloads = _offloads(cfg.actor_rollout_ref)
+    offloads = offload_keys(cfg.actor_rollout_ref)
     if offloads and cfg.trainer.device == "auto" and not on_gpu(cfg):
         return [f"actor_rollout_ref.{{{','.join(offloads)}}} have no effect here: this machine has no CUDA device "
                 "(trainer.device=auto runs on the CPU, where the model already is)"]
@@ -528,10 +528,6 @@ def _rollout_correction(cfg: RLVRConfig) -> list[str]:
     elif rc.loss_type != "ppo_clip" and not rc.bypass_mode:
         errors.append(f"{key}.loss_type = {rc.loss_type!r} is the loss of bypass mode; set {key}.bypass_mode=true, "
                       "or leave loss_type at ppo_clip (the policy loss of actor.policy_loss.loss_mode)")
-    elif rc.bypass_mode and rc.loss_type == "ppo_clip" and rc.rollout_is is not None:
-        errors.append(f"{key}.rollout_is = {rc.rollout_is!r} with bypass_mode and loss_type=ppo_clip: the clipped "
-                      "ratio is already pi / pi_rollout, so weights would count the correction twice (verl computes "
-                      "them for metrics only); set loss_type=reinforce to apply them, or rollout_is=null")
     rollout = cfg.actor_rollout_ref.rollout
     truncated = [f"{name}={value}" for name, value, on in (("top_p", rollout.top_p, rollout.top_p < 1),
                                                            ("top_k", rollout.top_k, rollout.top_k > 0),
@@ -689,6 +685,29 @@ NOT_IMPLEMENTED = (
 )
 
 
+def _text_models(cfg: RLVRConfig) -> list[str]:
+    """The policy (and a critic) is a text model: a local folder whose config.json has a ``vision_config``
+    is a vision-language model (Qwen2.5-VL, GLM-4.1V, Gemma 3, LLaVA), refused before anything loads."""
+    import json
+
+    from rlvr.config.verl_keys import TEXT_ONLY
+
+    paths = [("actor_rollout_ref.model.path", cfg.actor_rollout_ref.model.path)]
+    if cfg.algorithm.adv_estimator == "gae" and cfg.critic.model.path not in (None, paths[0][1]):
+        paths.append(("critic.model.path", cfg.critic.model.path))
+    errors = []
+    for key, path in paths:
+        config = Path(path).expanduser() / "config.json"
+        try:
+            model = json.loads(config.read_text()) if config.is_file() else {}
+        except (OSError, ValueError):
+            continue  # the model loader names a damaged config.json
+        if isinstance(model, dict) and "vision_config" in model:
+            errors.append(f"{key} = {path!r} is a vision-language model (its config.json has vision_config; "
+                          f"model_type {model.get('model_type')!r}): {TEXT_ONLY}; use a text model")
+    return errors
+
+
 def _not_implemented(cfg: RLVRConfig) -> list[str]:
     return [f"{key}: {why}" for key, asked, why in NOT_IMPLEMENTED if asked(cfg)]
 
@@ -823,9 +842,12 @@ def _distributed(cfg: RLVRConfig) -> list[str]:
     if world > 1 and arr.actor.strategy != "fsdp2":
         errors.append(f"trainer.n_gpus_per_node x nnodes = {world} devices: the actor is split over them with "
                       "FSDP2; set actor_rollout_ref.actor.strategy=fsdp2")
+    offloads = offload_keys(arr)
     if arr.actor.strategy == "fsdp2" and arr.model.lora_rank > 0:
         errors.append("actor_rollout_ref.model.lora_rank > 0 with strategy=fsdp2 is not implemented yet; use "
-                      "strategy=local (one device) for LoRA, or lora_rank=0")
+                      "strategy=local (one device) for LoRA, or lora_rank=0"
+                      + (f" (under local, with actor_rollout_ref.{{{','.join(offloads)}}} false: it keeps the "
+                         "parameters and optimizer state on the device)" if offloads and world == 1 else ""))
     if arr.actor.strategy == "fsdp2" and cfg.algorithm.adv_estimator == "gae" and cfg.critic.model.lora_rank > 0:
         errors.append("critic.model.lora_rank > 0 with strategy=fsdp2 (the critic is sharded like the actor) is not "
                       "implemented yet; use strategy=local (one device) for a LoRA critic, or critic.model.lora_rank=0")
@@ -835,12 +857,15 @@ def _distributed(cfg: RLVRConfig) -> list[str]:
                         fsdp.mixed_precision.reduce_dtype)):
         if value not in DTYPES:
             errors.append(f"{key} = {value!r}; choose one of {list(DTYPES)}")
-    offloads = _offloads(arr)
-    if offloads and arr.actor.strategy != "fsdp2":
-        errors.append(f"actor_rollout_ref.{offloads[0]} needs actor_rollout_ref.actor.strategy=fsdp2")
-    elif offloads and trainer.device == "cpu":
+    if offloads and trainer.device == "cpu":
         errors.append(f"actor_rollout_ref.{offloads[0]} moves GPU memory to the CPU; with trainer.device=cpu the "
                       "model is already there: set it to false (to plan a GPU run on this machine: trainer.device=cuda)")
+    elif offloads and arr.actor.strategy != "fsdp2" and arr.model.lora_rank > 0:
+        errors.append(f"actor_rollout_ref.{offloads[0]} is not implemented under strategy=local (one unsharded "
+                      "model), the strategy LoRA trains under: set it to false (rlvr plan says whether the run fits)")
+    elif offloads and arr.actor.strategy != "fsdp2":
+        errors.append(f"actor_rollout_ref.{offloads[0]} needs actor_rollout_ref.actor.strategy=fsdp2 (sharded, one "
+                      "device included), or set it to false")
     if not arr.hybrid_engine and arr.rollout.mode != "async":  # async: the servers are the rollout's own devices
         rollout_world = arr.rollout.n_gpus_per_node
         if rollout_world < 1:
@@ -856,10 +881,11 @@ def _distributed(cfg: RLVRConfig) -> list[str]:
     elif arr.rollout.n_gpus_per_node != 1 and arr.rollout.mode != "async":  # async: the replicas rlvr starts
         errors.append("actor_rollout_ref.rollout.n_gpus_per_node sizes the rollout's own pool, which exists only with "
                       "actor_rollout_ref.hybrid_engine=false; with the hybrid engine the rollout uses the actor's devices")
-    if trainer.nnodes > 1 and cfg.ray_kwargs.ray_init.address is None:
-        errors.append(f"trainer.nnodes = {trainer.nnodes}: several nodes run on an existing Ray cluster; start one "
-                      "(`ray start --head` on one node, `ray start --address=HEAD:6379` on the others) and set "
-                      "ray_kwargs.ray_init.address=auto")
+    if trainer.nnodes > 1 and cfg.ray_kwargs.ray_init.address is None:  # RAY_ADDRESS is read into it at load
+        errors.append(f"trainer.nnodes = {trainer.nnodes}: several nodes run on an existing Ray cluster, and neither "
+                      "ray_kwargs.ray_init.address nor RAY_ADDRESS names one; start one (`ray start --head` on one "
+                      "node, `ray start --address=HEAD:6379` on the others) and set ray_kwargs.ray_init.address=auto "
+                      "(or submit with `ray job submit`, which sets RAY_ADDRESS)")
     return errors
 
 
@@ -1055,7 +1081,7 @@ def validate(cfg: RLVRConfig) -> None:
         + _reward_model(cfg) + _async_training(cfg) + _agent_loops(cfg) + _distillation(cfg)
     errors += _grad_clips(cfg) + _training_sampling(cfg) + _run_names(cfg) + _number_ranges(cfg) \
         + _unread_rollout_keys(cfg) + _sampling_ranges(cfg)
-    errors += _reward_settings(cfg)
+    errors += _reward_settings(cfg) + _text_models(cfg)
     if errors:
         raise ConfigError("invalid config:\n  - " + "\n  - ".join(errors))
 

@@ -9,7 +9,11 @@ its key list is test data, ``tests/config/verl_generated_keys.txt``) is one of:
 - ``VERL_NO_EFFECT``: a key with no effect in rlvr's design, accepted with one notice, as long as
   its value asks for nothing rlvr would not do; a value that would need the feature is refused
   with the reason and the value to use;
-- ``VERL_RENAMED``: refused with the rlvr key to use instead.
+- ``VERL_RENAMED``: refused with the rlvr key to use instead;
+- ``VERL_READ_AT_LOAD``: read with verl's meaning where it depends on other keys (verl's global
+  micro-batch sizes, divided by the devices; ``trainer.resume_from_path``), once every layer is merged;
+- ``VERL_MEGATRON`` and ``VERL_MULTIMODAL``: refused, each group with its one reason (verl's
+  Megatron-LM backend; image and video inputs), whatever the value.
 
 Keys are dotted; a ``*`` in a ``VERL_NO_EFFECT`` key matches any part of a key (``*._target_``:
 Hydra's instantiation targets in every section). An exact key wins over a pattern; a section's
@@ -29,6 +33,7 @@ _CRITIC_FSDP = ("the critic is sharded like the actor (actor.strategy, its mixed
 _VERL_COPY = "verl's copy of another key, filled in by verl itself; rlvr reads the original"
 _RM_SERVER = ("rlvr scores with the reward model as a transformers sequence classifier in the trainer "
               "(reward.reward_model); verl's reward-model server and worker settings do not apply")
+TEXT_ONLY = "rlvr trains text models: no image or video inputs reach the model or the rollout engine"
 _ONE_MANAGER = ("rlvr has one reward manager: the scorer of each row's data_source (or reward.functions, "
                 "reward.custom_reward_function), plus DAPO's reward.overlong_buffer when enabled")
 
@@ -96,6 +101,9 @@ VERL_NO_EFFECT: dict[str, tuple[str, tuple | None]] = {
     "*.fsdp_config.offload_policy": (
         "offload is between phases (fsdp_config.param_offload, optimizer_offload), not inside a step", (False,)),
     "actor_rollout_ref.ref.fsdp_config.optimizer_offload": ("the reference has no optimizer", None),
+    "actor_rollout_ref.actor.fsdp_config.mixed_precision.buffer_dtype": (
+        "buffers (rotary frequencies, norms' statistics) stay float32, verl's default buffer_dtype: rlvr loads "
+        "the model in float32 and FSDP2's mixed precision casts parameters only", ("fp32", "float32", "32", 32)),
     "*.fsdp_config.model_dtype": ("master weights are float32", ("fp32", "float32")),
     "*.fsdp_config.use_orig_params": ("FSDP2 shards the original parameters (no flat parameters)", None),
     "*.fsdp_config.seed": ("every random stream is seeded from trainer.seed", None),
@@ -127,7 +135,7 @@ VERL_NO_EFFECT: dict[str, tuple[str, tuple | None]] = {
     "actor_rollout_ref.actor.use_fused_kernels": (_CHUNKED, None),
     "actor_rollout_ref.actor.use_remove_padding": ("rlvr packs each group around one prompt, with no separate "
                                                    "padding-removal switch", None),
-    "actor_rollout_ref.actor.freeze_vision_tower": ("rlvr trains text models", (False,)),
+    "actor_rollout_ref.actor.freeze_vision_tower": (TEXT_ONLY + " (there is no vision tower)", (False,)),
     "actor_rollout_ref.actor.policy_loss.clip_cov_ratio": ("read only by verl's clip_cov and kl_cov losses, which "
                                                           "rlvr does not register", None),
     "actor_rollout_ref.actor.policy_loss.clip_cov_lb": ("read only by verl's clip_cov loss, not registered", None),
@@ -197,6 +205,8 @@ VERL_NO_EFFECT: dict[str, tuple[str, tuple | None]] = {
     "actor_rollout_ref.rollout.over_sample_rate": (
         "verl declares it (abort the slowest requests) but no verl code reads it at b178a3cd; rlvr waits for "
         "every row of the batch", None),
+    "actor_rollout_ref.rollout.sglang_rollout_mode": (
+        "verl dropped it: no verl code reads it at b178a3cd (one of its example YAMLs still sets it)", None),
     "actor_rollout_ref.rollout.multi_stage_wake_up": (
         "rlvr's vLLM always wakes in two stages (its weights, then the KV cache once the actor has moved off)", None),
     "actor_rollout_ref.rollout.engine_kwargs.vllm": (
@@ -238,10 +248,7 @@ VERL_NO_EFFECT: dict[str, tuple[str, tuple | None]] = {
     "data.return_full_prompt": ("the full prompt is not needed by any rlvr component", None),
     "data.dataloader_num_workers": ("rows are tokenised once at load, in the trainer process", None),
     "data.filter_overlong_prompts_workers": ("rows are tokenised once at load, in the trainer process", None),
-    "data.image_patch_size": ("rlvr trains text models", None),
-    "data.image_key": ("rlvr trains text models: image columns are not read", None),
-    "data.video_key": ("rlvr trains text models: video columns are not read", None),
-    "data.return_multi_modal_inputs": ("rlvr trains text models", None),
+    "data.return_multi_modal_inputs": (TEXT_ONLY, None),
     "data.validation_shuffle": ("validation runs over the rows in file order", (False,)),
     "data.trust_remote_code": ("the tokenizer is loaded with actor_rollout_ref.model.trust_remote_code", None),
     "data.custom_cls.path": ("custom dataset classes are not implemented; write rows in verl's format "
@@ -341,14 +348,59 @@ VERL_ALIASES: dict[str, str] = {
 
 # verl key (or section) -> the rlvr key to use instead
 VERL_RENAMED: dict[str, str] = {
-    "actor_rollout_ref.actor.ppo_micro_batch_size": "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu",
-    "actor_rollout_ref.rollout.log_prob_micro_batch_size": "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu",
-    "actor_rollout_ref.ref.log_prob_micro_batch_size": "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu",
-    "critic.ppo_micro_batch_size": "critic.ppo_micro_batch_size_per_gpu",
-    "reward_model.micro_batch_size": "reward.reward_model.micro_batch_size_per_gpu (rows per device)",
     "reward_model.reward_kwargs": "reward.custom_reward_function.reward_kwargs (keyword arguments of the scorer); "
                                   "DAPO's overlong_buffer_cfg.{enable,len,penalty_factor} are read as reward.overlong_buffer",
     "data.tokenizer": "actor_rollout_ref.model.tokenizer_path",
     "actor_rollout_ref.rollout.multi_turn.max_turns": "actor_rollout_ref.rollout.multi_turn.max_assistant_turns",
-    "trainer.resume_from_path": "trainer.resume_mode (auto, disable, or the checkpoint folder itself)",
+}
+
+# verl's global micro-batch sizes (rows per forward over all the data-parallel ranks) -> rlvr's per-device
+# key. verl divides them by the device count over the Ulysses size (fsdp_workers.py; rlvr has no Ulysses),
+# and refuses the global key beside the per-device one (ActorConfig, CriticConfig): so does rlvr, at load
+VERL_GLOBAL_MICRO_BATCH: dict[str, str] = {
+    "actor_rollout_ref.actor.ppo_micro_batch_size": "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu",
+    "actor_rollout_ref.rollout.log_prob_micro_batch_size": "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu",
+    "actor_rollout_ref.ref.log_prob_micro_batch_size": "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu",
+    "critic.ppo_micro_batch_size": "critic.ppo_micro_batch_size_per_gpu",
+    "reward_model.micro_batch_size": "reward.reward_model.micro_batch_size_per_gpu",
+}
+
+# verl keys read with verl's meaning once every layer is merged (rlvr/config/loader.py), as what they become
+VERL_READ_AT_LOAD: dict[str, str] = {
+    **{key: f"{per_device} = {key} // (trainer.n_gpus_per_node x trainer.nnodes)"
+       for key, per_device in VERL_GLOBAL_MICRO_BATCH.items()},
+    "trainer.resume_from_path": "trainer.resume_mode (the checkpoint folder) with trainer.resume_mode=resume_path; "
+                                "ignored otherwise, as verl ignores it",
+}
+
+MEGATRON = ("verl's Megatron-LM backend is not implemented in rlvr, which shards with FSDP2 "
+            "(actor_rollout_ref.actor.strategy=fsdp2): drop them")
+# the keys of verl's Megatron config (ppo_megatron_trainer.yaml) that its FSDP config does not have; a
+# section covers its sub-keys. Refused for any value: a default-valued one is still a Megatron script's
+VERL_MEGATRON: tuple[str, ...] = (
+    "actor_rollout_ref.actor.megatron", "actor_rollout_ref.ref.megatron", "critic.megatron", "reward_model.megatron",
+    "actor_rollout_ref.actor.load_weight", "actor_rollout_ref.ref.load_weight", "critic.load_weight",
+    "reward_model.load_weight", "critic.nccl_timeout", "reward_model.nccl_timeout",
+    "actor_rollout_ref.rollout.layer_name_map",
+    "actor_rollout_ref.model.override_config.model_config", "actor_rollout_ref.model.override_config.moe_config",
+    "critic.model.override_config.model_config", "critic.model.override_config.moe_config",
+    *(f"{role}.optim.{name}" for role in ("actor_rollout_ref.actor", "critic")
+      for name in ("lr_warmup_init", "lr_decay_steps", "lr_decay_style", "min_lr", "weight_decay_incr_style",
+                   "lr_wsd_decay_style", "lr_wsd_decay_steps", "use_checkpoint_opt_param_scheduler")),
+)
+# Megatron's LoRA section -> the FSDP LoRA keys rlvr reads (never dropped: the run would train every weight)
+VERL_MEGATRON_LORA: dict[str, dict[str, str]] = {
+    "actor_rollout_ref.model.lora": {"rank": "actor_rollout_ref.model.lora_rank",
+                                     "alpha": "actor_rollout_ref.model.lora_alpha"},
+    "critic.model.lora": {"rank": "critic.model.lora_rank", "alpha": "critic.model.lora_alpha"},
+}
+
+# keys that only a vision-language run sets (``*`` matches any part of a key) -> the values that ask for no
+# image or video input, or None: refused for any value (a script that names its image column has images)
+VERL_MULTIMODAL: dict[str, tuple | None] = {
+    "data.image_key": None,
+    "data.video_key": None,
+    "data.image_patch_size": None,
+    "actor_rollout_ref.rollout.engine_kwargs.*mm_*": None,  # vLLM's disable_mm_preprocessor_cache, limit_mm_per_prompt
+    "reward_model.rollout.limit_images": (None,),
 }

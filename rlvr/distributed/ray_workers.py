@@ -61,7 +61,11 @@ def init_ray(address: str | None, num_cpus: int | None, run_dir: Path, runtime_e
     """Connect to the cluster at ``address``, or start a local Ray bound to 127.0.0.1 whose logs
     are reachable as ``run_dir/ray``. Returns whether this call started it. ``runtime_env`` and
     ``kwargs`` (verl's ``ray_kwargs.ray_init``) reach ``ray.init`` as given; rlvr's own settings give
-    way to them, except the local Ray's address, which stays 127.0.0.1."""
+    way to them, except the local Ray's address, which stays 127.0.0.1.
+
+    ``address`` None is ray.init's null after the load read ``RAY_ADDRESS`` into it
+    (``rlvr.config.loader.resolve_ray_address``): the local Ray is started with ``address="local"``,
+    which ray.init never redirects to the cluster of a ``RAY_ADDRESS`` set since."""
     if ray.is_initialized():
         return False
     given = {**(kwargs or {}), **({"runtime_env": runtime_env} if runtime_env else {})}
@@ -76,7 +80,7 @@ def init_ray(address: str | None, num_cpus: int | None, run_dir: Path, runtime_e
     link.symlink_to(temp, target_is_directory=True)
     # the Ray rlvr starts listens on loopback only, whatever was given: no dashboard, the node on 127.0.0.1
     ray.init(**{"num_cpus": num_cpus, "_temp_dir": str(temp), "log_to_driver": True, "configure_logging": False,
-                **given, "_node_ip_address": LOOPBACK, "include_dashboard": False})
+                **given, "address": "local", "_node_ip_address": LOOPBACK, "include_dashboard": False})
     return True
 
 

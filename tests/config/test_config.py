@@ -127,7 +127,8 @@ def test_several_devices_need_fsdp2_and_offload_needs_a_gpu():
         load_config(overrides=["actor_rollout_ref.actor.strategy=fsdp2", "trainer.device=cpu",
                                "actor_rollout_ref.actor.fsdp_config.param_offload=true"])
     with pytest.raises(ConfigError, match="optimizer_offload needs actor_rollout_ref.actor.strategy=fsdp2"):
-        load_config(overrides=["actor_rollout_ref.actor.fsdp_config.optimizer_offload=true"])
+        load_config(overrides=["actor_rollout_ref.actor.fsdp_config.optimizer_offload=true",
+                               "actor_rollout_ref.actor.strategy=local"])
     with pytest.raises(ConfigError, match="strategy=fsdp2 is not implemented yet; use strategy=local .* for LoRA"):
         load_config(overrides=["actor_rollout_ref.actor.strategy=fsdp2", "actor_rollout_ref.model.lora_rank=8"])
     with pytest.raises(ConfigError, match="critic.model.lora_rank > 0 with strategy=fsdp2 .* sharded like the actor"):
@@ -263,9 +264,12 @@ def test_verl_keys_without_effect_get_a_notice_and_renamed_ones_the_rlvr_name(tm
         assert key not in err, key
     assert cfg.actor_rollout_ref.rollout.gpu_memory_utilization == 0.6
     assert "did you mean" not in err and cfg.algorithm.adv_estimator == "grpo"
-    with pytest.raises(ConfigError, match=r"'actor_rollout_ref.actor.ppo_micro_batch_size' \(from the command line\) "
-                                          r"is verl's name; rlvr's is actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu"):
-        load_config(overrides=["actor_rollout_ref.actor.ppo_micro_batch_size=4"])
+    # verl's global micro-batch is read per device (4 rows over 1 device; tests/config/test_verl_example_keys.py)
+    cfg = load_config(overrides=["actor_rollout_ref.actor.ppo_micro_batch_size=4"])
+    assert cfg.actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu == 4
+    with pytest.raises(ConfigError, match=r"'data.tokenizer' \(from the command line\) is verl's name; rlvr's is "
+                                          r"actor_rollout_ref.model.tokenizer_path"):
+        load_config(overrides=["data.tokenizer=/models/tok"])
     # verl's custom_reward_function is read as reward.custom_reward_function (issue 48; refused before)
     scorer = tmp_path / "my.py"
     scorer.write_text("def score(data_source, solution_str, ground_truth, extra_info=None):\n    return 1.0\n")
@@ -354,9 +358,10 @@ def test_run_management_is_checked_at_load_before_any_model(tmp_path, monkeypatc
     with pytest.raises(ConfigError, match=r"trainer.resume_mode = '.*global_step_2': .* is not a checkpoint folder "
                                           r"\(no trainer_state.pt\); use auto"):
         load_config(overrides=[f"trainer.resume_mode={tmp_path / 'global_step_2'}"])
-    with pytest.raises(ConfigError, match=r"'trainer.resume_from_path' .* is verl's name; rlvr's is trainer.resume_mode "
-                                          r"\(auto, disable, or the checkpoint folder itself\)"):
-        load_config(overrides=["trainer.resume_mode=resume_path", f"trainer.resume_from_path={tmp_path}"])
+    # verl's resume_mode=resume_path names the folder in resume_from_path: read as rlvr's resume_mode=<folder>
+    with pytest.raises(ConfigError, match=r"trainer.resume_mode = '.*global_step_2': .* is not a checkpoint folder"):
+        load_config(overrides=["trainer.resume_mode=resume_path",
+                               f"trainer.resume_from_path={tmp_path / 'global_step_2'}"])
     (tmp_path / "global_step_2" / "trainer_state.pt").write_bytes(b"")
     assert load_config(overrides=[f"trainer.resume_mode={tmp_path / 'global_step_2'}"]).trainer.resume_mode.endswith(
         "global_step_2")

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from rlvr.config import ConfigError, load_config
-from rlvr.config.loader import _verl_entry, _verl_keys, known_keys
-from rlvr.config.verl_keys import VERL_ALIASES, VERL_RENAMED
+from rlvr.config.loader import _multimodal, _verl_entry, _verl_keys, known_keys
+from rlvr.config.verl_keys import TEXT_ONLY, VERL_ALIASES, VERL_READ_AT_LOAD, VERL_RENAMED
 
 KEYS_FILE = Path(__file__).parent / "verl_generated_keys.txt"
 VERL_KEYS = [line for line in KEYS_FILE.read_text().splitlines() if line and not line.startswith("#")]
@@ -29,6 +29,10 @@ def classify(key: str) -> str:
         return "read"
     if key in VERL_ALIASES:
         return "read as " + VERL_ALIASES[key]
+    if key in VERL_READ_AT_LOAD:  # read with verl's meaning once every layer is merged
+        return "read as " + VERL_READ_AT_LOAD[key]
+    if _multimodal(key, "an image setting"):
+        return "refused: " + TEXT_ONLY
     if key.startswith("ray_kwargs.ray_init."):
         return "passed to ray.init"
     for node in reversed(_ancestors(key)):  # outermost first, as the loader walks
@@ -57,7 +61,10 @@ def test_the_classification_is_not_all_no_effect():
     kinds = [classify(key).split(":")[0].split(" ")[0] for key in VERL_KEYS]
     assert kinds.count("read") >= 145  # 137 schema keys + verl spellings read
     assert classify("reward_model.enable") == "read as reward.reward_model.enable"
-    assert classify("actor_rollout_ref.actor.ppo_micro_batch_size").startswith("refused")
+    assert classify("actor_rollout_ref.actor.ppo_micro_batch_size").startswith(
+        "read as actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu = "
+        "actor_rollout_ref.actor.ppo_micro_batch_size // ")
+    assert classify("data.image_key").startswith("refused")
 
 
 def _nested(key: str, value) -> dict:

@@ -85,8 +85,9 @@ def test_settings_that_cannot_act_are_refused(tiny_config, override, message):
                     if "threshold=2.0_0.5" in override else "trainer.total_training_steps=2")
 
 
-def test_bypass_ppo_clip_refuses_weights_it_would_count_twice(tiny_config):
-    from rlvr.config.validate import ConfigError
-
-    with pytest.raises(ConfigError, match="count the correction twice"):
-        tiny_config("algorithm.rollout_correction.bypass_mode=true", "algorithm.rollout_correction.rollout_is=token")
+def test_bypass_ppo_clip_loads_its_weights_as_metrics(tiny_config, capsys):
+    """Refused before, as weights that would count the correction twice; verl computes them for its
+    metrics only under ppo_clip, and so does the actor now."""
+    config = tiny_config("algorithm.rollout_correction.bypass_mode=true", "algorithm.rollout_correction.rollout_is=token")
+    assert config.algorithm.rollout_correction.rollout_is == "token"
+    assert "computed for the rollout_corr/ metrics only and not applied" in capsys.readouterr().err
