@@ -43,7 +43,7 @@ REFUSED = [  # (script, argv, what the error names)
     ("rollout", ["--shared-ab", "--no-lean"], "--shared-ab"),
     ("rollout", ["--repeats", "0"], "below the minimum, 1"),
     ("rollout", ["--n", "two"], "'two' is not an integer"),
-    ("distill", ["--runs", "grpo,sft"], "'sft' is not one of grpo, distill, distill_task"),
+    ("distill", ["--runs", "grpo,sft"], "'sft' is not one of grpo, distill, distill_term"),
     ("distill", ["trainer.test_freq=3"], "this script sets trainer.test_freq itself"),
     ("distill", ["+trainer.total_training_steps=5"], "--steps"),
     ("distill", ["--runs", "grpo", "--teacher", "/tmp/t"], "--teacher"),

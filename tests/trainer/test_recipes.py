@@ -78,8 +78,8 @@ def test_dapo_recipe_runs_on_the_builtin_task(tmp_path):
 
 def test_distill_recipe_trains_a_student_from_a_checkpoint(tmp_path, tiny_model_dir):
     """``--config distill``: a teacher from a run's checkpoint folder (here the tiny model's first
-    step), its top-32 forward KL alone, no KL to the initial model; a missing teacher says how to
-    get one."""
+    step), its top-32 forward KL beside the task reward's GRPO loss, 16 prompts a step in two
+    optimizer steps, no KL to the initial model; a missing teacher says how to get one."""
     from rlvr.config import ConfigError
     from rlvr.data.prepare import prepare_arithmetic
 
@@ -99,7 +99,9 @@ def test_distill_recipe_trains_a_student_from_a_checkpoint(tmp_path, tiny_model_
                                               f"{teacher_run / 'checkpoints' / 'global_step_1' / 'actor'}"])
     d = config.distillation
     assert d.enabled and d.distillation_loss.loss_mode == "forward_kl_topk" and d.distillation_loss.topk == 32
-    assert not d.distillation_loss.use_task_rewards and not config.actor_rollout_ref.actor.use_kl_loss
+    assert d.distillation_loss.use_task_rewards and not config.actor_rollout_ref.actor.use_kl_loss
+    recipe = load_config("distill", [f"distillation.teacher_models.teacher_model.model_path={tiny_model_dir}"])
+    assert (recipe.data.train_batch_size, recipe.actor_rollout_ref.actor.ppo_mini_batch_size) == (16, 8)
     trainer = build_trainer(config, progress_bar=False)
     trainer.fit()
     trainer.tracker.close()
