@@ -88,7 +88,10 @@ def test_the_card_says_what_the_gradient_clip_does():
 def test_distillation_is_on_the_card():
     """The distillation term and how it joins the loss: alone, the policy loss line is not what trains."""
     teacher = "distillation.teacher_models.teacher_model.model_path=builtin"
-    card = objective_card(load_config("distill", [teacher]))
+    card = objective_card(load_config("distill", [teacher]))  # the recipe: beside the task reward's loss
+    assert ("distillation: forward_kl_topk over the teacher's top 32 tokens, aggregated token-mean; added to the "
+            "policy loss x 1.0; teacher default: builtin") in card
+    card = objective_card(load_config("distill", [teacher, "distillation.distillation_loss.use_task_rewards=false"]))
     assert ("distillation: forward_kl_topk over the teacher's top 32 tokens, aggregated token-mean; the whole loss: "
             "the policy loss above is not trained (use_task_rewards=false); teacher default: builtin") in card
     card = objective_card(load_config(None, ["distillation.enabled=true", teacher,
