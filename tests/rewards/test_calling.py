@@ -5,26 +5,15 @@ import functools
 import os
 
 import pytest
-import torch
 
 from rlvr.config.schema import CustomRewardFunctionConfig, RewardConfig
-from rlvr.protocol import DataProto
+from tests.rewards.batches import response_batch
 from rlvr.rewards import RewardError, RewardManager, register_reward_fn
 from rlvr.rewards.scorers import gsm8k
 
 
 def batch(tokenizer, texts, truths=None):
-    ids = [tokenizer.encode(t, add_special_tokens=False) for t in texts]
-    width = max(len(i) for i in ids)
-    responses = torch.full((len(ids), width), tokenizer.pad_token_id)
-    mask = torch.zeros(len(ids), width, dtype=torch.long)
-    for r, row in enumerate(ids):
-        responses[r, :len(row)] = torch.tensor(row)
-        mask[r, :len(row)] = 1
-    truths = truths or ["1"] * len(texts)
-    return DataProto.from_dict({"responses": responses, "response_mask": mask},
-                               {"data_source": ["x"] * len(ids), "reward_model": [{"ground_truth": t} for t in truths],
-                                "extra_info": [{"index": i} for i in range(len(ids))]})
+    return response_batch(tokenizer, texts, truths=truths, extra_info=True)
 
 
 def custom(tmp_path, source: str, **config) -> RewardConfig:

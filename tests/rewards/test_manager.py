@@ -4,21 +4,13 @@ import torch
 
 from rlvr.config.schema import CustomRewardFunctionConfig, RewardConfig, RewardFunctionEntry
 from rlvr.protocol import DataProto
+from tests.rewards.batches import response_batch
 from rlvr.rewards import RewardError, RewardManager, place_on_last_token
 from rlvr.rewards.scorers import countdown, gsm8k, math
 
 
 def batch(tokenizer, texts, sources, truths):
-    ids = [tokenizer.encode(t, add_special_tokens=False) for t in texts]
-    width = max(len(i) for i in ids)
-    responses = torch.full((len(ids), width), tokenizer.pad_token_id)
-    mask = torch.zeros(len(ids), width, dtype=torch.long)
-    for r, row in enumerate(ids):
-        responses[r, :len(row)] = torch.tensor(row)
-        mask[r, :len(row)] = 1
-    return DataProto.from_dict({"responses": responses, "response_mask": mask},
-                               {"data_source": sources, "reward_model": [{"ground_truth": t} for t in truths],
-                                "extra_info": [{"index": i} for i in range(len(ids))]})
+    return response_batch(tokenizer, texts, sources, truths, extra_info=True)
 
 
 def test_place_on_last_token():

@@ -3,10 +3,9 @@ the sample named: one that calls sys.exit(), one that returns a score too large 
 float32 the scores are kept in (issue 47, §2)."""
 
 import pytest
-import torch
 
 from rlvr.config.schema import CustomRewardFunctionConfig, RewardConfig
-from rlvr.protocol import DataProto
+from tests.rewards.batches import response_batch
 from rlvr.rewards import RewardError, RewardManager
 
 EXITING = '''
@@ -24,15 +23,7 @@ def score(data_source, solution_str, ground_truth, extra_info=None):
 
 
 def batch(tokenizer, texts):
-    ids = [tokenizer.encode(t, add_special_tokens=False) for t in texts]
-    width = max(len(i) for i in ids)
-    responses = torch.full((len(ids), width), tokenizer.pad_token_id)
-    mask = torch.zeros(len(ids), width, dtype=torch.long)
-    for r, row in enumerate(ids):
-        responses[r, :len(row)] = torch.tensor(row)
-        mask[r, :len(row)] = 1
-    return DataProto.from_dict({"responses": responses, "response_mask": mask},
-                               {"data_source": ["x"] * len(ids), "reward_model": [{"ground_truth": "1"}] * len(ids)})
+    return response_batch(tokenizer, texts)
 
 
 @pytest.fixture

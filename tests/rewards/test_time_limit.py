@@ -2,23 +2,14 @@
 import of the function's file is not charged to any sample."""
 
 import pytest
-import torch
 
 from rlvr.config.schema import CustomRewardFunctionConfig, RewardConfig
-from rlvr.protocol import DataProto
+from tests.rewards.batches import response_batch
 from rlvr.rewards import RewardManager
 
 
 def batch(tokenizer, texts):
-    ids = [tokenizer.encode(t, add_special_tokens=False) for t in texts]
-    width = max(len(i) for i in ids)
-    responses = torch.full((len(ids), width), tokenizer.pad_token_id)
-    mask = torch.zeros(len(ids), width, dtype=torch.long)
-    for r, row in enumerate(ids):
-        responses[r, :len(row)] = torch.tensor(row)
-        mask[r, :len(row)] = 1
-    return DataProto.from_dict({"responses": responses, "response_mask": mask},
-                               {"data_source": ["x"] * len(ids), "reward_model": [{"ground_truth": "1"}] * len(ids)})
+    return response_batch(tokenizer, texts)
 
 
 CLEARS_THE_ALARM = '''
