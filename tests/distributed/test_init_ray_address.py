@@ -5,11 +5,10 @@ a Ray of its own on 127.0.0.1. ``ray.init`` is a recording stand-in: nothing is 
 import types
 
 import pytest
+import ray  # noqa: F401 (installed by make test: a missing Ray fails here, never skips)
 
-pytest.importorskip("ray")
-
-import rlvr.distributed.ray_workers as ray_workers  # noqa: E402
-from rlvr.config import load_config  # noqa: E402
+import rlvr.distributed.ray_workers as ray_workers
+from rlvr.config import load_config
 
 TWO_NODES = ["trainer.nnodes=2", "trainer.n_gpus_per_node=1", "actor_rollout_ref.actor.strategy=fsdp2",
              "trainer.device=cpu", "data.train_batch_size=8", "actor_rollout_ref.actor.ppo_mini_batch_size=8"]
