@@ -18,6 +18,7 @@ from pathlib import Path
 
 try:  # torch loads here: the first seconds of every command
     from rlvr.config import ConfigError, load_config, to_yaml
+    from rlvr.config.verl_keys import MEGATRON_BACKEND, MEGATRON_LORA
     from rlvr.determinism import pin_threads
     from rlvr.data.io import DatasetError
     from rlvr.models.loader import ModelLoadError
@@ -74,7 +75,11 @@ def _cmd_prepare(args: argparse.Namespace) -> None:
         paths = prepare.prepare_calculator(out, args.train_size or 1000, args.test_size or 100, args.seed,
                                            with_tool=args.task == "calculator")
     elif args.task == "countdown":
-        paths = prepare.prepare_countdown(out, args.train_size or 10000, args.test_size or 300, args.seed)
+        try:
+            paths = prepare.prepare_countdown(out, args.train_size or 10000, args.test_size or 300, args.seed)
+        except ValueError as err:  # more rows asked for than the generator draws distinct problems
+            raise ConfigError(f"--train-size {args.train_size or 10000} --test-size {args.test_size or 300}: {err}; "
+                              "ask for fewer rows") from None
     else:
         if args.train_size or args.test_size:
             raise DatasetError("--train-size/--test-size do not apply to gsm8k: it writes the dataset's own train "
@@ -517,19 +522,18 @@ def _add_config_args(p: argparse.ArgumentParser) -> None:
 # --config-path: None, verl's defaults (rlvr's verl base); otherwise why rlvr has no such config
 VERL_BUNDLED_CONFIGS = {
     "ppo_trainer": None,
-    "ppo_megatron_trainer": "verl's Megatron-LM backend, which rlvr does not implement (rlvr shards with FSDP2, "
-                            "actor_rollout_ref.actor.strategy=fsdp2): drop --config-path/--config-name and every "
-                            "*.megatron.* key; Megatron's LoRA keys (actor_rollout_ref.model.lora.*) become "
-                            "actor_rollout_ref.model.lora_rank/lora_alpha",
+    "ppo_megatron_trainer": f"{MEGATRON_BACKEND}: drop --config-path/--config-name and every *.megatron.* key; "
+                            f"{MEGATRON_LORA}",
 }
 
 
-def _config_file(args: argparse.Namespace) -> str | None:
-    """--config, or Hydra's --config-path/--config-name as verl's scripts pass them."""
+def _config_file(args: argparse.Namespace) -> tuple[str | None, str | None]:
+    """(the config file, the base) from --config and --base, or from Hydra's --config-path/--config-name
+    as verl's scripts pass them (verl's bundled ppo_trainer is no file: verl's defaults as the base)."""
     if args.config_name is None:
         if args.config_path is not None:
             raise ConfigError("--config-path names the folder of --config-name; give --config-name too")
-        return args.config
+        return args.config, args.base
     if args.config is not None:
         raise ConfigError("--config and --config-name both name the config file; keep one")
     name = args.config_name if args.config_name.endswith((".yaml", ".yml")) else f"{args.config_name}.yaml"
@@ -542,16 +546,16 @@ def _config_file(args: argparse.Namespace) -> str | None:
                               f"{VERL_BUNDLED_CONFIGS[stem]}")
         if args.base not in (None, "verl"):
             raise ConfigError(f"--config-name {args.config_name!r} is verl's defaults; --base {args.base} is not: keep one")
-        args.base = "verl"
-        return None
+        return None, "verl"
     if not path.is_file():
         raise ConfigError(f"--config-name {args.config_name!r}: {path} does not exist (looked in --config-path "
                           f"{args.config_path or '.'!r})")
-    return str(path)
+    return str(path), args.base
 
 
 def _load(args: argparse.Namespace, device_hint: str | None = None):
-    return load_config(_config_file(args), args.overrides, base=args.base, device_hint=device_hint)
+    config_file, base = _config_file(args)
+    return load_config(config_file, args.overrides, base=base, device_hint=device_hint)
 
 
 def _add_plan_args(p: argparse.ArgumentParser) -> None:

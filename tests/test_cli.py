@@ -122,6 +122,17 @@ def test_prepare_asking_for_more_problems_than_the_spec_has_is_a_clear_error(tmp
     assert "--train-size 2000 --test-size 300: only" in err and "distinct problems" in err and "Traceback" not in err
 
 
+def test_prepare_countdown_running_out_of_problems_is_a_clear_error(tmp_path, capsys, monkeypatch):
+    """The generator's ValueError reached the user as a traceback (countdown's space is too large to
+    exhaust in a test: the draw is made to fail)."""
+    from rlvr.data.tasks import countdown
+
+    monkeypatch.setattr(countdown, "make_problem", lambda rng, **kw: ([1, 2, 3], 6, "1+2+3"))
+    assert main(["prepare", "countdown", "--out", str(tmp_path), "--train-size", "2", "--test-size", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "--train-size 2 --test-size 1: train: could not draw 2 distinct problems" in err and "Traceback" not in err
+
+
 @pytest.mark.parametrize("size", ["-5", "0"])
 @pytest.mark.parametrize("option", ["--train-size", "--test-size"])
 def test_prepare_refuses_a_split_of_no_rows(tmp_path, capsys, option, size):
@@ -271,7 +282,7 @@ def test_verls_bundled_config_names_are_verls_configs(tmp_path, monkeypatch, cap
     monkeypatch.chdir(tmp_path)
     assert main(["train", "--config-path=config", "--config-name=ppo_megatron_trainer", "--explain"]) == 2
     err = capsys.readouterr().err
-    assert "verl's Megatron-LM backend, which rlvr does not implement" in err and "*.megatron.*" in err
+    assert "verl's Megatron-LM backend is not implemented in rlvr" in err and "*.megatron.*" in err
     # verl's defaults: its ppo_mini_batch_size of 256 is refused beside a batch of 16, as with --base verl
     assert main(["train", "--config-path=config", "--config-name=ppo_trainer", "data.train_batch_size=16",
                  "--explain"]) == 2

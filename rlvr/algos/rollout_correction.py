@@ -112,14 +112,9 @@ def _seq_valid(mask: torch.Tensor) -> torch.Tensor:
     return mask.sum(-1) > 0
 
 
-def _truncated_weights(log_ratio: torch.Tensor, mask: torch.Tensor, level: str, threshold):
-    """(raw weights, truncated or zeroed weights, upper, lower), (bs, T), 0 on masked tokens."""
-    raw, weights, upper, lower, _ = _weights_and_logs(log_ratio, mask, level, threshold)
-    return raw, weights, upper, lower
-
-
 def _weights_and_logs(log_ratio: torch.Tensor, mask: torch.Tensor, level: str, threshold):
-    """``_truncated_weights`` and the log of each weight, (bs, T), before the safety clamp."""
+    """(raw weights, truncated or zeroed weights, upper, lower, the log of each weight before the safety
+    clamp), (bs, T), 0 on masked tokens."""
     upper, lower = parse_is_threshold(threshold)
     if level == "token":
         log_w = log_ratio
@@ -177,7 +172,7 @@ def batch_norm_sums(log_ratio: torch.Tensor, mask: torch.Tensor, level: str, thr
     (``token``), or each sequence's weight (``sequence``, ``geometric``). They add up over
     micro-batches and ranks, so their ratio is the mean over the whole batch however it is split."""
     mask = mask.to(log_ratio.dtype)
-    weights = _truncated_weights(log_ratio.detach(), mask, level, threshold)[1]
+    weights = _weights_and_logs(log_ratio.detach(), mask, level, threshold)[1]
     if level == "token":
         return float(masked_sum(weights, mask)), float(mask.sum())
     seqs = _seq_valid(mask)

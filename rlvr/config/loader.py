@@ -28,8 +28,9 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from rlvr.config.schema import RayInitConfig, RLVRConfig
-from rlvr.config.verl_keys import (MEGATRON, TEXT_ONLY, VERL_ALIASES, VERL_GLOBAL_MICRO_BATCH, VERL_MEGATRON,
-                                   VERL_MEGATRON_LORA, VERL_MULTIMODAL, VERL_NO_EFFECT, VERL_RENAMED)
+from rlvr.config.verl_keys import (MEGATRON, MEGATRON_BACKEND, MEGATRON_LORA, TEXT_ONLY, VERL_ALIASES,
+                                   VERL_GLOBAL_MICRO_BATCH, VERL_MEGATRON, VERL_MEGATRON_LORA, VERL_MULTIMODAL,
+                                   VERL_NO_EFFECT, VERL_RENAMED)
 from rlvr.registry import import_file
 from rlvr.config.validate import (ConfigError, device_notes, distillation_notes, offload_keys, on_gpu, server_notes,
                                   uses_ray, validate)
@@ -226,6 +227,13 @@ def _verl_walk(node: dict[str, Any], prefix: str, schema: dict[str, Any], refuse
                 del node[name]
 
 
+def _cannot_take(refused: list[str]) -> ConfigError:
+    """One error for the verl settings refused in a layer: each with its reason."""
+    if len(refused) == 1:
+        return ConfigError(refused[0])
+    return ConfigError(f"{len(refused)} verl settings rlvr cannot take:\n  - " + "\n  - ".join(refused))
+
+
 def _verl_keys(data: dict[str, Any], source: str) -> None:
     """Refuse verl keys that rlvr names differently, or whose value asks for what rlvr does not do (all of
     them at once, each with its reason); drop verl keys that have no effect in rlvr's design and say so
@@ -233,10 +241,8 @@ def _verl_keys(data: dict[str, Any], source: str) -> None:
     refused = _backend_keys(data, source)
     dropped: dict[str, list[str]] = {}  # why -> the keys it explains
     _verl_walk(data, "", known_keys(), refused, dropped, source)
-    if len(refused) == 1:
-        raise ConfigError(refused[0])
     if refused:
-        raise ConfigError(f"{len(refused)} verl settings rlvr cannot take:\n  - " + "\n  - ".join(refused))
+        raise _cannot_take(refused)
     if dropped:
         lines = "".join(f"\n  {', '.join(keys)}: {why}" for why, keys in dropped.items())
         print(f"[rlvr] note: verl settings (from {source}) that have no effect in rlvr:{lines}",
@@ -354,16 +360,17 @@ class VerlReadings:
         if "trainer.resume_from_path" in flat:
             self.resume_from_path = (flat["trainer.resume_from_path"], source)
             _drop(data, "trainer.resume_from_path")
-        if flat.get("reward_model.reward_manager") == "prime":
-            self.prime = source
-            _drop(data, "reward_model.reward_manager")
+        for key in ("reward_model.reward_manager", "reward_manager.name"):  # verl's older and newer spelling
+            if key in flat and not isinstance(flat[key], dict):
+                self.prime = source if flat[key] == "prime" else None  # a later layer's choice replaces it
+                if flat[key] == "prime":
+                    _drop(data, key)
         _prune_empty(data, "", known_keys())
 
     def apply(self, cfg: RLVRConfig) -> None:
         errors = self._micro_batches(cfg)
         if errors:
-            raise ConfigError(errors[0] if len(errors) == 1 else
-                              f"{len(errors)} verl settings rlvr cannot take:\n  - " + "\n  - ".join(errors))
+            raise _cannot_take(errors)
         self._resume(cfg)
         if self.prime is not None:
             set_by = self.set_by.get("reward.num_workers")
@@ -755,7 +762,7 @@ def _check_tools(cfg: RLVRConfig) -> None:
     if mt.enable and mt.interaction_config_path:
         from rlvr.tools.interaction import load_interactions
 
-        load_interactions(mt.interaction_config_path)
+        load_interactions(mt.interaction_config_path, build=False)  # built once, by the trainer
 
 
 def _hydra_keys(data: dict[str, Any], source: str) -> bool:
@@ -771,11 +778,9 @@ def _hydra_keys(data: dict[str, Any], source: str) -> bool:
     other = [e for e in entries or [] if e not in ("ppo_trainer", "_self_")]
     megatron = [e for e in other if "megatron" in str(e)]  # ppo_megatron_trainer, {actor@...: megatron_actor}
     if megatron:
-        raise ConfigError(f"defaults (from {source}) entry {megatron[0]!r} composes verl's Megatron config: verl's "
-                          "Megatron-LM backend is not implemented in rlvr, which shards with FSDP2 "
-                          "(actor_rollout_ref.actor.strategy=fsdp2); name ppo_trainer (verl's FSDP defaults) instead "
-                          "and drop the Megatron keys (*.megatron.*; Megatron's LoRA keys actor_rollout_ref.model."
-                          "lora.* become actor_rollout_ref.model.lora_rank/lora_alpha)")
+        raise ConfigError(f"defaults (from {source}) entry {megatron[0]!r} composes verl's Megatron config: "
+                          f"{MEGATRON_BACKEND}; name ppo_trainer (verl's FSDP defaults) instead and drop the Megatron "
+                          f"keys (*.megatron.*; {MEGATRON_LORA})")
     if other:
         raise ConfigError(f"defaults (from {source}) entry {other[0]!r}: rlvr composes no Hydra config groups; "
                           "verl's ppo_trainer (its defaults) and _self_ are the entries it reads; put the group's "

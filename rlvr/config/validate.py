@@ -781,14 +781,9 @@ def _reward_settings(cfg: RLVRConfig) -> list[str]:
     if reward.reward_model.micro_batch_size_per_gpu < 1:
         errors.append(f"reward.reward_model.micro_batch_size_per_gpu = {reward.reward_model.micro_batch_size_per_gpu} "
                       "must be >= 1 (conversations per forward pass of the reward model)")
-    if not (math.isfinite(reward.failure_score) and abs(reward.failure_score) <= MAX_SCORE):
+    if math.isfinite(reward.failure_score) and abs(reward.failure_score) > MAX_SCORE:  # NaN, inf: _number_ranges
         errors.append(f"reward.failure_score = {reward.failure_score} must be a number within ±{MAX_SCORE:.2g}: it is "
                       "trained on as a score, and a group's float32 variance of a larger one overflows")
-    weights = [(f"reward.{name}[{i}].weight", entry.weight) for name in ("functions", "val_functions")
-               for i, entry in enumerate(getattr(reward, name))] + [("reward.reward_model.weight",
-                                                                     reward.reward_model.weight)]
-    errors += [f"{name} = {weight} must be a finite number (it multiplies every sample's score)"
-               for name, weight in weights if not math.isfinite(weight)]
     rm = reward.reward_model
     unread = [f"{name}={value}" for name, value, default in (("add_rule_scores", rm.add_rule_scores, False),
                                                              ("weight", rm.weight, 1.0)) if value != default]
@@ -801,6 +796,30 @@ def _reward_settings(cfg: RLVRConfig) -> list[str]:
                       "on; set reward.reward_model.add_rule_scores=true to train on rule score + penalty + weight x "
                       "the model's score, or set reward.overlong_buffer.enable=false")
     return errors
+
+
+def _module_names(tree) -> set[str] | None:
+    """The names a module binds at its top level, inside ``if``, ``try``, ``with`` and loops too
+    (``try: from fast import compute_score`` / ``except ImportError: def compute_score``), or None
+    when a star import may bind any name. Function, class, lambda and comprehension bodies bind
+    their own names, and are not read."""
+    import ast
+
+    bound: set[str] = set()
+    todo = list(tree.body)
+    while todo:
+        node = todo.pop()
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            bound.add(node.name)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            if any(alias.name == "*" for alias in node.names):
+                return None
+            bound |= {(alias.asname or alias.name).split(".")[0] for alias in node.names}
+        elif not isinstance(node, (ast.Lambda, ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)):
+            if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+                bound.add(node.id)
+            todo.extend(ast.iter_child_nodes(node))
+    return bound
 
 
 def _custom_reward_file(path: str, name: str) -> list[str]:
@@ -816,18 +835,8 @@ def _custom_reward_file(path: str, name: str) -> list[str]:
         tree = ast.parse(file.read_bytes(), filename=str(file))
     except (SyntaxError, ValueError) as err:
         return [f"{key}.path = {path!r} is not valid Python: {err}"]
-    bound: list[str] = []
-    for node in tree.body:
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            bound.append(node.name)
-        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
-            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-            bound += [t.id for t in targets if isinstance(t, ast.Name)]
-        elif isinstance(node, (ast.Import, ast.ImportFrom)):
-            if any(alias.name == "*" for alias in node.names):
-                return []  # a star import may bind it: the manager's import tells
-            bound += [(alias.asname or alias.name).split(".")[0] for alias in node.names]
-    if name in bound:
+    bound = _module_names(tree)
+    if bound is None or name in bound:  # None: a star import may bind it, and the manager's import tells
         return []
     functions = sorted(n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
                        and not n.name.startswith("_"))

@@ -373,8 +373,11 @@ VERL_READ_AT_LOAD: dict[str, str] = {
                                 "ignored otherwise, as verl ignores it",
 }
 
-MEGATRON = ("verl's Megatron-LM backend is not implemented in rlvr, which shards with FSDP2 "
-            "(actor_rollout_ref.actor.strategy=fsdp2): drop them")
+MEGATRON_BACKEND = ("verl's Megatron-LM backend is not implemented in rlvr, which shards with FSDP2 "
+                    "(actor_rollout_ref.actor.strategy=fsdp2)")
+MEGATRON = MEGATRON_BACKEND + ": drop them"
+MEGATRON_LORA = ("Megatron's LoRA keys (actor_rollout_ref.model.lora.*) become "
+                 "actor_rollout_ref.model.lora_rank/lora_alpha")
 # the keys of verl's Megatron config (ppo_megatron_trainer.yaml) that its FSDP config does not have; a
 # section covers its sub-keys. Refused for any value: a default-valued one is still a Megatron script's
 VERL_MEGATRON: tuple[str, ...] = (

@@ -322,7 +322,7 @@ def given_score(value) -> dict:
     except (TypeError, ValueError):
         score, instead = None, f"{value!r}, not a number"
     if score is None or abs(score) > MAX_SCORE:
-        return {"status": "invalid", "error": f"the agent loop returned reward_score {instead or score!r}"}
+        return {"status": "invalid", "error": f"the agent loop returned reward_score {instead or repr(score)}"}
     return {"status": "ok", "score": score, "extras": {}}
 
 

@@ -73,7 +73,7 @@ from rlvr.config.schema import RLVRConfig
 from rlvr.config.validate import on_gpu, teacher_entries
 from rlvr.models.loader import check_weight_files, read_config_json
 from rlvr.rollout.lean import LLAMA_FAMILY
-from rlvr.rollout.vllm_rollout import CPU_KV_CACHE_CAP, GPU_MEMORY_UTILIZATION, cpu_kv_cache_bytes
+from rlvr.rollout.vllm_rollout import CPU_KV_CACHE_CAP, EXPERT_KEYS, GPU_MEMORY_UTILIZATION, cpu_kv_cache_bytes
 from rlvr.workers.forward import LOGIT_CHUNK_TOKENS
 
 GB = 1e9
@@ -86,7 +86,6 @@ BUILTIN_CONFIG = {"model_type": "llama", "hidden_size": 576, "num_hidden_layers"
 
 
 MOE_FAMILIES = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "deepseek_v2", "deepseek_v3", "glm4_moe")
-EXPERT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts")  # Qwen/OLMoE, Mixtral, DeepSeek
 
 
 @dataclass

@@ -51,15 +51,19 @@ def test_both_spellings_of_reward_kwargs_must_agree(scorer):
     ("reward.num_workers=-3", r"reward.num_workers = -3 must be >= 0"),
     ("reward.reward_model.micro_batch_size_per_gpu=0", r"reward.reward_model.micro_batch_size_per_gpu = 0 must be >= 1"),
     ("reward.failure_score=1e30", r"reward.failure_score = 1e\+30 must be a number within ±1.8e\+19"),
-    ("reward.failure_score=.nan", r"reward.failure_score = nan must be a number within"),
-    ("reward.functions=[{name: gsm8k, weight: .nan}]", r"reward.functions\[0\].weight = nan must be a finite number"),
-    ("reward.reward_model.weight=.inf", r"reward.reward_model.weight = inf must be a finite number"),
+    ("reward.failure_score=.nan", r"reward.failure_score = nan: must be a finite number"),
+    ("reward.failure_score=-.inf", r"reward.failure_score = -inf: must be a finite number"),
+    ("reward.functions=[{name: gsm8k, weight: .nan}]", r"reward.functions\[0\].weight = nan: must be a finite number"),
+    ("reward.reward_model.weight=.inf", r"reward.reward_model.weight = inf: must be a finite number"),
 ])
 def test_reward_settings_that_would_be_ignored_or_fail_late_are_refused(override, message):
     """Each loaded before the fix: ignored (reward_kwargs, name without a path), or failing only at
-    the first step (micro-batch 0), or scoring every sample as NaN (a NaN weight)."""
-    with pytest.raises(ConfigError, match=message):
+    the first step (micro-batch 0), or scoring every sample as NaN (a NaN weight). Each bad value is
+    named once, not once by the reward check and again by the check of every float."""
+    with pytest.raises(ConfigError, match=message) as err:
         load_config(None, [override])
+    key = message.split(" = ")[0].replace("\\", "")  # the key the message names, unescaped
+    assert str(err.value).count(f"{key} =") == 1  # named once: not by its own check and again by every float's
 
 
 def test_a_custom_reward_file_is_checked_at_load(tmp_path, scorer):
@@ -79,6 +83,27 @@ def test_a_custom_reward_file_is_checked_at_load(tmp_path, scorer):
     imported.write_text("from math import floor as compute_score\nscore = compute_score\n")
     for name in ("compute_score", "score"):
         load_config(None, [f"reward.custom_reward_function.path={imported}", f"reward.custom_reward_function.name={name}"])
+
+
+@pytest.mark.parametrize("source", [
+    "try:\n    from fastscore import compute_score\nexcept ImportError:\n    def compute_score(*a, **k):\n        return 0.0\n",
+    "import sys\nif sys.version_info >= (3, 0):\n    def compute_score(*a, **k):\n        return 0.0\n",
+    "compute_score, other = (lambda *a, **k: 0.0), None\n",
+    "with open(__file__) as f:\n    compute_score = lambda *a, **k: 0.0\n",
+])
+def test_a_reward_function_bound_inside_a_block_or_by_unpacking_is_found(tmp_path, source):
+    """Refused before: only top-level defs, plain assignments and imports were read, so a function
+    defined under ``try``/``if`` or bound by tuple unpacking was reported missing."""
+    path = tmp_path / "reward.py"
+    path.write_text(source)
+    load_config(None, [f"reward.custom_reward_function.path={path}"])
+
+
+def test_a_name_bound_only_inside_a_function_is_not_the_modules(tmp_path):
+    path = tmp_path / "reward.py"
+    path.write_text("def make():\n    compute_score = None\n    return [score for score in ()]\n")
+    with pytest.raises(ConfigError, match=r"defines no 'compute_score' at its top level; it defines \['make'\]"):
+        load_config(None, [f"reward.custom_reward_function.path={path}"])
 
 
 def test_reward_kwargs_cannot_repeat_the_calls_own_arguments(scorer):

@@ -307,3 +307,18 @@ def test_a_key_verl_itself_dropped_gets_no_guess(capsys):
     err = capsys.readouterr().err
     assert "sglang_rollout_mode" in err and "did you mean" not in err
     assert cfg.actor_rollout_ref.rollout.name == "native"
+
+
+def test_a_later_layer_choosing_another_reward_manager_undoes_prime(tmp_path, capsys):
+    # the file chooses prime, the command line naive: the command line wins, so no pool of 64 and no notice
+    config = tmp_path / "run.yaml"
+    config.write_text("reward_model:\n  reward_manager: prime\n")
+    cfg = load_config(config, ["reward_model.reward_manager=naive", *ONE_DEVICE], **VERL)
+    assert cfg.reward.num_workers != 64
+    assert "prime" not in capsys.readouterr().err
+
+
+def test_verls_newer_reward_manager_spelling_takes_prime_too(capsys):
+    cfg = load("+reward_manager.name=prime", *ONE_DEVICE)
+    assert cfg.reward.num_workers == 64
+    assert "prime" in capsys.readouterr().err

@@ -288,3 +288,13 @@ def test_an_extra_named_like_a_batch_column_is_refused(tmp_path, tokenizer, monk
                                           rf"(a column of the batch|the score's own name)"):
         RewardManager(tokenizer, cfg).compute(data)
     assert data.non_tensor_batch["uid"].tolist() == ["g0", "g0"]
+
+
+def test_an_agent_loops_bad_reward_score_is_named_without_extra_quotes():
+    from rlvr.rewards.manager import given_score
+
+    # the string "0.5" is described in prose, not wrapped as the repr of that prose
+    assert given_score("0.5")["error"] == "the agent loop returned reward_score the string '0.5', not a number"
+    assert given_score(None)["error"] == "the agent loop returned reward_score None"
+    assert given_score(float("inf"))["error"] == "the agent loop returned reward_score inf"
+    assert given_score(2.0) == {"status": "ok", "score": 2.0, "extras": {}}

@@ -50,7 +50,7 @@ def make_rows(n: int, seed: int, split: str, template: str = PROMPT_TEMPLATE, se
             if (problem := (tuple(sorted(numbers)), target)) not in seen:
                 break
         else:
-            raise ValueError(f"{split}: could not draw {n} distinct problems (min_count/max_count too narrow)")
+            raise ValueError(f"{split}: could not draw {n} distinct problems (10,000 draws found no new one)")
         seen.add(problem)
         rows.append({
             "data_source": DATA_SOURCE,
