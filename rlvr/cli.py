@@ -58,12 +58,12 @@ def _cmd_prepare(args: argparse.Namespace) -> None:
         raise DatasetError(f"--out {out}: cannot make that folder ({err.strerror}: {err.filename}); "
                            "pass a folder that exists or can be made") from None
     if args.task == "arithmetic":
-        defaults = {"digits": 2, "max_operand": 20, "operators": "+-*", "num_operands": 2}
-        given = {key: default if getattr(args, key) is None else getattr(args, key) for key, default in defaults.items()}
+        given = {key: getattr(args, key) for key in ("digits", "max_operand", "operators", "num_operands")
+                 if getattr(args, key) is not None}  # the rest: ArithmeticSpec's defaults
+        if given.get("max_operand") == 0:
+            given["max_operand"] = None  # --max-operand 0: bounded by --digits alone
         try:
-            spec = ArithmeticSpec(digits=given["digits"], operators=given["operators"],
-                                  num_operands=given["num_operands"],
-                                  max_operand=None if given["max_operand"] == 0 else given["max_operand"])
+            spec = ArithmeticSpec(**given)
         except ValueError as err:  # the spec's messages open with its field: the option of that name
             raise ConfigError("--" + str(err).replace("_", "-", 1)) from None
         try:
