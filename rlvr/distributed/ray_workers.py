@@ -28,6 +28,8 @@ from __future__ import annotations
 import enum
 import json
 import os
+import shutil
+import sys
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -56,32 +58,89 @@ class WorkerError(StopTraining):
     """A worker raised or its process died; the message names the rank."""
 
 
+@dataclass
+class RaySession:
+    """The Ray ``init_ray`` started or joined. ``temp_dir`` is the folder it made for a local Ray
+    (None when it joined a cluster, or ``ray_init._temp_dir`` named one); ``logs_dir`` is
+    ``<run dir>/ray``, where that Ray's logs are reachable as ``session_latest/logs``."""
+
+    temp_dir: Path | None = None
+    logs_dir: Path | None = None
+
+    def shutdown(self) -> None:
+        """Stop the local Ray (or leave the cluster). Its logs move to ``<run dir>/ray`` at the paths
+        the link gave them, and its temp folder is removed: this one only, never another run's
+        ``rlvr-ray-*``, which may belong to a live run."""
+        ray.shutdown(wait_for_processes=True)  # Ray's processes gone before their folder is
+        if self.temp_dir is None:
+            return
+        keep_ray_logs(self.temp_dir, self.logs_dir)
+        try:
+            shutil.rmtree(self.temp_dir)
+        except OSError as err:
+            print(f"[rlvr] could not remove Ray's temp folder {self.temp_dir}: {err}", file=sys.stderr, flush=True)
+        self.temp_dir = None  # a second shutdown removes nothing
+
+
+def keep_ray_logs(temp: Path, logs_dir: Path) -> None:
+    """Move each Ray session's ``logs`` from ``temp`` to ``logs_dir/<session>/logs`` and point
+    ``logs_dir/session_latest`` at the newest: the path that reached the live Ray's logs reaches
+    them after it. Earlier runs in the folder (a resume) keep their sessions beside it."""
+    latest = logs_dir / "session_latest"
+    for session in sorted(temp.glob("session_*")):
+        if not session.is_symlink() and (session / "logs").is_dir():
+            (logs_dir / session.name).mkdir(parents=True, exist_ok=True)
+            shutil.move(session / "logs", logs_dir / session.name / "logs")
+    if latest.is_symlink() and (temp / "session_latest").is_symlink():
+        latest.unlink()
+        latest.symlink_to((temp / "session_latest").resolve().name, target_is_directory=True)
+    elif latest.is_symlink() and latest.resolve().is_relative_to(temp.resolve()):
+        latest.unlink()  # a Ray that stopped before it made a session: a link to nothing
+
+
+def link_ray_logs(ray_temp: Path, logs_dir: Path) -> None:
+    """``logs_dir/session_latest``: a link to the session folder Ray is about to make in ``ray_temp``."""
+    if logs_dir.is_symlink():  # a link to a whole Ray folder, as rlvr made before it kept the logs
+        logs_dir.unlink()
+    logs_dir.mkdir(parents=True, exist_ok=True)
+    latest = logs_dir / "session_latest"
+    if latest.is_symlink():
+        latest.unlink()
+    latest.symlink_to(ray_temp / "session_latest", target_is_directory=True)
+
+
 def init_ray(address: str | None, num_cpus: int | None, run_dir: Path, runtime_env: dict | None = None,
-             kwargs: dict | None = None) -> bool:
+             kwargs: dict | None = None) -> RaySession | None:
     """Connect to the cluster at ``address``, or start a local Ray bound to 127.0.0.1 whose logs
-    are reachable as ``run_dir/ray``. Returns whether this call started it. ``runtime_env`` and
-    ``kwargs`` (verl's ``ray_kwargs.ray_init``) reach ``ray.init`` as given; rlvr's own settings give
-    way to them, except the local Ray's address, which stays 127.0.0.1.
+    are reachable as ``run_dir/ray/session_latest/logs``. Returns the session this call started
+    (``shutdown`` ends it, keeps those logs and removes the local Ray's temp folder), or None when
+    Ray was already up. ``runtime_env`` and ``kwargs`` (verl's ``ray_kwargs.ray_init``) reach
+    ``ray.init`` as given; rlvr's own settings give way to them, except the local Ray's address,
+    which stays 127.0.0.1.
 
     ``address`` None is ray.init's null after the load read ``RAY_ADDRESS`` into it
     (``rlvr.config.loader.resolve_ray_address``): the local Ray is started with ``address="local"``,
     which ray.init never redirects to the cluster of a ``RAY_ADDRESS`` set since."""
     if ray.is_initialized():
-        return False
+        return None
     given = {**(kwargs or {}), **({"runtime_env": runtime_env} if runtime_env else {})}
     if address is not None:
         ray.init(**{"include_dashboard": False, "log_to_driver": True, **given, "address": address})
-        return True
-    temp = Path(tempfile.mkdtemp(prefix="rlvr-ray-"))  # short: Ray's socket paths must stay under 108 bytes
-    run_dir.mkdir(parents=True, exist_ok=True)
-    link = run_dir / "ray"
-    if link.is_symlink() or link.exists():
-        link.unlink()
-    link.symlink_to(temp, target_is_directory=True)
-    # the Ray rlvr starts listens on loopback only, whatever was given: no dashboard, the node on 127.0.0.1
-    ray.init(**{"num_cpus": num_cpus, "_temp_dir": str(temp), "log_to_driver": True, "configure_logging": False,
-                **given, "address": "local", "_node_ip_address": LOOPBACK, "include_dashboard": False})
-    return True
+        return RaySession()
+    # a folder named in ray_init is the user's, kept; rlvr's own is short: Ray's socket paths must
+    # stay under 108 bytes
+    own = None if "_temp_dir" in given else Path(tempfile.mkdtemp(prefix="rlvr-ray-"))
+    session = RaySession(own, run_dir / "ray")
+    try:
+        link_ray_logs(own or Path(given["_temp_dir"]), session.logs_dir)
+        # the Ray rlvr starts listens on loopback only, whatever was given: no dashboard, the node on 127.0.0.1
+        ray.init(**{"num_cpus": num_cpus, **({"_temp_dir": str(own)} if own else {}), "log_to_driver": True,
+                    "configure_logging": False, **given,
+                    "address": "local", "_node_ip_address": LOOPBACK, "include_dashboard": False})
+    except BaseException:
+        session.shutdown()  # a Ray that failed to start leaves no folder in /tmp either
+        raise
+    return session
 
 
 class Role(enum.Enum):

@@ -3,7 +3,8 @@
 - ``BaseTool`` (``base.py``): the async create / execute / calc_reward / release lifecycle, and
   ``CallSlots``, a tool's cap on its calls at once;
 - ``@function_tool`` (``function_tool.py``): a typed, documented Python function as a tool;
-- ``load_tools`` (``config.py``): the tools YAML in verl's format;
+- ``load_tools`` (``config.py``): the tools YAML in verl's format; a tool module written for
+  verl imports verl's tool interface as rlvr's (``verl_compat.py``);
 - built-in tools: ``calculator`` (exact arithmetic) and ``python`` (a sandboxed process);
 - tool-call parsers (``parsers.py``): ``hermes`` and the plain ``tag`` format.
 """

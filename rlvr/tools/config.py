@@ -26,6 +26,7 @@ from rlvr.registry import import_file
 from rlvr.tools.base import BaseTool
 from rlvr.tools.function_tool import FunctionTool
 from rlvr.tools.schema import OpenAIFunctionToolSchema, SchemaError
+from rlvr.tools.verl_compat import missing_module_hint, verl_interface
 
 SHIPPED = Path(__file__).parent / "configs"  # calculator.yaml, python.yaml: usable by name
 BUILTIN_TOOLS = {"calculator": "rlvr.tools.calculator.CalculatorTool", "python": "rlvr.tools.python.PythonTool"}
@@ -65,21 +66,26 @@ def import_class(class_name: str, where: str, base: Path) -> Any:
     if class_name.startswith("verl."):
         raise ToolConfigError(f"{where}: {class_name!r} is verl's class, which rlvr does not import (verl is not "
                               "installed beside rlvr); name rlvr's or your own")
+    module_name = ""
     try:
-        if ":" in class_name:  # path/to/file.py:Name
-            path, _, attr = class_name.rpartition(":")
-            file = Path(path).expanduser()
-            if not file.is_absolute() and (base / file).exists():
-                file = base / file
-            module = import_file(file, "rlvr_tools")
-        else:
-            module_name, _, attr = class_name.rpartition(".")
-            if not module_name:
-                raise ToolConfigError(f"{where}: class_name {class_name!r} must be module.Class or file.py:Class "
-                                      f"(or a built-in tool: {sorted(BUILTIN_TOOLS)})")
-            module = importlib.import_module(module_name)
+        with verl_interface():  # a module written for verl imports verl's tool interface: rlvr's here
+            if ":" in class_name:  # path/to/file.py:Name
+                path, _, attr = class_name.rpartition(":")
+                file = Path(path).expanduser()
+                if not file.is_absolute() and (base / file).exists():
+                    file = base / file
+                module = import_file(file, "rlvr_tools")
+            else:
+                module_name, _, attr = class_name.rpartition(".")
+                if not module_name:
+                    raise ToolConfigError(f"{where}: class_name {class_name!r} must be module.Class or file.py:Class "
+                                          f"(or a built-in tool: {sorted(BUILTIN_TOOLS)})")
+                module = importlib.import_module(module_name)
     except ToolConfigError:
         raise
+    except ModuleNotFoundError as err:  # a package the module imports, or the module itself
+        why = missing_module_hint(err, module_name) or f"ModuleNotFoundError: {err}"
+        raise ToolConfigError(f"{where}: cannot import {class_name!r}: {why}") from None
     except Exception as err:  # ImportError, a syntax error in the user's module, ...
         raise ToolConfigError(f"{where}: cannot import {class_name!r}: {type(err).__name__}: {err}") from None
     if not hasattr(module, attr):

@@ -83,6 +83,15 @@ class OpenAIFunctionToolSchema:
         params = _parameters(fn.get("parameters", {"type": "object", "properties": {}}), f"{where}.function.parameters")
         return cls("function", OpenAIFunctionSchema(name, description, params, bool(fn.get("strict", False))))
 
+    @classmethod
+    def model_validate(cls, data: Any) -> "OpenAIFunctionToolSchema":
+        """pydantic's name for ``from_dict``: verl's schemas are pydantic models, and verl tools build theirs so."""
+        return cls.from_dict(data)
+
+    def model_dump(self) -> dict[str, Any]:
+        """pydantic's name for ``to_dict`` (without pydantic's options)."""
+        return self.to_dict()
+
     def to_dict(self) -> dict[str, Any]:
         props = {}
         for key, p in self.function.parameters.properties.items():

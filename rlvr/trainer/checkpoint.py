@@ -17,6 +17,14 @@ leaves the previous checkpoint as the newest loadable one; a save interrupted in
 the next run starts in the folder (``run_folder``) or by the next save. ``latest_checkpointed_iteration.txt`` (verl's name) is
 replaced atomically after the rename.
 
+Where rlvr departs from verl: ``resume_mode=auto`` resumes from the newest complete step folder,
+not from the step the tracker file names (verl's ``find_latest_ckpt_path`` reads only the
+tracker). A folder appears only whole, by its rename, and the tracker is written after it, so a
+tracker behind the newest folder means a save cut short between the two (or a hand edit), and
+following it would train the newer steps again. When the tracker disagrees (an older step, a step
+with no folder, a damaged one, text that is no step) the run says which checkpoint it resumes from
+and why, and how to resume from the tracker's step instead.
+
 A checkpoint damaged afterwards (a file truncated by a full disk or by a copy between machines, a
 ``torch.save`` file whose bytes changed) is refused before resuming, naming the file and the newest
 earlier checkpoint that is intact.
@@ -243,7 +251,38 @@ def resolve_resume(config: RLVRConfig) -> Path | None:
         path = Path(mode).expanduser()
     if path is not None:
         check_intact(path, mode)
+    if mode == "auto":
+        notice = tracker_disagrees(checkpoint_root(config), path)
+        if notice:
+            print(f"[rlvr] {notice}", flush=True)
     return path
+
+
+def tracker_disagrees(root: Path, newest: Path | None) -> str | None:
+    """What to say when ``root``'s ``latest_checkpointed_iteration.txt`` names another step than
+    ``newest``, the complete checkpoint ``resume_mode=auto`` resumes from (None: it agrees, or there
+    is no tracker). The step folders decide, not the tracker (see the module docstring)."""
+    tracker = root / LATEST_FILE
+    try:
+        text = tracker.read_text().strip()
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    resuming = (f"resuming from the newest complete checkpoint, {newest}" if newest is not None else
+                "no complete checkpoint: starting from the beginning")
+    if not text.isdigit():
+        return f"{tracker} names no step ({text[:40]!r}); {resuming}"
+    named = root / f"global_step_{int(text)}"
+    if newest is not None and named.name == newest.name:
+        return None
+    if not named.is_dir():
+        return f"{tracker} names step {int(text)}, but {named} is not there; {resuming}"
+    found = missing_part(named) or damaged_file(named)
+    if found is not None:
+        return f"{tracker} names step {int(text)}, but {found[0]} {found[1]}; {resuming}"
+    return (f"{tracker} names step {int(text)}, but a newer complete checkpoint is there: {resuming} (a step's "
+            "folder appears only whole and the tracker is written after it, so a tracker behind it is a save cut "
+            "short between the two, or an edit). To resume from step "
+            f"{int(text)} instead, set trainer.resume_mode={named} (that run then writes to a folder of its own)")
 
 
 def refuse_verl_layout(run_dir: Path, ours: Path | None) -> None:

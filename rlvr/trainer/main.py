@@ -341,11 +341,12 @@ def fit_on_ray(config: RLVRConfig) -> dict[str, float]:
 
     run_dir = Path(config.trainer.default_local_dir).expanduser().resolve()
     ray_init = config.ray_kwargs.ray_init
-    started = init_ray(ray_init.address, ray_init.num_cpus, run_dir, ray_init.runtime_env, ray_init.kwargs)
+    session = init_ray(ray_init.address, ray_init.num_cpus, run_dir, ray_init.runtime_env, ray_init.kwargs)
     rollout = "" if config.actor_rollout_ref.hybrid_engine else \
         f" + {config.actor_rollout_ref.rollout.n_gpus_per_node} rollout workers"
-    print(f"[rlvr] Ray: {config.trainer.n_gpus_per_node * config.trainer.nnodes} workers{rollout}; Ray's logs: "
-          f"{run_dir / 'ray' if ray_init.address is None else 'on the cluster'}", flush=True)
+    logs = run_dir / "ray" / "session_latest" / "logs" if ray_init.address is None else "on the cluster"
+    print(f"[rlvr] Ray: {config.trainer.n_gpus_per_node * config.trainer.nnodes} workers{rollout}; Ray's logs: {logs}",
+          flush=True)
     try:
         runner = ray.remote(num_cpus=0)(TaskRunner).remote()
         task = runner.run.remote(config)
@@ -363,8 +364,8 @@ def fit_on_ray(config: RLVRConfig) -> dict[str, float]:
             raise err.cause from None
         raise
     finally:
-        if started:
-            ray.shutdown()
+        if session is not None:
+            session.shutdown()  # the local Ray's logs kept in the run folder, its /tmp folder removed
 
 
 def no_validation_notice(config: RLVRConfig) -> str | None:
@@ -389,6 +390,6 @@ def run_training(config: RLVRConfig) -> dict[str, float]:
     run_dir = Path(config.trainer.default_local_dir).expanduser().resolve()
     # absolute from here: a Ray actor (runtime_env.working_dir) runs in another folder than this process
     config = moved(config, config.trainer.default_local_dir, str(run_dir))
-    with lock_run_folder(run_dir):  # and one process per folder, for as long as it runs
+    with lock_run_folder(run_dir, config):  # and one process per folder, for as long as it runs
         print(f"[rlvr] run directory: {run_dir}", flush=True)
         return fit_on_ray(config) if uses_ray(config) else fit(config)

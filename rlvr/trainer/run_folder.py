@@ -12,9 +12,11 @@ Temporary folders of a save cut short (``.tmp-global_step_*``) are removed from 
 resumes in, before it starts.
 
 A folder belongs to one process at a time: ``lock_run_folder`` takes an exclusive ``flock`` on
-``<run dir>/.rlvr.lock`` (holding the pid) for the whole run, and a second ``rlvr train`` that would
-write there is refused with that pid. The kernel drops the lock when its process dies, so a lock
-file left by ``kill -9`` blocks nothing. A run with other settings still goes to ``<dir>-2``.
+``<run dir>/.rlvr.lock`` (holding the pid, and the settings a resume must share) for the whole run,
+and a second ``rlvr train`` that would write there is refused with that pid. The kernel drops the
+lock when its process dies, so a lock file left by ``kill -9`` blocks nothing. A run with other
+settings still goes to ``<dir>-2``, also while the first is loading and has written no
+``config.yaml`` yet: until then the settings in its lock stand for it.
 
 Where verl differs: verl writes every run with the same ``default_local_dir`` into one folder
 (checkpoints overwritten, logs appended); rlvr never writes into another run's folder.
@@ -79,7 +81,7 @@ def _why_not(folder: Path, config: RLVRConfig) -> str | None:
     if reason in (None, NO_CHECKPOINT_YET):
         holder = lock_holder(folder)
         if holder is not None:
-            raise _in_use(folder, holder)
+            raise _in_use(folder, holder.pid)
     return reason
 
 
@@ -87,21 +89,25 @@ NO_CHECKPOINT_YET = "holds a run with these settings but no checkpoint to resume
 
 
 def why_not_here(folder: Path, config: RLVRConfig) -> str | None:
-    """Why this run cannot write into ``folder`` (None: it can)."""
-    if not holds_a_run(folder):
-        return None
+    """Why this run cannot write into ``folder`` (None: it can). A run still loading there, with no
+    record written yet, is judged by the settings its lock holds, as its config.yaml would be."""
+    on_disk = holds_a_run(folder)
+    loading = None if on_disk else lock_holder(folder)
+    if not on_disk and (loading is None or loading.settings is None):
+        return None  # free, or locked with no settings written yet: the caller refuses that as in use
+    holds = "holds" if loading is None else f"is in use by process {loading.pid}, loading"
     mode = config.trainer.resume_mode
     if mode == "disable":
-        return "holds another run (trainer.resume_mode=disable starts a new one)"
+        return f"{holds} another run (trainer.resume_mode=disable starts a new one)"
     if mode != "auto":
-        return f"holds a run, and this one resumes from {mode}"
-    saved = saved_compatibility(folder)
+        return f"{holds} a run, and this one resumes from {mode}"
+    saved = saved_compatibility(folder) if loading is None else loading.settings
     if saved is None:
         return "holds a run whose config.yaml cannot be read"
     now = {key: value for key, value in checkpoint.compatibility(config).items() if key in saved}
     if not _same(saved, now):
         differ = [k for k in now if not _same({k: saved.get(k)}, {k: now[k]})]
-        return f"holds another run (its {', '.join(differ)} differ from this one's)"
+        return f"{holds} another run (its {', '.join(differ)} differ from this one's)"
     if checkpoint.latest_checkpoint(folder / "checkpoints") is None:
         return NO_CHECKPOINT_YET
     return None
@@ -117,9 +123,18 @@ def _in_use(folder: Path, pid: str) -> ConfigError:
                        "this run another trainer.experiment_name")
 
 
-def lock_holder(folder: Path) -> str | None:
-    """The pid written in ``folder``'s lock when a live process holds it (None: free). Probes
-    without creating anything: another run's folder is never written."""
+@dataclasses.dataclass
+class Holder:
+    """The live process holding a folder's lock: its pid ("" while being written) and the settings
+    a resume must share that it recorded there (None: none recorded)."""
+
+    pid: str
+    settings: dict[str, Any] | None
+
+
+def lock_holder(folder: Path) -> Holder | None:
+    """Who holds ``folder``'s lock, when a live process does (None: free). Probes without creating
+    anything: another run's folder is never written."""
     try:
         handle = open(folder / LOCK_NAME)
     except (FileNotFoundError, NotADirectoryError):
@@ -128,15 +143,27 @@ def lock_holder(folder: Path) -> str | None:
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            return handle.read().strip()
+            return parse_lock(handle.read())
         return None  # closing the file releases the probe's lock
 
 
-class RunFolderLock:
-    """An exclusive flock on ``<folder>/.rlvr.lock`` with this process's pid in it. ``release``
-    removes the file (and the folder, when this run made it and wrote nothing else)."""
+def parse_lock(text: str) -> Holder:
+    """A lock file's text: the pid on its first line, the settings as JSON on its second."""
+    pid, _, settings = text.partition("\n")
+    try:
+        recorded = json.loads(settings) if settings.strip() else None
+    except json.JSONDecodeError:  # a line half written: as if none were
+        recorded = None
+    return Holder(pid.strip(), recorded if isinstance(recorded, dict) else None)
 
-    def __init__(self, folder: Path):
+
+class RunFolderLock:
+    """An exclusive flock on ``<folder>/.rlvr.lock`` with this process's pid in it and ``settings``
+    (what a resume must share) beside it: a second run started while this one loads, before its
+    config.yaml exists, reads them there. ``release`` removes the file (and the folder, when this run
+    made it and wrote nothing else)."""
+
+    def __init__(self, folder: Path, settings: dict[str, Any] | None = None):
         self.folder, self.path = folder, folder / LOCK_NAME
         self.made_folder = not folder.exists()
         try:
@@ -152,9 +179,9 @@ class RunFolderLock:
                 fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
                 handle.seek(0)
-                holder = handle.read().strip()
+                holder = parse_lock(handle.read())
                 handle.close()
-                raise _in_use(folder, holder) from None
+                raise _in_use(folder, holder.pid) from None
             # the file may have been removed by a run that ended between our open and our lock: then
             # this lock is on a file no one else can see, so take the one at the path again
             try:
@@ -165,7 +192,8 @@ class RunFolderLock:
                 break
             handle.close()
         handle.truncate(0)
-        handle.write(f"{os.getpid()}\n")
+        recorded = "" if settings is None else json.dumps(settings, default=str) + "\n"
+        handle.write(f"{os.getpid()}\n{recorded}")  # one write: a reader sees the pid with its settings
         handle.flush()
         self.handle = handle
 
@@ -188,9 +216,11 @@ class RunFolderLock:
         self.release()
 
 
-def lock_run_folder(folder: Path) -> RunFolderLock:
-    """Lock ``folder`` for this process (made if missing), or raise naming the pid that holds it."""
-    return RunFolderLock(folder)
+def lock_run_folder(folder: Path, config: RLVRConfig | None = None) -> RunFolderLock:
+    """Lock ``folder`` for this process (made if missing), or raise naming the pid that holds it;
+    ``config``'s settings a resume must share are recorded in the lock for the runs that start
+    while this one loads."""
+    return RunFolderLock(folder, None if config is None else checkpoint.compatibility(config))
 
 
 def claim_run_folder(config: RLVRConfig) -> RLVRConfig:

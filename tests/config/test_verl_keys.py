@@ -175,6 +175,7 @@ def test_ray_init_keys_reach_ray_init(monkeypatch, tmp_path):
     fake = types.SimpleNamespace(is_initialized=lambda: False, init=lambda **kw: calls.append(kw))
     import rlvr.distributed.ray_workers as ray_workers
 
+    monkeypatch.setattr(ray_workers.tempfile, "tempdir", str(tmp_path))  # its rlvr-ray-* folder: not in /tmp
     monkeypatch.setattr(ray_workers, "ray", fake)
     ray_init = cfg.ray_kwargs.ray_init
     assert ray_workers.init_ray(ray_init.address, ray_init.num_cpus, tmp_path, ray_init.runtime_env, ray_init.kwargs)
@@ -190,6 +191,7 @@ def test_the_local_ray_keeps_its_dashboard_off_whatever_is_given(monkeypatch, tm
     fake = types.SimpleNamespace(is_initialized=lambda: False, init=lambda **kw: calls.append(kw))
     import rlvr.distributed.ray_workers as ray_workers
 
+    monkeypatch.setattr(ray_workers.tempfile, "tempdir", str(tmp_path))  # its rlvr-ray-* folder: not in /tmp
     monkeypatch.setattr(ray_workers, "ray", fake)
     ray_init = cfg.ray_kwargs.ray_init
     ray_workers.init_ray(None, None, tmp_path, ray_init.runtime_env, ray_init.kwargs)

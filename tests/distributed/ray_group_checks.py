@@ -3,6 +3,8 @@ loopback-only network namespace (one Ray start for all of them). Exits non-zero 
 
 import os
 import sys
+import tempfile
+from pathlib import Path
 
 import numpy as np
 import ray
@@ -62,7 +64,8 @@ class Counter(Worker):
 
 
 def main(run_dir):
-    init_ray(None, 2, __import__("pathlib").Path(run_dir))
+    other = Path(tempfile.mkdtemp(prefix="rlvr-ray-"))  # another run's Ray folder, maybe live
+    session = init_ray(None, 2, Path(run_dir))
     pool = RayResourcePool([2])
     colocated = create_colocated_worker_cls({"actor": RayClassWithInitArgs(Doubler, 10),
                                              "critic": RayClassWithInitArgs(Counter)})
@@ -114,7 +117,12 @@ def main(run_dir):
         raise AssertionError("no error")
     except ResourceError as err:
         assert "needs 2 GPUs (the cluster has 0)" in str(err), err
-    ray.shutdown()
+    # the end: Ray's folder under /tmp removed, this one only; its logs kept in the run folder
+    mine = session.temp_dir
+    session.shutdown()
+    assert not ray.is_initialized() and not mine.exists() and other.is_dir(), (mine, other)
+    assert any((Path(run_dir) / "ray" / "session_latest" / "logs").glob("raylet.*")), list(Path(run_dir).rglob("*"))
+    other.rmdir()
     print("ALL CHECKS PASSED")
 
 

@@ -2,6 +2,7 @@
 ``RAY_ADDRESS`` (what ``ray job submit`` sets; ray.init reads it the same way), read at load; else
 a Ray of its own on 127.0.0.1. ``ray.init`` is a recording stand-in: nothing is started or joined."""
 
+import tempfile
 import types
 
 import pytest
@@ -15,7 +16,8 @@ TWO_NODES = ["trainer.nnodes=2", "trainer.n_gpus_per_node=1", "actor_rollout_ref
 
 
 @pytest.fixture
-def recorded(monkeypatch):
+def recorded(monkeypatch, tmp_path):
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # the rlvr-ray-* folder a local Ray gets: not in /tmp
     calls = []
     monkeypatch.setattr(ray_workers, "ray", types.SimpleNamespace(is_initialized=lambda: False,
                                                                   init=lambda **kw: calls.append(kw)))

@@ -2,8 +2,8 @@
 namespace): ranks and rendezvous address from the environment, colocated roles in one process,
 execute_all / execute_rank_zero, DP dispatch with padding, rollouts of different widths per
 rank joined, a failing rank named, a failure on the driver's side of a call named as a worker
-failure (with the last checkpoint, from ``fit``), and a resource check that refuses what the
-cluster lacks."""
+failure (with the last checkpoint, from ``fit``), a resource check that refuses what the
+cluster lacks, and a shutdown that removes this Ray's /tmp folder (no other) and keeps its logs."""
 
 import subprocess
 import sys

@@ -118,6 +118,52 @@ def test_a_folder_of_verls_checkpoints_is_refused_not_trained_over(tmp_path):
         checkpoint.resolve_resume(config)
 
 
+def test_auto_resume_says_so_when_the_tracker_names_an_older_complete_step(tmp_path, capsys):
+    """verl resumes from the step latest_checkpointed_iteration.txt names; rlvr from the newest
+    complete step folder (a folder appears only whole, the tracker after it). When the two
+    disagree it resumed from the newest without a word; it now says which, why, and how to
+    resume from the tracker's step."""
+    from rlvr.config import load_config
+
+    run = tmp_path / "run"
+    root = run / "checkpoints"
+    for step in (1, 2, 3):
+        save(root, step, parts, {"step": step})
+    config = load_config(None, [f"trainer.default_local_dir={run}"])
+    assert checkpoint.resolve_resume(config) == root / "global_step_3"
+    assert capsys.readouterr().out == ""  # the tracker agrees: nothing to say
+
+    (root / "latest_checkpointed_iteration.txt").write_text("2")  # a save cut short after its rename, or an edit
+    assert checkpoint.resolve_resume(config) == root / "global_step_3"
+    out = capsys.readouterr().out
+    assert f"[rlvr] {root / 'latest_checkpointed_iteration.txt'} names step 2, but a newer complete checkpoint is " \
+           f"there: resuming from the newest complete checkpoint, {root / 'global_step_3'}" in out
+    assert f"set trainer.resume_mode={root / 'global_step_2'}" in out
+
+
+@pytest.mark.parametrize("tracker, why", [
+    ("7", "names step 7, but {root}/global_step_7 is not there"),                      # moved aside, removed
+    ("2", "names step 2, but {root}/global_step_2/actor_state.pt is not a whole torch.save file"),  # damaged
+    ("two", "names no step ('two')"),
+])
+def test_a_tracker_naming_a_missing_or_damaged_step_is_said_and_the_newest_complete_one_used(tmp_path, capsys,
+                                                                                               tracker, why):
+    from rlvr.config import load_config
+
+    run = tmp_path / "run"
+    root = run / "checkpoints"
+    for step in (1, 2, 3):
+        save(root, step, parts, {"step": step})
+    state = root / "global_step_2" / "actor_state.pt"
+    state.write_bytes(state.read_bytes()[:20])  # truncated by a copy cut short
+    (root / "latest_checkpointed_iteration.txt").write_text(tracker)
+    config = load_config(None, [f"trainer.default_local_dir={run}"])
+    assert checkpoint.resolve_resume(config) == root / "global_step_3"
+    out = capsys.readouterr().out
+    assert f"[rlvr] {root / 'latest_checkpointed_iteration.txt'} {why.format(root=root)}" in out
+    assert f"; resuming from the newest complete checkpoint, {root / 'global_step_3'}" in out
+
+
 def test_a_rewrite_cut_short_keeps_the_file_it_had(tmp_path, monkeypatch):
     """metrics.jsonl (rewound on resume) and config.yaml (rewritten on resume) were truncated, then
     written: a kill or a full disk between emptied the history, or sent the next run to a new folder."""

@@ -89,7 +89,9 @@ def test_two_ray_workers_equal_the_in_process_run(tiny_config, tmp_path, in_proc
     assert_same_weights(final_weights(ray_dir, 3), final_weights(in_process_run, 3))
     where = json.loads((ray_dir / "workers.json").read_text())
     assert [w["rank"] for w in where] == [0, 1] and all(w["node"] == "127.0.0.1" for w in where)
-    assert (ray_dir / "ray").is_symlink() and any((ray_dir / "ray").rglob("*.log"))  # Ray's logs, reachable
+    # Ray's logs, kept in the run folder, and no longer in Ray's /tmp folder: that was removed
+    assert any((ray_dir / "ray" / "session_latest" / "logs").rglob("*.log"))
+    assert (ray_dir / "ray" / "session_latest").resolve().is_relative_to(ray_dir.resolve())
 
 
 def start_long_run(tiny_config, tmp_path, save_freq: int, reached):

@@ -188,6 +188,38 @@ def test_run_training_holds_the_lock_while_it_trains(tiny_config, tmp_path, monk
     assert seen == [True] and not folder.exists()
 
 
+def test_a_run_with_other_settings_started_while_the_first_loads_gets_a_folder_of_its_own(tiny_config, tmp_path,
+                                                                                          monkeypatch, capsys):
+    """The first run locks its folder before it loads and writes config.yaml only once its model has
+    loaded. A second run with other settings started in that window was refused as "in use" (it
+    could not tell the first run's settings); it goes to ``run-2`` now, as it does once config.yaml
+    is there, and so does ``resume_mode=disable``. The same command twice is still refused."""
+    import rlvr.trainer.main as main_module
+
+    folder = tmp_path / "run"
+    first = tiny_config(f"trainer.default_local_dir={folder}")
+    started = []
+
+    def loading(cfg, *args, **kwargs):  # fit, for the first run still loading: nothing written but the lock
+        started.append(cfg.trainer.default_local_dir)
+        if len(started) == 1:
+            assert [p.name for p in folder.iterdir()] == [".rlvr.lock"]
+            run_training(tiny_config(f"trainer.default_local_dir={folder}", "algorithm.adv_estimator=rloo"))
+            run_training(tiny_config(f"trainer.default_local_dir={folder}", "trainer.resume_mode=disable"))
+            with pytest.raises(ConfigError, match=rf"{folder} is in use by process {os.getpid()}"):
+                run_training(first)
+        return {}
+
+    monkeypatch.setattr(main_module, "fit", loading)
+    run_training(first)
+    assert started == [str(folder.resolve()), str(tmp_path.resolve() / "run-2"), str(tmp_path.resolve() / "run-2")]
+    out = capsys.readouterr().out
+    assert f"{folder} is in use by process {os.getpid()}, loading another run (its algorithm.adv_estimator differ " \
+           f"from this one's): this run writes to {folder}-2" in out
+    assert f"{folder} is in use by process {os.getpid()}, loading another run (trainer.resume_mode=disable starts " \
+           f"a new one): this run writes to {folder}-2" in out
+
+
 def test_a_second_ctrl_c_with_no_checkpoint_promises_no_resume(tiny_config, tmp_path, interrupt):
     """With no checkpoint on disk, the message said "run the same command again to resume": the
     same command starts over. It says so now (and so do the Ray driver's and a failed worker's)."""
