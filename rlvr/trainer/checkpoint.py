@@ -172,19 +172,14 @@ def save(root: Path, step: int, write_parts, trainer_state: dict[str, Any], keep
         write_parts(tmp)
         torch.save(trainer_state, tmp / "trainer_state.pt")
         fsync_tree(tmp)
-    except BaseException as err:  # a second Ctrl-C (or an error) mid-save: discard the partial folder, keep the others
-        shutil.rmtree(tmp, ignore_errors=True)
-        if disk_refused(err):
-            raise refused_save(root, step, err) from None
-        raise
-    os.replace(tmp, final)
-    try:
+        os.replace(tmp, final)  # from here the checkpoint is complete; only verl's pointer file may not be
         latest = root / f".tmp-{LATEST_FILE}"
         latest.write_text(str(step))
         _fsync(latest)
         os.replace(latest, root / LATEST_FILE)
         _fsync(root)
-    except OSError as err:  # the checkpoint is complete; only verl's pointer file is not
+    except BaseException as err:  # a second Ctrl-C (or an error) mid-save: discard the partial folder, keep the others
+        shutil.rmtree(tmp, ignore_errors=True)  # nothing, once renamed
         if disk_refused(err):
             raise refused_save(root, step, err) from None
         raise
@@ -336,9 +331,11 @@ def missing_part(folder: Path) -> tuple[Path, str] | None:
             return folder / name, "is missing"
     if not any((folder / "actor").glob("*.safetensors")):
         return folder / "actor", "holds no *.safetensors weights (model or LoRA adapter)"
-    critic = [(folder / "critic_state.pt").is_file(), (folder / "critic").is_dir()]
-    if any(critic) and not (folder / "critic_state.pt").is_file():
+    state, weights = (folder / "critic_state.pt").is_file(), any((folder / "critic").glob("*.safetensors"))
+    if weights and not state:
         return folder / "critic_state.pt", "is missing (the critic's weights are there)"
+    if state and not weights:
+        return folder / "critic", "holds no *.safetensors weights (the critic's state is there)"
     return None
 
 

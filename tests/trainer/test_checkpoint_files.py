@@ -104,6 +104,28 @@ def test_a_checkpoint_with_a_part_missing_is_refused_naming_it_and_the_newest_wh
         checkpoint.check_intact(root / "global_step_2")
 
 
+def with_critic(folder: Path) -> None:
+    parts(folder)
+    (folder / "critic").mkdir()
+    save_file({"v": torch.zeros(2)}, folder / "critic" / "model.safetensors")
+    torch.save({"optimizer": {}}, folder / "critic_state.pt")
+
+
+@pytest.mark.parametrize("remove, named", [("critic_state.pt", "critic_state.pt"),
+                                           ("critic/model.safetensors", "critic")])
+def test_a_critic_missing_either_part_is_refused(tmp_path, remove, named):
+    """A critic_state.pt without the critic's weights passed the check (only the other way round was
+    read), and the critic's load failed after the models."""
+    root = tmp_path / "checkpoints"
+    for step in (1, 2):
+        save(root, step, with_critic, {"step": step})
+    checkpoint.check_intact(root / "global_step_2")  # whole: nothing to say
+    (root / "global_step_2" / remove).unlink()
+    with pytest.raises(DamagedCheckpointError, match=rf"global_step_2/{named}\b.* The newest intact checkpoint is "
+                                                     rf".*global_step_1"):
+        checkpoint.check_intact(root / "global_step_2")
+
+
 def test_a_folder_of_verls_checkpoints_is_refused_not_trained_over(tmp_path):
     """verl saves global_step_<k>/actor/ shards in the run folder itself; resume_mode=auto found no
     rlvr checkpoint there and started a fresh run inside it, from step 0."""
