@@ -17,8 +17,8 @@ The trainer's own stages run on the default job's shape (8 prompts x n=8 per bat
 engine samples (``rollout.dtype``), the actor recomputes (fp32, grouped prompt-once layout),
 ``--batches`` batches at the same weights. Printed per batch: mean and max |log p_engine - log
 p_actor| over the sampled tokens; then the greedy probe's largest logit gap on the same weights
-(the argmax check, tolerance 0.25 with a 16-bit side), and how many batches each check would
-have stopped.
+(the argmax check; its tolerance with a 16-bit side is two bf16 steps at the largest |logit|, at
+least 0.25), and how many batches each check would have stopped.
 """
 
 from __future__ import annotations
@@ -116,7 +116,9 @@ def main(argv: list[str] | None = None) -> None:
     trainer.global_step = 2
     probe_stops = 0
     try:
-        gap = trainer._check_freshness()["training/freshness/greedy_gap_max"]
+        probe = trainer._check_freshness()
+        gap = (f"{probe['training/freshness/greedy_gap_max']:.3g} (tolerance "
+               f"{probe['training/freshness/greedy_gap_tolerance']:.3g})")
     except StopTraining as stop:
         probe_stops, gap = 1, str(stop)[:200]
     print(f"model {args.model} rollout.dtype {args.dtype} logit offset {args.logit_offset}: mean |dlogp| "

@@ -7,9 +7,11 @@ Every estimator is called as::
        -> (advantages, returns)        # both (bs, T), zero outside response_mask
 
 ``index`` is the uid array (numpy object, one uid per prompt, shared by its n samples);
+uids group by value, as verl's dict of them does (1 and "1" are two groups: ``group_ids``).
 ``config`` is the ``algorithm`` sub-config, consulted only for a value not passed
 explicitly. Values match verl's core_algos on the same tensors; grouped estimators are
-vectorised with scatter-adds over dense group ids (no Python loop over samples or groups).
+vectorised with scatter-adds over dense group ids (one dict lookup per uid makes them; no
+Python loop over samples or groups in the arithmetic).
 
 Departures from verl: none in the values inside the mask. GAE's advantages are zero outside
 it, where verl's whitening leaves values (no loss reads them). ``grpo_passk`` breaks ties for

@@ -49,11 +49,29 @@ def compute_response_mask(responses: torch.Tensor, attention_mask: torch.Tensor)
     return attention_mask[:, -responses.shape[1]:]
 
 
+def uid_list(index: Any) -> list:
+    """The uids of an index (a numpy object array, a list, an int array or tensor) as Python values."""
+    return index.tolist() if hasattr(index, "tolist") else list(index)
+
+
 def group_ids(index: Any) -> tuple[torch.Tensor, int]:
-    """Map each sample's uid to a dense group id 0..G-1 -> (ids (bs,), G)."""
-    _, inverse = np.unique(np.asarray(index, dtype=object).astype(str), return_inverse=True)
-    ids = torch.as_tensor(inverse.reshape(-1), dtype=torch.long)
-    return ids, int(ids.max()) + 1 if ids.numel() else 0
+    """Map each sample's uid to a dense group id 0..G-1, in order of first appearance -> (ids (bs,), G).
+
+    Uids group by value, as the dict verl keys on them does: 1 and "1" are two groups (a cast
+    to str would make them one, and give a group of n samples 2n), 1 and 1.0 one."""
+    dense: dict = {}
+    try:
+        ids = [dense.setdefault(uid, len(dense)) for uid in uid_list(index)]
+    except TypeError as err:  # a list or dict as a uid
+        raise TypeError(f"a uid must be hashable, as verl keys its groups on them: {err}") from err
+    return torch.as_tensor(ids, dtype=torch.long), len(dense)
+
+
+def in_groups(index: Any, groups: Any) -> np.ndarray:
+    """(bs,) bool: which samples' uids are among ``groups``, compared by value as ``group_ids`` groups
+    (``np.isin`` sorts an object array, which mixed uid types cannot be)."""
+    chosen = set(uid_list(groups))
+    return np.array([uid in chosen for uid in uid_list(index)], dtype=bool)
 
 
 def group_range(values: torch.Tensor, ids: torch.Tensor, num_groups: int) -> tuple[torch.Tensor, torch.Tensor]:

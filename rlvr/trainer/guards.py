@@ -14,9 +14,13 @@ greedy tokens change. verl only logs the gap (``training/rollout_probs_diff_*``)
 
 from __future__ import annotations
 
+import math
+from collections import Counter
+
 import numpy as np
 import torch
 
+from rlvr.algos.utils import uid_list
 from rlvr.config.schema import RLVRConfig
 from rlvr.errors import StopTraining
 from rlvr.protocol import DataProto, loss_mask
@@ -26,11 +30,27 @@ PROBE_TOKENS = 16  # the freshness probe: greedy tokens per prompt compared with
 GAP_TEMPERATURE = 1e-4  # -T log softmax(z / T)[token] is max(z) - z[token], to within T ln V (0.0011 at V = 50k)
 
 
-def freshness_tolerance(config: RLVRConfig) -> float:
+FRESHNESS_FLOOR = {"float32": 0.01, "16-bit": 0.25}  # logits: the probe's tolerance at small logits
+BF16_STEPS = 2  # bf16 rounding steps a 16-bit near-tie may open: each side rounds each logit by up to half a step
+
+
+def bf16_step(magnitude: float) -> float:
+    """The spacing of bfloat16 numbers at ``magnitude``: 2^(e - 7) for |x| in [2^e, 2^(e+1)) (0.25 in
+    [32, 64), 0.5 in [64, 128), 1 in [128, 256)). bf16 is the only 16-bit dtype rlvr computes in."""
+    exponent = math.frexp(abs(magnitude))[1] - 1  # |x| = m 2^(e+1), m in [0.5, 1): floor(log2 |x|) = e
+    return math.ldexp(torch.finfo(torch.bfloat16).eps, exponent)
+
+
+def freshness_tolerance(config: RLVRConfig, max_abs_logit: float) -> float:
     """How far (in logits) the engine's greedy token may trail the actor's own greedy token and
     still be two precisions disagreeing on a near-tie rather than stale weights: 0.01 when actor
-    and engine both compute in fp32, 0.25 when either computes in 16 bits."""
-    return 0.01 if _precision(config) == "float32" else 0.25
+    and engine both compute in fp32; with a 16-bit side, ``BF16_STEPS`` bf16 steps at the largest
+    |logit| the probe saw (``max_abs_logit``), at least 0.25. The step grows with the logits (0.25
+    in [32, 64), 0.5 in [64, 128)): a fixed 0.25 stopped a fresh engine whose logits reach 64."""
+    precision = _precision(config)
+    if precision == "float32":
+        return FRESHNESS_FLOOR[precision]
+    return max(FRESHNESS_FLOOR[precision], BF16_STEPS * bf16_step(max_abs_logit))
 
 
 # mean and max |log p_engine - log p_actor| over the sampled tokens at step 1, fresh weights (nats).
@@ -148,12 +168,11 @@ def check_groups(uids: np.ndarray, n: int, step: int, episodes: np.ndarray | Non
     if episodes is not None:  # one entry per episode
         first = np.append(True, episodes[1:] != episodes[:-1])
         uids = np.asarray(uids)[first]
-    groups, counts = np.unique(uids, return_counts=True)
-    wrong = counts != n
-    if wrong.any():
-        named = ", ".join(f"{g!r}: {c} {'episodes' if episodes is not None else 'rows'}"
-                          for g, c in zip(groups[wrong][:3], counts[wrong][:3]))
-        raise StopTraining(f"step {step}: {int(wrong.sum())} of {len(groups)} groups do not have "
+    counts = Counter(uid_list(uids))  # by value, as the estimators group (1 and "1" are two groups)
+    wrong = [(g, c) for g, c in counts.items() if c != n]
+    if wrong:
+        named = ", ".join(f"{g!r}: {c} {'episodes' if episodes is not None else 'rows'}" for g, c in wrong[:3])
+        raise StopTraining(f"step {step}: {len(wrong)} of {len(counts)} groups do not have "
                            f"actor_rollout_ref.rollout.n = {n} rows before their advantages ({named}); a group "
                            "normalised over fewer or more samples than it has gets a wrong baseline")
 

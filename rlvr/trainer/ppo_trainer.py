@@ -28,6 +28,7 @@ from rlvr.algos.advantages import compute_advantage
 from rlvr.algos.dapo import filter_groups
 from rlvr.algos.kl import apply_kl_penalty, get_kl_controller
 from rlvr.algos.rollout_correction import is_active, rollout_correction
+from rlvr.algos.utils import in_groups, uid_list
 from rlvr.config.schema import RLVRConfig
 from rlvr.config.validate import ConfigError
 from rlvr.data.sampler import PromptLoader
@@ -438,7 +439,8 @@ class RLTrainer:
         (async: after its queued work, loading that version); the actor then scores those tokens
         at a near-zero temperature, which gives each token's logit gap to the actor's own argmax.
         A fresh engine's tokens are the actor's greedy tokens: every gap is 0, or within
-        ``freshness_tolerance`` where two precisions split a near-tie. A larger gap stops the
+        ``freshness_tolerance`` where two precisions split a near-tie (in 16 bits two rounding
+        steps at the largest |logit| the actor computed for the probe). A larger gap stops the
         run, naming what was found."""
         dataset = self.loader.dataset  # its first rows: the same prompts in every process, the stream untouched
         prompts = dataset.collate([dataset[i] for i in range(min(len(dataset), self.config.data.train_batch_size))])
@@ -451,28 +453,31 @@ class RLTrainer:
             out = self.rollout_wg.generate_sequences(probe)
         else:
             out = self.ahead.run(lambda: self.rollout_wg.generate_sequences(probe), version)
-        out.meta_info["temperature"] = GAP_TEMPERATURE
-        log_probs = self.wg.compute_log_prob(out).batch["old_log_probs"]
+        out.meta_info.update(temperature=GAP_TEMPERATURE, max_abs_logit=True)
+        scored = self.wg.compute_log_prob(out).batch
         mask = out.batch["response_mask"].bool()  # the engine's own tokens (tool output apart)
-        gaps = torch.where(mask, -GAP_TEMPERATURE * log_probs.float(), torch.zeros(())).clamp_min(0.0)
-        worst, tolerance = float(gaps.max()), freshness_tolerance(self.config)
+        gaps = torch.where(mask, -GAP_TEMPERATURE * scored["old_log_probs"].float(), torch.zeros(())).clamp_min(0.0)
+        largest = float(torch.where(mask, scored["max_abs_logits"].float(), torch.zeros(())).max())
+        worst, tolerance = float(gaps.max()), freshness_tolerance(self.config, largest)
         if worst > tolerance:
             row, col = divmod(int(gaps.argmax()), gaps.shape[1])
             token = int(out.batch["responses"][row, col])
             raise StopTraining(
                 f"step {self.global_step}: the rollout engine does not hold the actor's weights (version {version}): "
                 f"its greedy token {col + 1} of prompt {row + 1} ({self.tokenizer.decode([token])!r}) trails the actor's "
-                f"own greedy token by {worst:.3g} logits (tolerance {tolerance}, from the actor's and the engine's "
-                f"dtypes); {int((gaps > tolerance).sum())} of {int(mask.sum())} probe tokens differ. The weight sync "
-                "to the engine did not take effect: the run stops before training on a stale policy's samples "
-                "(trainer.freshness_check_freq=-1 turns this probe off)")
+                f"own greedy token by {worst:.3g} logits (tolerance {tolerance:g}, from the actor's and the engine's "
+                f"dtypes and the largest |logit|, {largest:.3g}); {int((gaps > tolerance).sum())} of {int(mask.sum())} "
+                "probe tokens differ. The weight sync to the engine did not take effect: the run stops before "
+                "training on a stale policy's samples (trainer.freshness_check_freq=-1 turns this probe off)")
         # the engine's log-probs of its greedy tokens (temperature 1) against the actor's: a partly stale
         # engine drifts before its argmax moves
-        out.meta_info["temperature"] = 1.0
+        out.meta_info.update(temperature=1.0, max_abs_logit=False)
         actor = self.wg.compute_log_prob(out).batch["old_log_probs"]
         drift = self.parity.check(out.batch["rollout_log_probs"], actor, mask, self.global_step, what="greedy probe",
                                   prefix="training/freshness")
-        return {"training/freshness/greedy_gap_max": worst, "training/freshness/probe_tokens": float(mask.sum()), **drift}
+        return {"training/freshness/greedy_gap_max": worst, "training/freshness/greedy_gap_tolerance": tolerance,
+                "training/freshness/max_abs_logit": largest, "training/freshness/probe_tokens": float(mask.sum()),
+                **drift}
 
     def _rollout_ahead(self, timings: dict[str, float]):
         """Async: dispatch the batches up to step + k (the actor holds version step - 1, what the
@@ -565,9 +570,10 @@ class RLTrainer:
         loss (``train_mask``) and the advantage estimator does not see them, so its placeholder
         scores never become a gradient nor shift another group's; returns how many."""
         uids = batch.non_tensor_batch["uid"]
-        groups = np.unique(uids[rows])
-        narrow_train_mask(batch, torch.as_tensor(~np.isin(uids, groups), dtype=batch.batch["response_mask"].dtype)[:, None])
-        batch.meta_info["dropped_groups"] = groups.tolist()  # nor do they reach the advantage estimator
+        groups = list(dict.fromkeys(uid_list(uids[rows])))  # by value, as the estimators group
+        kept = torch.as_tensor(~in_groups(uids, groups), dtype=batch.batch["response_mask"].dtype)  # (bs,)
+        narrow_train_mask(batch, kept[:, None])
+        batch.meta_info["dropped_groups"] = groups  # nor do they reach the advantage estimator
         return len(groups)
 
     def _dynamic_sampling(self, batch: DataProto, more_batches: Iterator[DataProto], metrics: dict[str, float],
@@ -585,7 +591,7 @@ class RLTrainer:
                 reward_metrics[key].append(value)
             keep = filter_groups(batch.non_tensor_batch["uid"], self._filter_metric(batch))  # (bs,)
             # groups dropped for an invalid reward are never kept (their train_mask goes with them)
-            dropped = np.isin(batch.non_tensor_batch["uid"], batch.meta_info.pop("dropped_groups", []))
+            dropped = in_groups(batch.non_tensor_batch["uid"], batch.meta_info.pop("dropped_groups", []))
             keep = keep & ~torch.as_tensor(dropped, device=keep.device)
             batch.batch.pop("train_mask", None)
             kept.append(batch.select_idxs(keep.numpy()))
@@ -642,7 +648,7 @@ class RLTrainer:
         uids = batch.non_tensor_batch["uid"]
         check_groups(uids, self.config.actor_rollout_ref.rollout.n, self.global_step, episode_rows(batch))
         check_masks(batch, self.global_step)
-        dropped = np.isin(uids, batch.meta_info.get("dropped_groups", []))
+        dropped = in_groups(uids, batch.meta_info.get("dropped_groups", []))
         # the kept groups only: a batch-wide whitening (REINFORCE++, GAE) over the dropped groups'
         # placeholder scores would shift, even flip, the kept groups' advantages. Either way a key map of
         # its own, whose response_mask is replaced

@@ -194,7 +194,7 @@ class Actor:
 
     def _forward(self, batch: dict, uids, temperature: float, calculate_entropy: bool, entropy_grad: bool = False,
                  **vocab):
-        """``forward_log_probs`` on this actor's model; ``vocab``: its ``topk`` or ``gather_ids``."""
+        """``forward_log_probs`` on this actor's model; ``vocab``: its ``topk``, ``gather_ids`` or ``max_abs_logit``."""
         kwargs = dict(entropy_grad=entropy_grad, share_prompt=self.config.share_prompt_forward, pad_id=self.pad_id,
                       dtype=self.config.dtype, **vocab)
         if self.root is not None:  # through the sharded root, which gathers the embeddings and head
@@ -210,10 +210,13 @@ class Actor:
 
     # ------------------------------------------------------------------ log-probs
     @torch.no_grad()
-    def compute_log_prob(self, data: DataProto, calculate_entropy: bool = False, topk: int = 0, extra: bool = False):
+    def compute_log_prob(self, data: DataProto, calculate_entropy: bool = False, topk: int = 0, extra: bool = False,
+                         max_abs_logit: bool = False):
         """(B, R) log-probs of the responses under softmax(logits / temperature), and entropy;
         with ``extra`` a third result: with ``topk`` > 0 the (B, R, topk) largest log-probs and
-        their ids (``topk_log_probs``, ``topk_ids``), for a distillation teacher."""
+        their ids (``topk_log_probs``, ``topk_ids``), for a distillation teacher; with
+        ``max_abs_logit`` each token's largest |logit| before the temperature (``max_abs_logits``,
+        (B, R)), for the freshness probe's tolerance."""
         data.require(*FORWARD_KEYS, stage="compute_log_prob")
         temperature = float(data.meta_info.get("temperature", 1.0))
         micro_size = int(data.meta_info.get("micro_batch_size", 16))
@@ -222,17 +225,21 @@ class Actor:
         uids = data.non_tensor_batch.get("uid")
         log_probs = torch.zeros(data.batch["responses"].shape, dtype=torch.float32)
         entropy = torch.zeros_like(log_probs) if calculate_entropy else None
-        tops = {}
+        tops, vocab = {}, {}
         if topk:
             tops = {"topk_log_probs": torch.zeros((*log_probs.shape, topk)),
                     "topk_ids": torch.zeros((*log_probs.shape, topk), dtype=torch.long)}
+            vocab["topk"] = topk
+        if max_abs_logit:
+            tops["max_abs_logits"] = torch.zeros_like(log_probs)
+            vocab["max_abs_logit"] = True
         micros = self._micro_batches(data, list(range(len(data))), micro_size)[0]
         padding = self.dp.max(len(micros)) - len(micros)  # forwards that only keep the ranks in step
         for i, rows in enumerate(micros + micros[:1] * padding):
             idx = torch.tensor(rows)
             batch = {k: data.batch[k][idx].to(self.model.device) for k in FORWARD_KEYS}
             lp, ent, *more = self._forward(batch, None if uids is None else uids[rows], temperature, calculate_entropy,
-                                           **({"topk": topk} if topk else {}))
+                                           **vocab)
             if i >= len(micros):
                 continue
             log_probs[idx] = lp.float().cpu()

@@ -242,7 +242,7 @@ def _register_segment_attention() -> None:
 
 def token_log_probs(model, hidden: torch.Tensor, labels: torch.Tensor, temperature: float,
                     calculate_entropy: bool, entropy_grad: bool = False, topk: int = 0,
-                    gather_ids: torch.Tensor | None = None) -> tuple:
+                    gather_ids: torch.Tensor | None = None, max_abs_logit: bool = False) -> tuple:
     """(N, H) hidden states at predicting positions -> (N,) log-probs of ``labels`` (and entropy).
 
     The vocabulary projection runs in chunks of ``LOGIT_CHUNK_TOKENS`` positions. When a
@@ -255,15 +255,17 @@ def token_log_probs(model, hidden: torch.Tensor, labels: torch.Tensor, temperatu
 
     For on-policy distillation, from the same log-softmax: ``topk`` > 0 adds the (N, k) largest
     log-probs and their token ids (a teacher's top-k); ``gather_ids`` (N, k) adds the log-probs at
-    those ids (the student's, at its teacher's top-k). Either makes the result a 3-tuple, the
-    third a dict of the (N, k) tensors.
+    those ids (the student's, at its teacher's top-k). ``max_abs_logit`` adds each position's
+    largest |logit| over the vocabulary, before the temperature (N,): the scale of the logits,
+    which sets their rounding step in 16 bits (the freshness probe's tolerance). Any of these
+    makes the result a 3-tuple, the third a dict of those tensors.
     """
     recompute = torch.is_grad_enabled() and hidden.requires_grad and hidden.shape[0] > LOGIT_CHUNK_TOKENS
     parts: list[tuple] = []
     for start in range(0, hidden.shape[0], LOGIT_CHUNK_TOKENS):
         end = start + LOGIT_CHUNK_TOKENS
         args = (model, hidden[start:end], labels[start:end], temperature, calculate_entropy, entropy_grad, topk,
-                None if gather_ids is None else gather_ids[start:end])
+                None if gather_ids is None else gather_ids[start:end], max_abs_logit)
         if recompute:
             parts.append(torch.utils.checkpoint.checkpoint(_chunk_log_probs, *args, use_reentrant=False,
                                                            preserve_rng_state=False))
@@ -273,13 +275,18 @@ def token_log_probs(model, hidden: torch.Tensor, labels: torch.Tensor, temperatu
         k = topk or (0 if gather_ids is None else gather_ids.shape[-1])
         parts = [(hidden.new_zeros(0, dtype=torch.float32), hidden.new_zeros(0) if calculate_entropy else None,
                   hidden.new_zeros(0, k, dtype=torch.float32) if topk or gather_ids is not None else None,
-                  hidden.new_zeros(0, k, dtype=torch.long) if topk else None)]
+                  hidden.new_zeros(0, k, dtype=torch.long) if topk else None,
+                  hidden.new_zeros(0, dtype=torch.float32) if max_abs_logit else None)]
     columns = [torch.cat(column) if column[0] is not None else None for column in zip(*parts)]
     log_probs, entropy = columns[0], columns[1]
-    if not topk and gather_ids is None:
-        return log_probs, entropy
-    extra = {"topk_log_probs": columns[2], "topk_ids": columns[3]} if topk else {"gathered_log_probs": columns[2]}
-    return log_probs, entropy, extra
+    extra = {}
+    if topk:
+        extra.update(topk_log_probs=columns[2], topk_ids=columns[3])
+    elif gather_ids is not None:
+        extra["gathered_log_probs"] = columns[2]
+    if max_abs_logit:
+        extra["max_abs_logits"] = columns[4]
+    return (log_probs, entropy, extra) if extra else (log_probs, entropy)
 
 
 class _BackboneOutput(MoeModelOutputWithPast):
@@ -336,12 +343,14 @@ def model_logits(model, hidden: torch.Tensor) -> torch.Tensor:
 
 
 def _chunk_log_probs(model, hidden: torch.Tensor, labels: torch.Tensor, temperature: float, calculate_entropy: bool,
-                     entropy_grad: bool, topk: int = 0, gather_ids: torch.Tensor | None = None) -> tuple:
-    """One chunk: (n, H) states -> (n,) log-probs of ``labels``, (n,) entropies or None, and the
-    (n, k) top-k log-probs or the log-probs at ``gather_ids`` (else None), with the top-k ids (or
-    None). The temperature divides the family's logits, after its own transform, as in the rollout
-    engine."""
+                     entropy_grad: bool, topk: int = 0, gather_ids: torch.Tensor | None = None,
+                     max_abs_logit: bool = False) -> tuple:
+    """One chunk: (n, H) states -> (n,) log-probs of ``labels``, (n,) entropies or None, the
+    (n, k) top-k log-probs or the log-probs at ``gather_ids`` (else None), the top-k ids (or
+    None), and with ``max_abs_logit`` the (n,) largest |logit| of each position (else None). The
+    temperature divides the family's logits, after its own transform, as in the rollout engine."""
     logits = model_logits(model, hidden).float()  # (n, V)
+    peaks = logits.detach().abs().amax(dim=-1) if max_abs_logit else None  # (n,)
     if temperature != 1.0:  # the common T = 1 skips a pass over the (n, V) logits, forward and backward
         logits = logits / temperature
     logp = torch.log_softmax(logits, dim=-1)
@@ -355,7 +364,7 @@ def _chunk_log_probs(model, hidden: torch.Tensor, labels: torch.Tensor, temperat
         k_values, k_ids = logp.topk(topk, dim=-1)  # (n, k) each, largest first
     elif gather_ids is not None:
         k_values = logp.gather(-1, gather_ids)  # (n, k)
-    return log_probs, entropy, k_values, k_ids
+    return log_probs, entropy, k_values, k_ids, peaks
 
 
 def _hidden_states(model, **inputs) -> torch.Tensor:
@@ -522,23 +531,24 @@ def autocast(device: torch.device, dtype: str):
 
 def forward_log_probs(model, batch: dict, uids, temperature: float, calculate_entropy: bool = False,
                       entropy_grad: bool = False, share_prompt: bool = True, pad_id: int = 0, dtype: str = "float32",
-                      topk: int = 0, gather_ids: torch.Tensor | None = None):
+                      topk: int = 0, gather_ids: torch.Tensor | None = None, max_abs_logit: bool = False):
     """Log-probs (and entropy) of every response token, (B, R) each, zero at padding.
 
     ``batch`` holds ``input_ids``, ``attention_mask``, ``position_ids`` and ``responses``;
-    ``uids`` (or None) names each row's group for the prompt-once layout. ``topk`` or
-    ``gather_ids`` (B, R, k) add a third result (``token_log_probs``), each tensor (B, R, k).
+    ``uids`` (or None) names each row's group for the prompt-once layout. ``topk``, ``gather_ids``
+    (B, R, k) or ``max_abs_logit`` add a third result (``token_log_probs``), each tensor (B, R, k)
+    or, for ``max_abs_logits``, (B, R).
     """
     shape = batch["responses"].shape
     with autocast(batch["input_ids"].device, dtype):
         states = response_states(model, batch, uids, share_prompt, pad_id)
         ids = None if gather_ids is None else gather_ids[states.rows, states.cols]  # (N, k)
         lp, ent, *extra = token_log_probs(model, states.hidden, states.labels, temperature, calculate_entropy,
-                                          entropy_grad, topk, ids)
+                                          entropy_grad, topk, ids, max_abs_logit)
         if lp.numel() == 0 and states.hidden.requires_grad:  # no response token at all (failed agent episodes):
             lp = lp + states.hidden.sum() * 0.0  # still a graph, so the backward runs (zero gradients, every collective)
     out = (scatter_responses(lp, states, shape), None if ent is None else scatter_responses(ent, states, shape))
     if not extra:
         return out
-    return (*out, {name: scatter_responses(values, states, (*shape, values.shape[-1]))
+    return (*out, {name: scatter_responses(values, states, (*shape, *values.shape[1:]))
                    for name, values in extra[0].items()})

@@ -332,11 +332,15 @@ class ActorRolloutRefWorker(Worker):
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def compute_log_prob(self, data: DataProto) -> DataProto:
-        """``old_log_probs`` and ``entropys`` of the responses under the current policy."""
+        """``old_log_probs`` and ``entropys`` of the responses under the current policy; with
+        ``meta_info["max_abs_logit"]`` also ``max_abs_logits`` (B, R), each token's largest |logit|
+        (the freshness probe's tolerance scales with it)."""
         self._leave_rollout_mode()
         self._log_prob_meta(data, self.config.actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu)
-        log_probs, entropy = self.actor.compute_log_prob(data, calculate_entropy=True)
-        return DataProto.from_dict({"old_log_probs": log_probs, "entropys": entropy})
+        peaks = bool(data.meta_info.get("max_abs_logit", False))
+        log_probs, entropy, *more = self.actor.compute_log_prob(data, calculate_entropy=True, extra=peaks,
+                                                                 max_abs_logit=peaks)
+        return DataProto.from_dict({"old_log_probs": log_probs, "entropys": entropy, **(more[0] if more else {})})
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def compute_ref_log_prob(self, data: DataProto) -> DataProto:

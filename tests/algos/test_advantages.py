@@ -164,6 +164,45 @@ def test_gae_skips_masked_positions():
     assert torch.allclose(returns[0, [0, 2]], torch.tensor([1.0, 1.0]))
 
 
+# ------------------------------------------------------------------ uids group by value, as verl's dict of them
+# Rows 0, 2 have uid 1 (int), rows 1, 3 uid "1" (str): two groups, 1 -> scores (1, 0) and "1" -> (2, 4),
+# one token each. Cast to str, the uids made one group of four, scores (1, 2, 0, 4): mean 1.75.
+MIXED_INDEX = np.array([1, "1", 1, "1"], dtype=object)
+MIXED_SCORES = torch.tensor([1.0, 2.0, 0.0, 4.0])
+S2 = math.sqrt(0.5) + 1e-6  # group 1: mean 0.5, unbiased std sqrt((0.25 + 0.25) / 1)
+S4 = math.sqrt(2.0) + 1e-6  # group "1": mean 3, unbiased std sqrt((1 + 1) / 1)
+MIXED_EXPECTED = {
+    # (score - group mean) / (group std + eps): (0.5 / S2, -1 / S4, -0.5 / S2, 1 / S4) = (0.7071, -0.7071, ...)
+    "grpo": [0.5 / S2, -1.0 / S4, -0.5 / S2, 1.0 / S4],
+    # Dr.GRPO: score - group mean
+    "dr_grpo": [0.5, -1.0, -0.5, 1.0],
+    # best of each group gets (best - second) / std: row 0 (1 - 0) / S2, row 3 (4 - 2) / S4; one group: row 3 only
+    "grpo_passk": [1.0 / S2, 0.0, 0.0, 2.0 / S4],
+    # score minus the other sample of its group: 1 - 0, 2 - 4, 0 - 1, 4 - 2
+    "rloo": [1.0, -2.0, -1.0, 2.0],
+    # equal lengths: the length-weighted mean is the group mean
+    "opo": [0.5, -1.0, -0.5, 1.0],
+    # group-centred (0.5, -1, -0.5, 1): mean 0, unbiased var (0.25 + 1 + 0.25 + 1) / 3 = 5/6
+    "reinforce_plus_plus_baseline": [v / math.sqrt(5 / 6 + 1e-8) for v in (0.5, -1.0, -0.5, 1.0)],
+}
+
+
+@pytest.mark.parametrize("name", sorted(MIXED_EXPECTED))
+def test_an_int_uid_and_its_str_are_two_groups(name):
+    options = {"norm_adv_by_std_in_grpo": False} if name == "dr_grpo" else {}
+    adv, _ = run("grpo" if name == "dr_grpo" else name, token_level_rewards=MIXED_SCORES[:, None],
+                 response_mask=torch.ones(4, 1), index=MIXED_INDEX, **options)
+    assert torch.allclose(adv[:, 0], torch.tensor(MIXED_EXPECTED[name]), atol=1e-5)
+
+
+def test_an_int_uid_and_its_str_are_two_singletons():
+    # rewards (1, 0), uids (1, "1"): two groups of one, each mean 0 and std 1 -> (1 / (1 + 1e-6), 0); as one
+    # group of two they were (0.5, -0.5) / 0.7071 = (0.7071, -0.7071)
+    adv, _ = run("grpo", token_level_rewards=torch.tensor([[1.0], [0.0]]), response_mask=torch.ones(2, 1),
+                 index=np.array([1, "1"], dtype=object))
+    assert torch.allclose(adv[:, 0], torch.tensor([1 / (1 + 1e-6), 0.0]))
+
+
 # ------------------------------------------------------------------ equivalence with plain loops
 def loop_grpo(scores, index, norm=True, eps=1e-6):
     groups = defaultdict(list)
@@ -205,8 +244,11 @@ def random_batch(seed, bs=24, T=7):
 
 
 @pytest.mark.parametrize("seed", range(5))
-def test_vectorised_equals_loop(seed):
+@pytest.mark.parametrize("uids", ["str", "mixed"])
+def test_vectorised_equals_loop(seed, uids):
     rewards, mask, index, scores, lengths = random_batch(seed)
+    if uids == "mixed":  # "g3" -> 3 at odd rows, "3" at even ones: the loops' dicts keep them apart, as verl's does
+        index = np.array([int(u[1]) if i % 2 else u[1] for i, u in enumerate(index)], dtype=object)
     for norm in (True, False):
         adv, _ = run("grpo", token_level_rewards=rewards, response_mask=mask, index=index,
                      norm_adv_by_std_in_grpo=norm)

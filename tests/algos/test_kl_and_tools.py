@@ -21,6 +21,7 @@ from rlvr.algos import (
     overlong_penalty,
 )
 from rlvr.algos.kl import KL_TYPES
+from rlvr.algos.utils import group_ids, in_groups
 from rlvr.config.schema import KLControlConfig
 
 LOGP, REF = torch.tensor([-1.0]), torch.tensor([-2.0])  # x = logp - ref = 1
@@ -125,6 +126,22 @@ def test_filter_groups_keeps_groups_with_signal():
     acc = torch.tensor([1.0, 0.0, 1.0, 1.0, 0.0])
     # a has spread -> keep; b is all correct -> drop; c is a group of one -> keep (as verl)
     assert filter_groups(index, acc).tolist() == [True, True, False, False, True]
+
+
+def test_filter_groups_keeps_an_int_uid_and_its_str_apart():
+    # uid 1 scores (1, 1), uid "1" (0, 0): each group is all right or all wrong -> both dropped. As one
+    # group (the uids cast to str) the scores (1, 1, 0, 0) varied and all four rows were kept.
+    index = np.array([1, 1, "1", "1"], dtype=object)
+    assert filter_groups(index, torch.tensor([1.0, 1.0, 0.0, 0.0])).tolist() == [False, False, False, False]
+
+
+def test_group_ids_group_uids_by_value_in_order_of_first_appearance():
+    # as verl's dict of uids: 1 and "1" are two groups, 1 and 1.0 (equal, same hash) one
+    ids, num_groups = group_ids(np.array(["b", 1, "1", 1.0, "b"], dtype=object))
+    assert ids.tolist() == [0, 1, 2, 1, 0] and num_groups == 3
+    assert in_groups(np.array(["b", 1, "1", 1.0], dtype=object), [1]).tolist() == [False, True, False, True]
+    with pytest.raises(TypeError, match="a uid must be hashable"):
+        group_ids([[1], [1]])
 
 
 def test_overlong_penalty():

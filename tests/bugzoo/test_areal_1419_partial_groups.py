@@ -49,3 +49,12 @@ def test_a_group_of_split_episodes_counts_episodes_not_rows():
     check_groups(np.array(["a", "a", "a", "b", "b"], dtype=object), 2, step=1, episodes=episodes)
     with pytest.raises(StopTraining, match=r"\('b': 1 episodes\)"):
         check_groups(np.array(["a", "a", "a", "b", "b"], dtype=object), 2, step=1, episodes=np.array([0, 0, 1, 2, 2]))
+
+
+def test_groups_are_counted_by_uid_value_as_the_estimators_group():
+    """uid 1 (int) and "1" (str) are two groups, as the advantage estimators (and verl's dict of
+    uids) take them: two rows each pass at n = 2; one row each is two short groups, named."""
+    check_groups(np.array([1, "1", 1, "1"], dtype=object), 2, step=1)
+    with pytest.raises(StopTraining, match=r"step 1: 2 of 2 groups do not have actor_rollout_ref.rollout.n = 2 rows "
+                                           r"before their advantages \(1: 1 rows, '1': 1 rows\)"):
+        check_groups(np.array([1, "1"], dtype=object), 2, step=1)

@@ -43,8 +43,73 @@ def test_a_fresh_engine_passes_the_probe_at_every_step(tiny_config, tmp_path, dt
     steps = [m for m in metrics(tmp_path) if "training/freshness/greedy_gap_max" in m]
     assert [m["step"] for m in steps] == [1, 2, 3]
     assert all(m["training/freshness/probe_tokens"] > 0 for m in steps)
-    assert max(m["training/freshness/greedy_gap_max"] for m in steps) <= freshness_tolerance(config)
-    assert freshness_tolerance(config) == (0.01 if dtype == "float32" else 0.25)
+    # the tiny model's logits are small: the 16-bit tolerance is its floor, 0.25
+    assert [m["training/freshness/greedy_gap_tolerance"] for m in steps] == [0.01 if dtype == "float32" else 0.25] * 3
+    assert all(m["training/freshness/greedy_gap_max"] <= m["training/freshness/greedy_gap_tolerance"] for m in steps)
+
+
+def test_the_16_bit_tolerance_is_two_bf16_steps_at_the_largest_logit(tiny_config):
+    """A bf16 number near |z| is a multiple of 2^(floor(log2 |z|) - 7): 0.125 in [16, 32), 0.25 in
+    [32, 64), 0.5 in [64, 128), 1 in [128, 256). Two such steps, at least 0.25; fp32 keeps 0.01."""
+    bf16 = tiny_config("actor_rollout_ref.rollout.dtype=bfloat16")
+    fp32 = tiny_config("actor_rollout_ref.rollout.dtype=float32")
+    assert [freshness_tolerance(bf16, z) for z in (0.0, 3.0, 31.9, 32.0, 48.0, 100.0, -100.0, 200.0)] == \
+        [0.25, 0.25, 0.25, 0.5, 0.5, 1.0, 1.0, 2.0]
+    assert [freshness_tolerance(fp32, z) for z in (3.0, 100.0)] == [0.01, 0.01]
+
+
+# Logits near 100, where a bf16 step is 0.5: every token 100, tokens B < A (ids) 109.76 and 110.24.
+# The fp32 actor's argmax is A; in bf16 both round to 110 (the nearest multiple of 0.5), and the
+# engine's argmax of the tie is the first, B: a gap of 110.24 - 109.76 = 0.48 logits from rounding alone.
+B, A, C = 1000, 1001, 1002
+
+
+def logits_near_100(favourites: dict[int, float]):
+    """A forward hook on a head that replaces its logits by 100 everywhere, ``favourites`` (token ->
+    logit) apart: the model's computation up to the head runs, the greedy choice is fixed."""
+    def hook(module, inputs, out):
+        pattern = torch.full((out.shape[-1],), 100.0)
+        pattern[list(favourites)] = torch.tensor(list(favourites.values()))
+        return torch.zeros_like(out) + pattern.to(out.dtype)  # in the head's dtype: bf16 in the engine
+    return hook
+
+
+def probe_with_logits_near_100(tiny_config, tmp_path, engine_favourites: dict[int, float]) -> dict[str, float]:
+    """The probe at step 2 of a bf16 engine (a copy of the fp32 actor), with the actor's head
+    hooked to ``{B: 109.76, A: 110.24, C: 105}`` and the engine's to ``engine_favourites``. The
+    lean decode step computes the head from its weight, past the hook: off."""
+    config = tiny_config("actor_rollout_ref.rollout.dtype=bfloat16", "actor_rollout_ref.rollout.lean_decode=false",
+                         "trainer.freshness_check_freq=1", f"trainer.default_local_dir={tmp_path}")
+    trainer = build_trainer(config, progress_bar=False)
+    worker = trainer.wg.worker
+    assert worker.rollout.model is not worker.actor.model  # a bf16 copy
+    worker.actor.model.lm_head.register_forward_hook(logits_near_100({B: 109.76, A: 110.24, C: 105.0}))
+    worker.rollout.model.lm_head.register_forward_hook(logits_near_100(engine_favourites))
+    trainer.global_step = 2
+    try:
+        return trainer._check_freshness()
+    finally:
+        trainer.tracker.close()
+
+
+def test_a_fresh_bf16_engine_with_logits_near_100_passes_the_probe(tiny_config, tmp_path):
+    """The engine's logits are the actor's, in bf16: its greedy token B trails the actor's A by
+    0.48, one rounding step's worth, which a fixed 0.25 took for stale weights; two bf16 steps at
+    the largest |logit| (110.24: 2 x 0.5 = 1.0) let it pass."""
+    got = probe_with_logits_near_100(tiny_config, tmp_path, {B: 109.76, A: 110.24, C: 105.0})
+    assert got["training/freshness/max_abs_logit"] == pytest.approx(110.24, abs=1e-4)
+    assert got["training/freshness/greedy_gap_tolerance"] == 1.0
+    assert got["training/freshness/greedy_gap_max"] == pytest.approx(0.48, abs=2e-3)  # + T ln(1 + ~0) of the probe
+
+
+def test_a_stale_bf16_engine_with_logits_near_100_still_stops_the_run(tiny_config, tmp_path):
+    """An engine whose weights favour C, where the actor has 105: its greedy token trails the
+    actor's A by 110.24 - 105 = 5.24 logits, past the 1.0 the rounding allows."""
+    with pytest.raises(StopTraining, match=r"step 2: the rollout engine does not hold the actor's weights \(version 1\): "
+                                           r"its greedy token 1 of prompt 1 .* trails the actor's own greedy token by "
+                                           r"5.24 logits \(tolerance 1, from the actor's and the engine's dtypes and the "
+                                           r"largest \|logit\|, 110\); 16 of 16 probe tokens differ"):
+        probe_with_logits_near_100(tiny_config, tmp_path, {C: 110.24})
 
 
 def test_an_engine_whose_copy_never_syncs_stops_the_run(tiny_config, tmp_path, monkeypatch):

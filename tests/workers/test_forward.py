@@ -154,6 +154,22 @@ def test_prompt_once_equals_plain(which, batch, tiny_model_dir, builtin_dir):
     assert torch.all(lp1[b["response_mask"] == 0] == 0)
 
 
+@pytest.mark.parametrize("share", [False, True])
+def test_max_abs_logit_is_the_largest_logit_of_the_full_forward(batch, tiny_model_dir, share):
+    """``max_abs_logit``: each response token's largest |logit| over the vocabulary, as
+    ``model(ids).logits`` has it, before the temperature (the freshness probe's scale), 0 at padding."""
+    model = load_model(tiny_model_dir).eval()
+    b, uids = batch.batch, batch.non_tensor_batch["uid"]
+    R = b["responses"].shape[1]
+    with torch.no_grad():
+        logits = model(input_ids=b["input_ids"], attention_mask=b["attention_mask"],
+                       position_ids=b["position_ids"]).logits[:, -R - 1:-1]  # (B, R, V)
+        lp, _, extra = forward_log_probs(model, b, uids, 0.7, share_prompt=share, max_abs_logit=True)
+    expected = logits.float().abs().amax(-1) * b["response_mask"]  # (B, R)
+    assert set(extra) == {"max_abs_logits"} and extra["max_abs_logits"].shape == lp.shape
+    assert torch.allclose(extra["max_abs_logits"], expected, atol=1e-4) and expected.max() > 0
+
+
 def test_rows_of_one_uid_with_other_prompts_get_their_own_prompt(batch, tiny_model_dir):
     """One uid over rows whose prompts differ (an agent's first call that is not the dataset's
     prompt; an episode's samples after a rewritten context): the packing takes a group's prompt from
