@@ -230,7 +230,7 @@ def _cmd_export(args: argparse.Namespace) -> None:
 
     import json
 
-    from rlvr.trainer.checkpoint import damaged_file, latest_checkpoint
+    from rlvr.trainer.checkpoint import actor_missing, damaged_file, latest_checkpoint
 
     source = Path(args.checkpoint).expanduser()
     if source.name.startswith((".tmp-", ".pruned-")):
@@ -245,7 +245,9 @@ def _cmd_export(args: argparse.Namespace) -> None:
     out = Path(args.out).expanduser()
     if out.exists():
         raise ConfigError(f"{out} already exists; choose a new folder")
-    damaged = damaged_file(source / "actor") or _unreadable_part(source / "actor")
+    actor = source / "actor"
+    config = actor / ("adapter_config.json" if (actor / "adapter_config.json").exists() else "config.json")
+    damaged = actor_missing(actor) or damaged_file(actor) or (None if config.is_file() else (config, "is missing"))
     if damaged is not None:  # a copy would carry it into a folder that looks whole
         raise ConfigError(f"cannot export {source}: {damaged[0]} {damaged[1]}; export an earlier checkpoint "
                           f"(a checkpoints/global_step_<k> folder of the run)")
@@ -270,21 +272,6 @@ def _cmd_export(args: argparse.Namespace) -> None:
         shutil.rmtree(partial, ignore_errors=True)
         raise
     print(f"exported {what} -> {out} (load with AutoModelForCausalLM.from_pretrained)")
-
-
-def _unreadable_part(actor: Path) -> tuple[Path, str] | None:
-    """What a checkpoint's actor/ lacks to load on its own: its weights (or adapter), a config.json
-    (or adapter_config.json) that is JSON."""
-    import json
-
-    if not any(actor.glob("*.safetensors")):
-        return actor, "holds no *.safetensors weights (model or LoRA adapter)"
-    config = actor / ("adapter_config.json" if (actor / "adapter_config.json").exists() else "config.json")
-    try:
-        json.loads(config.read_text())
-    except (OSError, ValueError) as err:
-        return config, f"is not readable JSON ({err})"
-    return None
 
 
 def _cmd_plot(args: argparse.Namespace) -> None:

@@ -33,6 +33,7 @@ earlier checkpoint that is intact.
 from __future__ import annotations
 
 import errno
+import json
 import os
 import random
 import re
@@ -173,11 +174,7 @@ def save(root: Path, step: int, write_parts, trainer_state: dict[str, Any], keep
         torch.save(trainer_state, tmp / "trainer_state.pt")
         fsync_tree(tmp)
         os.replace(tmp, final)  # from here the checkpoint is complete; only verl's pointer file may not be
-        latest = root / f".tmp-{LATEST_FILE}"
-        latest.write_text(str(step))
-        _fsync(latest)
-        os.replace(latest, root / LATEST_FILE)
-        _fsync(root)
+        replace_text(root / LATEST_FILE, str(step), durable=True)
     except BaseException as err:  # a second Ctrl-C (or an error) mid-save: discard the partial folder, keep the others
         shutil.rmtree(tmp, ignore_errors=True)  # nothing, once renamed
         if disk_refused(err):
@@ -213,6 +210,19 @@ def describe_saved(root: Path, path: Path, keep: int | None) -> str:
 
 def size(n: int) -> str:
     return f"{n / 1e9:.2f} GB" if n >= 1e9 else f"{n / 1e6:.2f} MB"
+
+
+def replace_text(path: Path, text: str, durable: bool = False) -> None:
+    """Write ``path`` whole or not at all (a temporary file, then a rename): a run stopped or refused
+    by a full disk mid-write keeps the file it had (metrics.jsonl's history, config.yaml, the LATEST
+    pointer). ``durable``: flushed to disk, the rename too."""
+    tmp = path.with_name(f".tmp-{path.name}")
+    tmp.write_text(text)
+    if durable:
+        _fsync(tmp)
+    os.replace(tmp, path)
+    if durable:
+        _fsync(path.parent)
 
 
 def _fsync(path: Path) -> None:
@@ -302,6 +312,11 @@ def file_problem(file: Path) -> str | None:
     built-in model's 1.08 GB optimizer state, against 0.63 s for its load)."""
     if file.suffix == ".safetensors":
         return safetensors_problem(file)
+    if file.suffix == ".json":  # config.json, adapter_config.json, the tokenizer's
+        try:
+            json.loads(file.read_bytes())
+        except (OSError, ValueError) as err:
+            return f"is not readable JSON ({err})"
     if file.suffix == ".pt":
         try:
             with zipfile.ZipFile(file) as archive:
@@ -322,6 +337,13 @@ def damaged_file(folder: Path) -> tuple[Path, str] | None:
     return None
 
 
+def actor_missing(actor: Path) -> tuple[Path, str] | None:
+    """What a checkpoint's ``actor/`` lacks of the policy: its weights (or LoRA adapter)."""
+    if not any(actor.glob("*.safetensors")):
+        return actor, "holds no *.safetensors weights (model or LoRA adapter)"
+    return None
+
+
 def missing_part(folder: Path) -> tuple[Path, str] | None:
     """The first part every checkpoint has that ``folder`` lacks (a copy cut short, a file removed by
     hand), with why: the trainer's and the actor's state, the policy's weights (or adapter), and the
@@ -329,8 +351,8 @@ def missing_part(folder: Path) -> tuple[Path, str] | None:
     for name in ("trainer_state.pt", "actor_state.pt"):
         if not (folder / name).is_file():
             return folder / name, "is missing"
-    if not any((folder / "actor").glob("*.safetensors")):
-        return folder / "actor", "holds no *.safetensors weights (model or LoRA adapter)"
+    if (missing := actor_missing(folder / "actor")) is not None:
+        return missing
     state, weights = (folder / "critic_state.pt").is_file(), any((folder / "critic").glob("*.safetensors"))
     if weights and not state:
         return folder / "critic_state.pt", "is missing (the critic's weights are there)"

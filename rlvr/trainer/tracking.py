@@ -19,6 +19,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from rlvr.config.validate import LOGGER_BACKENDS  # the config checks them at load; Tracking again, for direct use
+from rlvr.trainer.checkpoint import replace_text
 
 # (metric, label, format) shown on the console line, in order, when present
 CONSOLE_FIELDS = (
@@ -44,14 +45,6 @@ WARNING_FIELDS = (
     ("val-aux/reward/num_errors", "validation reward errors"),
     ("val-aux/reward/num_timeouts", "validation reward timeouts"),
 )
-
-
-def replace_text(path: Path, text: str) -> None:
-    """Write ``path`` whole or not at all (a temporary file, then a rename): a run stopped or refused
-    by a full disk mid-write keeps the file it had (metrics.jsonl's history, config.yaml)."""
-    tmp = path.with_name(f".tmp-{path.name}")
-    tmp.write_text(text)
-    os.replace(tmp, path)
 
 
 class Tracking:

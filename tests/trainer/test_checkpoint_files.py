@@ -189,7 +189,7 @@ def test_a_tracker_naming_a_missing_or_damaged_step_is_said_and_the_newest_compl
 def test_a_rewrite_cut_short_keeps_the_file_it_had(tmp_path, monkeypatch):
     """metrics.jsonl (rewound on resume) and config.yaml (rewritten on resume) were truncated, then
     written: a kill or a full disk between emptied the history, or sent the next run to a new folder."""
-    from rlvr.trainer.tracking import replace_text
+    from rlvr.trainer.checkpoint import replace_text
 
     path = tmp_path / "metrics.jsonl"
     path.write_text('{"step": 1}\n')
