@@ -260,6 +260,15 @@ def on_gpu(config: RLVRConfig) -> bool:
     return device == "cuda" or (device == "auto" and torch.cuda.is_available())
 
 
+def ray_uses_gpu(config: RLVRConfig) -> bool:
+    """On Ray (initialised): trainer.device decides; ``auto`` asks the cluster, not this process,
+    which may be a Ray actor that sees no GPU (the trainer's TaskRunner)."""
+    import ray
+
+    device = config.trainer.device
+    return device == "cuda" or (device == "auto" and ray.cluster_resources().get("GPU", 0) > 0)
+
+
 def offload_keys(arr) -> list[str]:
     """The offload keys set (under actor_rollout_ref)."""
     return [k for k, on in (("actor.fsdp_config.param_offload", arr.actor.fsdp_config.param_offload),

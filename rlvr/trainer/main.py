@@ -14,7 +14,6 @@ critic) workers, one process per device; the trainer cannot tell the groups apar
 from __future__ import annotations
 
 import dataclasses
-import math
 import sys
 from pathlib import Path
 
@@ -23,7 +22,7 @@ import numpy as np
 from rlvr.agents import check_agent_names
 from rlvr.config import ConfigError, to_yaml
 from rlvr.config.loader import import_custom_modules
-from rlvr.config.validate import drives_servers, uses_ray
+from rlvr.config.validate import drives_servers, ray_uses_gpu, uses_ray
 from rlvr.config.schema import CustomRewardFunctionConfig, DataConfig, OverlongBufferConfig, RewardConfig, RLVRConfig
 from rlvr.data import RLHFDataset
 from rlvr.data.io import DatasetError
@@ -33,13 +32,13 @@ from rlvr.models import load_tokenizer
 from rlvr.rewards import RewardManager
 from rlvr.rollout import ToolSetup
 from rlvr.tools.interaction import interaction_names
-from rlvr.rewards.registry import needs_ground_truth, reward_fn_name_for
+from rlvr.rewards.registry import needs_ground_truth, reward_fn_name_for, truth_check, truth_fits
 from rlvr.errors import StopTraining, TrainingInterrupted
 from rlvr.trainer import checkpoint
 from rlvr.trainer.ppo_trainer import RLTrainer
 from rlvr.trainer.memory_plan import on_gpu
 from rlvr.trainer.run_folder import claim_run_folder, lock_run_folder, moved
-from rlvr.trainer.tracking import Tracking, replace_text
+from rlvr.trainer.tracking import Tracking
 from rlvr.workers.critic import CriticWorker
 from rlvr.workers.hybrid import ActorRolloutRefWorker, resolve_device
 from rlvr.workers.rollout import RolloutWorker
@@ -71,8 +70,8 @@ def is_empty(value) -> bool:
 def check_scorable(dataset: RLHFDataset, reward: RewardConfig, key: str, split: str) -> None:
     """Every row must be scorable: its data_source (the column ``key``) selects a reward function
     (unless functions are configured), and a function that compares against
-    ``reward_model.ground_truth`` finds one it can compare. Otherwise every sample of that row would
-    fail to score, at every step."""
+    ``reward_model.ground_truth`` finds one it can compare (the function's registered
+    ``TruthCheck``). Otherwise every sample of that row would fail to score, at every step."""
     if reward.custom_reward_function.path:
         return  # a user's function: rlvr cannot know what it reads
     fixed = [f.name for f in reward.functions] or None
@@ -97,21 +96,11 @@ def check_scorable(dataset: RLHFDataset, reward: RewardConfig, key: str, split: 
                 "own function (reward.custom_reward_function.path)")
         wrong = next((name for name in needing if not truth_fits(name, truth)), None)
         if wrong is not None:
-            shape = "a mapping with 'target' and 'numbers'" if wrong == "countdown" else "one answer (text or a number)"
             raise DatasetError(
                 f"{origin} ({split}): key 'reward_model.ground_truth' is {truth!r} ({type(truth).__name__}), but the "
-                f"reward function {wrong!r} (for data_source {source!r}) compares each response against {shape}: "
-                "every sample of this row would score as wrong, whatever it answers")
-
-
-def truth_fits(scorer: str, truth) -> bool:
-    """Whether ``truth`` is a ground truth ``scorer`` can compare against: countdown's {target,
-    numbers}, or one answer for the others (``str(["72"])`` never equals an answer, nor does NaN)."""
-    if scorer == "countdown":
-        return isinstance(truth, dict) and {"target", "numbers"} <= set(truth)
-    if isinstance(truth, float):
-        return math.isfinite(truth)
-    return isinstance(truth, (str, int, np.integer, np.floating))
+                f"reward function {wrong!r} (for data_source {source!r}) compares each response against "
+                f"{truth_check(wrong).expects}: every sample of this row would fail to score, or score as wrong "
+                "whatever it answers")
 
 
 def check_interaction_names(dataset: RLHFDataset | None, names: list[str], split: str) -> None:
@@ -183,13 +172,11 @@ def local_rollout_group(config: RLVRConfig, tokenizer, tool_setup) -> LocalWorke
 
 def ray_worker_groups(config: RLVRConfig, steps: int, tokenizer, tool_setup, run_dir: Path):
     """One Ray actor per device holding actor-rollout-ref (and the critic): ranks of one group."""
-    import ray
-
     from rlvr.distributed.ray_workers import (RayClassWithInitArgs, RayWorkerGroup, ResourcePoolManager, Role,
                                               create_colocated_worker_cls)
 
     trainer = config.trainer
-    use_gpu = trainer.device == "cuda" or (trainer.device == "auto" and ray.cluster_resources().get("GPU", 0) > 0)
+    use_gpu = ray_uses_gpu(config)
     pools = {"global_pool": [trainer.n_gpus_per_node] * trainer.nnodes}
     hybrid = config.actor_rollout_ref.hybrid_engine
     servers = drives_servers(config)  # the rollout is the servers, driven from this process
@@ -267,7 +254,7 @@ def build_trainer(config: RLVRConfig, progress_bar: bool = True) -> RLTrainer:
 
         reward_model = RewardModel(config.reward.reward_model, tokenizer, str(resolve_device(config.trainer.device)))
     run_dir.mkdir(parents=True, exist_ok=True)
-    replace_text(run_dir / "config.yaml", to_yaml(config))  # a resume rewrites it: never half of it
+    checkpoint.replace_text(run_dir / "config.yaml", to_yaml(config))  # a resume rewrites it: never half of it
     tracker = Tracking(config.trainer.logger, run_dir, progress_bar, config.trainer.project_name,
                        config.trainer.experiment_name, dataclasses.asdict(config))
     trainer = RLTrainer(config, actor_wg, tokenizer, train, val, reward_fn,

@@ -23,7 +23,7 @@ import torch
 from rlvr.agents import with_agent_loops
 from rlvr.config.loader import import_custom_modules
 from rlvr.config.schema import RLVRConfig
-from rlvr.config.validate import on_gpu
+from rlvr.config.validate import on_gpu, ray_uses_gpu
 from rlvr.distributed.dispatch import Dispatch, register
 from rlvr.distributed.weight_sync import WeightGroup, WeightReceiver
 from rlvr.distributed.worker import Worker
@@ -36,16 +36,10 @@ from rlvr.workers.hybrid import resolve_device
 def replica_device(config: RLVRConfig) -> torch.device:
     """Where the replicas this process starts run: ``trainer.device``, with ``auto`` a GPU when this
     machine or, on Ray, the cluster has one (the trainer may run in a Ray actor that sees no GPU,
-    as ``ray_worker_groups`` reads it)."""
-    gpu = on_gpu(config)
-    if not gpu and config.trainer.device == "auto":
-        from rlvr.rollout.servers import on_ray
+    as ``ray_worker_groups`` reads it: ``ray_uses_gpu``)."""
+    from rlvr.rollout.servers import on_ray
 
-        if on_ray():
-            import ray
-
-            gpu = ray.cluster_resources().get("GPU", 0) > 0
-    return torch.device("cuda" if gpu else "cpu")
+    return torch.device("cuda" if on_gpu(config) or (on_ray() and ray_uses_gpu(config)) else "cpu")
 
 
 class RolloutWorker(Worker):

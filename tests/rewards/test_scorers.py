@@ -71,3 +71,60 @@ def test_a_gold_answer_with_an_escaped_dollar_is_parsed_as_latex():
 ])
 def test_gsm8k_compares_numbers_exactly(text, truth, strict):
     assert gsm8k.compute_score("openai/gsm8k", text, truth) == strict
+
+
+def generated_truths(tmp_path) -> dict[str, list]:
+    """Scorer name -> the ground truths that ``rlvr prepare`` writes for it, read back from its parquet
+    files as a dataset loads them; MATH ships no generator, so its answers are typical ones."""
+    from rlvr.data.io import read_rows
+    from rlvr.data.prepare import prepare_arithmetic, prepare_calculator, prepare_countdown, prepare_gsm8k
+    from rlvr.rewards.registry import reward_fn_name_for
+
+    raw = tmp_path / "gsm8k_raw" / "train.jsonl"
+    raw.parent.mkdir()
+    raw.write_text('{"question": "How many?", "answer": "12 * 100 + 34 = 1234\\n#### 1,234"}\n')
+    files = [prepare_arithmetic(tmp_path / "arithmetic", 8, 4)["train"],
+             prepare_calculator(tmp_path / "calculator", 8, 4)["train"],
+             prepare_countdown(tmp_path / "countdown", 8, 4)["train"],
+             prepare_gsm8k(tmp_path / "gsm8k", raw.parent)["train"]]
+    truths: dict[str, list] = {}
+    for row in (row for path in files for row in read_rows(path)):
+        truths.setdefault(reward_fn_name_for(row["data_source"]), []).append(row["reward_model"]["ground_truth"])
+    truths["gsm8k_flexible"] = truths["correctness"] = truths["gsm8k"]  # GSM8K's rows, scored other ways
+    truths["math"] = truths["math_dapo"] = ["\\frac{1}{2}", "3", "(1, 2]", "\\text{Monday}", "\\sqrt{2}/2"]
+    return truths
+
+
+def test_every_built_in_truth_check_accepts_the_ground_truth_its_task_writes(tmp_path):
+    """A check stricter than its scorer would refuse a whole prepared dataset at load; each truth
+    also scores without raising."""
+    from rlvr.rewards.registry import REWARD_FNS, truth_check, truth_fits
+
+    truths = generated_truths(tmp_path)
+    assert set(truths) == {name for name in REWARD_FNS.names() if truth_check(name)}  # every check is covered
+    for name, values in truths.items():
+        for truth in values:
+            assert truth_fits(name, truth), (name, truth)
+            REWARD_FNS.get(name)(data_source="x", solution_str=f"Answer: {truth}", ground_truth=truth)
+
+
+@pytest.mark.parametrize("truth", ["abc", "12 apples", "1e3", "", "$", "\\boxed{}", ["72"], {"answer": "7"},
+                                   {"target": "x", "numbers": [4]}, {"target": 24}, {"target": 24, "numbers": 4},
+                                   {"target": 24, "numbers": [4, None]}, float("nan"), float("inf"), None, True])
+def test_no_truth_check_accepts_a_ground_truth_its_scorer_raises_on(truth):
+    """What a check lets through must score: a row it accepts that raised would fail at every step."""
+    from rlvr.rewards.registry import REWARD_FNS, truth_check, truth_fits
+
+    for name in (name for name in REWARD_FNS.names() if truth_check(name)):
+        if truth_fits(name, truth):
+            REWARD_FNS.get(name)(data_source="x", solution_str="<answer>12</answer> Answer: 12", ground_truth=truth)
+
+
+@pytest.mark.parametrize("name, truth", [("arithmetic", "abc"), ("tool_answer", "abc"), ("arithmetic", "1e3"),
+                                         ("countdown", {"target": "x", "numbers": [4]}), ("math", "$")])
+def test_a_truth_check_refuses_what_its_scorer_raises_on(name, truth):
+    from rlvr.rewards.registry import REWARD_FNS, truth_fits
+
+    with pytest.raises((ValueError, TypeError)):
+        REWARD_FNS.get(name)(data_source="x", solution_str="Answer: 12", ground_truth=truth)
+    assert not truth_fits(name, truth)

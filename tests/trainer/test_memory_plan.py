@@ -407,6 +407,42 @@ def test_on_gpu_follows_trainer_device(tiny_folder, monkeypatch):
     assert not on_gpu(load_config(None, base + ["trainer.device=auto"]))
 
 
+@pytest.mark.parametrize("device, cluster, gpu", [
+    ("auto", {"CPU": 16.0, "GPU": 8.0}, True),   # the cluster has GPUs the TaskRunner does not see
+    ("auto", {"CPU": 16.0}, False),
+    ("cpu", {"CPU": 16.0, "GPU": 8.0}, False),   # trainer.device decides
+    ("cuda", {"CPU": 16.0}, True),
+])
+def test_on_ray_the_worker_pools_and_the_replicas_go_where_the_cluster_has_gpus(tiny_folder, tmp_path, monkeypatch,
+                                                                                  device, cluster, gpu):
+    """ray_worker_groups' pools and replica_device both ask ray_uses_gpu, in a process that sees no
+    CUDA of its own (the TaskRunner): the same answer for the same run."""
+    import ray
+    import torch
+
+    import rlvr.distributed.ray_workers
+    from rlvr.config.validate import ray_uses_gpu
+    from rlvr.trainer.main import ray_worker_groups
+    from rlvr.workers.rollout import replica_device
+
+    class Pools(Exception):
+        pass
+
+    def pools_asked_for(pools, roles, use_gpu):
+        raise Pools(use_gpu)
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(ray, "is_initialized", lambda: True)
+    monkeypatch.setattr(ray, "cluster_resources", lambda: cluster)
+    monkeypatch.setattr(rlvr.distributed.ray_workers, "ResourcePoolManager", pools_asked_for)  # no actor starts
+    config = load_config(None, [f"actor_rollout_ref.model.path={tiny_folder}", f"trainer.device={device}"])
+    with pytest.raises(Pools) as pools:
+        ray_worker_groups(config, 1, None, None, tmp_path)
+    assert ray_uses_gpu(config) == pools.value.args[0] == (replica_device(config).type == "cuda") == gpu
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)  # not on Ray: this machine decides, as on_gpu
+    assert replica_device(config).type == ("cuda" if device == "cuda" else "cpu")
+
+
 def test_a_gpu_plan_on_a_machine_without_one_asks_for_the_capacity(monkeypatch, capsys):
     import torch
 

@@ -481,9 +481,13 @@ def test_dapo_never_keeps_a_group_with_an_invalid_reward(tiny_config, tmp_path):
 
 @pytest.mark.parametrize("source, truth, shape", [
     ("openai/gsm8k", ["72"], "one answer"),        # str(["72"]) is "['72']": no answer ever equals it
-    ("arithmetic", {"answer": "7"}, "one answer"),
-    ("arithmetic", float("nan"), "one answer"),     # valid in JSONL, and equal to nothing
+    ("arithmetic", {"answer": "7"}, "one number"),
+    ("arithmetic", float("nan"), "one number"),     # valid in JSONL, and equal to nothing
+    ("arithmetic", "abc", "one number"),            # the scorer raises on it (as_number is None), at every step
+    ("arithmetic_tool", "12 apples", "one number"),  # tool_answer scores with arithmetic's scorer
     ("countdown", "24", "a mapping with 'target' and 'numbers'"),
+    ("countdown", {"target": "24 or so", "numbers": [4, 6]}, "a mapping with 'target' and 'numbers'"),  # int() raises
+    ("HuggingFaceH4/MATH-500", "$", "one answer math-verify can parse"),  # parses to nothing: the scorer raises
 ])
 def test_a_ground_truth_its_scorer_cannot_compare_is_refused_at_load(tmp_path, tokenizer, source, truth, shape):
     from rlvr.config.schema import RewardConfig
@@ -500,6 +504,21 @@ def test_a_ground_truth_its_scorer_cannot_compare_is_refused_at_load(tmp_path, t
         check_scorable(dataset, RewardConfig(), "data_source", "data.train_files")
     dataset.rows, dataset.origins = dataset.rows[:1], dataset.origins[:1]
     check_scorable(dataset, RewardConfig(), "data_source", "data.train_files")  # the good row passes
+
+
+def test_a_parquet_row_whose_number_is_not_one_is_refused_at_load_with_its_row(tmp_path, tokenizer):
+    """The arithmetic scorer raised on the ground truth "abc" at every step; the row is refused when
+    the file loads, named by its row."""
+    from rlvr.config.schema import RewardConfig
+    from rlvr.data import RLHFDataset
+    from rlvr.trainer.main import check_scorable
+
+    rows = [{"data_source": "arithmetic", "prompt": [{"role": "user", "content": "q"}],
+             "reward_model": {"ground_truth": truth}} for truth in ("7", "abc")]
+    dataset = RLHFDataset(write_parquet(rows, tmp_path / "a.parquet"), tokenizer)
+    with pytest.raises(DatasetError, match=r"a.parquet, row 1 \(data.train_files\): key 'reward_model.ground_truth' is "
+                                           r"'abc' \(str\), but the reward function 'arithmetic' .* one number"):
+        check_scorable(dataset, RewardConfig(), "data_source", "data.train_files")
 
 
 def test_a_row_naming_an_interaction_the_config_lacks_is_refused_at_load(tmp_path, tokenizer):

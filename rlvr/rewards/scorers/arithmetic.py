@@ -31,6 +31,11 @@ def as_number(text) -> Fraction | None:
     return Fraction(text.replace(",", "")) if re.fullmatch(_NUMBER, text) else None
 
 
+def truth_fits(ground_truth) -> bool:
+    """``compute_score`` can score against ``ground_truth``: it is one number."""
+    return as_number(ground_truth) is not None
+
+
 def extract_final_number(text: str) -> str | None:
     """The answer a response settles on, as a string without thousands separators, or None."""
     for pattern in _MARKERS:

@@ -17,8 +17,24 @@ def extract_equation(solution_str: str) -> str | None:
     return found[-1].strip() if found else None
 
 
+def read_truth(ground_truth) -> tuple[int, list[int]]:
+    """The target and the sorted numbers of ``{"target": 24, "numbers": [4, 6, ...]}``."""
+    return int(ground_truth["target"]), sorted(int(n) for n in ground_truth["numbers"])
+
+
+def truth_fits(ground_truth) -> bool:
+    """``compute_score`` can score against ``ground_truth``: a mapping whose target and numbers read as integers."""
+    if not isinstance(ground_truth, dict):
+        return False
+    try:
+        read_truth(ground_truth)
+    except (KeyError, TypeError, ValueError, OverflowError):  # a key missing, None, "x", a number not iterable, inf
+        return False
+    return True
+
+
 def compute_score(data_source, solution_str, ground_truth, extra_info=None, format_score: float = 0.1) -> dict:
-    target, numbers = int(ground_truth["target"]), sorted(int(n) for n in ground_truth["numbers"])
+    target, numbers = read_truth(ground_truth)
     equation = extract_equation(solution_str)
     if equation is None:
         return {"score": 0.0, "acc": 0.0}

@@ -9,6 +9,8 @@ import re
 
 from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
 
+from rlvr.rewards.scorers import one_answer
+
 # math-verify warns once per process that its timers are off; the manager's per-sample timer is on
 logging.getLogger("math_verify").setLevel(logging.ERROR)
 
@@ -21,6 +23,11 @@ def _gold(ground_truth: str):
     if "\\boxed" not in text and not _MATH_DELIMITER.search(text):
         text = f"${text}$"  # a bare gold answer like "\\frac{1}{2}" or "3" is LaTeX without delimiters
     return parse(text, _GOLD_CONFIG, parsing_timeout=None)
+
+
+def truth_fits(ground_truth) -> bool:
+    """``compute_score`` can score against ``ground_truth``: one answer that math-verify parses."""
+    return one_answer(ground_truth) and bool(_gold(ground_truth))
 
 
 def compute_score(data_source, solution_str, ground_truth, extra_info=None) -> dict:
