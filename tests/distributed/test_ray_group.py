@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 pytestmark = pytest.mark.ray
-pytest.importorskip("ray")
+import ray  # noqa: E402,F401  make test installs Ray: a missing install fails, not skips
 
 sys.path.insert(0, str(Path(__file__).parents[1]))
 from loopback_only import loopback_only  # noqa: E402
