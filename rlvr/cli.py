@@ -160,7 +160,7 @@ def _cmd_eval(args: argparse.Namespace) -> None:
     model, tokenizer = load_model_and_tokenizer(args.model)
     dataset = RLHFDataset([args.data], tokenizer, DataConfig(max_prompt_length=args.max_prompt_length))
     check_scorable(dataset, RewardConfig(), "data_source", args.data)  # before generating, not after
-    _report_dropped(dataset, f"{args.data} (--max-prompt-length {args.max_prompt_length})")
+    dataset.say_filtered(f"{args.data} (--max-prompt-length {args.max_prompt_length})")
     multi = sum(bool(row.get("agent_name") or (row.get("extra_info") or {}).get("tools_kwargs")
                      or (row.get("extra_info") or {}).get("interaction_kwargs")) for row in dataset.rows)
     if multi:  # eval has no tools config: such rows get one turn, and score as a single turn does
@@ -187,13 +187,6 @@ def _cmd_eval(args: argparse.Namespace) -> None:
         metric = name.split("/reward/", 1)[-1]
         label = _eval_labels(args.n, args.temperature).get(metric, "")
         print(f"  {name:<40} {value:.4f}  {label}")
-
-
-def _report_dropped(dataset, split: str) -> None:
-    """Say how many rows loading dropped as overlong: accuracy over the rest is not the split's."""
-    report = dataset.filter_report(split)
-    if report:
-        print(f"[rlvr] {report}", file=sys.stderr, flush=True)
 
 
 def _eval_labels(n: int, temperature: float) -> dict[str, str]:
@@ -304,7 +297,7 @@ def _cmd_rollout(args: argparse.Namespace) -> None:
     dataset = RLHFDataset(cfg.data.val_files, tokenizer, cfg.data, tools.chat if tools else None)
     reward = validation_reward_config(cfg.reward)  # the run's validation scoring: its functions, no length penalty
     check_scorable(dataset, reward, cfg.data.reward_fn_key, "data.val_files")  # before generating, not after
-    _report_dropped(dataset, "data.val_files")
+    dataset.say_filtered("data.val_files")
     items = [dataset[i] for i in range(min(args.limit, len(dataset)))]
     batch = dataset.collate(items)
     gen = generation_batch(batch)  # what the engine reads; the rest (reward columns) stays for scoring

@@ -19,7 +19,7 @@ log-prob passes then do no work on padding columns.
 from __future__ import annotations
 
 import difflib
-
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
@@ -161,6 +161,12 @@ class RLHFDataset:
         return (f"{split}: {self.num_filtered} of {self.num_rows_read} rows dropped: their prompt is longer than "
                 f"data.max_prompt_length={self.config.max_prompt_length} tokens (the longest has "
                 f"{self.longest_filtered}; data.filter_overlong_prompts=true); {len(self.rows)} rows remain")
+
+    def say_filtered(self, split: str) -> None:
+        """Print ``filter_report`` to stderr, if anything was dropped: a score over the rest is not the split's."""
+        report = self.filter_report(split)
+        if report:
+            print(f"[rlvr] {report}", file=sys.stderr, flush=True)
 
     def _prompt_text(self, row: dict[str, Any]) -> str:
         messages = list(row[self.config.prompt_key])

@@ -227,9 +227,8 @@ def build_trainer(config: RLVRConfig, progress_bar: bool = True) -> RLTrainer:
         if dataset is not None:
             check_agent_names(dataset.rows, dataset.origins, config, split)
     for dataset, split in ((train, "data.train_files"), (val, "data.val_files")):
-        report = dataset.filter_report(split) if dataset is not None else None
-        if report:
-            print(f"[rlvr] {report}", file=sys.stderr, flush=True)
+        if dataset is not None:
+            dataset.say_filtered(split)
     if tool_setup is not None:
         interactions = interaction_names(config.actor_rollout_ref.rollout.multi_turn.interaction_config_path)
         for dataset, split in ((train, "data.train_files"), (val, "data.val_files")):
