@@ -4,6 +4,7 @@ per-sample limit), so math-verify's own signal timers are switched off."""
 
 from __future__ import annotations
 
+import functools
 import logging
 import re
 
@@ -19,10 +20,16 @@ _MATH_DELIMITER = re.compile(r"(?<!\\)\$")  # a "$" that opens or closes math; "
 
 
 def _gold(ground_truth: str):
-    text = str(ground_truth)
+    return _parse_gold(str(ground_truth))
+
+
+@functools.lru_cache(maxsize=16384)
+def _parse_gold(text: str):
+    """The parsed gold answer, once per text and process: the load's check parses each row's, and
+    every step scores n samples against the same one (a tuple: the cached value is shared)."""
     if "\\boxed" not in text and not _MATH_DELIMITER.search(text):
         text = f"${text}$"  # a bare gold answer like "\\frac{1}{2}" or "3" is LaTeX without delimiters
-    return parse(text, _GOLD_CONFIG, parsing_timeout=None)
+    return tuple(parse(text, _GOLD_CONFIG, parsing_timeout=None))
 
 
 def truth_fits(ground_truth) -> bool:
@@ -35,5 +42,5 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None) -> d
     if not gold:
         raise ValueError(f"math-verify cannot parse the ground truth {ground_truth!r}")
     answer = parse(solution_str, parsing_timeout=None)
-    correct = bool(answer) and verify(gold, answer, timeout_seconds=None)
+    correct = bool(answer) and verify(list(gold), answer, timeout_seconds=None)  # verify takes a list, not a tuple
     return {"score": 1.0 if correct else 0.0, "acc": float(correct), "has_answer": float(bool(answer))}
