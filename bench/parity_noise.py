@@ -111,19 +111,20 @@ def main(argv: list[str] | None = None) -> None:
         maxes.append(worst)
         print(f"batch {i}: {int(batch.batch['response_mask'].sum())} tokens, mean |dlogp| {mean:.3g}, max {worst:.3g}",
               flush=True)
-    tol_mean, tol_max = parity_tolerance(config)
     threshold = drift_threshold(config, min(means))
     trainer.global_step = 2
-    probe_stops = 0
+    probe_stops, largest = 0, 0.0
     try:
         probe = trainer._check_freshness()
+        largest = probe["training/freshness/max_abs_logit"]
         gap = (f"{probe['training/freshness/greedy_gap_max']:.3g} (tolerance "
                f"{probe['training/freshness/greedy_gap_tolerance']:.3g})")
     except StopTraining as stop:
         probe_stops, gap = 1, str(stop)[:200]
+    tol_mean, tol_max = parity_tolerance(config, largest)  # the trainer's probe hands its largest |logit| over
     print(f"model {args.model} rollout.dtype {args.dtype} logit offset {args.logit_offset}: mean |dlogp| "
           f"{np.mean(means):.3g} (batches {min(means):.3g}-{max(means):.3g}), max {max(maxes):.3g}; parity tolerance "
-          f"mean {tol_mean} max {tol_max}: {sum(m > tol_mean or w > tol_max for m, w in zip(means, maxes))}/"
+          f"mean {tol_mean:g} max {tol_max:g} (largest |logit| {largest:.3g}): {sum(m > tol_mean or w > tol_max for m, w in zip(means, maxes))}/"
           f"{len(means)} batches over; drift threshold from the lowest batch {threshold:.3g}: "
           f"{sum(m > threshold for m in means)}/{len(means)} over; greedy probe gap {gap} "
           f"({probe_stops} stop)")

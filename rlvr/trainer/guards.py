@@ -59,7 +59,10 @@ def freshness_tolerance(config: RLVRConfig, max_abs_logit: float) -> float:
 # kernels: max 2e-3, tests/rollout/test_vllm.py); bf16 engine copy: 6.6e-4 / 3.3e-3 (tiny model),
 # the rest in docs/training.md's table (SmolLM2-135M; a random 1024-wide Llama with its logits
 # moved into [32, 64), where one bf16 rounding step is 0.25).
+# A 16-bit side's gap grows with the bf16 step at the logits' size: every logit + 48 / 100 / 200 (steps 0.25,
+# 0.5, 1.0) gave mean 0.069 / 0.126 / 0.24 and max 0.31 / - / 0.89, about 0.25 steps mean and 1.2 steps max.
 PARITY_TOLERANCE = {"float32": (1e-3, 2e-2), "16-bit": (0.15, 2.0)}
+PARITY_BF16_STEPS = (0.6, 8.0)  # (mean, max) with a 16-bit side, in bf16 steps at the largest |logit|: floors above
 DRIFT_FACTOR = 10.0  # a healthy bf16 run's mean gap grew at most 6.8x over step 1's (tiny model, lr 0.05)
 DRIFT_FLOOR = {"float32": 2e-3, "16-bit": 0.02}  # below this mean gap a drift is never called staleness
 
@@ -71,9 +74,16 @@ def _precision(config: RLVRConfig) -> str:
     return "float32" if all(d in ("float32", "auto") for d in dtypes) else "16-bit"
 
 
-def parity_tolerance(config: RLVRConfig) -> tuple[float, float]:
-    """(mean, max) |log p_engine - log p_actor| allowed at step 1, from the precision."""
-    return PARITY_TOLERANCE[_precision(config)]
+def parity_tolerance(config: RLVRConfig, max_abs_logit: float = 0.0) -> tuple[float, float]:
+    """(mean, max) |log p_engine - log p_actor| allowed at step 1: the precision's floor; with a 16-bit
+    side, at least ``PARITY_BF16_STEPS`` bf16 steps at the largest |logit| seen (0.6 and 8 nats in [128,
+    256)), since rounding each logit by half a step moves a log-prob by up to a step."""
+    precision = _precision(config)
+    floor_mean, floor_max = PARITY_TOLERANCE[precision]
+    if precision == "float32":
+        return floor_mean, floor_max
+    step = bf16_step(max_abs_logit)
+    return max(floor_mean, PARITY_BF16_STEPS[0] * step), max(floor_max, PARITY_BF16_STEPS[1] * step)
 
 
 def drift_threshold(config: RLVRConfig, baseline: float | None) -> float:
@@ -121,23 +131,31 @@ class EngineParity:
     def __init__(self, config: RLVRConfig):
         self.config = config
         self.baselines: dict[str, float] = {}  # prefix -> its first mean gap (step 1; a resumed run: its first)
+        self.max_abs_logit = 0.0  # the largest |logit| the freshness probe saw (it runs first at step 1)
 
     def check(self, rollout_log_probs: torch.Tensor, actor_log_probs: torch.Tensor, mask: torch.Tensor, step: int,
-              what: str = "sampled", prefix: str = "training/engine_parity") -> dict[str, float]:
+              what: str = "sampled", prefix: str = "training/engine_parity",
+              max_abs_logit: float | None = None) -> dict[str, float]:
         """Stop the run on a gap past the parity tolerance (at step 1) or past the drift threshold of
         the first gap measured under ``prefix``; returns ``<prefix>/log_prob_gap_{mean,max}``. Each
-        measurement has its own reference: greedy tokens and sampled ones do not carry the same noise."""
+        measurement has its own reference: greedy tokens and sampled ones do not carry the same noise.
+        ``max_abs_logit`` (the probe's) is kept for every later check's 16-bit tolerance."""
+        if max_abs_logit is not None:
+            self.max_abs_logit = max(self.max_abs_logit, max_abs_logit)
         if not bool(mask.bool().any()):
             return {}
         mean, worst, (row, col) = log_prob_gap(rollout_log_probs, actor_log_probs, mask)
         metrics = {f"{prefix}/log_prob_gap_mean": mean, f"{prefix}/log_prob_gap_max": worst}
         where = (f"mean |log p_engine - log p_actor| {mean:.3g} nats over the {int(mask.bool().sum())} {what} tokens, "
                  f"max {worst:.3g} (row {row + 1}, response token {col + 1})")
-        tol_mean, tol_max = parity_tolerance(self.config)
+        tol_mean, tol_max = parity_tolerance(self.config, self.max_abs_logit)
+        precision = _precision(self.config)
+        if precision != "float32":
+            precision += f", largest |logit| {self.max_abs_logit:.3g}"
         if step == 1 and (mean > tol_mean or worst > tol_max):
             raise StopTraining(
                 f"step 1: before any update the actor's log-probs of the engine's own samples differ from the "
-                f"engine's: {where}; tolerance mean {tol_mean}, max {tol_max} ({_precision(self.config)}). The "
+                f"engine's: {where}; tolerance mean {tol_mean:.3g}, max {tol_max:.3g} ({precision}). The "
                 f"training forward does not compute what the model computes for {model_family(self.config)} in "
                 f"{forward_layout(self.config)}: a logit transform or attention mask of this family is missed, so "
                 "every update would train a distribution the sampler never had. Try "

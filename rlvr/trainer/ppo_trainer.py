@@ -474,7 +474,7 @@ class RLTrainer:
         out.meta_info.update(temperature=1.0, max_abs_logit=False)
         actor = self.wg.compute_log_prob(out).batch["old_log_probs"]
         drift = self.parity.check(out.batch["rollout_log_probs"], actor, mask, self.global_step, what="greedy probe",
-                                  prefix="training/freshness")
+                                  prefix="training/freshness", max_abs_logit=largest)
         return {"training/freshness/greedy_gap_max": worst, "training/freshness/greedy_gap_tolerance": tolerance,
                 "training/freshness/max_abs_logit": largest, "training/freshness/probe_tokens": float(mask.sum()),
                 **drift}

@@ -104,3 +104,24 @@ def test_an_engine_with_one_stale_mlp_stops_within_4_steps(tiny_config, tmp_path
                                            r"actor's: .* The engine holds weights the actor no longer has"):
         trainer.fit()
     trainer.tracker.close()
+
+
+def test_the_16_bit_tolerance_grows_with_the_logits_the_probe_saw(tiny_config):
+    """A healthy bf16 engine's step-1 gap grows with the bf16 step at the logits' size
+    (bench/parity_noise.py, random Llama, every logit + 200, in [128, 256) where a bf16 step is 1.0:
+    mean 0.24, max 0.89 on fresh weights, past the fixed 0.15). The probe runs first at step 1 and
+    hands the largest |logit| it saw to the training batch's check: mean 0.6 (0.6 steps of 1.0), max 8."""
+    bf16 = tiny_config("actor_rollout_ref.rollout.dtype=bfloat16")
+    actor, mask = torch.full((1, 4), -2.0), torch.ones(1, 4)
+    healthy = actor + torch.tensor([[0.1, 0.2, 0.3, 0.36]])  # mean 0.24, max 0.36
+    with pytest.raises(StopTraining, match=r"tolerance mean 0.15, max 2 \(16-bit, largest \|logit\| 0\)"):
+        EngineParity(bf16).check(healthy, actor, mask, step=1)  # no probe: the floor alone
+    guard = EngineParity(bf16)
+    guard.check(actor + 0.01, actor, mask, step=1, what="greedy probe", prefix="training/freshness",
+                max_abs_logit=216.0)  # bf16 spacing in [128, 256): 2^(7 - 7) = 1.0
+    assert guard.check(healthy, actor, mask, step=1)["training/engine_parity/log_prob_gap_mean"] == pytest.approx(0.24)
+    with pytest.raises(StopTraining, match=r"tolerance mean 0.6, max 8 \(16-bit, largest \|logit\| 216\)"):
+        EngineParity(bf16).check(actor + 0.7, actor, mask, step=1, max_abs_logit=216.0)  # a transform missed: 0.7
+    fp32 = EngineParity(tiny_config())  # both sides fp32: no rounding step to scale, the fixed 1e-3
+    with pytest.raises(StopTraining, match=r"tolerance mean 0.001, max 0.02 \(float32\)"):
+        fp32.check(actor + 0.002, actor, mask, step=1, max_abs_logit=216.0)
