@@ -1,5 +1,4 @@
-"""The ``rlvr`` command: ``train``, ``plan``, ``prepare``, ``eval``, ``config show``, ``algos list``, ``rollout``, ``serve``,
-``plot``, ``export``.
+"""The ``rlvr`` command: train, plan, prepare, eval, rollout, serve, plot, export, config show, algos list.
 
 Config-reading commands take ``--config FILE.yaml`` and ``key=value`` overrides, exactly
 as ``rlvr train`` does. Errors that come from the user's input (config, data, model path)
