@@ -11,6 +11,7 @@ token's only: ``logprobs`` above 0 (completions) or ``top_logprobs`` above 0 (ch
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 import time
 import uuid
@@ -38,6 +39,7 @@ def add_openai_routes(app: FastAPI, server: Server) -> None:
     async def completions(request: Request):
         body = validate(CompletionRequest, refuse_unimplemented(await read_body(request), UNIMPLEMENTED_OPENAI))
         check_model(server, body)
+        check_stream_options(body)
         if body.logprobs is not None and body.logprobs != 0:
             raise BadRequest("logprobs", "rlvr returns the sampled token's log-prob only: use logprobs=0")
         prompts = completion_prompts(server, body.prompt)
@@ -51,6 +53,7 @@ def add_openai_routes(app: FastAPI, server: Server) -> None:
     async def chat_completions(request: Request):
         body = validate(ChatCompletionRequest, refuse_unimplemented(await read_body(request), UNIMPLEMENTED_OPENAI))
         check_model(server, body)
+        check_stream_options(body)
         if body.top_logprobs:
             raise BadRequest("top_logprobs", "rlvr returns the sampled token's log-prob only: use top_logprobs=0")
         if isinstance(body.tool_choice, dict):
@@ -81,6 +84,12 @@ def check_model(server: Server, body: OpenAISampling) -> None:
     if body.model is not None and body.model not in (server.model_name, server.model_path):
         raise BadRequest("model", f"the model {body.model!r} does not exist here; this server serves "
                                   f"{server.model_name!r}", status=404)
+
+
+def check_stream_options(body: OpenAISampling) -> None:
+    """vLLM's: ``stream_options`` only with ``stream`` (its ``include_usage`` would change nothing)."""
+    if body.stream_options is not None and body.stream_options.model_fields_set and not body.stream:
+        raise BadRequest("stream_options", "is only read with stream=true; leave it out or set stream")
 
 
 def completion_prompts(server: Server, prompt) -> list[list[int]]:
@@ -116,6 +125,7 @@ def chat_prompt(server: Server, body: ChatCompletionRequest) -> list[int]:
         if key in (body.chat_template_kwargs or {}):  # a client's own template runs on the server: refused, as vLLM
             raise BadRequest(f"chat_template_kwargs.{key}", "is not a template variable; a template of the "
                                                             "client's own is not run here")
+    body.messages = template_messages(body.messages)  # the gateway's render_chat reads them too
     try:
         text = server.tokenizer.apply_chat_template(body.messages, tools=body.tools if body.tool_choice != "none"
                                                     else None, add_generation_prompt=body.add_generation_prompt,
@@ -126,6 +136,57 @@ def chat_prompt(server: Server, body: ChatCompletionRequest) -> list[int]:
     if server.render_chat is not None:
         ids = server.render_chat(body, ids)
     return server.check_prompt(ids, "messages")
+
+
+def template_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The messages as vLLM hands them to a chat template: text content parts joined by newlines
+    (vLLM's "string" content format; a template that adds strings raised on the list), and each
+    assistant tool call's ``arguments`` (OpenAI's JSON text) as a mapping, which templates write with
+    ``| tojson`` (Qwen2.5's: the text came out quoted and escaped); an empty ``tool_calls`` is dropped.
+    Copies: the client's messages are left as sent."""
+    out = []
+    for i, message in enumerate(messages):
+        message = dict(message)
+        if isinstance(message.get("content"), list):
+            message["content"] = "\n".join(part_text(part, f"messages.{i}.content.{j}")
+                                           for j, part in enumerate(message["content"]))
+        calls = message.get("tool_calls")
+        if message.get("role") == "assistant" and isinstance(calls, list):
+            message["tool_calls"] = [template_call(call, f"messages.{i}.tool_calls.{j}")
+                                     for j, call in enumerate(calls)]
+            if not calls:
+                del message["tool_calls"]
+        out.append(message)
+    return out
+
+
+def part_text(part: Any, where: str) -> str:
+    kind = part.get("type") if isinstance(part, dict) else None
+    if kind != "text":
+        raise BadRequest(f"{where}.type", f"{kind!r}: rlvr serve takes text parts only ({{\"type\": \"text\", "
+                                          "\"text\": ...}}) or a string")
+    if not isinstance(part.get("text"), str):
+        raise BadRequest(f"{where}.text", "a text part needs its text as a string")
+    return part["text"]
+
+
+def template_call(call: Any, where: str) -> dict[str, Any]:
+    function = call.get("function") if isinstance(call, dict) else None
+    if not isinstance(function, dict) or call.get("type", "function") != "function":
+        raise BadRequest(where, "a tool call is {\"type\": \"function\", \"function\": {\"name\", \"arguments\"}}")
+    arguments = function.get("arguments")
+    if isinstance(arguments, str) and arguments.strip():
+        try:
+            arguments = json.loads(arguments)
+        except ValueError as err:
+            raise BadRequest(f"{where}.function.arguments", f"not valid JSON ({err}); send the call's arguments "
+                                                            "as a JSON object's text") from None
+    elif arguments in (None, ""):
+        arguments = {}
+    if not isinstance(arguments, dict):
+        raise BadRequest(f"{where}.function.arguments", f"must be a JSON object (its text), got "
+                                                        f"{json.dumps(arguments)[:80]}")
+    return {**call, "function": {**function, "arguments": arguments}}
 
 
 def openai_spec(server: Server, body: OpenAISampling, prompt: list[int], max_tokens: int | None,
@@ -173,19 +234,22 @@ def parse_tool_calls(server: Server, text: str, tools) -> tuple[str | None, list
                               "function": {"name": c.name, "arguments": c.arguments}} for c in calls]
 
 
-def token_logprobs(server: Server, completion: Completion, kind: Kind) -> dict[str, Any] | None:
+def token_logprobs(server: Server, completion: Completion, kind: Kind, offset: int = 0) -> dict[str, Any] | None:
+    """The choice's (or a chunk's) ``logprobs``: vLLM's chat ``content`` entries, or its
+    ``CompletionLogProbs`` for ``logprobs`` = 0, each token's ``top_logprobs`` the sampled token's
+    alone, and ``text_offset`` counted from ``offset`` (a stream's chunk: the tokens' text before it)."""
     if not kind.logprobs:
         return None
     texts = [server.decode([t], False) for t in completion.token_ids]
     if kind.chat:
         return {"content": [{"token": s, "logprob": lp, "bytes": list(s.encode()), "top_logprobs": []}
                             for s, lp in zip(texts, completion.log_probs)]}
-    offsets, at = [], 0
+    offsets, at = [], offset
     for s in texts:
         offsets.append(at)
         at += len(s)
     return {"text_offset": offsets, "token_logprobs": list(completion.log_probs), "tokens": texts,
-            "top_logprobs": None}
+            "top_logprobs": [{s: lp} for s, lp in zip(texts, completion.log_probs)]}
 
 
 def choice(server: Server, index: int, completion: Completion, spec: RowSpec, kind: Kind, skip: bool) -> dict:
@@ -284,6 +348,7 @@ def stream(server: Server, request: Request, body: OpenAISampling, specs: list[R
         watcher.add_done_callback(lambda _: queue.put_nowait((-1, None, None)))
         tokens = [[] for _ in tasks]
         sent = ["" for _ in tasks]
+        offsets = [0 for _ in tasks]  # each choice's text_offset so far (its tokens' texts, as unstreamed)
         open_rows = len(tasks)
         try:
             if kind.chat:  # vLLM's chat stream opens with the role, before any token
@@ -301,10 +366,12 @@ def stream(server: Server, request: Request, body: OpenAISampling, specs: list[R
                 if index < 0:
                     return  # the client left: finally aborts the rows
                 if ids is not None:
+                    lp = token_logprobs(server, Completion(ids, lps, "stop"), kind, offset=offsets[index])
+                    if lp is not None and not kind.chat:
+                        offsets[index] += sum(len(t) for t in lp["tokens"])
                     tokens[index] += ids
                     safe = streamable(server.decode(tokens[index], body.skip_special_tokens), specs[0].stop, hold)
                     delta, sent[index] = safe[len(sent[index]):], max(sent[index], safe, key=len)
-                    lp = token_logprobs(server, Completion(ids, lps, "stop"), kind)
                     extra = {} if opened[index] else {"prompt_token_ids": specs[index // n].prompt_ids}
                     opened[index] = True
                     yield chunk(index, {"content": delta}, logprobs=lp, token_ids=ids, **extra)

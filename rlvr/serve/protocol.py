@@ -86,16 +86,44 @@ def refuse_unimplemented(data: dict[str, Any], table: dict[str, Any], where: str
 
 
 def validate(model: type[BaseModel], data: dict[str, Any], where: str = "") -> Any:
-    """``model.model_validate(data)``, its first error as a 400 naming the field."""
+    """``model.model_validate(data)``, its first error as a 400 naming the field; a value that fits
+    none of a union field's forms names the field (not pydantic's tag of the first form tried,
+    ``prompt.str``) and lists its forms."""
     try:
         return model.model_validate(data)
     except ValidationError as err:
-        first = err.errors()[0]
-        param = where + ".".join(str(part) for part in first["loc"]) if first["loc"] else where.rstrip(".") or "body"
+        errors = err.errors()
+        first = errors[0]
+        path, union, value = field_path(data, first["loc"], first["type"] == "missing")
+        if union is not None:
+            forms = [str(e["loc"][len(union)]) for e in errors
+                     if field_path(data, e["loc"], e["type"] == "missing")[1] == union]
+            raise BadRequest(where + ".".join(union) if union else where.rstrip(".") or "body",
+                             f"is none of its forms: {', '.join(dict.fromkeys(forms))} "
+                             f"(got {json.dumps(value, default=str)[:80]})") from None
+        param = where + ".".join(path) if path else where.rstrip(".") or "body"
         if first["type"] == "extra_forbidden":
             raise BadRequest(param, "is not a field rlvr serve knows (see docs/serve.md for the fields it reads)") \
                 from None
         raise BadRequest(param, f"{first['msg']} (got {json.dumps(first.get('input'), default=str)[:80]})") from None
+
+
+def field_path(data: Any, loc: tuple, missing: bool) -> tuple[list[str], list[str] | None, Any]:
+    """An error location's keys and indices in the request, the path of the union field whose
+    form's tag (pydantic's ``str``, ``list[int]``: no key of the request) comes first in it, and
+    that field's value. ``loc[len(union)]`` is the tag."""
+    path, union, at, value = [], None, data, None
+    for i, part in enumerate(loc):
+        if isinstance(part, int) and isinstance(at, list) and 0 <= part < len(at):
+            at = at[part]
+        elif isinstance(part, str) and isinstance(at, dict) and (part in at or (missing and i == len(loc) - 1)):
+            at = at.get(part)
+        else:
+            if union is None:
+                union, value = list(path), at
+            continue
+        path.append(str(part))
+    return path, union, value
 
 
 class Strict(BaseModel):

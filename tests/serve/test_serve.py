@@ -922,3 +922,90 @@ def test_generate_returns_prompt_log_probs_as_sglang_does(served, tiny):
                         ({"return_logprob": True, "top_logprobs_num": -1}, "top_logprobs_num")):
         r = post(served, "/generate", {"input_ids": prompt, "sampling_params": {"max_new_tokens": 1}, **body})
         assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
+
+
+@pytest.mark.parametrize("route,body,param,forms", [
+    ("/v1/completions", {"prompt": 5, "max_tokens": 1}, "prompt", "str, list[int], list[str], list[list[int]]"),
+    ("/v1/completions", {"prompt": [[1], "a"], "max_tokens": 1}, "prompt", "list[list[int]]"),
+    ("/generate", {"text": "Hi", "sampling_params": {"stop": 5}}, "sampling_params.stop", "str, list[str]"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}], "tool_choice": "required"},
+     "tool_choice", "'none'"),
+])
+def test_a_field_of_several_forms_is_named_without_pydantics_member_tags(served, route, body, param, forms):
+    """A value that fits none of a union field's forms: ``param`` is the field (it was ``prompt.str``,
+    ``tool_choice.literal['none','auto']``: pydantic's name of the first form tried), and the
+    message lists the forms the field takes."""
+    r = post(served, route, body)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == param
+    assert forms in r.json()["error"]["message"]
+
+
+def test_completion_log_probs_have_vllms_shape_streamed_or_not(served, tiny):
+    """vLLM's ``CompletionLogProbs`` for ``logprobs`` = 0: ``top_logprobs`` a list with one
+    ``{token: logprob}`` per token (the sampled token's; it was null), and ``text_offset`` each
+    token's offset in the whole text, streamed too (vLLM starts a chunk's offsets at the length of the
+    text before it; every chunk restarted at 0)."""
+    model, tokenizer = tiny
+    prompt = prompt_ids(tokenizer, QUESTIONS)[2]
+    want = reference_greedy(model, tokenizer, [prompt], 6, eos_ids(tiny))[0]
+    pieces = [tokenizer.decode([t], skip_special_tokens=False) for t in want]
+    offsets = [sum(len(p) for p in pieces[:i]) for i in range(len(pieces))]  # 0, len(t0), len(t0) + len(t1), ...
+    body = {"prompt": prompt, "max_tokens": 6, "temperature": 0, "logprobs": 0}
+    lp = post(served, "/v1/completions", body).json()["choices"][0]["logprobs"]
+    assert lp["tokens"] == pieces and lp["text_offset"] == offsets
+    assert lp["top_logprobs"] == [{p: v} for p, v in zip(pieces, lp["token_logprobs"])]
+    r = post(served, "/v1/completions", {**body, "stream": True})
+    chunks = [json.loads(line[6:]) for line in r.text.splitlines() if line.startswith("data: {")]
+    streamed = [c["logprobs"] for ch in chunks for c in ch["choices"] if c["logprobs"] is not None]
+    assert [p for s in streamed for p in s["tokens"]] == pieces
+    assert [o for s in streamed for o in s["text_offset"]] == offsets
+    assert [t for s in streamed for t in s["top_logprobs"]] == [{p: v} for s in streamed
+                                                                for p, v in zip(s["tokens"], s["token_logprobs"])]
+
+
+def test_stream_options_without_stream_is_refused(served):
+    """vLLM refuses ``stream_options`` unless ``stream`` is true (its ``include_usage`` was ignored)."""
+    for route, body in (("/v1/completions", {"prompt": "Hi", "max_tokens": 1}),
+                        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1})):
+        r = post(served, route, {**body, "stream_options": {"include_usage": True}})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "stream_options", r.text
+        assert post(served, route, {**body, "stream_options": None}).status_code == 200
+
+
+TOOL_TEMPLATE = ("{%- for m in messages -%}<{{ m.role }}>{{ m.content or '' }}"
+                 "{%- for c in m.tool_calls or [] -%}<call>{{ c.function.arguments | tojson }}</call>{%- endfor -%}"
+                 "</{{ m.role }}>{%- endfor -%}")  # renders arguments as Qwen2.5's template does: `| tojson`
+
+
+def test_chat_messages_reach_the_template_as_vllm_hands_them(tiny):
+    """As vLLM's chat parsing: an assistant turn's ``tool_calls`` arguments (OpenAI's JSON text)
+    reach the template as a mapping (a ``| tojson`` template wrote the text quoted and escaped), and
+    text content parts reach it joined by newlines (a string template raised on the list)."""
+    model, tokenizer = tiny
+    tokenizer = copy.deepcopy(tokenizer)
+    tokenizer.chat_template = TOOL_TEMPLATE
+    server, _ = make_server(model, tokenizer)
+    try:
+        call = {"id": "call_1", "type": "function",
+                "function": {"name": "calculator", "arguments": '{"expression": "2+3"}'}}
+        messages = [{"role": "user", "content": [{"type": "text", "text": "2+"}, {"type": "text", "text": "3?"}]},
+                    {"role": "assistant", "content": None, "tool_calls": [call]},
+                    {"role": "tool", "tool_call_id": "call_1", "content": "5"}]
+        r = post(server, "/v1/chat/completions", {"messages": messages, "max_tokens": 1, "temperature": 0})
+        assert r.status_code == 200, r.text
+        text = '<user>2+\n3?</user><assistant><call>{"expression": "2+3"}</call></assistant><tool>5</tool>'
+        assert r.json()["prompt_token_ids"] == tokenizer.encode(text, add_special_tokens=False)
+        # what cannot reach a text template is refused by name
+        for bad, param in (([{"type": "text", "text": "a"}, {"type": "image_url", "image_url": {"url": "x"}}],
+                            "messages.0.content.1.type"),
+                           ([{"type": "text"}], "messages.0.content.0.text")):
+            r = post(server, "/v1/chat/completions", {"messages": [{"role": "user", "content": bad}], "max_tokens": 1})
+            assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
+        broken = {**call, "function": {"name": "calculator", "arguments": '{"expression": '}}
+        history = [messages[0], {"role": "assistant", "tool_calls": [broken]}]
+        r = post(server, "/v1/chat/completions", {"messages": history, "max_tokens": 1})
+        assert r.status_code == 400, r.text
+        assert r.json()["error"]["param"] == "messages.1.tool_calls.0.function.arguments"
+    finally:
+        server.engine.stop()
