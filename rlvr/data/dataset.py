@@ -179,7 +179,8 @@ class RLHFDataset:
 
     def _tokenize(self, row: dict[str, Any], origin: RowOrigin) -> list[int]:
         try:
-            return self.tokenizer.encode(self._prompt_text(row), add_special_tokens=False)
+            text = self._prompt_text(row)
+            ids = self.tokenizer.encode(text, add_special_tokens=False)
         except Exception as err:  # the template's own refusal (jinja's raise_exception), no template, bad text
             hint = ""
             if self.chat is None and self.config.apply_chat_template and not getattr(self.tokenizer, "chat_template",
@@ -188,6 +189,23 @@ class RLHFDataset:
                         "to join the messages' contents as plain text")
             raise DatasetError(f"{origin}: key {self.config.prompt_key!r} could not be rendered and tokenised "
                                f"({type(err).__name__}: {err}){hint}") from None
+        if self.chat is not None or self.config.apply_chat_template:
+            self._check_rendered(row[self.config.prompt_key], text, origin)
+        return ids
+
+    def _check_rendered(self, messages: list[dict[str, Any]], text: str, origin: RowOrigin) -> None:
+        """Raise if the chat template left out an instruction message: Qwen2.5's and Qwen3's
+        templates skip any role but system, user, assistant and tool (a 'developer' turn vanishes),
+        and the model would train without the text. Assistant and tool turns are not checked:
+        templates rewrite them by design (Qwen3 drops earlier reasoning, Llama-3.1 quotes tool
+        output as JSON)."""
+        for i, msg in enumerate(messages):
+            content = msg["content"].strip()  # templates may trim (Llama-3, Gemma)
+            if msg["role"] in ("system", "user", "developer") and content and content not in text:
+                raise DatasetError(
+                    f"{origin}: key '{self.config.prompt_key}[{i}]' (role {msg['role']!r}): the chat template does "
+                    "not render its content, so the model would never see it; give it a role the template renders "
+                    "(system or user), or use a template that renders it (actor_rollout_ref.model.tokenizer_path)")
 
     def __len__(self) -> int:
         return len(self.rows)

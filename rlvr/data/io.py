@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import codecs
 import json
 from pathlib import Path
 from typing import Any, Iterable
@@ -22,11 +23,12 @@ def read_rows(path: str | Path) -> list[dict[str, Any]]:
 
 
 def read_numbered_rows(path: str | Path) -> list[tuple[str, dict[str, Any]]]:
-    """All rows of a parquet or JSONL file, each with where it is: ``row i`` (parquet, from 0) or
-    ``line n`` (JSONL, as an editor counts: blank lines too, from 1), for messages about it."""
+    """All rows of a parquet or JSONL file, each with where it is: ``row i`` (parquet, from 0),
+    ``line n`` (JSONL, as an editor counts: blank lines too, from 1) or ``item i`` (a .json file
+    holding one array, from 0), for messages about it."""
     path = Path(path).expanduser()
     if path.is_dir():
-        raise DatasetError(f"dataset path {str(path)!r} is a folder; give the file itself ({', '.join(SUFFIXES)})")
+        raise DatasetError(_folder_message(path))
     if not path.is_file():
         hint = ""
         if "arithmetic" in str(path) or "countdown" in str(path):
@@ -37,9 +39,22 @@ def read_numbered_rows(path: str | Path) -> list[tuple[str, dict[str, Any]]]:
             return [(f"row {i}", row) for i, row in enumerate(pq.read_table(path).to_pylist())]
         except (pa.ArrowInvalid, OSError) as err:
             raise DatasetError(f"dataset file {str(path)!r} is not a readable parquet file: {err}") from None
+    if path.suffix == ".json" and _holds_array(path):  # verl reads .json with datasets' loader: an array too
+        return _read_json_array(path)
     if path.suffix in (".jsonl", ".json"):
         return _read_jsonl(path)
     raise DatasetError(f"dataset file {str(path)!r} has suffix {path.suffix!r}; rlvr reads {list(SUFFIXES)}")
+
+
+def _folder_message(path: Path) -> str:
+    """A folder given as a dataset file: name the data files in it (a download's shards), all of them."""
+    found = sorted(str(p) for p in path.rglob("*") if p.suffix in SUFFIXES and p.is_file()
+                   and not any(part.startswith(".") for part in p.relative_to(path).parts))
+    if not found:
+        return f"dataset path {str(path)!r} is a folder; give the file itself ({', '.join(SUFFIXES)})"
+    shown = found if len(found) <= 20 else [*found[:20], f"... {len(found) - 20} more"]
+    return (f"dataset path {str(path)!r} is a folder of {len(found)} dataset files; list them all: "
+            f"data.train_files={shown} (or data.val_files; only the files of that split)")
 
 
 def _read_jsonl(path: Path) -> list[tuple[str, dict[str, Any]]]:
@@ -62,15 +77,45 @@ def _read_jsonl(path: Path) -> list[tuple[str, dict[str, Any]]]:
     return rows
 
 
+def _holds_array(path: Path) -> bool:
+    """Whether the file's first character (after a byte-order mark and whitespace) opens a JSON array."""
+    with path.open("rb") as fh:
+        return fh.read(1 << 16).removeprefix(codecs.BOM_UTF8).lstrip().startswith(b"[")
+
+
+def _read_json_array(path: Path) -> list[tuple[str, dict[str, Any]]]:
+    """A .json file holding one JSON array of row objects; rows are named ``item i`` (from 0)."""
+    raw = path.read_bytes()
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as err:
+        line_no = raw.count(b"\n", 0, err.start) + 1
+        column = err.start - (raw.rfind(b"\n", 0, err.start) + 1) + 1
+        raise DatasetError(_not_utf8(path, line_no, raw[err.start], column)) from None
+    try:
+        items = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise DatasetError(f"{path}: line {err.lineno} is not valid JSON ({err.msg}, column {err.colno})") from None
+    rows = []
+    for i, item in enumerate(items):
+        if not isinstance(item, dict):
+            raise DatasetError(f"{path}: item {i} of the array (from 0) is a JSON {type(item).__name__}, not an object")
+        rows.append((f"item {i}", item))
+    return rows
+
+
+def _not_utf8(path: Path, line_no: int, byte: int, column: int) -> str:
+    return (f"{path}: line {line_no} is not UTF-8 (byte {byte:#04x} at column {column}); JSON is read as "
+            f"utf-8: convert the file, e.g. iconv -f latin1 -t utf-8 {path} > {path.stem}.utf8{path.suffix} "
+            "(if it is latin-1)")
+
+
 def _decode_line(path: Path, line_no: int, raw: bytes) -> str:
     """One line as UTF-8 (JSONL's encoding; a byte-order mark on the first line is dropped)."""
     try:
         return raw.decode("utf-8-sig" if line_no == 1 else "utf-8")
     except UnicodeDecodeError as err:
-        raise DatasetError(
-            f"{path}: line {line_no} is not UTF-8 (byte {raw[err.start]:#04x} at column {err.start + 1}); JSONL is "
-            f"read as utf-8: convert the file, e.g. iconv -f latin1 -t utf-8 {path} > {path.stem}.utf8.jsonl "
-            "(if it is latin-1)") from None
+        raise DatasetError(_not_utf8(path, line_no, raw[err.start], err.start + 1)) from None
 
 
 def write_parquet(rows: Iterable[dict[str, Any]], path: str | Path) -> Path:

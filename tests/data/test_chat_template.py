@@ -410,3 +410,34 @@ def test_the_datasets_prompts_render_the_runs_date(tmp_path, tokenizer, clock):
                                 "reward_model": {"style": "rule", "ground_truth": "3"}}) + "\n")
     dataset = RLHFDataset(rows, llama, DataConfig(max_prompt_length=512))  # no tools: the tokenizer's template
     assert "Today Date: 24 Nov 2026" in llama.decode(dataset[0]["raw_prompt_ids"])
+
+
+def test_a_message_the_template_drops_is_named_with_its_row(tmp_path, tokenizer):
+    """Qwen2.5's and Qwen3's templates render only system, user, assistant and tool turns: a
+    'developer' message (OpenAI's role, which rlvr accepts) vanished from the prompt, and the model
+    trained without the instruction it held, silently."""
+    import json
+
+    from rlvr.config.schema import DataConfig
+    from rlvr.data import DatasetError, RLHFDataset
+
+    developer = [{"role": "developer", "content": "Answer in French."}, {"role": "user", "content": "What is 2+2?"}]
+    history = [{"role": "user", "content": "Q1"}, {"role": "assistant", "content": "<think>hmm</think>A1"},
+               {"role": "user", "content": "Q2"}]
+
+    def rows(*prompts):
+        path = tmp_path / "rows.jsonl"
+        path.write_text("".join(json.dumps({"data_source": "arithmetic", "prompt": p}) + "\n" for p in prompts))
+        return path
+
+    for template in (QWEN25, QWEN3):
+        qwen = copy.copy(tokenizer)
+        qwen.chat_template = template
+        with pytest.raises(DatasetError, match=r"rows.jsonl, line 2: key 'prompt\[0\]' \(role 'developer'\): the chat "
+                                               r"template does not render its content"):
+            RLHFDataset(rows(history, developer), qwen, DataConfig(max_prompt_length=512))
+        # Qwen3 drops the reasoning of an earlier assistant turn by design: assistant turns are not checked
+        assert len(RLHFDataset(rows(history), qwen, DataConfig(max_prompt_length=512))) == 1
+    # SmolLM2's ChatML template renders any role as written: the same row loads, the instruction in it
+    dataset = RLHFDataset(rows(developer), tokenizer, DataConfig(max_prompt_length=512))
+    assert "Answer in French." in tokenizer.decode(dataset[0]["raw_prompt_ids"])

@@ -163,6 +163,13 @@ def test_a_folder_or_a_pretty_printed_json_file_is_named_for_what_it_is(tmp_path
     (tmp_path / "data").mkdir()
     with pytest.raises(DatasetError, match=r"'.*data' is a folder; give the file itself"):
         RLHFDataset(tmp_path / "data", tokenizer)
+    # a folder of shards (a Hugging Face download): every shard is named, so that none is left out
+    for shard in ("train-00001-of-00002.parquet", "train-00000-of-00002.parquet"):
+        write_parquet([row()], tmp_path / "data" / "train" / shard)
+    (tmp_path / "data" / "README.md").write_text("not data")
+    with pytest.raises(DatasetError, match=r"is a folder of 2 dataset files; list them all: data.train_files=\['.*"
+                                           r"train-00000-of-00002.parquet', '.*train-00001-of-00002.parquet'\]"):
+        RLHFDataset(tmp_path / "data", tokenizer)
     (tmp_path / "a.json").write_text(json.dumps(row(), indent=2))
     with pytest.raises(DatasetError, match=r"line 1 is not valid JSON .*one whole JSON object per line"):
         RLHFDataset(tmp_path / "a.json", tokenizer)

@@ -96,11 +96,18 @@ def test_gsm8k_from_parquet_and_chinese_variant(tmp_path):
 
 
 def test_gsm8k_malformed_rows(tmp_path):
-    (tmp_path / "train.jsonl").write_text(json.dumps({"question": "q", "answer": "no final line"}) + "\n")
-    with pytest.raises(DatasetError, match=r"train.jsonl, row 0: key 'answer' has no final '#### <number>' line"):
+    # a JSONL row is named by its line as an editor counts (the blank line too): the bad row is on
+    # line 3; it was called "row 1" (rows from 0, blanks skipped), a line that holds a good row
+    good = json.dumps(GSM8K_RAW[0])
+    (tmp_path / "train.jsonl").write_text(f"{good}\n\n" + json.dumps({"question": "q", "answer": "no final"}) + "\n")
+    with pytest.raises(DatasetError, match=r"train.jsonl, line 3: key 'answer' has no final '#### <number>' line"):
         gsm8k.convert(tmp_path)
     (tmp_path / "train.jsonl").write_text(json.dumps({"answer": "#### 1"}) + "\n")
-    with pytest.raises(DatasetError, match="row 0: key 'question' is missing"):
+    with pytest.raises(DatasetError, match="train.jsonl, line 1: key 'question' is missing"):
+        gsm8k.convert(tmp_path)
+    (tmp_path / "train.jsonl").unlink()  # parquet rows keep their index from 0, as pyarrow and pandas count
+    write_parquet([GSM8K_RAW[0], {"question": "q", "answer": None}], tmp_path / "train.parquet")
+    with pytest.raises(DatasetError, match="train.parquet, row 1: key 'answer' is missing or not a string"):
         gsm8k.convert(tmp_path)
     with pytest.raises(DatasetError, match="does not exist"):
         gsm8k.convert(tmp_path / "nope")

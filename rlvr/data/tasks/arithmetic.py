@@ -30,7 +30,8 @@ class ArithmeticSpec:
     num_operands: int = 2
     """Numbers per expression (>= 2)."""
     max_operand: int | None = 20
-    """Largest operand (caps ``digits``); None means the largest number with ``digits`` digits.
+    """Largest operand, a cap on ``digits``' bound (``digits`` must be reachable under it); None
+    means the largest number with ``digits`` digits.
     The default (0..20, + - *) leaves SmolLM2-135M-Instruct about 38% greedy accuracy: room to learn."""
 
     def __post_init__(self) -> None:
@@ -42,6 +43,16 @@ class ArithmeticSpec:
             raise ValueError(f"max_operand must be >= 1, got {self.max_operand}")
         if self.num_operands < 2:
             raise ValueError(f"num_operands must be >= 2, got {self.num_operands}")
+        if self.max_operand is not None and self.digits > len(str(self.max_operand)):  # it would change nothing
+            raise ValueError(f"digits must be <= {len(str(self.max_operand))} under max_operand={self.max_operand} "
+                             f"(no {self.digits}-digit operand is that small), got {self.digits}; raise the largest "
+                             "operand, or lift it (--max-operand 0, max_operand=None) to bound operands by digits")
+
+    @property
+    def largest(self) -> int:
+        """The largest operand: ``digits`` digits, capped at ``max_operand``."""
+        by_digits = 10 ** self.digits - 1
+        return by_digits if self.max_operand is None else min(self.max_operand, by_digits)
 
 
 def evaluate(expression: str) -> Fraction:
@@ -70,7 +81,7 @@ def _quotient(rng: random.Random, hi: int) -> str:
 
 def make_problem(rng: random.Random, spec: ArithmeticSpec) -> tuple[str, int]:
     """A random expression and its integer value."""
-    hi = spec.max_operand if spec.max_operand is not None else 10 ** spec.digits - 1
+    hi = spec.largest
     parts = [str(rng.randint(0, hi))]
     count = 1
     while count < spec.num_operands:

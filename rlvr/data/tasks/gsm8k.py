@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from rlvr.data.io import DatasetError, SUFFIXES, read_rows
+from rlvr.data.io import DatasetError, SUFFIXES, read_numbered_rows
 
 DATA_SOURCE = "openai/gsm8k"
 INSTRUCTION = 'Let\'s think step by step and output the final answer after "####".'
@@ -31,24 +31,24 @@ def final_answer(answer: str) -> str | None:
 
 def convert_row(row: dict[str, Any], index: int, split: str, origin: str,
                 system_prompt: str | None = None) -> dict[str, Any]:
-    """One raw row in verl's format. With ``system_prompt`` the question goes bare after a system
-    message (the answer format is the system prompt's business); without, the "####" instruction
-    follows the question."""
+    """One raw row in verl's format; ``origin`` names it in errors ("train.jsonl, line 4"). With
+    ``system_prompt`` the question goes bare after a system message (the answer format is the
+    system prompt's business); without, the "####" instruction follows the question."""
     if "question_zh-cn" in row:  # Chinese GSM8K: translated question, bare answer
         question, key = row["question_zh-cn"], "question_zh-cn"
         ground_truth = str(row.get("answer_only", "")).strip().replace(",", "") or None
         if ground_truth is None:
-            raise DatasetError(f"{origin}, row {index}: key 'answer_only' is missing or empty")
+            raise DatasetError(f"{origin}: key 'answer_only' is missing or empty")
         solution = row.get("answer")
     else:
         question, key = row.get("question"), "question"
         if not isinstance(row.get("answer"), str):
-            raise DatasetError(f"{origin}, row {index}: key 'answer' is missing or not a string")
+            raise DatasetError(f"{origin}: key 'answer' is missing or not a string")
         ground_truth, solution = final_answer(row["answer"]), row["answer"]
         if ground_truth is None:
-            raise DatasetError(f"{origin}, row {index}: key 'answer' has no final '#### <number>' line")
+            raise DatasetError(f"{origin}: key 'answer' has no final '#### <number>' line")
     if not isinstance(question, str) or not question.strip():
-        raise DatasetError(f"{origin}, row {index}: key {key!r} is missing or empty")
+        raise DatasetError(f"{origin}: key {key!r} is missing or empty")
     return {
         "data_source": DATA_SOURCE,
         "prompt": ([{"role": "system", "content": SYSTEM_PROMPTS.get(system_prompt, system_prompt)},
@@ -83,6 +83,7 @@ def find_split_files(src: Path) -> dict[str, Path]:
 
 def convert(src: str | Path, system_prompt: str | None = None) -> dict[str, list[dict[str, Any]]]:
     return {
-        split: [convert_row(row, i, split, str(path), system_prompt) for i, row in enumerate(read_rows(path))]
+        split: [convert_row(row, i, split, f"{path}, {where}", system_prompt)
+                for i, (where, row) in enumerate(read_numbered_rows(path))]
         for split, path in find_split_files(Path(src)).items()
     }
