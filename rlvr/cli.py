@@ -42,13 +42,13 @@ PREPARE_OPTIONS = {"digits": ("arithmetic",), "max_operand": ("arithmetic",), "o
 
 def _cmd_prepare(args: argparse.Namespace) -> None:
     from rlvr.data import prepare
-    from rlvr.data.tasks.arithmetic import ArithmeticSpec
 
     for option, owner in PREPARE_OPTIONS.items():  # an option of another task would change nothing
         if getattr(args, option) is not None and args.task not in owner:
             raise ConfigError(f"--{option.replace('_', '-')} applies to rlvr prepare {' / '.join(owner)}, "
                               f"not {args.task}: leave it out")
     out = Path(args.out or prepare.DEFAULT_ROOT / args.task).expanduser()
+    made = not out.exists()
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as err:  # a file in the way, a parent that cannot have folders (/proc/x)
@@ -56,6 +56,21 @@ def _cmd_prepare(args: argparse.Namespace) -> None:
             raise
         raise DatasetError(f"--out {out}: cannot make that folder ({err.strerror}: {err.filename}); "
                            "pass a folder that exists or can be made") from None
+    try:
+        paths = _prepare_task(args, out)
+    except BaseException:  # a refused option or size leaves no empty folder behind
+        if made and not any(out.iterdir()):
+            out.rmdir()
+        raise
+    for split, path in paths.items():
+        print(f"wrote {split}: {path}")
+
+
+def _prepare_task(args: argparse.Namespace, out: Path) -> dict:
+    """Write the task's splits under ``out``: {split: path}."""
+    from rlvr.data import prepare
+    from rlvr.data.tasks.arithmetic import ArithmeticSpec
+
     if args.task == "arithmetic":
         given = {key: getattr(args, key) for key in ("digits", "max_operand", "operators", "num_operands")
                  if getattr(args, key) is not None}  # the rest: ArithmeticSpec's defaults
@@ -86,8 +101,7 @@ def _cmd_prepare(args: argparse.Namespace) -> None:
         if not args.src:
             raise DatasetError("rlvr prepare gsm8k needs --src PATH: the folder with GSM8K's train/test files")
         paths = prepare.prepare_gsm8k(out, Path(args.src), args.system_prompt)
-    for split, path in paths.items():
-        print(f"wrote {split}: {path}")
+    return paths
 
 
 def _terminate_as_interrupt(signum, frame) -> None:

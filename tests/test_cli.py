@@ -22,6 +22,17 @@ def test_prepare_gsm8k_without_src_is_a_clear_error(tmp_path, capsys):
     assert "needs --src PATH" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("args", [["arithmetic", "--digits", "3"], ["gsm8k"], ["arithmetic", "--train-size", "2000"]])
+def test_a_refused_prepare_leaves_no_empty_folder(tmp_path, capsys, args):
+    # --digits 3 under the default max operand 20, gsm8k without --src, more rows than 0..20 has: each
+    # refused after the folder was made, which a later `ls` showed empty
+    assert main(["prepare", *args, "--out", str(tmp_path / "new")]) == 2
+    assert not (tmp_path / "new").exists()
+    (tmp_path / "kept").mkdir()  # a folder the user had stays
+    assert main(["prepare", *args, "--out", str(tmp_path / "kept")]) == 2
+    assert (tmp_path / "kept").is_dir()
+
+
 def test_prepare_into_a_folder_that_cannot_be_made_is_a_clear_error(tmp_path, capsys):
     """A file where the folder should be, a file as a parent, and a parent that takes no folders:
     each names --out and the path, with no traceback."""
