@@ -298,7 +298,12 @@ def _score(fns: tuple, data_source: str, solution_str: str, ground_truth: Any, e
                 extras.update({k: v for k, v in result.items() if k != "score"})
             else:
                 value = result
-            value, instead = as_score(value)
+            try:
+                value, instead = as_score(value)
+            except (TypeError, ValueError, RuntimeError) as err:  # a list, an array or tensor of several values
+                raise TypeError(f"reward function {ref.name!r} returned {repr(value)[:200]} "
+                                f"(a {type(value).__name__}), not a number ({err}); return one float, or a dict "
+                                "with 'score'") from None
             if value is None:
                 return {"status": "invalid", "error": f"reward function {ref.name!r} returned {instead}"}
             if len(fns) > 1:
@@ -567,7 +572,7 @@ class RewardManager:
                   "counted, and never trained on (reward.on_invalid=drop leaves their groups out of the update)",
                   file=sys.stderr, flush=True)
         for key, values in extras.items():
-            numeric = [float(v) for v in values if isinstance(v, (int, float, bool, np.number))]
+            numeric = [float(v) for v in values if isinstance(v, (int, float, bool, np.number, np.bool_))]
             if numeric:
                 metrics[f"reward/{key}/mean"] = float(np.mean(numeric))
         return RewardResult(place_on_last_token(scores, mask), {k: object_column(v) for k, v in extras.items()},

@@ -101,14 +101,16 @@ def truth_fits(name: str, truth) -> bool:
 
 ONE_ANSWER = TruthCheck(one_answer, "one answer (text or a number)")
 ONE_NUMBER = TruthCheck(arithmetic.truth_fits, "one number (text such as '12', '-3.5' or '1,234', or a number)")
+GSM8K_NUMBER = TruthCheck(gsm8k.truth_fits, "one answer that is a number (what follows GSM8K's '####': '72', "
+                          "'$1,234'; not the whole solution)")
 
 for _name, _fn, _sources, _check in [
     ("arithmetic", arithmetic.compute_score, ["arithmetic"], ONE_NUMBER),
     ("countdown", countdown.compute_score, ["countdown"],
      TruthCheck(countdown.truth_fits, "a mapping with 'target' and 'numbers' (integers)")),
     ("tool_answer", tool_answer.compute_score, ["arithmetic_tool"], ONE_NUMBER),  # arithmetic's, on the last turn
-    ("gsm8k", gsm8k.compute_score, ["openai/gsm8k", "gsm8k"], ONE_ANSWER),
-    ("gsm8k_flexible", gsm8k.compute_score_flexible, [], ONE_ANSWER),
+    ("gsm8k", gsm8k.compute_score, ["openai/gsm8k", "gsm8k"], GSM8K_NUMBER),
+    ("gsm8k_flexible", gsm8k.compute_score_flexible, [], GSM8K_NUMBER),
     ("math", math.compute_score, ["lighteval/MATH", "DigitalLearningGmbH/MATH-lighteval", "HuggingFaceH4/MATH-500"],
      TruthCheck(math.truth_fits, "one answer math-verify can parse (LaTeX or a number)")),
     ("correctness", format.correctness, [], ONE_ANSWER),

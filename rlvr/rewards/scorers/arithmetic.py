@@ -12,6 +12,7 @@ three numbers).
 from __future__ import annotations
 
 import re
+from decimal import Decimal
 from fractions import Fraction
 
 DIGITS = r"(?:\d{1,3}(?:,\d{3})+(?!\d)|\d+)(?:\.\d+)?"
@@ -28,7 +29,11 @@ _MARKERS = [
 def as_number(text) -> Fraction | None:
     """``text`` as an exact number (``"1,234.5"`` -> 2469/2), or None when it is not one number."""
     text = str(text).strip()
-    return Fraction(text.replace(",", "")) if re.fullmatch(_NUMBER, text) else None
+    if not re.fullmatch(_NUMBER, text):
+        return None
+    # through Decimal: Fraction(str) goes through int(str), which refuses more than 4300 digits, and a
+    # model in a repetition loop writes that many (the number is then wrong, not a scorer's error)
+    return Fraction(Decimal(text.replace(",", "")))
 
 
 def truth_fits(ground_truth) -> bool:

@@ -5,6 +5,7 @@ wrong equation, 0 without an answer."""
 from __future__ import annotations
 
 import re
+from decimal import Decimal
 
 from rlvr.data.tasks.arithmetic import evaluate
 
@@ -40,12 +41,14 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None, form
         return {"score": 0.0, "acc": 0.0}
     if "=" in equation:
         equation = equation.split("=")[0]  # "3 + 4 = 7" -> the left side
-    used = sorted(int(n) for n in re.findall(r"\d+", equation))
+    # through Decimal: int(str) refuses more than 4300 digits, which a model in a repetition loop writes
+    used = sorted(int(Decimal(n)) for n in re.findall(r"\d+", equation))
     if not _ALLOWED.match(equation) or used != numbers:
         return {"score": format_score, "acc": 0.0}
     try:
         value = evaluate(equation)
-    except (ValueError, SyntaxError, ZeroDivisionError):
+    # RecursionError, MemoryError: deeper than Python's parser goes ("-" * 4000 + "2"), TinyZero's eval too
+    except (ValueError, SyntaxError, ZeroDivisionError, RecursionError, MemoryError):
         return {"score": format_score, "acc": 0.0}
     correct = abs(float(value) - target) < 1e-6
     return {"score": 1.0 if correct else format_score, "acc": float(correct)}

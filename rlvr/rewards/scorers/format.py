@@ -14,7 +14,6 @@ import re
 
 _ANSWER = re.compile(r"<answer>(.*?)</answer>", re.S)
 _HARD = re.compile(r"^\s*<think>.*?</think>\s*<answer>.*?</answer>\s*$", re.S)
-_SOFT = re.compile(r"<think>.*?</think>.*?<answer>.*?</answer>", re.S)
 
 
 def extract_answer(text: str) -> str | None:
@@ -37,7 +36,16 @@ def hard_format(data_source, solution_str, ground_truth, extra_info=None) -> flo
 
 
 def soft_format(data_source, solution_str, ground_truth, extra_info=None) -> float:
-    return 0.5 if _SOFT.search(solution_str) else 0.0
+    # each tag's first occurrence after the one before: linear, where the regex
+    # <think>.*?</think>.*?<answer>.*?</answer> backtracked for minutes on a repetition loop that
+    # never closes its last tag (cubic in the repetitions)
+    end = 0
+    for tag in ("<think>", "</think>", "<answer>", "</answer>"):
+        start = solution_str.find(tag, end)
+        if start < 0:
+            return 0.0
+        end = start + len(tag)
+    return 0.5
 
 
 def mark(data_source, solution_str, ground_truth, extra_info=None) -> float:

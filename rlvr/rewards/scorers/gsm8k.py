@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import re
 
+from rlvr.rewards.scorers import one_answer
 from rlvr.rewards.scorers.arithmetic import DIGITS, as_number
 
 _NUMBER = r"-?[$]?" + DIGITS
@@ -34,9 +35,20 @@ def extract_solution(solution_str: str, method: str = "strict") -> str | None:
     return _normalize(found[-1]) if found else None
 
 
+def _truth_text(ground_truth) -> str:
+    return str(ground_truth).replace("$", "").strip().rstrip(".")
+
+
+def truth_fits(ground_truth) -> bool:
+    """``compute_score`` can score against ``ground_truth``: one number (``"72"``, ``"$1,234"``). Both
+    methods only ever extract a number, so a truth that is none (the whole GSM8K solution, its
+    ``#### 72`` not split off) would score 0 for every response."""
+    return one_answer(ground_truth) and as_number(_truth_text(ground_truth)) is not None
+
+
 def _same_number(answer: str, ground_truth) -> bool:
     """Equal as exact numbers; a ground truth that is no number is compared as text."""
-    truth = str(ground_truth).replace("$", "").strip().rstrip(".")
+    truth = _truth_text(ground_truth)
     a, b = as_number(answer), as_number(truth)
     return a == b if a is not None and b is not None else answer.strip() == truth
 
