@@ -45,6 +45,7 @@ import math
 import numbers
 import os
 import secrets
+import signal
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -74,7 +75,7 @@ class GatewayEngine:
 
     def __init__(self, rounds, params, max_calls: int, decode):
         self.rounds, self.params, self.max_calls, self.decode = rounds, params, max_calls, decode
-        self.core = SimpleNamespace(waiting=())  # the routes' queue check: the rounds have no bound
+        self.core = SimpleNamespace(waiting=(), eos_ids=())  # the routes' queue check: the rounds have no bound
         self.max_waiting = sys.maxsize
 
     async def generate(self, request, on_tokens=None) -> Completion:
@@ -92,13 +93,27 @@ class GatewayEngine:
                                                                      self.params.max_new_tokens),
                                      stop=tuple(request.params.stop))
         out = await self.rounds.generate(request.id, prompt_ids=request.prompt_ids, sampling_params=params)
+        matched = self.matched_stop(out, params.stop)
         episode.calls.append((list(request.prompt_ids), out))
-        episode.last = None if episode.messages is None else (
-            episode.messages, list(request.prompt_ids), list(out.token_ids), self.decode(out.token_ids))
+        if episode.messages is not None:  # a chat call: the text it answered (cut before its stop string, as the routes cut it)
+            text = self.decode(out.token_ids)
+            episode.last = (episode.messages, list(request.prompt_ids), list(out.token_ids),
+                            text[:text.index(matched)] if matched is not None else text)
+        else:
+            episode.last = None
         episode.messages = None
         if on_tokens is not None:  # a streamed call: its tokens in one event
             on_tokens(out.token_ids, out.log_probs)
-        return Completion(out.token_ids, out.log_probs, out.finish_reason, out.weight_version)
+        return Completion(out.token_ids, out.log_probs, out.finish_reason, out.weight_version, matched=matched)
+
+    def matched_stop(self, out, stops) -> str | None:
+        """The stop string that ended a call (the routes cut its text there and name it in
+        ``stop_reason``, as vLLM does): the first of the request's list in its text, as the engine
+        checks them; None when it ended on an end token or its length."""
+        if out.finish_reason != "stop" or not stops:
+            return None
+        text = self.decode(out.token_ids)
+        return next((s for s in stops if s in text), None)
 
 
 class Gateway:
@@ -171,7 +186,7 @@ class Gateway:
         n, messages = len(before_msgs), episode.messages
         turn_msg = messages[n] if len(messages) > n else None
         if messages[:n] != before_msgs or turn_msg is None or turn_msg.get("role") != "assistant" \
-                or (turn_msg.get("content") or "").strip() not in text:
+                or not answered_as(turn_msg, text):
             return template_ids
         tools = body.tools if body.tool_choice != "none" else None
 
@@ -214,6 +229,16 @@ class Gateway:
         return chains
 
 
+def answered_as(message: dict, text: str) -> bool:
+    """Whether an assistant message is the answer whose text was ``text``: its content is that
+    text (surrounding whitespace aside), or, with tool calls, a part of it (the routes answer the
+    text before the calls as content). A message the agent edited is not: it is a new context."""
+    content = message.get("content") or ""
+    if not isinstance(content, str):  # content parts: not the text the routes answered
+        return False
+    return content.strip() in text if message.get("tool_calls") else content.strip() == text.strip()
+
+
 def turn_glue(turn: list[int], sampled: list[int], tokenizer) -> list[int]:
     """What the template puts after the sampled tokens of an assistant turn: after the turn's last
     copy of the token the model ended on (its end marker), or, for a turn cut at its length, from
@@ -224,6 +249,23 @@ def turn_glue(turn: list[int], sampled: list[int], tokenizer) -> list[int]:
     ends = {tokenizer.eos_token_id, *getattr(tokenizer, "all_special_ids", [])}
     marker = next((i for i in range(len(turn) - 1, -1, -1) if turn[i] in ends and i > 0), None)
     return turn[marker:] if marker is not None else []
+
+
+async def read_tail(stream: asyncio.StreamReader, keep: int = 1 << 16) -> bytes:
+    """The last ``keep`` bytes of ``stream`` (read to its end): a command's reward is its last line,
+    and a verbose agent's log is not held whole."""
+    tail = b""
+    while chunk := await stream.read(1 << 16):
+        tail = (tail + chunk)[-keep:]
+    return tail
+
+
+async def feed(stdin: asyncio.StreamWriter, data: bytes) -> None:
+    """Write the row to a command's stdin and close it; a command that exits without reading it is fine."""
+    with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+        stdin.write(data)
+        await stdin.drain()
+    stdin.close()
 
 
 def load_agent_function(spec: str):
@@ -307,11 +349,12 @@ class OpenAIAgentLoop(AgentLoopBase):
             env={**os.environ, "OPENAI_BASE_URL": self.gateway.base_url, "OPENAI_API_KEY": episode.key},
             start_new_session=True)
         try:
-            out, err = await process.communicate(json.dumps(row).encode())
-        finally:
-            if process.returncode is None:  # timed out or cancelled: stopped by its pid
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(process.pid, 9)
+            out, err, *_ = await asyncio.gather(read_tail(process.stdout), read_tail(process.stderr),
+                                                feed(process.stdin, json.dumps(row).encode()), process.wait())
+        finally:  # its whole process group: the command if it runs on (timed out, cancelled), and any child it left
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(process.pid, signal.SIGKILL)
+            if process.returncode is None:
                 await process.wait()
         if process.returncode != 0:
             raise RuntimeError(f"the agent command exited with status {process.returncode}: "

@@ -73,8 +73,10 @@ class RoundServer:
 
     async def run_round(self) -> None:
         """The waiting calls, grouped by call index and sampling parameters, each group one
-        ``generate`` in row order."""
-        waiting, self.waiting = sorted(self.waiting, key=lambda w: (w[1], w[0])), []
+        ``generate`` in row order. A call whose caller went away (cancelled: an agent's client
+        left the gateway) is not generated, or, when it went during the round, not answered."""
+        waiting = sorted((w for w in self.waiting if not w[4].done()), key=lambda w: (w[1], w[0]))
+        self.waiting = []
         groups: dict[tuple, list] = {}
         for entry in waiting:
             row, call, _, params, _ = entry
@@ -90,7 +92,8 @@ class RoundServer:
             else:  # the engine in this process: one synchronous batch
                 completions = self.engine.generate(prompts, params)
             for entry, c in zip(entries, completions):
-                entry[4].set_result(TokenOutput(c.token_ids, c.log_probs, c.finish_reason, c.weight_version))
+                if not entry[4].done():
+                    entry[4].set_result(TokenOutput(c.token_ids, c.log_probs, c.finish_reason, c.weight_version))
 
 
 async def _stop(driver: asyncio.Future) -> None:

@@ -75,13 +75,42 @@ async def wrong_key(base_url, api_key, row):
     return 0.5
 
 
-STOPPED: list[str] = []  # each call's finish reason
+STOPPED: list[tuple] = []  # each call's (finish reason, stop reason, text, token ids); streamed calls too
+STOPS = ["e", "a", "o", " "]
 
 
 async def stops(base_url, api_key, row):
-    """A call that ends on a stop string the random model soon writes (finish reason "stop")."""
+    """Calls that end on a stop string the random model soon writes (finish reason "stop"): a chat
+    call, a completion, and a streamed chat call."""
     client = openai.AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0)
     answer = await client.chat.completions.create(model="rlvr-policy", messages=list(row["raw_prompt"]),
-                                                  max_tokens=16, stop=["e", "a", "o", " "])
-    STOPPED.append(answer.choices[0].finish_reason)
+                                                  max_tokens=16, stop=STOPS)
+    one = answer.choices[0]
+    STOPPED.append((one.finish_reason, one.model_extra["stop_reason"], one.message.content, one.model_extra["token_ids"]))
+    answer = await client.completions.create(model="rlvr-policy", prompt="Hello there", max_tokens=16, stop=STOPS)
+    one = answer.choices[0]
+    STOPPED.append((one.finish_reason, one.model_extra["stop_reason"], one.text, one.model_extra["token_ids"]))
+    text, ids, finish, reason = "", [], None, None
+    async for chunk in await client.chat.completions.create(model="rlvr-policy", messages=list(row["raw_prompt"]),
+                                                            max_tokens=16, stop=STOPS, stream=True):
+        for one in chunk.choices:
+            text += one.delta.content or ""
+            ids += (one.model_extra or {}).get("token_ids") or []
+            finish, reason = one.finish_reason or finish, (one.model_extra or {}).get("stop_reason") or reason
+    STOPPED.append((finish, reason, text, ids))
+    return 1.0
+
+
+async def trims(base_url, api_key, row):
+    """Ask, then ask again with its first answer cut to its first two characters (the agent's own
+    edit of the model's turn: a context break, not the whole answer put back)."""
+    client = openai.AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0)
+    messages = list(row["raw_prompt"])
+    calls = SEEN.setdefault(api_key, [])
+    first = await client.chat.completions.create(model="rlvr-policy", messages=messages, max_tokens=6)
+    calls.append((first.model_extra["prompt_token_ids"], first.choices[0].model_extra["token_ids"], messages))
+    messages = messages + [{"role": "assistant", "content": first.choices[0].message.content.strip()[:2]},
+                           {"role": "user", "content": "Again?"}]
+    second = await client.chat.completions.create(model="rlvr-policy", messages=messages, max_tokens=6)
+    calls.append((second.model_extra["prompt_token_ids"], second.choices[0].model_extra["token_ids"], messages))
     return 1.0

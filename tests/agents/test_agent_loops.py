@@ -325,3 +325,38 @@ def test_a_loops_split_samples_share_a_batch_with_tool_agent_rows(tiny_config, t
     trainer.fit()
     trainer.tracker.close()
     assert records_of(trainer)[0]["agent/split_samples"] == 3.0
+
+
+def test_a_call_cancelled_while_its_round_runs_leaves_the_others_answered():
+    """A call whose caller went away while its round was generating (an agent's client timed out,
+    the gateway's route cancelled it): the round answers the other calls and the rollout goes on.
+    Before, the round set a result on the cancelled call's future: InvalidStateError ended the
+    whole rollout (rollout servers, whose rounds await the replicas)."""
+    import asyncio
+
+    from rlvr.agents.rollout import RoundServer, _row
+    from rlvr.rollout.base import Completion
+    from rlvr.rollout.sampling import SamplingParams
+
+    class SlowEngine:  # a rollout server: each round awaits its replicas
+        async def agenerate(self, prompts, params):
+            await asyncio.sleep(0.05)
+            return [Completion([7, p[0]], [-0.5, -0.25], "length") for p in prompts]
+
+    async def main():
+        server = RoundServer(SlowEngine(), SamplingParams(max_new_tokens=2))
+
+        async def call(row: int):
+            _row.set(row)
+            return await server.generate(f"r{row}", prompt_ids=[100 + row])
+
+        calls = [asyncio.ensure_future(call(row)) for row in range(3)]
+        await asyncio.sleep(0)  # every call waits for the round
+        round_ = asyncio.ensure_future(server.run_round())
+        await asyncio.sleep(0.01)  # the round is generating
+        calls[1].cancel()
+        await round_
+        return [calls[0].result(), calls[2].result(), calls[1].cancelled()]
+
+    first, third, cancelled = asyncio.run(main())
+    assert (first.token_ids, third.token_ids, cancelled) == ([7, 100], [7, 102], True)

@@ -257,11 +257,101 @@ def test_split_episodes_train_one_step_off(tiny_config, tmp_path):
 
 
 def test_a_call_that_stops_answers_its_agent(tiny_config, tmp_path):
-    """A chat call that ends on a stop (not at its length) answers 200 with finish_reason "stop"
+    """A call that ends on a stop (not at its length) answers 200 with finish_reason "stop"
     (it answered 500 when the gateway's completions, which name no matched stop, reached vLLM's
-    stop_reason field; every episode of the built-in model that ended at its end-of-turn failed)."""
+    stop_reason field; every episode of the built-in model that ended at its end-of-turn failed).
+    Its text ends before the stop string, which is its stop_reason, as vLLM's and OpenAI's do
+    (chat, completion, streamed chat); the text carried the stop string and what followed it in
+    its last token, and stop_reason was null."""
     gateway_agents.STOPPED.clear()
-    _, records = train(tiny_config, tmp_path, LEADING_SPACE, *GATEWAY, agent("stops"), "trainer.total_training_steps=1",
-                       "trainer.freshness_check_freq=-1")
-    assert records[0]["agent/failed"] == 0.0
-    assert "stop" in gateway_agents.STOPPED
+    trainer = build_trainer(tiny_config(*QUIET, *GATEWAY, agent("stops")), progress_bar=False)
+    _, out = generate(trainer, next(iter(trainer._batches()))[0])
+    assert out.meta_info["rollout_metrics"]["agent/failed"] == 0.0
+    stopped = [s for s in gateway_agents.STOPPED if s[0] == "stop"]
+    assert len(stopped) >= 3, gateway_agents.STOPPED
+    for _, reason, text, ids in stopped:
+        whole = trainer.tokenizer.decode(ids, skip_special_tokens=True)
+        # vLLM's StopChecker: the first stop string of the request's list found in the new text; the
+        # text ends where it starts (" Josef" with stop ["e", "a", "o", " "]: "e", " Jos")
+        expected = next(s for s in gateway_agents.STOPS if s in whole)
+        assert (reason, text) == (expected, whole[:whole.index(expected)]), whole
+
+
+def _command_episode(command: str, timeout: float):
+    """Run ``command`` as one episode's agent process (``OpenAIAgentLoop._agent``) under ``timeout``."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from rlvr.agents.gateway import Episode, OpenAIAgentLoop
+
+    gateway = SimpleNamespace(agent=None, base_url="http://127.0.0.1:9/v1")
+    loop = OpenAIAgentLoop(None, None, None, gateway=gateway)
+    cfg = SimpleNamespace(command=command)
+    return asyncio.run(asyncio.wait_for(loop._agent(Episode(0, "k"), {"x": 1}, cfg), timeout))
+
+
+def _alive(pid: int) -> bool:
+    import os
+    import time
+
+    for _ in range(50):  # a killed process is gone (or a zombie of init's) within moments
+        try:
+            with open(f"/proc/{pid}/stat") as stat:
+                if stat.read().split(")")[-1].split()[0] == "Z":
+                    return False
+        except FileNotFoundError:
+            return False
+        time.sleep(0.02)
+    return True
+
+
+@pytest.mark.parametrize("holds_stdout", [False, True], ids=["lets_go", "holds_stdout"])
+def test_an_agent_commands_children_end_with_its_episode(tmp_path, holds_stdout):
+    """A command that starts a background child and exits: the child is stopped when the episode
+    ends, whether it let go of stdout (the episode ends with the command) or held it (the episode
+    runs to its timeout). Before, the child outlived the episode: it was killed only when the
+    command itself was still running at the end."""
+    import asyncio
+
+    pidfile = tmp_path / "child.pid"
+    redirect = "" if holds_stdout else " >/dev/null 2>&1"
+    command = f"sleep 300{redirect} & echo $! > {pidfile}; echo 0.5"
+    if holds_stdout:
+        with pytest.raises(asyncio.TimeoutError):
+            _command_episode(command, 1.0)
+    else:
+        assert _command_episode(command, 30) == 0.5
+    pid = int(pidfile.read_text())
+    assert not _alive(pid), "the agent command's child outlived its episode"
+
+
+def test_an_agent_command_that_floods_stdout_is_read_to_its_last_line():
+    """100 MB of log on stdout before the reward: the episode reads its reward from the last line
+    without holding the whole output (before, all of it was kept: an agent's verbose log could
+    take the trainer's memory)."""
+    import tracemalloc
+
+    tracemalloc.start()
+    try:
+        reward = _command_episode("head -c 100000000 /dev/zero | tr '\\0' x; echo; echo 0.25", 120)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert reward == 0.25
+    assert peak < 20_000_000, f"{peak / 1e6:.0f} MB held for a 100 MB stdout"
+
+
+def test_an_agent_that_cuts_the_models_answer_is_answered_on_its_own_messages(tiny_config):
+    """The agent sends back the model's first answer cut to two characters: the second call's prompt
+    is its messages as the chat template renders them (the cut answer), a context break that splits
+    the episode. Before, the whole sampled answer was put back in place of the agent's cut (it is
+    a part of the answer's text), so the model was conditioned on text the agent had removed."""
+    gateway_agents.SEEN.clear()
+    trainer = build_trainer(tiny_config(*QUIET, *GATEWAY, agent("trims")), progress_bar=False)
+    batch, out = generate(trainer, next(iter(trainer._batches()))[0])
+    assert out.meta_info["rollout_metrics"]["agent/context_breaks"] == len(batch)
+    tok = trainer.tokenizer
+    for (_, sampled, _), (prompt, _, messages) in gateway_agents.SEEN.values():
+        rendered = tok.encode(tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False),
+                              add_special_tokens=False)
+        assert prompt == rendered and len(sampled) > 2
