@@ -306,7 +306,7 @@ def _cmd_rollout(args: argparse.Namespace) -> None:
     cfg = _load(args)
     pin_threads()  # one fixed intra-op thread count (rlvr/determinism.py)
     model, tokenizer = load_model_and_tokenizer(cfg.actor_rollout_ref.model.path)
-    tools = ToolSetup.from_config(tokenizer, cfg.actor_rollout_ref.rollout)
+    tools = ToolSetup.from_config(tokenizer, cfg.actor_rollout_ref.rollout, cfg.data.apply_chat_template_kwargs)
     dataset = RLHFDataset(cfg.data.val_files, tokenizer, cfg.data, tools.chat if tools else None)
     reward = validation_reward_config(cfg.reward)  # the run's validation scoring: its functions, no length penalty
     check_scorable(dataset, reward, cfg.data.reward_fn_key, "data.val_files")  # before generating, not after

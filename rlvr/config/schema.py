@@ -49,6 +49,10 @@ class DataConfig:
     """What to do with an over-long prompt that was not filtered: left | right | middle | error."""
     apply_chat_template: bool = True
     """Apply the tokenizer's chat template; False joins the message contents as plain text."""
+    apply_chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
+    """Variables for the chat template, as verl passes them (``{enable_thinking: false}`` for Qwen3):
+    every render of the run's prompts and tool turns gets them. Each must be a variable the
+    template reads (refused at load otherwise: a misspelled one would change nothing)."""
 
 
 @dataclass

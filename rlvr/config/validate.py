@@ -85,6 +85,13 @@ def _batch_sizes(cfg: RLVRConfig) -> list[str]:
             )
     if cfg.data.val_batch_size is not None and cfg.data.val_batch_size < 1:
         errors.append(f"data.val_batch_size must be >= 1 or null, got {cfg.data.val_batch_size}")
+    from rlvr.data.chat_template import TEMPLATE_ARGUMENTS
+
+    for name in cfg.data.apply_chat_template_kwargs:  # rlvr passes these itself; a second value is a TypeError
+        if name in TEMPLATE_ARGUMENTS:
+            errors.append(f"data.apply_chat_template_kwargs.{name}: an argument rlvr sets itself when it renders "
+                          "prompts (tools: actor_rollout_ref.rollout.multi_turn.tool_config_path; the template: "
+                          "actor_rollout_ref.model.tokenizer_path's); give only the template's own variables")
     return errors
 
 

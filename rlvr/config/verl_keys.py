@@ -258,8 +258,6 @@ VERL_NO_EFFECT: dict[str, tuple[str, tuple | None]] = {
     "data.sampler.class_name": ("custom samplers are not implemented", None),
     "data.datagen.path": ("dynamic data generation is not implemented", (None,)),
     "data.datagen.name": ("dynamic data generation is not implemented", None),
-    "data.apply_chat_template_kwargs": ("the chat template is applied with its defaults; rlvr passes no extra "
-                                        "arguments to it", (None, {})),
     # verl's reward manager and reward-model worker sections
     "reward_manager.source": (_ONE_MANAGER, ("register",)),
     "reward_manager.name": (_ONE_MANAGER, ("naive", "dapo")),

@@ -92,6 +92,24 @@ def frozen_date_kwargs(when: datetime | None = None) -> dict[str, Any]:
     return {"strftime_now": when.strftime}
 
 
+TEMPLATE_ARGUMENTS = ("messages", "conversation", "tools", "tool_format", "chat_template", "tokenize",
+                      "add_generation_prompt", "continue_final_message", "return_dict", "return_tensors",
+                      "return_assistant_tokens_mask", "padding", "truncation", "max_length", "documents",
+                      "strftime_now")
+"""``apply_chat_template`` arguments rlvr sets itself: not template variables a config may give."""
+
+
+def template_variables(tokenizer, template: str | None = None) -> set[str]:
+    """The variables a chat template reads from outside (``template``, else the tokenizer's own; of a
+    tokenizer with several, each one's)."""
+    import jinja2
+    from jinja2 import meta
+
+    source = template or tokenizer.chat_template or ""
+    sources = source.values() if isinstance(source, dict) else [source]
+    return set().union(*(meta.find_undeclared_variables(jinja2.Environment().parse(s)) for s in sources))
+
+
 class TemplateError(ValueError):
     """A chat template the tool loop cannot use (not prefix-stable, or a tool format it contradicts)."""
 
@@ -116,8 +134,10 @@ class ChatFormat:
     _MARK = "RLVRASSISTANTTEXT"  # an assistant's text, to find where the template closes its turn
 
     def __init__(self, tokenizer, tools: Sequence[dict[str, Any]] | None = None, tool_format: str = "hermes",
-                 chat_template: str | None = None, today: datetime | None = None):
+                 chat_template: str | None = None, today: datetime | None = None,
+                 template_kwargs: dict[str, Any] | None = None):
         self.tokenizer = tokenizer
+        self.template_kwargs = dict(template_kwargs or {})  # data.apply_chat_template_kwargs: every render
         self.today = today or run_date()  # what strftime_now renders: the base and every delta agree
         self.tools = list(tools) if tools else None
         self.tool_format = tool_format
@@ -137,7 +157,7 @@ class ChatFormat:
         return self.tokenizer.apply_chat_template(list(messages), tools=self.tools, chat_template=self.template,
                                                   tool_format=self.tool_format, tokenize=False,
                                                   add_generation_prompt=add_generation_prompt,
-                                                  **frozen_date_kwargs(self.today))
+                                                  **self.template_kwargs, **frozen_date_kwargs(self.today))
 
     def encode(self, text: str) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=False)

@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from rlvr.config.schema import DataConfig
-from rlvr.data.chat_template import ChatFormat, frozen_date_kwargs
+from rlvr.data.chat_template import TEMPLATE_ARGUMENTS, ChatFormat, frozen_date_kwargs, template_variables
 from rlvr.data.io import DatasetError, read_numbered_rows
 from rlvr.protocol import DataProto
 
@@ -134,6 +134,7 @@ class RLHFDataset:
                 self.origins.append(origin)
         if not self.rows:
             raise DatasetError(f"dataset files {[str(f) for f in files]} hold no rows")
+        self._check_template_kwargs()
         self.prompt_ids = [self._tokenize(row, origin) for row, origin in zip(self.rows, self.origins)]
         self.num_filtered = 0
         self.num_rows_read = len(self.rows)
@@ -168,13 +169,31 @@ class RLHFDataset:
         if report:
             print(f"[rlvr] {report}", file=sys.stderr, flush=True)
 
+    def _check_template_kwargs(self) -> None:
+        """Each of ``data.apply_chat_template_kwargs`` is a variable the template that renders the
+        prompts reads (jinja ignores any other name: a misspelled ``enable_thinking`` changed nothing)."""
+        kwargs, key = self.config.apply_chat_template_kwargs, "data.apply_chat_template_kwargs"
+        if not kwargs:
+            return
+        if self.chat is None and not self.config.apply_chat_template:
+            raise DatasetError(f"{key} = {dict(kwargs)} has no effect with data.apply_chat_template=false (the "
+                               "messages are joined as plain text): drop it, or apply the template")
+        template = self.chat.template if self.chat is not None else None
+        read = template_variables(self.tokenizer, template) - set(TEMPLATE_ARGUMENTS)
+        for name in kwargs:
+            if name not in read:
+                close = difflib.get_close_matches(name, sorted(read), n=1)
+                raise DatasetError(f"{key}.{name}: the chat template reads no variable of that name, so it would "
+                                   f"change nothing" + (f"; did you mean {close[0]}?" if close else "") +
+                                   f" (the template reads {', '.join(sorted(read)) or 'none'})")
+
     def _prompt_text(self, row: dict[str, Any]) -> str:
         messages = list(row[self.config.prompt_key])
         if self.chat is not None:
             return self.chat.render(messages, add_generation_prompt=True)
         if self.config.apply_chat_template:
             return self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False,
-                                                      **frozen_date_kwargs())
+                                                      **self.config.apply_chat_template_kwargs, **frozen_date_kwargs())
         return "\n".join(m["content"] for m in messages)
 
     def _tokenize(self, row: dict[str, Any], origin: RowOrigin) -> list[int]:

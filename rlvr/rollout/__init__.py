@@ -16,11 +16,12 @@ from rlvr.rollout.vllm_rollout import VLLMRollout
 
 
 def build_rollout(model, tokenizer, config, max_response_length: int, tool_setup: "ToolSetup | None" = None,
-                  max_prompt_length: int | None = None, device=None, log_dir=None):
+                  max_prompt_length: int | None = None, device=None, log_dir=None, template_kwargs=None):
     """The engine named by ``actor_rollout_ref.rollout.name`` over ``model`` on ``device`` (the
     worker's, from ``trainer.device``; None: the model's), or with ``rollout.mode=async`` the
     servers of that protocol (``servers.py``; their logs in ``log_dir``), driven by the multi-turn tool loop when
-    ``multi_turn.enable`` (its tools from ``tool_setup``, else read from the config)."""
+    ``multi_turn.enable`` (its tools from ``tool_setup``, else read from the config, its turns rendered
+    with ``template_kwargs``: ``data.apply_chat_template_kwargs``)."""
     if config.mode == "async":
         from rlvr.rollout.servers import ServerRollout
 
@@ -31,7 +32,7 @@ def build_rollout(model, tokenizer, config, max_response_length: int, tool_setup
                                                 device)
     if not config.multi_turn.enable:
         return engine
-    setup = tool_setup or ToolSetup.from_config(tokenizer, config)
+    setup = tool_setup or ToolSetup.from_config(tokenizer, config, template_kwargs)
     return MultiTurnRollout(engine, setup.tools, config.multi_turn, setup.chat, max_response_length)
 
 

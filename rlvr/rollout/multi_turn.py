@@ -65,13 +65,16 @@ class ToolSetup:
     chat: ChatFormat
 
     @classmethod
-    def from_config(cls, tokenizer, config: RolloutConfig) -> "ToolSetup | None":
-        """None unless ``multi_turn.enable``; the tools YAML is read (and every tool built) here."""
+    def from_config(cls, tokenizer, config: RolloutConfig,
+                    template_kwargs: dict[str, Any] | None = None) -> "ToolSetup | None":
+        """None unless ``multi_turn.enable``; the tools YAML is read (and every tool built) here.
+        ``template_kwargs``: ``data.apply_chat_template_kwargs``, for every turn the format renders."""
         mt = config.multi_turn
         if not mt.enable:
             return None
         tools = load_tools(mt.tool_config_path) if mt.tool_config_path else {}  # an interaction alone needs none
-        return cls(tools, ChatFormat(tokenizer, [t.tool_schema.to_dict() for t in tools.values()], mt.format))
+        return cls(tools, ChatFormat(tokenizer, [t.tool_schema.to_dict() for t in tools.values()], mt.format,
+                                     template_kwargs=template_kwargs))
 
 
 class RequestState(enum.Enum):

@@ -143,7 +143,8 @@ class ActorRolloutRefWorker(Worker):
             return build_rollout(engine_model, self.tokenizer, self.config.actor_rollout_ref.rollout,
                                  self.config.data.max_response_length, self.tool_setup,
                                  self.config.data.max_prompt_length, self.device,
-                                 Path(self.config.trainer.default_local_dir).expanduser() / "servers" if servers else None)
+                                 Path(self.config.trainer.default_local_dir).expanduser() / "servers" if servers else None,
+                                 self.config.data.apply_chat_template_kwargs)
         finally:
             if self.sharded:
                 self._offload(False)

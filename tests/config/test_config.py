@@ -766,3 +766,15 @@ def test_a_hydra_flow_mapping_without_spaces_sets_its_keys():
     assert cfg.actor_rollout_ref.model.override_config == {"attention_dropout": 0.1, "rope_theta": 500000}
     from rlvr.config.loader import parse_overrides
     assert parse_overrides(['a={b:{c:2},d:"x:y",e:[1,2]}']) == {"a": {"b": {"c": 2}, "d": "x:y", "e": [1, 2]}}
+
+
+def test_apply_chat_template_kwargs_are_read_as_verl_writes_them():
+    # verl's line for Qwen3 without thinking: +data.apply_chat_template_kwargs.enable_thinking=False
+    cfg = load_config(overrides=["+data.apply_chat_template_kwargs.enable_thinking=False"])
+    assert cfg.data.apply_chat_template_kwargs == {"enable_thinking": False}
+    cfg = load_config(overrides=["data.apply_chat_template_kwargs={enable_thinking: false, reasoning_effort: low}"])
+    assert cfg.data.apply_chat_template_kwargs == {"enable_thinking": False, "reasoning_effort": "low"}
+    # an argument rlvr passes itself would reach apply_chat_template twice (a TypeError at the first row)
+    with pytest.raises(ConfigError, match=r"data.apply_chat_template_kwargs.add_generation_prompt: an argument rlvr "
+                                          r"sets itself"):
+        load_config(overrides=["+data.apply_chat_template_kwargs.add_generation_prompt=false"])

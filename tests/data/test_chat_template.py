@@ -441,3 +441,31 @@ def test_a_message_the_template_drops_is_named_with_its_row(tmp_path, tokenizer)
     # SmolLM2's ChatML template renders any role as written: the same row loads, the instruction in it
     dataset = RLHFDataset(rows(developer), tokenizer, DataConfig(max_prompt_length=512))
     assert "Answer in French." in tokenizer.decode(dataset[0]["raw_prompt_ids"])
+
+
+def test_apply_chat_template_kwargs_reach_prompts_and_tool_deltas(tmp_path, tokenizer):
+    """verl's data.apply_chat_template_kwargs: Qwen3 with enable_thinking=false opens each assistant turn
+    with an empty think block (the template's last lines). The dataset's prompts get it, and so does the
+    tool loop's format (its prompts and the header after each tool result), or a trajectory would mix two
+    renderings."""
+    import json
+
+    from rlvr.config.schema import DataConfig
+    from rlvr.data import DatasetError, RLHFDataset
+
+    qwen = copy.copy(tokenizer)
+    qwen.chat_template = QWEN3
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text(json.dumps({"data_source": "arithmetic", "prompt": [{"role": "user", "content": "1 + 2?"}]}) + "\n")
+    off = {"enable_thinking": False}
+    plain = RLHFDataset(rows, qwen, DataConfig(max_prompt_length=512))
+    thinking_off = RLHFDataset(rows, qwen, DataConfig(max_prompt_length=512, apply_chat_template_kwargs=off))
+    assert qwen.decode(plain[0]["raw_prompt_ids"]).endswith("<|im_start|>assistant\n")
+    assert qwen.decode(thinking_off[0]["raw_prompt_ids"]).endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
+    chat = ChatFormat(qwen, TOOLS, "hermes", template_kwargs=off)
+    assert chat.render([{"role": "user", "content": "1 + 2?"}], True).endswith("assistant\n<think>\n\n</think>\n\n")
+    assert tokenizer.decode(chat.tool_delta(RESULT)).endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
+    # a name the template never reads would change nothing: refused at load, naming it
+    with pytest.raises(DatasetError, match=r"data.apply_chat_template_kwargs.enable_thinkng: the chat template reads "
+                                           r"no variable of that name, so it would change nothing; did you mean enable_thinking\?"):
+        RLHFDataset(rows, qwen, DataConfig(max_prompt_length=512, apply_chat_template_kwargs={"enable_thinkng": False}))

@@ -687,3 +687,18 @@ def test_ctrl_c_mid_python_call_leaves_no_sandbox_behind(tiny, teacher_forced_en
         time.sleep(0.05)
     assert set(seen) & set(alive_descendants(os.getpid())) == set()
     assert list(Path(tempfile.gettempdir()).glob(f"{MOUNT_PREFIX}{os.getpid()}-*")) == []
+
+
+def test_the_tool_loops_format_renders_with_the_datas_template_kwargs(tokenizer):
+    """data.apply_chat_template_kwargs reach the tool loop's format however it is built: the trainer's
+    ToolSetup, and the one a worker process builds from the rollout config (build_rollout's fallback);
+    a format without them would render every turn after a tool result unlike the dataset's prompts."""
+    from rlvr.rollout import ToolSetup, build_rollout
+
+    config = RolloutConfig(multi_turn=MultiTurnConfig(enable=True, tool_config_path="calculator", format="tag"))
+    kwargs = {"enable_thinking": False}
+    assert ToolSetup.from_config(tokenizer, config, kwargs).chat.template_kwargs == kwargs
+    model = load_model("builtin", "float32")
+    rollout = build_rollout(model, tokenizer, config, 8, template_kwargs=kwargs)
+    assert rollout.chat.template_kwargs == kwargs
+    assert build_rollout(model, tokenizer, config, 8).chat.template_kwargs == {}
