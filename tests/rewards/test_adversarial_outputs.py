@@ -30,8 +30,10 @@ def test_a_number_of_thousands_of_digits_is_scored(text, truth, expected):
 
 
 def test_gsm8k_scores_a_long_wrong_answer_in_the_right_format_with_format_score():
-    # verl: a wrong answer after "####" scores format_score
-    assert gsm8k.compute_score("gsm8k", "#### " + BIG, "72", format_score=0.1) == 0.1
+    # verl: a wrong answer after "####" scores format_score; only the last 300 characters are searched,
+    # so a marker 5,000 digits back is not found (0), one 250 digits back is (0.1)
+    assert gsm8k.compute_score("gsm8k", "#### " + BIG, "72", format_score=0.1) == 0.0
+    assert gsm8k.compute_score("gsm8k", "#### " + "9" * 250, "72", format_score=0.1) == 0.1
     assert gsm8k.compute_score_flexible("gsm8k", "it is " + BIG, "72") == 0.0
 
 

@@ -21,6 +21,16 @@ def test_gsm8k_real_formats(text, truth, strict, flexible):
     assert gsm8k.compute_score_flexible("openai/gsm8k", text, truth) == flexible
 
 
+def test_gsm8k_searches_the_last_300_characters_for_ascii_digits_as_verl():
+    # verl's extract_solution clips to solution_str[-300:] and matches [0-9]: an answer followed by
+    # 301 characters of ramble is not found; Arabic-Indic digits are no number
+    ramble = " and so on" * 31  # 310 characters
+    assert gsm8k.compute_score("gsm8k", "#### 72" + ramble, "72") == 0.0
+    assert gsm8k.compute_score("gsm8k", "#### 72" + ramble[:290], "72") == 1.0  # 7 + 290 = 297 characters
+    assert gsm8k.compute_score_flexible("gsm8k", "it is 72" + ramble, "72") == 0.0
+    assert gsm8k.compute_score("gsm8k", "#### \u0667\u0662", "72") == 0.0  # "٧٢"
+
+
 def test_gsm8k_format_score_for_a_wrong_answer_in_the_right_format():
     assert gsm8k.compute_score("gsm8k", "#### 5", "6", format_score=0.1) == 0.1
     assert gsm8k.compute_score("gsm8k", "5", "6", format_score=0.1) == 0.0  # no marker: no format credit

@@ -5,7 +5,9 @@ Where rlvr departs from verl's ``gsm8k.compute_score``, which compares the extra
 numbers, so ``72.0`` and ``72.00`` equal ``72`` (verl: wrong) and ``12.0000001`` does not; a
 comma counts only as a thousands separator between groups of three digits (``1,234``; verl
 drops every comma, reading ``1,2,3`` as ``123``); ``####`` may be followed by any spacing
-(verl: one space); ``$``, a sign and a final period are handled as verl does.
+(verl: one space); ``$``, a sign and a final period are handled as verl does. As in verl, only
+the response's last ``CLIP_CHARS`` characters are searched (its ``_SOLUTION_CLIP_CHARS``: an
+answer followed by a long ramble is not found) and digits are ASCII (``[0-9]``).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from rlvr.rewards.scorers.arithmetic import DIGITS, as_number
 _NUMBER = r"-?[$]?" + DIGITS
 _STRICT = re.compile(r"####\s*(" + _NUMBER + ")")
 _ANY = re.compile(_NUMBER)
+CLIP_CHARS = 300
 
 
 def _normalize(number: str) -> str:
@@ -25,7 +28,9 @@ def _normalize(number: str) -> str:
 
 
 def extract_solution(solution_str: str, method: str = "strict") -> str | None:
-    """``strict``: the number after the last ``####``; ``flexible``: the last number in the text."""
+    """``strict``: the number after the last ``####``; ``flexible``: the last number in the text;
+    each in the text's last ``CLIP_CHARS`` characters."""
+    solution_str = solution_str[-CLIP_CHARS:]
     if method == "strict":
         found = _STRICT.findall(solution_str)
     elif method == "flexible":
