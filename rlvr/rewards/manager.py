@@ -295,7 +295,9 @@ def _score(fns: tuple, data_source: str, solution_str: str, ground_truth: Any, e
                 if "score" not in result:
                     raise RewardError(f"reward function {ref.name!r} returned a dict without 'score': {result}")
                 value = result["score"]
-                extras.update({k: v for k, v in result.items() if k != "score"})
+                for key, extra in result.items():  # a key an earlier function returned too: under this one's name
+                    if key != "score":
+                        extras[f"{ref.name}/{key}" if key in extras else key] = extra
             else:
                 value = result
             try:

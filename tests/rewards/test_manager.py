@@ -298,3 +298,26 @@ def test_an_agent_loops_bad_reward_score_is_named_without_extra_quotes():
     assert given_score(None)["error"] == "the agent loop returned reward_score None"
     assert given_score(float("inf"))["error"] == "the agent loop returned reward_score inf"
     assert given_score(2.0) == {"status": "ok", "score": 2.0, "extras": {}}
+
+
+def _sure(data_source, solution_str, ground_truth, extra_info=None):
+    return {"score": 1.0, "acc": 1.0}
+
+
+def _unsure(data_source, solution_str, ground_truth, extra_info=None):
+    return {"score": 0.0, "acc": 0.0}
+
+
+def test_two_functions_returning_one_extra_key_keep_both(tokenizer, monkeypatch):
+    """reward.functions whose functions both return 'acc': the second's replaced the first's in
+    reward_extra_info and the metrics, silently. The first listed keeps the plain key (what DAPO's
+    filter_groups.metric=acc reads), a later one's is named after its function."""
+    from rlvr.rewards.registry import REWARD_FNS
+
+    monkeypatch.setitem(REWARD_FNS._entries, "sure", _sure)
+    monkeypatch.setitem(REWARD_FNS._entries, "unsure", _unsure)
+    cfg = RewardConfig(functions=[RewardFunctionEntry("sure"), RewardFunctionEntry("unsure")])
+    result = RewardManager(tokenizer, cfg).compute(batch(tokenizer, ["12", "13"], ["x"] * 2, ["1"] * 2))
+    assert result.reward_extra_info["acc"].tolist() == [1.0, 1.0]
+    assert result.reward_extra_info["unsure/acc"].tolist() == [0.0, 0.0]
+    assert result.metrics["reward/acc/mean"] == 1.0 and result.metrics["reward/unsure/acc/mean"] == 0.0
