@@ -95,6 +95,21 @@ def test_gsm8k_from_parquet_and_chinese_variant(tmp_path):
     assert row["prompt"][0]["content"].startswith("娜塔莉亚")
 
 
+def test_gsm8k_reads_every_shard_and_refuses_two_variants(tmp_path):
+    # two shards of one split: both read, in name order (the second shard was dropped silently)
+    write_parquet(GSM8K_RAW[:2], tmp_path / "hf" / "main" / "train-00000-of-00002.parquet")
+    write_parquet(GSM8K_RAW[2:], tmp_path / "hf" / "main" / "train-00001-of-00002.parquet")
+    rows = gsm8k.convert(tmp_path / "hf")["train"]
+    assert [r["reward_model"]["ground_truth"] for r in rows] == ["72", "1234", "-8"]
+    assert [r["extra_info"]["index"] for r in rows] == [0, 1, 2]
+    # the Hugging Face repository's layout: main/ and socratic/; main/ was read because it sorts first
+    write_parquet(GSM8K_RAW[:1], tmp_path / "hf" / "socratic" / "train-00000-of-00001.parquet")
+    with pytest.raises(DatasetError, match=r"holds train files in 2 folders .*main, .*socratic\): give the one to "
+                                           r"read as --src"):
+        gsm8k.convert(tmp_path / "hf")
+    assert len(gsm8k.convert(tmp_path / "hf" / "main")["train"]) == 3
+
+
 def test_gsm8k_malformed_rows(tmp_path):
     # a JSONL row is named by its line as an editor counts (the blank line too): the bad row is on
     # line 3; it was called "row 1" (rows from 0, blanks skipped), a line that holds a good row

@@ -60,22 +60,29 @@ def convert_row(row: dict[str, Any], index: int, split: str, origin: str,
     }
 
 
-def find_split_files(src: Path) -> dict[str, Path]:
-    """``{'train': ..., 'test': ...}`` from a folder (files whose names contain the split) or one file."""
+def find_split_files(src: Path) -> dict[str, list[Path]]:
+    """``{'train': [...], 'test': [...]}`` from a folder (files whose names contain the split: several
+    in one folder are its shards, read in name order) or one file. Matches in several folders (the
+    Hugging Face repository's ``main/`` and ``socratic/``) are refused, naming them."""
     src = src.expanduser()
     if src.is_file():  # the split its name says, as a folder's files are matched
         splits = [split for split in ("train", "test") if split in src.name.lower()]
         if len(splits) > 1:
             raise DatasetError(f"GSM8K source file {str(src)!r}: its name names both splits; name it *train*.jsonl "
                                "or *test*.jsonl, or give the folder holding both")
-        return {(splits or ["train"])[0]: src}  # a file named for neither split is the train split
+        return {(splits or ["train"])[0]: [src]}  # a file named for neither split is the train split
     if not src.is_dir():
         raise DatasetError(f"GSM8K source {str(src)!r} does not exist; give the folder holding train.jsonl/test.jsonl")
     found = {}
     for split in ("train", "test"):
         matches = sorted(p for p in src.rglob(f"*{split}*") if p.suffix in SUFFIXES)
+        folders = sorted({str(p.parent) for p in matches})
+        if len(folders) > 1:
+            raise DatasetError(f"GSM8K source {str(src)!r} holds {split} files in {len(folders)} folders "
+                               f"({', '.join(folders[:4])}): give the one to read as --src (GSM8K's own "
+                               "answers are main/; socratic/ holds the Socratic variant)")
         if matches:
-            found[split] = matches[0]
+            found[split] = matches
     if not found:
         raise DatasetError(f"no train/test .jsonl or .parquet files under {str(src)!r}")
     return found
@@ -84,6 +91,7 @@ def find_split_files(src: Path) -> dict[str, Path]:
 def convert(src: str | Path, system_prompt: str | None = None) -> dict[str, list[dict[str, Any]]]:
     return {
         split: [convert_row(row, i, split, f"{path}, {where}", system_prompt)
-                for i, (where, row) in enumerate(read_numbered_rows(path))]
-        for split, path in find_split_files(Path(src)).items()
+                for i, (path, where, row) in enumerate((path, where, row) for path in paths
+                                                       for where, row in read_numbered_rows(path))]
+        for split, paths in find_split_files(Path(src)).items()
     }
