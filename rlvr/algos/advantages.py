@@ -15,9 +15,10 @@ Python loop over samples or groups in the arithmetic).
 
 Departures from verl: none in the values inside the mask. GAE's advantages are zero outside
 it, where verl's whitening leaves values (no loss reads them). ``grpo_passk`` breaks ties for
-the best sample by the lowest row index (verl leaves it to ``torch.topk``). The trainer passes
-the loss mask as ``response_mask`` (tokens rollout correction rejected are out, as verl narrows
-``response_mask`` before ``compute_advantage``).
+the best sample by the lowest row index (verl leaves it to ``torch.topk``). ``grpo_vectorized``
+reads ``norm_adv_by_std_in_grpo`` as ``grpo`` does (verl's trainer passed it to ``grpo`` alone:
+verl #7893). The trainer passes the loss mask as ``response_mask`` (tokens rollout correction
+rejected are out, as verl narrows ``response_mask`` before ``compute_advantage``).
 """
 
 from __future__ import annotations
@@ -60,6 +61,20 @@ def compute_grpo_outcome_advantage(token_level_rewards, response_mask, index, co
     return adv, adv
 
 
+@register_adv_est("grpo_vectorized")
+def compute_grpo_vectorized_outcome_advantage(token_level_rewards, response_mask, index, config=None, epsilon=1e-6,
+                                              norm_adv_by_std_in_grpo=None, **unused):
+    """verl's vectorised GRPO: GRPO with the group variance floored at ``epsilon`` (std >= 1e-3)."""
+    norm = _option(norm_adv_by_std_in_grpo, config, "norm_adv_by_std_in_grpo", True)
+    scores = token_level_rewards.sum(dim=-1)  # (bs,)
+    ids, num_groups = group_ids(index)
+    mean, std, _ = group_mean_std(scores, ids, num_groups)
+    std = std.clamp(min=epsilon ** 0.5)  # sqrt(max(var, eps)); a group of one keeps std 1
+    adv = (scores - mean) / (std + epsilon) if norm else scores - mean
+    adv = adv.unsqueeze(-1) * response_mask  # (bs, T)
+    return adv, adv
+
+
 @register_adv_est("grpo_passk")
 def compute_grpo_passk_outcome_advantage(token_level_rewards, response_mask, index, config=None, epsilon=1e-6,
                                          norm_adv_by_std_in_grpo=None, **unused):
@@ -94,6 +109,29 @@ def compute_rloo_outcome_advantage(token_level_rewards, response_mask, index, co
     # s * n/(n-1) - mean * n/(n-1) = s - (sum - s)/(n-1): the leave-one-out baseline
     loo = (scores - mean) * count / (count - 1).clamp(min=1)
     adv = torch.where(count > 1, loo, scores).unsqueeze(-1) * response_mask
+    return adv, adv
+
+
+@register_adv_est("rloo_vectorized")
+def compute_rloo_vectorized_outcome_advantage(token_level_rewards, response_mask, index, config=None, **unused):
+    """verl's vectorised RLOO: the leave-one-out advantage, 0 for a group of one (``rloo`` keeps its score)."""
+    scores = token_level_rewards.sum(dim=-1)
+    ids, num_groups = group_ids(index)
+    mean, _, count = group_mean_std(scores, ids, num_groups)
+    loo = (scores - mean) * count / (count - 1).clamp(min=1)
+    adv = torch.where(count > 1, loo, torch.zeros_like(loo)).unsqueeze(-1) * response_mask
+    return adv, adv
+
+
+@register_adv_est("gpg")
+def compute_gpg_outcome_advantage(token_level_rewards, response_mask, index, config=None, f_norm=1.0, **unused):
+    """GPG (AMAP-ML/GPG): alpha * (score - group mean) / f_norm, alpha = batch size / non-zero scores
+    (the batch's share of samples with a reward, inverted); a group of one has mean 0, as in GRPO."""
+    scores = token_level_rewards.sum(dim=-1)
+    alpha = scores.numel() / torch.count_nonzero(scores).clamp(min=1)
+    ids, num_groups = group_ids(index)
+    mean, _, _ = group_mean_std(scores, ids, num_groups)
+    adv = (alpha * (scores - mean) / f_norm).unsqueeze(-1) * response_mask
     return adv, adv
 
 

@@ -99,13 +99,15 @@ def call_policy_loss(fn: PolicyLossFn, old_log_prob, log_prob, advantages, respo
     share of the mini-batch loss.
 
     A loss with verl's signature ``(old_log_prob, log_prob, advantages, response_mask,
-    loss_agg_mode, config, rollout_is_weights)`` aggregates over the micro-batch alone; its
+    loss_agg_mode, config, rollout_is_weights)``, returning rlvr's four values or verl's
+    ``(pg_loss, metrics)``, aggregates over the micro-batch alone; its
     loss is then weighed by the micro-batch's share of the mini-batch's tokens (token-mean) or
     sequences (the seq-mean modes), which gives the same gradient for these modes."""
     if _takes_totals(fn):
-        return fn(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config,
-                  rollout_is_weights=rollout_is_weights, **totals)
-    pg_loss, *rest = fn(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config, rollout_is_weights)
+        return _four_values(fn, fn(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config,
+                                   rollout_is_weights=rollout_is_weights, **totals))
+    pg_loss, *rest = _four_values(fn, fn(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config,
+                                         rollout_is_weights))
     if not totals:
         return (pg_loss, *rest)
     if loss_agg_mode == "token-mean":
@@ -116,6 +118,24 @@ def call_policy_loss(fn: PolicyLossFn, old_log_prob, log_prob, advantages, respo
         # its agg_loss divided by the padded width (the step's longest response); rlvr's by max_response_length
         share = share * response_mask.shape[-1] / totals["norm_constant"]
     return (pg_loss * share, *rest)
+
+
+def _four_values(fn: Callable, result) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """rlvr's (pg_loss, pg_clipfrac, ppo_kl, pg_clipfrac_lower), each a tensor, from rlvr's four
+    values or verl's (pg_loss, metrics) with its ``actor/pg_clipfrac``, ``actor/ppo_kl`` and
+    ``actor/pg_clipfrac_lower`` (0 where a loss leaves one out: verl's gpg returns {})."""
+    if isinstance(result, (tuple, list)) and len(result) == 2 and isinstance(result[1], dict):
+        pg_loss, metrics = result
+        result = (pg_loss, *(metrics.get(f"actor/{key}", 0.0)
+                             for key in ("pg_clipfrac", "ppo_kl", "pg_clipfrac_lower")))
+    if not isinstance(result, (tuple, list)) or len(result) != 4:
+        raise ValueError(f"policy loss {getattr(fn, '__qualname__', fn)!r} returned {type(result).__name__} "
+                         f"{'of ' + str(len(result)) + ' values ' if isinstance(result, (tuple, list)) else ''}"
+                         "where (pg_loss, pg_clipfrac, ppo_kl, pg_clipfrac_lower) or verl's (pg_loss, metrics dict) "
+                         "is expected")
+    pg_loss, *rest = result
+    return (pg_loss, *(torch.as_tensor(v, dtype=torch.float32).detach() if not isinstance(v, torch.Tensor) else v
+                       for v in rest))
 
 
 def clip_range(config) -> tuple[float, float]:
@@ -216,7 +236,8 @@ def compute_policy_loss_geo_mean(old_log_prob, log_prob, advantages, response_ma
     # pessimistic per token: min(sign * x, sign * clip(x)) then undo the sign
     neg_kl_min = sign * torch.minimum(sign * neg_kl, sign * neg_kl_clamped)
     if rollout_is_weights is not None:
-        neg_kl_min = neg_kl_min + torch.log(rollout_is_weights.clamp(min=1e-8))
+        # the weights' geometric mean over the sequence joins the ratio's; verl's 1e-10 keeps a zeroed weight finite
+        neg_kl_min = neg_kl_min + torch.log(rollout_is_weights + 1e-10)
     lengths = response_mask.sum(dim=-1)
     ratio = torch.exp(masked_sum(neg_kl_min, response_mask, dim=-1) / (lengths + 1e-8))  # (bs,)
     seq_adv = masked_sum(advantages, response_mask, dim=-1) / (lengths + 1e-8)  # sequence-level advantage

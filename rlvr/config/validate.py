@@ -14,7 +14,8 @@ LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "se
 DTYPES = ("float32", "bfloat16")
 STRATEGIES = ("local", "fsdp2")
 DEVICES = ("auto", "cpu", "cuda")
-GROUP_ESTIMATORS = ("grpo", "grpo_passk", "rloo", "reinforce_plus_plus_baseline", "opo")
+GROUP_ESTIMATORS = ("grpo", "grpo_passk", "grpo_vectorized", "rloo", "rloo_vectorized", "reinforce_plus_plus_baseline",
+                    "opo", "gpg")
 # trainer.logger backend -> the package it needs (None: none beyond rlvr's own)
 LOGGER_BACKENDS = {"console": None, "jsonl": None, "tensorboard": "tensorboard", "wandb": "wandb"}
 

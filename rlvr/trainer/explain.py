@@ -42,7 +42,7 @@ VERL_DEFAULTS = {
     "algorithm.use_kl_in_reward": False,
     "algorithm.kl_penalty": "kl",
 }
-GROUP_NORMALISED = ("grpo", "grpo_passk")
+GROUP_NORMALISED = ("grpo", "grpo_passk", "grpo_vectorized")
 
 
 @dataclass

@@ -362,3 +362,50 @@ def test_split_episodes_refuse_an_estimator_whose_advantage_varies_along_the_res
                                 "episode_sample": np.array([0, 1, 0, 0])})
     with pytest.raises(ValueError, match="adv_estimator='gae' gives advantages that vary along a response"):
         compute_advantage(data, AlgorithmConfig(adv_estimator="gae"))
+
+
+# ------------------------------------------------------------------ verl's gpg, rloo_vectorized, grpo_vectorized
+# Groups "a" = [1, 0], "b" = [0, 0], "c" = [2] (a group of one); 2 of the 5 scores are non-zero.
+V_INDEX = np.array(["a", "a", "b", "b", "c"], dtype=object)
+V_SCORES = torch.tensor([1.0, 0.0, 0.0, 0.0, 2.0])
+
+
+def run_v(name, scores=V_SCORES, index=V_INDEX, **kw):
+    mask = torch.ones(len(scores), 2)
+    adv, ret = run(name, token_level_rewards=torch.stack([torch.zeros_like(scores), scores], 1), response_mask=mask,
+                   index=index, **kw)
+    assert torch.equal(adv, ret)
+    return per_sample(adv, mask)
+
+
+def test_gpg_scales_the_group_centred_score_by_batch_over_nonzero_scores():
+    # verl: alpha = bsz / count_nonzero(scores) = 5 / 2 = 2.5; adv = alpha * (score - group mean) / f_norm (1)
+    # a: mean 0.5 -> 2.5 * 0.5 = 1.25, -1.25; b: 0, 0; c: a group of one, mean 0 -> 2.5 * 2 = 5
+    assert torch.allclose(run_v("gpg"), torch.tensor([1.25, -1.25, 0.0, 0.0, 5.0]))
+    # every score 0: alpha = 5 / max(0, 1) = 5, every advantage 0
+    assert torch.allclose(run_v("gpg", scores=torch.zeros(5)), torch.zeros(5))
+
+
+def test_rloo_vectorized_gives_a_group_of_one_zero():
+    # verl: (n * s - group sum) / max(n - 1, 1) * (n > 1): a: (2*1 - 1)/1 = 1, (0 - 1)/1 = -1; b: 0, 0;
+    # c: n = 1 -> 0 (where rloo keeps the score 2)
+    assert torch.allclose(run_v("rloo_vectorized"), torch.tensor([1.0, -1.0, 0.0, 0.0, 0.0]))
+
+
+def test_grpo_vectorized_floors_the_group_variance_at_epsilon():
+    # verl's group_mean_std: std = sqrt(max(unbiased var, eps)), eps = 1e-6; adv = (s - mean) / (std + eps)
+    # group [0, 0.001]: mean 0.0005, var = 2 * 0.0005^2 / 1 = 5e-7 < 1e-6 -> std = 1e-3;
+    # adv = -+0.0005 / (1e-3 + 1e-6) = -+0.4995005 (grpo: std sqrt(5e-7) = 7.0711e-4 -> -+0.70700)
+    # group [1, 3]: mean 2, var 2, std 1.41421 -> -+1 / 1.414215 = -+0.707106; "c" a group of one: 2 / (1 + 1e-6)
+    scores = torch.tensor([0.0, 0.001, 1.0, 3.0, 2.0])
+    expected = torch.tensor([-0.4995005, 0.4995005, -0.7071063, 0.7071063, 2.0 / (1 + 1e-6)])
+    assert torch.allclose(run_v("grpo_vectorized", scores=scores), expected, atol=1e-6)
+    # all equal: var 0 -> std 1e-3, the advantages 0
+    assert torch.allclose(run_v("grpo_vectorized", scores=torch.ones(5)), torch.tensor([0.0, 0, 0, 0, 1 / (1 + 1e-6)]))
+    # without the std (Dr.GRPO): score - group mean
+    no_std = run_v("grpo_vectorized", scores=scores, norm_adv_by_std_in_grpo=False)
+    assert torch.allclose(no_std, torch.tensor([-0.0005, 0.0005, -1.0, 1.0, 2.0]), atol=1e-7)
+
+
+def test_verls_other_registered_estimators_are_here():
+    assert set(ADV_ESTIMATORS.names()) >= {"gpg", "rloo_vectorized", "grpo_vectorized"}

@@ -264,7 +264,7 @@ def test_a_loss_with_verls_signature_equals_one_given_the_totals(mode):
     mask = torch.tensor([[1.0, 1.0, 1.0, 0.0], [1.0, 1.0, 0.0, 0.0]])
 
     def verl_style(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config, rollout_is_weights=None):
-        return agg_loss(-advantages * torch.exp(log_prob - old_log_prob), response_mask, loss_agg_mode), 0, 0, 0
+        return agg_loss(-advantages * torch.exp(log_prob - old_log_prob), response_mask, loss_agg_mode), {}
 
     def rlvr_style(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config, rollout_is_weights=None,
                    num_tokens=None, num_seqs=None, norm_constant=None):
@@ -275,3 +275,51 @@ def test_a_loss_with_verls_signature_equals_one_given_the_totals(mode):
     theirs = call_policy_loss(verl_style, old, new, adv, mask, mode, None, **totals)[0]
     ours = call_policy_loss(rlvr_style, old, new, adv, mask, mode, None, **totals)[0]
     assert theirs.item() == pytest.approx(ours.item(), rel=1e-6)
+
+
+@pytest.mark.parametrize("metrics, expected", [
+    ({"actor/pg_clipfrac": 0.25, "actor/ppo_kl": 0.1, "actor/pg_clipfrac_lower": 0.05}, (0.25, 0.1, 0.05)),
+    ({}, (0.0, 0.0, 0.0)),  # verl's gpg loss returns an empty dict
+])
+def test_a_loss_returning_verls_loss_and_metrics_dict_gives_rlvrs_four_values(metrics, expected):
+    """verl's policy losses return (pg_loss, {"actor/pg_clipfrac": ..., "actor/ppo_kl": ...,
+    "actor/pg_clipfrac_lower": ...}) (core_algos.PolicyLossFn); the actor unpacks four values, each a tensor."""
+    from rlvr.algos.losses import call_policy_loss
+
+    def verl_loss(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean", config=None,
+                  rollout_is_weights=None):
+        return agg_loss(loss_mat=-advantages * torch.exp(log_prob - old_log_prob), loss_mask=response_mask,
+                        loss_agg_mode=loss_agg_mode), dict(metrics)
+
+    mask, adv, logp = torch.ones(2, 3), torch.ones(2, 3), torch.zeros(2, 3)
+    # ratio 1, A 1: token-mean over its 6 tokens is -1; its share of a 12-token mini-batch is 6/12 -> -0.5
+    out = call_policy_loss(verl_loss, logp, logp, adv, mask, "token-mean", None,
+                           num_tokens=torch.tensor(12.0), num_seqs=4, norm_constant=3)
+    assert len(out) == 4 and all(isinstance(v, torch.Tensor) for v in out)
+    pg_loss, clipfrac, ppo_kl, clipfrac_lower = out
+    assert pg_loss.item() == pytest.approx(-0.5)
+    assert (clipfrac.item(), ppo_kl.item(), clipfrac_lower.item()) == pytest.approx(expected)
+    # without totals (one micro-batch is the mini-batch) the loss is its own: -1
+    assert call_policy_loss(verl_loss, logp, logp, adv, mask, "token-mean", None)[0].item() == pytest.approx(-1.0)
+
+
+def test_a_loss_returning_something_else_names_itself_and_the_expected_shape():
+    from rlvr.algos.losses import call_policy_loss
+
+    def three_values(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config, rollout_is_weights=None):
+        return log_prob.sum(), 0.0, 0.0
+
+    ones = torch.ones(1, 2)
+    with pytest.raises(ValueError, match=r"three_values.*3 values.*\(pg_loss, pg_clipfrac, ppo_kl, pg_clipfrac_lower\)"):
+        call_policy_loss(three_values, ones, ones, ones, ones, "token-mean", None)
+
+
+def test_geo_mean_folds_rollout_weights_in_as_verls_geometric_mean_with_its_epsilon():
+    """verl: seq weight = exp(sum(log(w + 1e-10) * mask) / (len + 1e-8)); a weight IcePop zeroed counts as 1e-10."""
+    # one sequence, 2 tokens, ratio 1, A = +1; weights (1, 0):
+    #   exp((log(1 + 1e-10) + log(1e-10)) / 2) = exp(-23.02585 / 2) = 1e-5 -> loss -1e-5
+    pg_loss, *_ = loss("geo_mean", [[0.0, 0.0]], [[1.0, 1.0]], rollout_is_weights=torch.tensor([[1.0, 0.0]]))
+    assert pg_loss.item() == pytest.approx(-1e-5, rel=1e-6)
+    # weights (4, 1): exp((log 4 + log 1) / 2) = 2 -> loss -2
+    pg_loss, *_ = loss("geo_mean", [[0.0, 0.0]], [[1.0, 1.0]], rollout_is_weights=torch.tensor([[4.0, 1.0]]))
+    assert pg_loss.item() == pytest.approx(-2.0, rel=1e-6)

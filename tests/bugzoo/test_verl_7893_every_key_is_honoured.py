@@ -23,6 +23,7 @@ KEYS = {
     "reinforce_plus_plus": {"gamma"},
     "gae": {"gamma", "lam"},
     "rloo": set(), "opo": set(), "reinforce_plus_plus_baseline": set(), "remax": set(),
+    "grpo_vectorized": {"norm_adv_by_std_in_grpo"}, "rloo_vectorized": set(), "gpg": set(),
 }
 
 
@@ -76,6 +77,11 @@ CASES = [
     # returns G_t = gamma^(2 - t) * 1 for the score 1 on the last of 3 tokens
     ("reinforce_plus_plus", {"gamma": 1.0}, [1.0], "returns", [[1.0, 1.0, 1.0]]),
     ("reinforce_plus_plus", {"gamma": 0.5}, [1.0], "returns", [[0.25, 0.5, 1.0]]),
+    # as grpo: mean 2, std 2 (above the 1e-3 floor); (s - 2) / (2 + 1e-6), or s - 2
+    ("grpo_vectorized", {"norm_adv_by_std_in_grpo": True}, [0.0, 2.0, 4.0], "advantages",
+     [[-1.0] * 3, [0.0] * 3, [1.0] * 3]),
+    ("grpo_vectorized", {"norm_adv_by_std_in_grpo": False}, [0.0, 2.0, 4.0], "advantages",
+     [[-2.0] * 3, [0.0] * 3, [2.0] * 3]),
 ]
 
 
