@@ -35,9 +35,10 @@ def sign_advantage(token_level_rewards, response_mask, index, epsilon=1e-6, conf
 @register_policy_loss("test_verl_signature")
 def verl_style_loss(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean", config=None,
                     rollout_is_weights=None):
+    # as verl's losses read their config and return (loss, metrics)
+    assert config.get("clip_ratio_c", 3.0) == 3.0 and config.get("no_such_key", "default") == "default"
     loss = agg_loss(-advantages * log_prob, response_mask, loss_agg_mode)
-    zero = torch.zeros(())
-    return loss, zero, zero, zero
+    return loss, {"actor/pg_clipfrac": 0.0}
 """
 
 

@@ -186,6 +186,11 @@ class ActorConfig:
     (detached) from the update's own forward instead of a separate pass, as TRL does with
     num_iterations = 1. True: always a separate pass, as verl does."""
 
+    def get(self, key: str, default: Any = None) -> Any:
+        """verl's access to its config in a policy loss (``config.get("clip_ratio_c", 3.0)``), so a loss
+        copied from verl reads this config unchanged."""
+        return getattr(self, key, default)
+
 
 @dataclass
 class RefFSDPConfig:
