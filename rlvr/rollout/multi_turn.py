@@ -46,9 +46,9 @@ from rlvr.data.chat_template import ChatFormat
 from rlvr.protocol import DataProto
 from rlvr.rollout.base import BaseRollout, Completion, pack_responses
 from rlvr.rollout.sampling import SamplingParams
-from rlvr.tools.base import BaseTool, ToolBusyError, ToolError
+from rlvr.tools.base import TOOL_METHODS, BaseTool, ToolBusyError, ToolError, not_coroutines
 from rlvr.tools.config import load_tools
-from rlvr.tools.interaction import BaseInteraction, load_interactions
+from rlvr.tools.interaction import INTERACTION_METHODS, BaseInteraction, load_interactions
 from rlvr.tools.parsers import ToolCall, ToolParser, get_tool_parser
 from rlvr.tools.schema import check_arguments
 
@@ -217,6 +217,22 @@ def truncate_text(text: str, limit: int, side: str) -> str:
     return text[:head] + marker + text[len(text) - (keep - head):]
 
 
+def read_tool_result(result: Any) -> tuple[str, float]:
+    """(text for the model, step reward) of what ``execute`` returned, ``(text, reward, metrics)``;
+    the text may be verl's ``ToolResponse`` (its ``.text``), None (no text) or UTF-8 bytes."""
+    if not (isinstance(result, (tuple, list)) and len(result) == 3):
+        raise TypeError(f"execute returned {result!r:.80}, not (text, reward, metrics)")
+    text, reward, _ = result
+    text = getattr(text, "text", text)
+    try:
+        reward = float(reward)
+    except (TypeError, ValueError):
+        raise TypeError(f"execute returned the reward {reward!r:.40}, not a number: (text, reward, metrics)") from None
+    if text is None:
+        return "", reward
+    return (text.decode("utf-8", "replace") if isinstance(text, bytes) else str(text)), reward
+
+
 class MultiTurnRollout:
     """Drives ``Request``s through an engine and tools; ``generate_sequences`` as the single-turn engine."""
 
@@ -224,6 +240,12 @@ class MultiTurnRollout:
                  chat: ChatFormat, max_response_length: int, interactions: dict[str, BaseInteraction] | None = None):
         self.engine, self.tools, self.config, self.chat = engine, tools, config, chat
         self.interactions = interactions if interactions is not None else load_interactions(config.interaction_config_path)
+        checks = (("tool", tools, TOOL_METHODS), ("interaction", self.interactions, INTERACTION_METHODS))
+        for what, objects, names in checks:
+            for name, obj in objects.items():  # a plain def would fail every call of the run
+                sync = not_coroutines(obj, names)
+                if sync:
+                    raise TypeError(f"{what} {name!r} ({type(obj).__name__}): {sync}")
         self.tokenizer = engine.tokenizer
         self.max_response_length = max_response_length
         self.parser: ToolParser = get_tool_parser(config.format, [t.tool_schema for t in tools.values()])
@@ -485,9 +507,10 @@ class MultiTurnRollout:
             async with tool.call_slot():  # the wait for a slot (a tool's cap on calls at once) is not timed
                 deadline = asyncio.timeout(self.config.tool_timeout_s)  # its clock starts here
                 async with deadline:
-                    text, reward, _ = await tool.execute(req.instance_ids[call.name], params, **kw)
-            req.step_rewards.append(float(reward))
-            return str(getattr(text, "text", text) or "")  # verl's ToolResponse objects carry .text
+                    result = await tool.execute(req.instance_ids[call.name], params, **kw)
+            text, reward = read_tool_result(result)
+            req.step_rewards.append(reward)
+            return text
         except TimeoutError as err:
             if deadline is None or not deadline.expired():  # the tool's own (a socket's, a client's): its error
                 return self._tool_bug(req, call, err)
@@ -498,12 +521,12 @@ class MultiTurnRollout:
             if isinstance(err, ToolBusyError):
                 req.metrics["tool_busy"] += 1
             return f"Error: {err}"
-        except Exception as err:
+        except (Exception, SystemExit) as err:  # SystemExit: a tool wrapping a command line (argparse exits)
             return self._tool_bug(req, call, err)
         finally:
             req.metrics["tool_latency_s"] += time.perf_counter() - start
 
-    def _tool_bug(self, req: Request, call: ToolCall, err: Exception) -> str:
+    def _tool_bug(self, req: Request, call: ToolCall, err: BaseException) -> str:
         """A tool's bug: the model sees an error, the run goes on, the user is told."""
         req.metrics["tool_errors"] += 1
         self._warn(f"{call.name}:{type(err).__name__}", f"tool {call.name!r} raised {type(err).__name__}: {err} "

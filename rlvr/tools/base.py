@@ -20,11 +20,28 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import inspect
 import uuid
 import weakref
 from typing import Any, AsyncContextManager, AsyncIterator
 
 from rlvr.tools.schema import OpenAIFunctionToolSchema
+
+
+TOOL_METHODS = ("create", "execute", "calc_reward", "release")
+"""The methods the rollout awaits."""
+
+
+def not_coroutines(obj: Any, names: tuple[str, ...] = TOOL_METHODS) -> str | None:
+    """Why ``obj`` (a tool or interaction, or its class) cannot be awaited as rlvr does, or None:
+    the methods among ``names`` that are plain ``def`` rather than ``async def``."""
+    sync = [name for name in names if not inspect.iscoroutinefunction(getattr(obj, name, None))]
+    if not sync:
+        return None
+    return (f"{', '.join(sync)} {'is' if len(sync) == 1 else 'are'} not a coroutine function (rlvr awaits "
+            f"{'it' if len(sync) == 1 else 'them'}, as verl does): write `async def`, with blocking work in "
+            "`await asyncio.to_thread(...)`" + (" (or make a plain function a tool with @function_tool)"
+                                                 if names == TOOL_METHODS else ""))
 
 
 class ToolError(Exception):

@@ -23,7 +23,7 @@ import yaml
 
 from rlvr.config import ConfigError
 from rlvr.registry import import_file
-from rlvr.tools.base import BaseTool
+from rlvr.tools.base import BaseTool, not_coroutines
 from rlvr.tools.function_tool import FunctionTool
 from rlvr.tools.schema import OpenAIFunctionToolSchema, SchemaError
 from rlvr.tools.verl_compat import missing_module_hint, verl_interface
@@ -117,6 +117,9 @@ def build_tool(entry: Any, where: str, base: Path = Path("."), instantiate: bool
     if not (isinstance(target, FunctionTool) or isinstance(target, type) and issubclass(target, BaseTool)):
         raise ToolConfigError(f"{where}.class_name: {entry['class_name']!r} is neither a BaseTool subclass nor a "
                               "@function_tool function")
+    sync = not_coroutines(target)
+    if sync:
+        raise ToolConfigError(f"{where}.class_name: {entry['class_name']!r}: {sync}")
     if not instantiate:
         return None
     try:

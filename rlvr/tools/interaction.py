@@ -32,10 +32,15 @@ from typing import Any
 
 import yaml
 
+from rlvr.tools.base import not_coroutines
 from rlvr.tools.config import ToolConfigError, import_class
 
 # verl's interaction classes read as rlvr's
 VERL_INTERACTIONS = {"verl.interactions.gsm8k_interaction.Gsm8kInteraction": "rlvr.tools.interaction.Gsm8kInteraction"}
+
+
+INTERACTION_METHODS = ("start_interaction", "generate_response", "finalize_interaction")
+"""The methods the multi-turn loop awaits."""
 
 
 class BaseInteraction:
@@ -131,5 +136,8 @@ def load_interactions(path: str | None, build: bool = True) -> dict[str, BaseInt
         cls = import_class(class_name, at, file.parent)
         if not (isinstance(cls, type) and issubclass(cls, BaseInteraction)):
             raise ToolConfigError(f"{at}: {class_name!r} is not a BaseInteraction subclass (rlvr.tools.interaction)")
+        sync = not_coroutines(cls, INTERACTION_METHODS)
+        if sync:
+            raise ToolConfigError(f"{at}: {entry['class_name']!r}: {sync}")
         out[name] = cls({**dict(entry.get("config") or {}), "name": name}) if build else None
     return out

@@ -702,3 +702,71 @@ def test_the_tool_loops_format_renders_with_the_datas_template_kwargs(tokenizer)
     rollout = build_rollout(model, tokenizer, config, 8, template_kwargs=kwargs)
     assert rollout.chat.template_kwargs == kwargs
     assert build_rollout(model, tokenizer, config, 8).chat.template_kwargs == {}
+
+
+class Answers(Recorder):
+    """A tool whose execute returns ``result`` as it is (a contract test: what reaches the model)."""
+
+    def __init__(self, result):
+        super().__init__()
+        self.result = result
+
+    async def execute(self, instance_id, parameters, **kw):
+        return self.result
+
+
+def shown_after_one_echo_call(tiny, teacher_forced_engine, tool):
+    script = lambda ctx: "<echo>1</echo>" if "<|im_start|>tool" not in ctx else None  # noqa: E731
+    rollout, chat = make_rollout(tiny, teacher_forced_engine, script, tools={"echo": tool}, max_len=32,
+                                 max_assistant_turns=2)
+    out = rollout.generate_sequences(prompts_for(rollout, chat))
+    return out.non_tensor_batch["messages"][0][1]["content"], out.non_tensor_batch["multi_turn_metrics"][0]
+
+
+@pytest.mark.parametrize("text,shown", [
+    (0, "0"),  # a falsy answer is still an answer (it was shown as "")
+    (False, "False"),
+    ("caf\u00e9".encode(), "caf\u00e9"),  # bytes are UTF-8 text (they were shown as "b'caf\\xc3\\xa9'")
+    (None, ""),  # verl's ToolResponse(text=None): no text
+])
+def test_a_tools_answer_reaches_the_model_as_its_text(tiny, teacher_forced_engine, text, shown):
+    content, counters = shown_after_one_echo_call(tiny, teacher_forced_engine, Answers((text, 0.0, {})))
+    assert content == shown and "tool_errors" not in counters
+
+
+@pytest.mark.parametrize("result", ["408", ("408", 0.5), ("408", "high", {})])
+def test_an_execute_result_not_text_reward_metrics_is_a_tool_error_naming_the_contract(
+        tiny, teacher_forced_engine, result, capsys):
+    """A plain "408" was unpacked as three characters: the model was shown "4" with no error."""
+    content, counters = shown_after_one_echo_call(tiny, teacher_forced_engine, Answers(result))
+    assert content.startswith("Error:") and counters["tool_errors"] == 1
+    assert "(text, reward, metrics)" in capsys.readouterr().err
+
+
+def test_a_tool_that_calls_sys_exit_is_a_tool_error_not_the_end_of_the_run(tiny, teacher_forced_engine, capsys):
+    """A function tool that wraps a command line (argparse exits on bad arguments) raised
+    SystemExit through the rollout: the trainer ended with status 2 and no traceback."""
+    @function_tool
+    def cli(x: int) -> str:
+        """Run a command line."""
+        raise SystemExit(2)
+
+    script = lambda ctx: "<cli>1</cli>" if "<|im_start|>tool" not in ctx else None  # noqa: E731
+    rollout, chat = make_rollout(tiny, teacher_forced_engine, script, tools={"cli": cli}, max_len=32,
+                                 max_assistant_turns=2)
+    out = rollout.generate_sequences(prompts_for(rollout, chat, n=2))
+    assert [c["tool_errors"] for c in out.non_tensor_batch["multi_turn_metrics"]] == [1, 1]
+    assert out.non_tensor_batch["messages"][0][1]["content"] == "Error: cli failed: SystemExit: 2"
+    assert "tool 'cli' raised SystemExit" in capsys.readouterr().err
+
+
+class SyncExecute(Recorder):
+    def execute(self, instance_id, parameters, **kw):  # not async: `await` on its tuple fails every call
+        return "sync", 0.0, {}
+
+
+def test_a_tool_whose_methods_are_not_coroutines_is_refused_when_the_loop_is_built(tiny, teacher_forced_engine):
+    """It was built, and every call of the run became "Error: ... object tuple can't be used in
+    'await' expression" (one warning, training went on)."""
+    with pytest.raises(TypeError, match=r"tool 'echo' \(SyncExecute\): execute is not a coroutine function"):
+        make_rollout(tiny, teacher_forced_engine, lambda ctx: None, tools={"echo": SyncExecute()})

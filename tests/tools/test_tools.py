@@ -364,3 +364,43 @@ def test_stuck_calls_of_a_sync_tool_are_capped():
     assert run(checked()) == ("4", 0.0, {})
     with pytest.raises(ValueError, match="config.max_stuck_calls must be an integer >= 1, got 0"):
         FunctionTool(wait, {"max_stuck_calls": 0})
+
+
+SYNC_TOOL = '''
+from rlvr.tools import BaseTool, OpenAIFunctionToolSchema
+
+
+class Lookup(BaseTool):
+    def execute(self, instance_id, parameters, **kw):  # a plain def: the loop awaits its tuple
+        return "x", 0.0, {}
+'''
+
+SYNC_INTERACTION = '''
+from rlvr.tools.interaction import BaseInteraction
+
+
+class Tutor(BaseInteraction):
+    def generate_response(self, instance_id, messages, **kw):
+        return True, "ok", 1.0, {}
+'''
+
+
+def test_a_tool_or_interaction_whose_methods_are_not_coroutines_is_refused_at_load(tmp_path):
+    """rlvr awaits create/execute/calc_reward/release (and an interaction's start/generate/finalize);
+    a plain ``def`` was loaded, and every call of the run became "Error: ... object tuple can't be
+    used in 'await' expression" (one warning; training went on without a tool)."""
+    from rlvr.tools.interaction import load_interactions
+
+    write(tmp_path, SYNC_TOOL, "sync_tool.py")
+    path = write(tmp_path, "tools:\n  - class_name: sync_tool.py:Lookup\n    tool_schema: {type: function, "
+                 "function: {name: lookup, parameters: {type: object, properties: {}}}}\n")
+    for instantiate in (True, False):  # config load checks the entry without building it
+        with pytest.raises(ToolConfigError, match=r"tools\[0\].class_name: 'sync_tool.py:Lookup': execute is not a "
+                                                  r"coroutine function .*async def"):
+            load_tools(path, instantiate=instantiate)
+    write(tmp_path, SYNC_INTERACTION, "sync_interaction.py")
+    path = write(tmp_path, "interaction:\n  - name: tutor\n    class_name: sync_interaction.py:Tutor\n",
+                 "interaction.yaml")
+    with pytest.raises(ToolConfigError, match=r"entry 0: 'sync_interaction.py:Tutor': generate_response is not a "
+                                              r"coroutine function"):
+        load_interactions(str(path))
