@@ -278,7 +278,8 @@ class MultiTurnConfig:
     max_tool_response_length: int = 256
     """Characters of a tool's answer shown to the model."""
     tool_response_truncate_side: str = "middle"
-    """Which part of a long tool answer is cut: left (keep the end), right (keep the start) or middle."""
+    """Which part of a long tool answer is kept, as verl's tool loop reads it: left (the start),
+    right (the end) or middle (both ends)."""
     tool_timeout_s: float = 30.0
     """Seconds a tool call may take before the model is told it timed out (counted from when
     the call starts: the wait for a slot of a tool that caps its calls at once is not counted)."""

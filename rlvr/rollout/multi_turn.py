@@ -202,17 +202,18 @@ class Request:
 
 
 def truncate_text(text: str, limit: int, side: str) -> str:
-    """Cut ``text`` to ``limit`` characters on ``side`` (left keeps the end, right the start)."""
+    """Cut ``text`` to ``limit`` characters, marker included, keeping its ``side`` as verl's tool loop
+    names them: left keeps the start, right keeps the end, middle both ends."""
     if len(text) <= limit:
         return text
     marker = "...(truncated)"
     if limit <= len(marker):  # no room for the marker: the limit holds, the text is cut bare
-        return text[len(text) - limit:] if side == "left" else text[:limit]
+        return text[len(text) - limit:] if side == "right" else text[:limit]
     keep = limit - len(marker)
     if side == "left":
-        return marker + text[len(text) - keep:]
-    if side == "right":
         return text[:keep] + marker
+    if side == "right":
+        return marker + text[len(text) - keep:]
     head = keep // 2
     return text[:head] + marker + text[len(text) - (keep - head):]
 

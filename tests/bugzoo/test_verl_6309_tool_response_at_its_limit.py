@@ -50,8 +50,8 @@ def test_a_tool_response_at_its_limit_is_kept_whole_and_one_more_character_is_cu
     assert shown_to_the_model(tiny, teacher_forced_engine, DIGITS[:LIMIT + 1]) == CUT  # 20 characters
 
 
-@pytest.mark.parametrize("side,cut", [("left", "...(truncated)567890"),  # keeps the last 6 of 21: positions 15-20
-                                      ("right", "012345...(truncated)"),  # keeps the first 6
+@pytest.mark.parametrize("side,cut", [("right", "...(truncated)567890"),  # keeps the last 6 of 21: positions 15-20
+                                      ("left", "012345...(truncated)"),  # keeps the first 6 (verl's left)
                                       ("middle", CUT)])
 def test_every_side_keeps_a_text_at_the_limit_and_cuts_one_over_it_to_the_limit(side, cut):
     """Fails when truncate_text's ``len(text) <= limit`` early return is removed (or made ``<``)."""

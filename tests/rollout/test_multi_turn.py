@@ -331,12 +331,13 @@ def test_request_state_machine_refuses_wrong_transitions():
 
 def test_truncate_tool_response_sides():
     text = "abcdefghijklmnopqrstuvwxyz" * 2
-    assert truncate_text(text, 20, "right") == text[:6] + "...(truncated)"
-    assert truncate_text(text, 20, "left") == "...(truncated)" + text[-6:]
+    # verl's tool_agent_loop: left keeps text[:n], right keeps text[-n:] (rlvr had the two swapped)
+    assert truncate_text(text, 20, "left") == text[:6] + "...(truncated)"
+    assert truncate_text(text, 20, "right") == "...(truncated)" + text[-6:]
     assert truncate_text(text, 20, "middle") == text[:3] + "...(truncated)" + text[-3:]
     assert truncate_text("short", 20, "middle") == "short"
     # a limit with no room for the marker still holds (it came back 14 characters long)
-    assert [truncate_text(text, 5, side) for side in ("right", "left", "middle")] == [text[:5], text[-5:], text[:5]]
+    assert [truncate_text(text, 5, side) for side in ("left", "right", "middle")] == [text[:5], text[-5:], text[:5]]
 
 
 def test_multi_turn_metrics_aggregate_counters(tiny, teacher_forced_engine):
