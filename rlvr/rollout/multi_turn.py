@@ -608,7 +608,8 @@ class MultiTurnRollout:
             prompts, [r.response_ids for r in requests], [r.response_log_probs for r in requests],
             [r.response_mask for r in requests], self.engine.pad_id,
             {"finish_reason": [r.finish_reason for r in requests],
-             "num_turns": np.array([r.num_turns for r in requests], dtype=object),
+             # verl's count (its tool agent loop): the prompt, each model turn, each tool or interaction answer
+             "num_turns": np.array([1 + r.num_turns + r.user_turns for r in requests], dtype=object),
              "messages": [r.new_messages for r in requests],
              "tool_rewards": [{"final": dict(r.tool_rewards), "steps": list(r.step_rewards)} for r in requests],
              "turn_scores": [list(r.turn_scores) for r in requests],

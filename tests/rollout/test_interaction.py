@@ -86,7 +86,7 @@ def test_max_user_turns_ends_the_episode_after_the_model_turn(tiny, teacher_forc
     teacher = Teacher({"name": "teacher"})
     out = rollout.generate_sequences(with_interaction(rollout, teacher, prompts_for(rollout, chat)))
     assert out.non_tensor_batch["finish_reason"][0] == "max_user_turns"
-    assert out.non_tensor_batch["num_turns"][0] == 3 and out.non_tensor_batch["turn_scores"][0] == [0.0, 0.0]
+    assert out.non_tensor_batch["num_turns"][0] == 6 and out.non_tensor_batch["turn_scores"][0] == [0.0, 0.0]
 
 
 def test_rows_without_kwargs_run_plain_and_unknown_names_are_refused(tiny, teacher_forced_engine):

@@ -128,7 +128,7 @@ def test_call_then_answer_has_exact_tokens_masks_and_log_probs(tiny, tokenizer, 
         mask = out.batch["response_mask"][row, :n].tolist()
         assert mask == [1] * len(call_ids) + [0] * len(delta) + [1] * len(answer_ids)
         assert out.batch["rollout_log_probs"][row, len(call_ids):len(call_ids) + len(delta)].abs().sum() == 0
-    assert list(out.non_tensor_batch["num_turns"]) == [2, 2]
+    assert list(out.non_tensor_batch["num_turns"]) == [4, 4]  # prompt, call, tool answer, final turn
     assert out.non_tensor_batch["finish_reason"][0] == "stop"
     messages = out.non_tensor_batch["messages"][0]
     assert [m["role"] for m in messages] == ["assistant", "tool", "assistant"]  # the turns after the prompt
@@ -172,8 +172,9 @@ def test_reward_goes_on_the_last_model_token_and_sees_tool_rewards(tiny, teacher
     from rlvr.config.schema import CustomRewardFunctionConfig, RewardConfig
     reward = RewardManager(tiny[1], RewardConfig(custom_reward_function=CustomRewardFunctionConfig(path=str(fn))))
     result = reward(out)
-    # one echo call: calc_reward 1.0 + step reward 0.25 + 10 * 2 turns
-    assert result.token_level_scores.sum(-1).tolist() == [21.25, 21.25]
+    # one echo call: calc_reward 1.0 + step reward 0.25 + 10 * 4 turns (verl's: the prompt, the call, its
+    # answer, the model's turn after it)
+    assert result.token_level_scores.sum(-1).tolist() == [41.25, 41.25]
     mask = out.batch["response_mask"]
     last_model = [int(torch.nonzero(m).max()) for m in mask]
     assert [int(torch.nonzero(s).max()) for s in result.token_level_scores] == last_model
@@ -345,7 +346,7 @@ def test_multi_turn_metrics_aggregate_counters(tiny, teacher_forced_engine):
     batch = prompts_for(rollout, chat, n=2)
     out = rollout.generate_sequences(batch)
     metrics = multi_turn_metrics(out)
-    assert metrics["num_turns/mean"] == 2 and metrics["multi_turn/tool_calls"] == 1
+    assert metrics["num_turns/mean"] == 4 and metrics["multi_turn/tool_calls"] == 1
     assert metrics["multi_turn/tool_call_rate"] == 1.0 and metrics["multi_turn/tool_tokens/mean"] > 0
 
 
@@ -441,7 +442,7 @@ def test_a_request_whose_tool_answered_moves_on_while_another_tool_runs(tiny, te
 
         rollout.engine.generate = spying_generate
     out = rollout.generate_sequences(prompts_for(rollout, chat, n=2, rows=SLOW_OR_FAST))
-    assert list(out.non_tensor_batch["num_turns"]) == [2, 2, 2, 2]
+    assert list(out.non_tensor_batch["num_turns"]) == [4, 4, 4, 4]
     fast_done = [t for fast, t in second_turns if fast]  # when each second turn reached the engine
     assert len(fast_done) == 2 and len(second_turns) == 4
     if schedule == "request":
@@ -477,7 +478,7 @@ def test_the_request_schedule_samples_what_the_turn_schedule_samples(tiny, teach
     assert list(a.non_tensor_batch["num_turns"]) == list(b.non_tensor_batch["num_turns"])
     assert list(a.non_tensor_batch["finish_reason"]) == list(b.non_tensor_batch["finish_reason"])
     assert int(b.batch["response_mask"][:3].sum()) > len(tiny[1].encode(CALL, add_special_tokens=False)) * 3  # sampled turns too
-    assert min(b.non_tensor_batch["num_turns"][:3]) >= 2  # the call, then the model's turn after the answer
+    assert min(b.non_tensor_batch["num_turns"][:3]) >= 4  # prompt, the call, its answer, the model's turn after
 
 
 def test_engine_caps_each_row_at_its_own_budget(tiny):
@@ -624,7 +625,7 @@ def test_a_requests_samples_do_not_depend_on_which_others_still_run(tiny, teache
     for all_call in (True, False):
         rollout, chat = make_rollout(tiny, teacher_forced_engine, script(all_call), max_len=40, max_assistant_turns=2)
         out = rollout.generate_sequences(prompts_for(rollout, chat, n=2, rows=[q13, QUESTION]))
-        assert list(out.non_tensor_batch["num_turns"]) == ([2, 2, 2, 2] if all_call else [1, 1, 2, 2])
+        assert list(out.non_tensor_batch["num_turns"]) == ([4, 4, 4, 4] if all_call else [2, 2, 4, 4])
         sampled.append(out.batch["responses"][2:].tolist())
     assert sampled[0] == sampled[1]
 

@@ -69,7 +69,7 @@ def test_multi_turn_grpo_steps_train_on_the_models_tokens_only(tool_config, tmp_
     assert any(not torch.equal(a, b) for a, b in zip(before, weights(trainer)))
     step = [r for r in records(tmp_path / "run") if "multi_turn/tool_calls" in r][-1]
     assert step["multi_turn/tool_calls"] == 1.0 and step["multi_turn/tool_calls/calculator"] == 1.0
-    assert step["num_turns/max"] == 2.0 and step["multi_turn/tool_tokens/mean"] > 0
+    assert step["num_turns/max"] == 4.0 and step["multi_turn/tool_tokens/mean"] > 0
     # the rollout's log-probs equal the training forward's at the model's tokens (old_log_probs pass)
     assert step["training/rollout_probs_diff_max"] < (1e-4 if engine == "native" else LOGPROB_TOL)
     val = [r for r in records(tmp_path / "run") if "val-aux/multi_turn/tool_call_rate" in r]
@@ -112,7 +112,7 @@ def test_remax_greedy_baseline_is_scored_on_its_own_trajectory(tool_config, tmp_
     n = trainer.config.actor_rollout_ref.rollout.n
     gen = generation_batch(batch).repeat(n, interleave=True)
     baselines = trainer._greedy_baselines(gen, batch.repeat(n, interleave=True))
-    assert baselines.tolist() == [2.0] * len(gen)  # the forced call, then the greedy answer
+    assert baselines.tolist() == [4.0] * len(gen)  # prompt, the forced call, its answer, the greedy answer
 
 
 def test_one_step_off_multi_turn_calls_tools_on_the_engine_ahead(tool_config, tmp_path, forced_calls, interrupt):
