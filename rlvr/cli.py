@@ -169,6 +169,8 @@ def _cmd_eval(args: argparse.Namespace) -> None:
     from rlvr.trainer.main import check_scorable
 
     _refuse_an_adapter(args.model)
+    if (Path(args.model).expanduser() / "actor" / "config.json").is_file():  # a checkpoint folder: its policy
+        args.model = str(Path(args.model).expanduser() / "actor")
     pin_threads()  # one fixed intra-op thread count (rlvr/determinism.py)
     model, tokenizer = load_model_and_tokenizer(args.model)
     dataset = RLHFDataset([args.data], tokenizer, DataConfig(max_prompt_length=args.max_prompt_length))
@@ -236,6 +238,7 @@ def _cmd_export(args: argparse.Namespace) -> None:
 
     import json
 
+    from rlvr.models.lora import merged_model
     from rlvr.trainer.checkpoint import actor_missing, damaged_file, latest_checkpoint
 
     source = Path(args.checkpoint).expanduser()
@@ -262,8 +265,6 @@ def _cmd_export(args: argparse.Namespace) -> None:
     adapter_config = source / "actor" / "adapter_config.json"
     try:
         if adapter_config.exists():  # a LoRA checkpoint: merge the adapter into its base model
-            from rlvr.models.lora import merged_model
-
             base = json.loads(adapter_config.read_text())["base_model_name_or_path"]
             merged_model(base, source / "actor").save_pretrained(partial, safe_serialization=True)
             for item in (source / "actor").iterdir():  # the tokenizer files saved next to the adapter
@@ -281,12 +282,13 @@ def _cmd_export(args: argparse.Namespace) -> None:
 
 
 def _cmd_plot(args: argparse.Namespace) -> None:
-    from rlvr.trainer.plot import plot_run
+    from rlvr.trainer.plot import plot_run, read_metrics
 
     try:
-        paths = plot_run(args.run_dir, args.out)
-    except FileNotFoundError as err:
+        read_metrics(Path(args.run_dir).expanduser())  # refused here, naming the file and line, not mid-plot
+    except (FileNotFoundError, ValueError) as err:  # no metrics.jsonl; a damaged line before the last
         raise ConfigError(str(err)) from None
+    paths = plot_run(args.run_dir, args.out)
     print(f"wrote {len(paths)} PNG files to {paths[0].parent} (curves.png has every panel)")
 
 

@@ -303,3 +303,16 @@ def test_verls_bundled_config_names_are_verls_configs(tmp_path, monkeypatch, cap
     (tmp_path / "config" / "ppo_trainer.yaml").write_text("data:\n  train_batch_size: 16\n")
     assert main(["config", "show", "--config-path=config", "--config-name=ppo_trainer"]) == 0
     assert "train_batch_size: 16" in capsys.readouterr().out
+
+
+def test_plot_of_a_metrics_file_with_a_damaged_line_names_it_without_a_traceback(tmp_path, capsys):
+    """A torn last line (a killed run) is skipped; a damaged line before it, which the reader refuses
+    naming its line, came out of `rlvr plot` as a ValueError traceback."""
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1, "critic/score/mean": 0.5}\n{"step": 2, "crit\n'
+                                            '{"step": 3, "critic/score/mean": 0.7}\n')
+    assert main(["plot", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert f"{tmp_path / 'metrics.jsonl'}, line 2: not a JSON record" in err and "Traceback" not in err
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1, "critic/score/mean": 0.5}\n{"step": 2, "crit')
+    assert main(["plot", str(tmp_path)]) == 0
+    assert (tmp_path / "plots" / "reward.png").is_file()

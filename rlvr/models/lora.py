@@ -88,11 +88,12 @@ def active_adapters(layer) -> list[str]:
 
 def merged_config(model):
     """``model.config`` for a copy of the model that holds its weights merged (vLLM's engine): an
-    adapter on a tied input embedding unties it there. peft adapts the embedding alone and the
-    head keeps the base weight, so a copy that ties the two would read the adapted embedding as
-    its head."""
+    adapter on a tied input embedding or head unties them there. peft adapts the one layer alone and
+    the other keeps the base weight, so a copy that ties the two would read the adapted weight as
+    both."""
     config = copy.deepcopy(model.config)
-    adapted = getattr(model.get_input_embeddings(), "lora_embedding_A", None)
+    head = model.get_output_embeddings()
+    adapted = getattr(model.get_input_embeddings(), "lora_embedding_A", None) or getattr(head, "lora_A", None)
     if adapted and getattr(config, "tie_word_embeddings", False):
         config.tie_word_embeddings = False
     return config
@@ -114,9 +115,25 @@ def load_adapter(model, folder: Path) -> None:
 
 
 def merged_model(base_path: str, adapter_folder: Path):
-    """The base model with the saved adapter merged in: a plain transformers model."""
+    """A LoRA checkpoint's policy as a plain transformers model (``rlvr export``): the base model with
+    the saved adapter merged in, computing what the policy computed in training. peft adapts a tied
+    input embedding (or head) alone, the other keeping the base weight; merged into the one tensor
+    both share, the adapted weight would serve as both. So the head gets a copy first, and the two
+    are tied again only if the merge left them equal (an adapter on neither)."""
     from peft import PeftModel
 
     from rlvr.models.loader import load_model
 
-    return PeftModel.from_pretrained(load_model(base_path), adapter_folder).merge_and_unload()
+    model = load_model(base_path)
+    config = model.config.get_text_config()
+    tied = bool(getattr(config, "tie_word_embeddings", False))
+    if tied:
+        config.tie_word_embeddings = model.config.tie_word_embeddings = False
+        head = model.get_output_embeddings()
+        head.weight = torch.nn.Parameter(model.get_input_embeddings().weight.detach().clone())
+    merged = PeftModel.from_pretrained(model, adapter_folder).merge_and_unload()
+    head, embedding = merged.get_output_embeddings(), merged.get_input_embeddings()
+    if tied and torch.equal(head.weight, embedding.weight):
+        config.tie_word_embeddings = merged.config.tie_word_embeddings = True
+        head.weight = embedding.weight
+    return merged

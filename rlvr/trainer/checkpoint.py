@@ -113,6 +113,11 @@ COMPATIBILITY_KEYS = {
     "actor_rollout_ref.rollout.seed": lambda c: c.actor_rollout_ref.rollout.seed,
     "actor_rollout_ref.actor.ppo_mini_batch_size": lambda c: c.actor_rollout_ref.actor.ppo_mini_batch_size,
     "actor_rollout_ref.actor.ppo_epochs": lambda c: c.actor_rollout_ref.actor.ppo_epochs,
+    # the optimizer's saved state carries its groups' lr, weight_decay and betas (and the scheduler its
+    # base_lrs): loading it puts the checkpoint's back, so another value here would be ignored unsaid
+    "actor_rollout_ref.actor.optim.lr": lambda c: c.actor_rollout_ref.actor.optim.lr,
+    "actor_rollout_ref.actor.optim.weight_decay": lambda c: c.actor_rollout_ref.actor.optim.weight_decay,
+    "actor_rollout_ref.actor.optim.betas": lambda c: list(c.actor_rollout_ref.actor.optim.betas),
     "actor_rollout_ref.rollout.n": lambda c: c.actor_rollout_ref.rollout.n,
     "actor_rollout_ref.model.lora_rank": lambda c: c.actor_rollout_ref.model.lora_rank,
     "actor_rollout_ref.model.lora_alpha": lambda c: c.actor_rollout_ref.model.lora_alpha,
@@ -338,9 +343,20 @@ def damaged_file(folder: Path) -> tuple[Path, str] | None:
 
 
 def actor_missing(actor: Path) -> tuple[Path, str] | None:
-    """What a checkpoint's ``actor/`` lacks of the policy: its weights (or LoRA adapter)."""
+    """What a checkpoint's ``actor/`` lacks of the policy: its weights (or LoRA adapter), or a shard
+    its ``model.safetensors.index.json`` names (a policy saved in several files)."""
     if not any(actor.glob("*.safetensors")):
         return actor, "holds no *.safetensors weights (model or LoRA adapter)"
+    index = actor / "model.safetensors.index.json"
+    try:
+        shards = sorted(set(json.loads(index.read_bytes())["weight_map"].values()))
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
+        return index, f"is not a readable weight index ({type(err).__name__}: {err})"
+    missing = [name for name in shards if not (actor / name).is_file()]
+    if missing:
+        return index, f"names {', '.join(missing)}, which {'is' if len(missing) == 1 else 'are'} missing"
     return None
 
 
@@ -409,8 +425,11 @@ def load_trainer_state(path: Path, config: RLVRConfig, sampler: dict[str, Any] |
                for key, what in SAMPLER_KEYS.items()
                if sampler is not None and key in saved_sampler and saved_sampler[key] != sampler[key]]
     if differ:
+        optim = any(".optim." in line.split(":", 1)[0] for line in differ)
         raise ConfigError(f"cannot resume from {path}: the config differs from the checkpoint's in\n  - "
                           + "\n  - ".join(differ)
+                          + ("\n(the saved optimizer state carries the optimizer's lr, weight_decay and betas: a "
+                             "resume would go on with the checkpoint's)" if optim else "")
                           + "\nresume with the same settings, or start a new run (trainer.resume_mode=disable: "
                           "`rlvr train` gives it a folder of its own)")
     return state

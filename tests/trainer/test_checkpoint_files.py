@@ -250,3 +250,56 @@ def test_the_run_folder_goes_to_the_workers_absolute(tiny_config, tmp_path, monk
                                          "trainer.rollout_data_dir=runs/here/dumps"))
     assert seen[0].trainer.default_local_dir == str(tmp_path / "runs" / "here")
     assert seen[0].trainer.rollout_data_dir == str(tmp_path / "runs" / "here" / "dumps")
+
+
+def sharded_parts(folder: Path) -> None:
+    """A policy too big for one file: two shards and the index naming them (save_pretrained past
+    its max_shard_size, 50 GB by default)."""
+    (folder / "actor").mkdir()
+    save_file({"a": torch.zeros(2)}, folder / "actor" / "model-00001-of-00002.safetensors")
+    save_file({"b": torch.zeros(2)}, folder / "actor" / "model-00002-of-00002.safetensors")
+    index = {"metadata": {}, "weight_map": {"a": "model-00001-of-00002.safetensors",
+                                            "b": "model-00002-of-00002.safetensors"}}
+    (folder / "actor" / "model.safetensors.index.json").write_text(json.dumps(index))
+    (folder / "actor" / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    torch.save({"optimizer": {}}, folder / "actor_state.pt")
+
+
+def test_a_checkpoint_missing_a_shard_its_index_names_is_refused_and_not_exported(tmp_path, capsys):
+    """One shard present was enough for the check: a resume loaded the model before the loader found
+    the shard missing (without the newest intact checkpoint), and export copied the folder, with a
+    success line, into one transformers cannot load."""
+    root = tmp_path / "checkpoints"
+    for step in (1, 2):
+        save(root, step, sharded_parts, {"step": step})
+    checkpoint.check_intact(root / "global_step_2")  # whole: nothing to say
+    (root / "global_step_2" / "actor" / "model-00002-of-00002.safetensors").unlink()
+    with pytest.raises(DamagedCheckpointError, match=r"global_step_2/actor/model.safetensors.index.json names "
+                                                     r"model-00002-of-00002.safetensors, which is missing.* The "
+                                                     r"newest intact checkpoint is .*global_step_1"):
+        checkpoint.check_intact(root / "global_step_2")
+    assert main(["export", str(root / "global_step_2"), str(tmp_path / "out")]) == 2
+    assert "model-00002-of-00002.safetensors, which is missing" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("change, named", [
+    ("actor_rollout_ref.actor.optim.lr=5e-6", r"actor_rollout_ref.actor.optim.lr: checkpoint 1e-06, this run 5e-06"),
+    ("actor_rollout_ref.actor.optim.weight_decay=0.1", r"optim.weight_decay: checkpoint 0.01, this run 0.1"),
+    ("actor_rollout_ref.actor.optim.betas=[0.9,0.95]", r"optim.betas: checkpoint \[0.9, 0.999\], this run \[0.9, 0.95\]"),
+])
+def test_a_resume_with_another_learning_rate_is_refused_not_overridden_by_the_checkpoint(tmp_path, change, named):
+    """The optimizer's saved state holds its groups' lr, weight_decay and betas, and loading it puts them
+    back (torch's load_state_dict; the scheduler's base_lrs likewise): a resume with lr lowered by hand
+    went on at the saved lr without a word (resumed with lr=5e-2 over a 1e-3 run: the groups read 1e-3).
+    A longer run (total_training_steps) resumes as before."""
+    from rlvr.config import load_config
+
+    base = [f"trainer.default_local_dir={tmp_path / 'run'}", "actor_rollout_ref.actor.optim.lr=1e-6",
+            "actor_rollout_ref.actor.optim.weight_decay=0.01", "actor_rollout_ref.actor.optim.betas=[0.9,0.999]"]
+    saved = load_config(None, base)
+    root = tmp_path / "checkpoints"
+    path = save(root, 1, parts, {"step": 1, "compatibility": checkpoint.compatibility(saved)})
+    assert checkpoint.load_trainer_state(path, load_config(None, [*base, "trainer.total_training_steps=99"]))
+    with pytest.raises(ConfigError, match=named):
+        checkpoint.load_trainer_state(path, load_config(None, [*base, change]))

@@ -130,3 +130,18 @@ def test_critic_with_lora_trains_its_adapter_and_its_value_head_only(tiny_config
     resumed = interrupt_and_resume(build_trainer(config, progress_bar=False), 3, "saved step 2")
     for (name, a), b in zip(resumed.critic_wg.worker.model.named_parameters(), critic.parameters()):
         assert torch.equal(a, b), name
+
+
+@pytest.mark.parametrize("targets, tied", [(["q_proj"], True), (["embed_tokens"], False), (["lm_head"], False)])
+def test_a_merged_copy_unties_a_tied_layer_the_adapter_changes(tiny_model_dir, targets, tied):
+    """vLLM's copy of a LoRA policy holds merged weights: an adapter on the tied embedding or on the
+    tied head changes one of the two only, so the copy's config must untie them (it checked the
+    embedding alone: an adapted head was merged into the embedding it shares)."""
+    from peft import LoraConfig, get_peft_model
+
+    from rlvr.models.lora import merged_config
+
+    model = load_model(str(tiny_model_dir))
+    assert model.config.tie_word_embeddings
+    peft_model = get_peft_model(model, LoraConfig(r=2, lora_alpha=4, target_modules=targets))
+    assert merged_config(peft_model).tie_word_embeddings is tied
