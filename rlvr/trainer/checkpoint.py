@@ -102,6 +102,10 @@ def refused_save(root: Path, step: int, err: BaseException) -> CheckpointWriteEr
         "newest N) or set trainer.default_local_dir to a disk with room, then run the same command again to resume")
 STEP_DIR = re.compile(r"^global_step_(\d+)$")
 
+def _has_critic(config: RLVRConfig) -> bool:
+    return config.algorithm.adv_estimator == "gae"
+
+
 # (key, getter): a resumed run must agree on these, or its steps would not continue the saved run
 COMPATIBILITY_KEYS = {
     "actor_rollout_ref.model.path": lambda c: str(c.actor_rollout_ref.model.path),
@@ -118,6 +122,13 @@ COMPATIBILITY_KEYS = {
     "actor_rollout_ref.actor.optim.lr": lambda c: c.actor_rollout_ref.actor.optim.lr,
     "actor_rollout_ref.actor.optim.weight_decay": lambda c: c.actor_rollout_ref.actor.optim.weight_decay,
     "actor_rollout_ref.actor.optim.betas": lambda c: list(c.actor_rollout_ref.actor.optim.betas),
+    # the critic's optimizer likewise, where a critic trains (None otherwise: never compared unequal)
+    "critic.optim.lr": lambda c: c.critic.optim.lr if _has_critic(c) else None,
+    "critic.optim.weight_decay": lambda c: c.critic.optim.weight_decay if _has_critic(c) else None,
+    "critic.optim.betas": lambda c: list(c.critic.optim.betas) if _has_critic(c) else None,
+    # the KL controller's value is saved (an adaptive one moves): a new coefficient would be overwritten
+    "algorithm.kl_ctrl.type": lambda c: c.algorithm.kl_ctrl.type if c.algorithm.use_kl_in_reward else None,
+    "algorithm.kl_ctrl.kl_coef": lambda c: c.algorithm.kl_ctrl.kl_coef if c.algorithm.use_kl_in_reward else None,
     "actor_rollout_ref.rollout.n": lambda c: c.actor_rollout_ref.rollout.n,
     "actor_rollout_ref.model.lora_rank": lambda c: c.actor_rollout_ref.model.lora_rank,
     "actor_rollout_ref.model.lora_alpha": lambda c: c.actor_rollout_ref.model.lora_alpha,
@@ -127,7 +138,8 @@ COMPATIBILITY_KEYS = {
     "algorithm.use_kl_in_reward": lambda c: c.algorithm.use_kl_in_reward,
     # async: the batches generated ahead are saved with the checkpoint, as many as the mode queues
     "trainer.v1.trainer_mode": lambda c: c.trainer.v1.trainer_mode,
-    "trainer.v1.colocate_async.num_warmup_batches": lambda c: c.trainer.v1.colocate_async.num_warmup_batches,
+    "trainer.v1.colocate_async.num_warmup_batches": lambda c: (c.trainer.v1.colocate_async.num_warmup_batches
+                                                               if c.trainer.v1.trainer_mode != "sync" else None),
 }
 
 
@@ -417,7 +429,7 @@ def load_trainer_state(path: Path, config: RLVRConfig, sampler: dict[str, Any] |
     # a key the checkpoint does not record (saved by an older rlvr) is not compared
     unread = set()
     if saved.get("trainer.v1.trainer_mode") == now["trainer.v1.trainer_mode"] == "sync":
-        unread.add("trainer.v1.colocate_async.num_warmup_batches")  # a synchronous run queues nothing ahead
+        unread.add("trainer.v1.colocate_async.num_warmup_batches")  # older checkpoints recorded it for sync runs
     differ = [f"{k}: checkpoint {saved[k]!r}, this run {now[k]!r}" for k in now
               if k in saved and k not in unread and saved[k] != now[k]]
     saved_sampler = state.get("sampler") or {}
@@ -430,6 +442,8 @@ def load_trainer_state(path: Path, config: RLVRConfig, sampler: dict[str, Any] |
                           + "\n  - ".join(differ)
                           + ("\n(the saved optimizer state carries the optimizer's lr, weight_decay and betas: a "
                              "resume would go on with the checkpoint's)" if optim else "")
+                          + ("\n(the KL controller's saved value would replace the new coefficient)"
+                             if any(line.startswith("algorithm.kl_ctrl.") for line in differ) else "")
                           + "\nresume with the same settings, or start a new run (trainer.resume_mode=disable: "
                           "`rlvr train` gives it a folder of its own)")
     return state

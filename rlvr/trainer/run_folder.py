@@ -30,6 +30,7 @@ import json
 import os
 import shutil
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import yaml
@@ -42,7 +43,6 @@ RECORD = ("config.yaml", "metrics.jsonl", "checkpoints")  # what makes a folder 
 MAX_SUFFIX = 1000
 
 
-MISSING = object()
 
 
 def holds_a_run(folder: Path) -> bool:
@@ -58,14 +58,21 @@ def saved_compatibility(folder: Path) -> dict[str, Any] | None:
         return None
     if not isinstance(saved, dict):
         return None
+    view = _attributes(saved)  # each key through its getter: a setting the run does not read is None there too
     values = {}
-    for key in checkpoint.COMPATIBILITY_KEYS:
-        node = saved
-        for part in key.split("."):
-            node = node.get(part, MISSING) if isinstance(node, dict) else MISSING
-        if node is not MISSING:  # a key an older rlvr did not record is not compared, as at resume
-            values[key] = node
+    for key, getter in checkpoint.COMPATIBILITY_KEYS.items():
+        try:
+            values[key] = getter(view)
+        except (AttributeError, TypeError):  # a key an older rlvr did not record is not compared, as at resume
+            pass
     return values
+
+
+def _attributes(node: Any) -> Any:
+    """A config.yaml's mapping read by attribute, as the compatibility getters read an RLVRConfig."""
+    if isinstance(node, dict):
+        return SimpleNamespace(**{str(k): _attributes(v) for k, v in node.items()})
+    return [_attributes(v) for v in node] if isinstance(node, list) else node
 
 
 def _same(a: dict[str, Any], b: dict[str, Any]) -> bool:

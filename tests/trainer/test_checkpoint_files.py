@@ -303,3 +303,27 @@ def test_a_resume_with_another_learning_rate_is_refused_not_overridden_by_the_ch
     assert checkpoint.load_trainer_state(path, load_config(None, [*base, "trainer.total_training_steps=99"]))
     with pytest.raises(ConfigError, match=named):
         checkpoint.load_trainer_state(path, load_config(None, [*base, change]))
+
+
+@pytest.mark.parametrize("setting, change, named", [
+    ("algorithm.adv_estimator=gae", "critic.optim.lr=5e-5", r"critic.optim.lr: checkpoint 1e-05, this run 5e-05"),
+    ("algorithm.use_kl_in_reward=true", "algorithm.kl_ctrl.kl_coef=0.01",
+     r"algorithm.kl_ctrl.kl_coef: checkpoint 0.001, this run 0.01\n.*the KL controller's saved value"),
+])
+def test_a_resume_with_another_critic_lr_or_kl_coefficient_is_refused_where_it_is_read(tmp_path, setting, change,
+                                                                                      named):
+    """PPO's critic restores its optimizer's lr as the actor's does, and the KL-in-reward controller its
+    saved value (trainer state 'kl_ctrl'): either change was overwritten on resume, unsaid. A GRPO run
+    reads neither, so changing them there resumes."""
+    from rlvr.config import load_config
+
+    base = [f"trainer.default_local_dir={tmp_path / 'run'}", "critic.optim.lr=1e-5", "algorithm.kl_ctrl.kl_coef=0.001"]
+    for layer, refused in ((setting, True), ("algorithm.adv_estimator=grpo", False)):
+        saved = load_config(None, [*base, layer])
+        path = save(tmp_path / f"checkpoints-{refused}", 1, parts, {"step": 1, "compatibility":
+                                                                    checkpoint.compatibility(saved)})
+        if refused:
+            with pytest.raises(ConfigError, match=named):
+                checkpoint.load_trainer_state(path, load_config(None, [*base, layer, change]))
+        else:
+            assert checkpoint.load_trainer_state(path, load_config(None, [*base, layer, change]))

@@ -282,3 +282,19 @@ def test_an_interrupted_run_that_does_not_auto_resume_is_told_the_command_that_r
 
     assert told("auto") == "run the same command again to resume (trainer.resume_mode=auto)"
     assert "run again with trainer.resume_mode=auto trainer.default_local_dir=runs/x-2" in told("disable")
+
+
+def test_the_folders_settings_are_read_through_the_resumes_getters(tmp_path):
+    """A setting the run does not read (a critic's lr under GRPO; the warm-up queue of a synchronous
+    run) is not a difference: the folder's config.yaml was compared key by key, raw, so such a change
+    sent `rlvr train` to <dir>-2 where the resume itself would have gone on."""
+    from rlvr.config import load_config, to_yaml
+    from rlvr.trainer.checkpoint import compatibility
+    from rlvr.trainer.run_folder import _same, saved_compatibility
+
+    (tmp_path / "config.yaml").write_text(to_yaml(load_config(None, ["critic.optim.lr=1e-5"])))
+    grpo = load_config(None, ["critic.optim.lr=5e-5", "trainer.v1.colocate_async.num_warmup_batches=3"])
+    assert _same(saved_compatibility(tmp_path), compatibility(grpo))
+    ppo = ["algorithm.adv_estimator=gae", "critic.optim.lr=1e-5"]
+    (tmp_path / "config.yaml").write_text(to_yaml(load_config(None, ppo)))
+    assert not _same(saved_compatibility(tmp_path), compatibility(load_config(None, [*ppo, "critic.optim.lr=5e-5"])))
