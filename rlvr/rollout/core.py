@@ -249,6 +249,7 @@ class EngineCore:
         self.waiting.append(seq)
         return seq
 
+    @torch.inference_mode()  # freeing a row moves another's keys into its slot: the slab's buffers are inference tensors
     def abort(self, request_id: str) -> bool:
         """End a waiting or running request now (finish reason ``"abort"``, the tokens so far)."""
         for seq in list(self.waiting):
@@ -264,6 +265,7 @@ class EngineCore:
                 return True
         return False
 
+    @torch.inference_mode()
     def abort_all(self) -> int:
         n = len(self.waiting) + len(self.running)
         while self.waiting:
@@ -297,7 +299,10 @@ class EngineCore:
         self.weight_version = int(version)
         pending = int(self.logits is not None)
         for seq in self.running:
-            seq.version_starts.append((len(seq.tokens) + pending, self.weight_version))
+            start = len(seq.tokens) + pending
+            if seq.version_starts and seq.version_starts[-1][0] == start:
+                seq.version_starts.pop()  # the version before made no token (a bucket of a multi-part update)
+            seq.version_starts.append((start, self.weight_version))
 
     # ------------------------------------------------------------------ the loop
     @torch.inference_mode()

@@ -13,8 +13,10 @@ engine's counter, and the distributed weight update joins gloo groups only.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import secrets
+import threading
 import time
 from typing import Any
 
@@ -383,9 +385,9 @@ def add_distributed_routes(app: FastAPI, server: Server) -> None:
             raise BadRequest("rank_offset", f"must be in [1, world_size = {body.world_size}) (rank 0 is the "
                                             f"trainer that broadcasts), got {body.rank_offset}")
         try:
-            group = await asyncio.to_thread(weight_sync.open_group, body.master_address, body.master_port,
-                                            body.rank_offset, body.world_size, body.group_name,
-                                            server.request_timeout)
+            group = await in_daemon_thread(weight_sync.open_group, body.master_address, body.master_port,
+                                           body.rank_offset, body.world_size, body.group_name,
+                                           server.request_timeout)
         except (RuntimeError, OSError, ValueError) as err:  # the store or a rank did not answer in time
             return JSONResponse({"success": False, "message": f"could not join the group: {err}"}, status_code=400)
         server.groups[body.group_name] = group
@@ -399,9 +401,13 @@ def add_distributed_routes(app: FastAPI, server: Server) -> None:
         if group is None:
             raise BadRequest("group_name", f"{body.group_name!r} is not open: POST /init_weights_update_group")
         plan = weight_sync.check_tensors(server.model, body.names, body.dtypes, body.shapes)
+        # as SGLang: an engine the client paused stays paused (a trainer sends its weights in buckets
+        # between /pause_generation and /continue_generation; resuming after the first bucket ran
+        # the held requests on weights half old, half new)
+        paused = await server.engine.call(lambda: not server.engine.core.admitting)
         ok, message, aborted = await server.update_weights(lambda: weight_sync.receive_into(group, plan),
                                                            body.weight_version, body.abort_all_requests,
-                                                           body.flush_cache, keep_pause=False)
+                                                           body.flush_cache, keep_pause=paused)
         return JSONResponse({"success": ok, "message": message, "num_paused_requests": aborted},
                             status_code=200 if ok else 400)
 
@@ -413,6 +419,34 @@ def add_distributed_routes(app: FastAPI, server: Server) -> None:
             raise BadRequest("group_name", f"{body.group_name!r} is not open")
         weight_sync.close_group(group)
         return {"success": True, "message": f"left {body.group_name!r}"}
+
+
+async def in_daemon_thread(fn, *args):
+    """``fn(*args)`` on a daemon thread of its own -> its result. Not ``asyncio.to_thread``: a join
+    whose trainer never comes blocks for --request-timeout, and ``asyncio.run`` (uvicorn's) waits for
+    its default executor's threads before it returns, so SIGTERM ended the server only then."""
+    loop = asyncio.get_running_loop()
+    future = loop.create_future()
+
+    def run() -> None:
+        try:
+            result, error = fn(*args), None
+        except BaseException as err:  # handed to the awaiting route
+            result, error = None, err
+        with contextlib.suppress(RuntimeError):  # the loop closed meanwhile (a shutdown): nobody waits
+            loop.call_soon_threadsafe(_settle, future, result, error)
+
+    threading.Thread(target=run, name="rlvr-weight-group", daemon=True).start()
+    return await future
+
+
+def _settle(future: asyncio.Future, result: Any, error: BaseException | None) -> None:
+    if future.done():
+        return
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(result)
 
 
 def _tags(body: MemoryTags) -> set[str]:

@@ -142,6 +142,25 @@ def test_abort_frees_the_row_for_the_next_request(tiny):
     assert not core.abort("b")  # finished: nothing to abort
 
 
+@pytest.mark.parametrize("lean", [True, False])
+def test_aborting_a_row_before_others_moves_them_and_they_decode_as_alone(tiny, lean):
+    """Three rows run; the first is aborted between steps (where a server's abort runs, outside the
+    step's inference mode). The last row moves into its slot, a write into the slab's inference
+    tensors that raised before; the two left decode to generate()'s greedy tokens alone."""
+    model, tokenizer = tiny
+    core, engine = core_of(model, tokenizer, lean=lean)
+    ids = prompt_ids(tokenizer)
+    seqs = [core.add(Request(name, ids[i], GREEDY)) for i, name in enumerate("abc")]
+    for _ in range(3):
+        core.step()
+    assert [s.request.id for s in core.running] == ["a", "b", "c"]
+    assert core.abort("a")
+    assert [s.request.id for s in core.running] == ["c", "b"]  # c filled a's slot
+    step_until_done(core, seqs[1:])
+    for seq, i in zip(seqs[1:], (1, 2)):
+        assert seq.tokens == reference_greedy(model, tokenizer, [ids[i]], 12, engine.eos_ids)[0], seq.request.id
+
+
 def test_pause_modes_and_weight_versions(tiny):
     """'wait' lets the running rows finish and admits nothing; 'abort' ends everything; 'in_place'
     keeps rows for after an update, and their completion says where the new version starts."""
