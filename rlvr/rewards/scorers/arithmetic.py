@@ -17,7 +17,7 @@ from fractions import Fraction
 
 DIGITS = r"(?:[0-9]{1,3}(?:,[0-9]{3})+(?![0-9])|[0-9]+)(?:\.[0-9]+)?"
 """An unsigned decimal number, its whole part plain or in comma-separated thousands; ASCII digits
-(``\d`` would read Arabic-Indic or fullwidth digits as numbers, which verl's ``[0-9]`` does not)."""
+(``\\d`` would read Arabic-Indic or fullwidth digits as numbers, which verl's ``[0-9]`` does not)."""
 _NUMBER = r"-?" + DIGITS
 _MARKERS = [
     re.compile(r"<answer>\s*(" + _NUMBER + r")\s*</answer>", re.S),
