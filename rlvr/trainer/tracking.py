@@ -119,15 +119,18 @@ class Tracking:
 def read_records(path: Path, upto: int | None = None) -> list[str]:
     """The lines of a metrics.jsonl (those with step <= ``upto``). A torn last line (the
     process was killed mid-write) is dropped; a damaged line before it is an error."""
-    lines = [line for line in path.read_text().splitlines() if line.strip()]
+    lines = [(number, line) for number, line in enumerate(path.read_text().splitlines(), 1) if line.strip()]
     kept = []
-    for i, line in enumerate(lines):
+    for i, (number, line) in enumerate(lines):
         try:
             record = json.loads(line)
         except json.JSONDecodeError:
             if i == len(lines) - 1:
                 break  # torn by a kill mid-write: that step is logged again after the resume
-            raise ValueError(f"{path}, line {i + 1}: not a JSON record ({line[:80]!r}); fix or delete the line") from None
+            raise ValueError(f"{path}, line {number}: not a JSON record ({line[:80]!r}); fix or delete the line") from None
+        if not isinstance(record, dict) or isinstance(record.get("step"), bool) or not isinstance(record.get("step"), int):
+            raise ValueError(f"{path}, line {number}: not a metrics record (a JSON object with an integer 'step'): "
+                             f"{line[:80]!r}; fix or delete the line")
         if upto is None or record["step"] <= upto:
             kept.append(line)
     return kept

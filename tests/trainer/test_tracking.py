@@ -86,6 +86,23 @@ def test_rewind_drops_a_torn_last_line_and_later_records(tmp_path):
         Tracking(["jsonl"], tmp_path).rewind(2)
 
 
+@pytest.mark.parametrize("bad", ['[1, 2]', '{"critic/score/mean": 0.5}', '{"step": "2"}'])
+def test_a_line_that_is_no_metrics_record_is_named_on_resume_and_plot(tmp_path, capsys, bad):
+    """Valid JSON that is not a record with an integer step (an edited file, another tool's line):
+    the resume's rewind raised a bare KeyError/TypeError, and rlvr plot a traceback. Counted as the
+    editor does: the blank line 2 is counted, the bad line is line 3."""
+    from rlvr.cli import main
+
+    good = [json.dumps({"step": s, "critic/score/mean": s / 10}) for s in (1, 2)]
+    (tmp_path / "metrics.jsonl").write_text(good[0] + "\n\n" + bad + "\n" + good[1] + "\n")
+    with pytest.raises(ValueError, match=r"metrics.jsonl, line 3: not a metrics record \(a JSON object with an "
+                                         r"integer 'step'\)"):
+        Tracking(["jsonl"], tmp_path).rewind(2)
+    assert main(["plot", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "line 3: not a metrics record" in err and "Traceback" not in err
+
+
 def test_tensorboard_rewind_purges_later_events(tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
