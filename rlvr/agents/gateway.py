@@ -88,6 +88,8 @@ class GatewayEngine:
             raise BadRequest("request", episode.failed, status=429)
         if request.stop_token_ids:
             raise BadRequest("stop_token_ids", "not taken while training: the rollout's end tokens apply")
+        if request.ignore_eos:  # the rollout ends a call at its end tokens, as the trained policy does
+            raise BadRequest("ignore_eos", "not taken while training: the rollout's end tokens apply")
         _row.set(episode.row)
         params = dataclasses.replace(self.params, max_new_tokens=min(request.params.max_new_tokens,
                                                                      self.params.max_new_tokens),

@@ -356,3 +356,23 @@ def test_an_agent_that_cuts_the_models_answer_is_answered_on_its_own_messages(ti
         rendered = tok.encode(tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False),
                               add_special_tokens=False)
         assert prompt == rendered and len(sampled) > 2
+
+
+@pytest.mark.parametrize("field", ["stop_token_ids", "ignore_eos"])
+def test_a_call_asking_for_other_end_tokens_is_refused_by_name(field):
+    """The rollout's end tokens end every call while training: a call's stop_token_ids was refused,
+    its ignore_eos dropped without a word (the agent believed it decoded past the end token)."""
+    import asyncio
+    import contextvars
+    from types import SimpleNamespace
+
+    from rlvr.agents.gateway import Episode, GatewayEngine, _episode
+    from rlvr.rollout.sampling import SamplingParams
+    from rlvr.serve.protocol import BadRequest
+
+    engine = GatewayEngine(rounds=None, params=SamplingParams(max_new_tokens=8), max_calls=4, decode=str)
+    request = SimpleNamespace(stop_token_ids=(7,) if field == "stop_token_ids" else (), ignore_eos=field == "ignore_eos")
+    context = contextvars.copy_context()  # the episode is this call's, not the test process's
+    context.run(_episode.set, Episode(0, "k"))
+    with pytest.raises(BadRequest, match=rf"^{field}: not taken while training"):
+        context.run(asyncio.run, engine.generate(request))
