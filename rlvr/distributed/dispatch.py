@@ -145,20 +145,51 @@ def collect(mode: Dispatch, outputs: list[Any], pad_rows: int = 0) -> Any:
     return outputs
 
 
+# rollout_metrics that count things (AgentLoopRollout's counters): the batch's is the ranks' sum
+SUMMED_ROLLOUT_METRICS = ("agent/calls", "agent/truncated", "agent/split_samples", "agent/context_breaks")
+
+
 def concat_ranks(outputs: list[DataProto]) -> DataProto:
     """The ranks' DataProtos as one, in rank order. Rollouts (``responses`` beside ``input_ids``)
     may differ in width, since each rank pads to its own longest row: they are padded to the
-    widest rank (``concat_rollouts``) as one process would have padded the whole batch. Any other
-    difference is refused naming the rank that differs from rank 0."""
+    widest rank (``concat_rollouts``) as one process would have padded the whole batch. Each
+    rank's ``meta_info["rollout_metrics"]`` (taken off its answer) is joined by
+    ``join_rollout_metrics``. Any other difference is refused naming the rank that differs from
+    rank 0."""
     first = outputs[0]
     for rank, out in enumerate(outputs[1:], start=1):
         if sorted(out.keys()) != sorted(first.keys()):
             raise DataProtoError(f"rank {rank} answered keys {sorted(out.keys())}, rank 0 {sorted(first.keys())}")
+    metrics = join_rollout_metrics([(len(out), out.meta_info.pop("rollout_metrics", None)) for out in outputs])
     if "responses" in first.batch and "input_ids" in first.batch:
-        return concat_rollouts(outputs)
-    for key, value in first.batch.items():
-        for rank, out in enumerate(outputs[1:], start=1):
-            if out.batch[key].shape[1:] != value.shape[1:]:
-                raise DataProtoError(f"rank {rank} answered {key!r} of shape {tuple(out.batch[key].shape)}, rank 0 "
-                                     f"of {tuple(value.shape)}")
-    return DataProto.concat(outputs)
+        joined = concat_rollouts(outputs)
+    else:
+        for key, value in first.batch.items():
+            for rank, out in enumerate(outputs[1:], start=1):
+                if out.batch[key].shape[1:] != value.shape[1:]:
+                    raise DataProtoError(f"rank {rank} answered {key!r} of shape {tuple(out.batch[key].shape)}, "
+                                         f"rank 0 of {tuple(value.shape)}")
+        joined = DataProto.concat(outputs)
+    if metrics is not None:
+        joined.meta_info["rollout_metrics"] = metrics
+    return joined
+
+
+def join_rollout_metrics(ranks: list[tuple[int, dict | None]]) -> dict[str, float] | None:
+    """The batch's rollout metrics from each rank's (rows, metrics): the counts in
+    ``SUMMED_ROLLOUT_METRICS`` summed, any other value (a loop's mean per episode, a gauge) averaged
+    over the ranks that report it, weighted by their episodes (rows less ``agent/split_samples``),
+    as one process's mean over the whole batch would be. None when no rank reports any."""
+    reported = [(rows, m) for rows, m in ranks if m is not None]
+    if not reported:
+        return None
+    joined: dict[str, float] = {}
+    for name in dict.fromkeys(k for _, m in reported for k in m):
+        having = [(rows - float(m.get("agent/split_samples", 0.0)), m[name]) for rows, m in reported if name in m]
+        if name in SUMMED_ROLLOUT_METRICS:
+            joined[name] = float(sum(value for _, value in having))
+        else:
+            episodes = sum(w for w, _ in having)
+            joined[name] = float(sum(w * value for w, value in having) / episodes if episodes > 0 else
+                                 sum(value for _, value in having) / len(having))
+    return joined

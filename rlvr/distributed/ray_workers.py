@@ -194,9 +194,9 @@ class RayResourcePool:
         if not self.placement_groups:
             self.check_resources()
             bundle = {"CPU": self.cpus_per_process, **({"GPU": 1} if self.use_gpu else {})}
-            self.placement_groups = [placement_group([dict(bundle) for _ in range(n)], strategy="STRICT_PACK",
-                                                     name=f"rlvr_{self.name}_{i}")
-                                     for i, n in enumerate(self.process_on_nodes)]
+            for i, n in enumerate(self.process_on_nodes):  # kept one by one: remove() releases those made
+                self.placement_groups.append(placement_group([dict(bundle) for _ in range(n)],
+                                                             strategy="STRICT_PACK", name=f"rlvr_{self.name}_{i}"))
             ready, _ = ray.wait([pg.ready() for pg in self.placement_groups], num_returns=len(self.placement_groups),
                                 timeout=PLACEMENT_TIMEOUT_S)
             if len(ready) < len(self.placement_groups):
@@ -275,6 +275,15 @@ def create_colocated_worker_cls(class_dict: dict[str, RayClassWithInitArgs]) -> 
     return colocated
 
 
+def creation_error(message: str) -> str:
+    """The worker's own error in Ray's message for an actor whose ``__init__`` raised: Ray's lines
+    come first and the traceback's last lines (``ValueError: ...``, not indented) end it."""
+    lines = [line for line in message.splitlines() if line.strip()]
+    frames = [i for i, line in enumerate(lines) if line[:1].isspace()]  # traceback frames are indented
+    tail = lines[frames[-1] + 1:] if frames else lines[-1:]
+    return "\n".join(tail or lines[-1:])
+
+
 @ray.remote(num_cpus=0)
 def _rendezvous_address(single_node: bool) -> tuple[str, int]:
     """Run on rank 0's bundle: the address the ranks meet at (127.0.0.1 on one machine)."""
@@ -290,12 +299,21 @@ class RayWorkerGroup:
         self.resource_pool, self.world_size = resource_pool, resource_pool.world_size
         self.roles = getattr(ray_cls_with_init, "roles", {None: ray_cls_with_init.cls})
         self.role = None
-        bundles = resource_pool.bundles()
+        self.workers, self.where = [], []  # where: each rank's pid and node, once started
+        try:
+            self._start(ray_cls_with_init, resource_pool.bundles(), local_cluster, run_dir)
+        except BaseException:  # the actors started so far end, and the pool is released for the next run
+            self.kill()
+            raise
+
+    def _start(self, ray_cls_with_init: RayClassWithInitArgs, bundles: list, local_cluster: bool,
+               run_dir: Path | None) -> None:
+        """The ranks' actors on ``bundles``, each told its rank and the rendezvous address; waits for them."""
+        resource_pool = self.resource_pool
         single_node = local_cluster and len(resource_pool.process_on_nodes) == 1
         first_pg, first_bundle = bundles[0]
         host, port = ray.get(_rendezvous_address.options(scheduling_strategy=PlacementGroupSchedulingStrategy(
             placement_group=first_pg, placement_group_bundle_index=first_bundle)).remote(single_node))
-        self.workers, self.where = [], []  # where: each rank's pid and node, once started
         for rank, (pg, bundle) in enumerate(bundles):
             env = {"RANK": str(rank), "WORLD_SIZE": str(self.world_size), "MASTER_ADDR": host,
                    "MASTER_PORT": str(port), "LOCAL_RANK": str(bundle), "RLVR_WORKER_RANK": str(rank),
@@ -383,11 +401,18 @@ class RayWorkerGroup:
                                   f"{err.traceback_str if hasattr(err, 'traceback_str') else ''}") from None
             except RayActorError as err:
                 self.kill()
+                if err.actor_init_failed:  # the worker's __init__ raised: its error, not Ray's first line
+                    raise WorkerError(f"rank {rank}'s worker raised while starting: "
+                                      f"{creation_error(str(err))}") from None
                 where = self.where[rank] if self.where else {}
                 raise WorkerError(f"rank {rank}'s worker process (pid {where.get('pid', '?')}) died during "
                                   f"{method}: {err.__class__.__name__}: {str(err).splitlines()[0]}") from None
         return ray.get(refs)
 
     def kill(self) -> None:
+        """End the group's actors and release its pool's placement groups (Ray keeps a placement
+        group until it is removed, even after the actor that made it is gone: a second run in the
+        same Ray could not place its workers, nor reuse the pool's name). Calling it again is harmless."""
         for worker in self.workers:
             ray.kill(worker, no_restart=True)
+        self.resource_pool.remove()

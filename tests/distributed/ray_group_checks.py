@@ -9,7 +9,9 @@ from pathlib import Path
 import numpy as np
 import ray
 import torch
+from ray.util import placement_group_table
 
+from rlvr.distributed import ray_workers
 from rlvr.distributed.dispatch import Dispatch, register
 from rlvr.distributed.ray_workers import (RayClassWithInitArgs, RayResourcePool, RayWorkerGroup, ResourceError,
                                           WorkerError, create_colocated_worker_cls, init_ray)
@@ -63,6 +65,17 @@ class Counter(Worker):
         return os.getpid()
 
 
+class BrokenAtStart(Worker):
+    def __init__(self):
+        super().__init__()
+        raise ValueError("broken at start")
+
+
+def live_placement_groups() -> list[tuple[str, str]]:
+    """(name, state) of every placement group Ray has not removed."""
+    return [(pg["name"], pg["state"]) for pg in placement_group_table().values() if pg["state"] != "REMOVED"]
+
+
 def main(run_dir):
     other = Path(tempfile.mkdtemp(prefix="rlvr-ray-"))  # another run's Ray folder, maybe live
     session = init_ray(None, 2, Path(run_dir))
@@ -111,6 +124,23 @@ def main(run_dir):
     except WorkerError as err:
         assert "rank 0 failed in fail: ValueError: broken on purpose on rank 0" in str(err) or \
             "rank 1 failed in fail: ValueError: broken on purpose on rank 1" in str(err), err
+    # the failed call killed the group, and its placement group went with it: the CPUs are free again
+    assert live_placement_groups() == [], live_placement_groups()
+    ray_workers.PLACEMENT_TIMEOUT_S = 30  # a pool left behind fails the next start in 30 s, not 120
+    # a worker that raises while starting: its error's own line (Ray's message puts it last), and
+    # the pool released, so the next group (same pool name, as a second run in one Ray) starts
+    try:
+        RayWorkerGroup(RayResourcePool([2], name="again"),
+                       create_colocated_worker_cls({"actor": RayClassWithInitArgs(BrokenAtStart)}))
+        raise AssertionError("no error")
+    except WorkerError as err:
+        assert "ValueError: broken at start" in str(err), err
+    assert live_placement_groups() == [], live_placement_groups()
+    again = RayWorkerGroup(RayResourcePool([2], name="again"),
+                           create_colocated_worker_cls({"critic": RayClassWithInitArgs(Counter)}))
+    assert again.spawn(["critic"])["critic"].init_model() == ["critic ready", "critic ready"]
+    again.kill()
+    assert live_placement_groups() == [], live_placement_groups()
     # more GPUs than the cluster has: refused with the numbers before any placement group
     try:
         RayResourcePool([2], use_gpu=True).get_placement_groups()

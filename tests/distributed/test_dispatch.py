@@ -224,3 +224,39 @@ def test_groups_of_split_episodes_go_to_the_ranks_whole_by_group_count():
     out = run_group(workers, "compute_log_prob", data)
     assert workers[0].calls == [["g0"] * 4 + ["g1"] * 3] and workers[1].calls == [["g2"] * 3 + ["g3"] * 2]
     assert out.batch["old_log_probs"].tolist() == [10.0 * i + (i >= 7) for i in range(12)]
+
+
+def agent_rollout(rows: int, width: int, metrics: dict) -> DataProto:
+    """A rank's agent-loop rollout: ``rows`` rows, responses ``width`` wide, its own rollout_metrics."""
+    out = DataProto.from_dict({"responses": torch.ones(rows, width, dtype=torch.long),
+                               "input_ids": torch.ones(rows, 2 + width, dtype=torch.long),
+                               "attention_mask": torch.ones(rows, 2 + width, dtype=torch.long)})
+    out.meta_info.update(pad_token_id=0, rollout_metrics=dict(metrics))
+    return out
+
+
+def test_ranks_agent_rollout_metrics_are_joined_counts_summed_means_weighted_by_episodes():
+    """Each rank's AgentLoopRollout reports its own counters and the loops' means; the batch's are
+    the sums of the counts and the means over all episodes, not one rank's (and not a refusal)."""
+    parts = [agent_rollout(4, 3, {"agent/calls": 4.0, "agent/truncated": 1.0, "agent/split_samples": 0.0,
+                                  "agent/response_len": 1.5}),
+             agent_rollout(4, 1, {"agent/calls": 4.0, "agent/truncated": 0.0, "agent/split_samples": 0.0,
+                                  "agent/response_len": 3.25})]
+    out = collect(Dispatch.DP_COMPUTE_PROTO, parts)
+    # 4 + 4 calls, 1 + 0 truncated; (4 * 1.5 + 4 * 3.25) / 8 episodes = (6 + 13) / 8 = 2.375
+    assert out.meta_info["rollout_metrics"] == {"agent/calls": 8.0, "agent/truncated": 1.0,
+                                                "agent/split_samples": 0.0, "agent/response_len": 2.375}
+    assert len(out) == 8 and out.batch["responses"].shape == (8, 3)
+    # split samples: rank 0's 5 rows are 4 episodes (one split in two), rank 1's 2 rows 2 episodes;
+    # (4 * 1.0 + 2 * 4.0) / 6 = 2.0; context breaks 1 + 2 = 3
+    parts = [agent_rollout(5, 2, {"agent/calls": 6.0, "agent/split_samples": 1.0, "agent/context_breaks": 1.0,
+                                  "agent/response_len": 1.0}),
+             agent_rollout(2, 2, {"agent/calls": 2.0, "agent/split_samples": 0.0, "agent/context_breaks": 2.0,
+                                  "agent/response_len": 4.0})]
+    assert collect(Dispatch.DP_COMPUTE_PROTO, parts).meta_info["rollout_metrics"] == {
+        "agent/calls": 8.0, "agent/split_samples": 1.0, "agent/context_breaks": 3.0, "agent/response_len": 2.0}
+    # answers without rollout metrics gain none
+    plain = [agent_rollout(1, 1, {}), agent_rollout(1, 1, {})]
+    for part in plain:
+        del part.meta_info["rollout_metrics"]
+    assert "rollout_metrics" not in collect(Dispatch.DP_COMPUTE_PROTO, plain).meta_info

@@ -67,3 +67,20 @@ def test_a_failure_joining_the_ranks_answers_reaches_the_user_with_rank_stage_an
         "generate_sequences: the answers of ranks [0, 1] could not be joined: DataProtoError: rank 1 answered keys "
         "['responses'], rank 0 ['input_ids', 'responses']\n"
         f"last checkpoint: {run_dir / 'checkpoints' / 'global_step_2'}; run the same command again to resume from it")
+
+
+def test_a_worker_that_raises_while_starting_is_named_by_its_own_error():
+    """Ray's message for an actor whose __init__ raised starts with its own line; the worker's
+    error is the traceback's unindented end, however many lines it has."""
+    from rlvr.distributed.ray_workers import creation_error
+
+    message = ("The actor died because of an error raised in its creation task, ray::WorkerDict.__init__() (pid=1, "
+               "ip=127.0.0.1, actor_id=ab, repr=<WorkerDict>)\n"
+               "  File \"/x/ray_workers.py\", line 263, in __init__\n"
+               "    self.workers = {role: cls(*args, **kwargs) for role in roles}\n"
+               "                   ^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^\n"
+               "rlvr.config.validate.ConfigError: trainer.device=cuda, but torch sees no CUDA device\n"
+               "set trainer.device=cpu\n\n")
+    assert creation_error(message) == ("rlvr.config.validate.ConfigError: trainer.device=cuda, but torch sees no CUDA "
+                                       "device\nset trainer.device=cpu")
+    assert creation_error("one line only") == "one line only"
