@@ -16,17 +16,19 @@ from rlvr.rollout.vllm_rollout import VLLMRollout
 
 
 def build_rollout(model, tokenizer, config, max_response_length: int, tool_setup: "ToolSetup | None" = None,
-                  max_prompt_length: int | None = None, device=None, log_dir=None, template_kwargs=None):
+                  max_prompt_length: int | None = None, device=None, log_dir=None, template_kwargs=None,
+                  model_cfg=None):
     """The engine named by ``actor_rollout_ref.rollout.name`` over ``model`` on ``device`` (the
     worker's, from ``trainer.device``; None: the model's), or with ``rollout.mode=async`` the
     servers of that protocol (``servers.py``; their logs in ``log_dir``), driven by the multi-turn tool loop when
     ``multi_turn.enable`` (its tools from ``tool_setup``, else read from the config, its turns rendered
-    with ``template_kwargs``: ``data.apply_chat_template_kwargs``)."""
+    with ``template_kwargs``: ``data.apply_chat_template_kwargs``). ``model_cfg``
+    (``actor_rollout_ref.model``): how server replicas load the policy, as the actor does."""
     if config.mode == "async":
         from rlvr.rollout.servers import ServerRollout
 
         engine = ServerRollout(model, tokenizer, config, max_response_length, max_prompt_length, device,
-                               log_dir=log_dir)
+                               log_dir=log_dir, model_cfg=model_cfg)
     else:
         engine = get_rollout_class(config.name)(model, tokenizer, config, max_response_length, max_prompt_length,
                                                 device)

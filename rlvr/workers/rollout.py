@@ -68,7 +68,8 @@ class RolloutWorker(Worker):
         self.rollout = build_rollout(self.model, self.tokenizer, rollout, self.config.data.max_response_length,
                                      self.tool_setup, self.config.data.max_prompt_length, device=device,
                                      log_dir=run_dir / "servers" if servers else None,
-                                     template_kwargs=self.config.data.apply_chat_template_kwargs)
+                                     template_kwargs=self.config.data.apply_chat_template_kwargs,
+                                     model_cfg=self.config.actor_rollout_ref.model)
         self.rollout = with_agent_loops(self.rollout, self.config, self.tokenizer, self.config.data.max_response_length)
         if servers:  # where the replicas are, their pids and logs
             run_dir.mkdir(parents=True, exist_ok=True)

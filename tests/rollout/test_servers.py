@@ -62,7 +62,8 @@ def test_generate_body_has_sglangs_field_names():
                          stop_token_ids=[2])
     assert body == {"input_ids": [5, 6], "return_logprob": True, "rid": "r1", "sampling_params": {
         "max_new_tokens": 5, "temperature": 0.0, "top_p": 1.0, "top_k": -1, "min_p": 0.0, "n": 2,
-        "sampling_seed": 11, "skip_special_tokens": False, "stop": ["\n\n"], "stop_token_ids": [2]}}
+        "sampling_seed": 11, "skip_special_tokens": False, "stop": ["\n\n"], "stop_token_ids": [2],
+        "repetition_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0}}  # no penalty, as rlvr samples
 
 
 def test_generate_answer_is_read_as_sglang_writes_it():
@@ -403,7 +404,8 @@ def test_what_rlvr_sends_an_sglang_server(tiny):
     assert set(update["dtypes"]) == {"float32"}
     assert gen_a["sampling_params"] == {"max_new_tokens": 8, "temperature": 0.7, "top_p": 1.0, "top_k": -1,
                                         "min_p": 0.0, "n": 2, "sampling_seed": 3 * 1_000_003 % 2**31,
-                                        "skip_special_tokens": False}
+                                        "skip_special_tokens": False, "repetition_penalty": 1.0,
+                                        "presence_penalty": 0.0, "frequency_penalty": 0.0}
     gen_b_seed = (3 * 1_000_003 + 2) % 2**31  # the group's first row is row 2
     assert gen_b["sampling_params"]["n"] == 1 and gen_b["sampling_params"]["sampling_seed"] == gen_b_seed
     assert [gen_a["input_ids"], gen_b["input_ids"]] == [[1, 2, 3], [4, 5]] and gen_a["return_logprob"] is True
@@ -509,7 +511,7 @@ def started(monkeypatch):
 
     starts = []
 
-    def start(model_path, config, count, log_dir, max_model_len, model_config=None, on_cpu=True):
+    def start(model_path, config, count, log_dir, max_model_len, model_config=None, on_cpu=True, model_cfg=None):
         starts.append((on_cpu, max_model_len))
         return [Replica(i, f"127.0.0.1:{30000 + i}") for i in range(count)]
 
