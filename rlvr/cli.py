@@ -299,7 +299,7 @@ def _cmd_config(args: argparse.Namespace) -> None:
 def _cmd_rollout(args: argparse.Namespace) -> None:
     """Load the model and a batch of validation prompts, generate, score, print."""
     from rlvr.data import RLHFDataset
-    from rlvr.models import load_model_and_tokenizer
+    from rlvr.models import load_model, load_tokenizer
     from rlvr.rewards import RewardManager
     from rlvr.rollout import ToolSetup, build_rollout
     from rlvr.trainer.evaluate import generation_batch
@@ -307,7 +307,9 @@ def _cmd_rollout(args: argparse.Namespace) -> None:
 
     cfg = _load(args)
     pin_threads()  # one fixed intra-op thread count (rlvr/determinism.py)
-    model, tokenizer = load_model_and_tokenizer(cfg.actor_rollout_ref.model.path)
+    model_cfg = cfg.actor_rollout_ref.model  # loaded as the actor loads it
+    model = load_model(model_cfg.path, "float32", "cpu", model_cfg.trust_remote_code, model_cfg.override_config)
+    tokenizer = load_tokenizer(model_cfg.tokenizer_path or model_cfg.path, model_cfg.trust_remote_code)
     tools = ToolSetup.from_config(tokenizer, cfg.actor_rollout_ref.rollout, cfg.data.apply_chat_template_kwargs)
     dataset = RLHFDataset(cfg.data.val_files, tokenizer, cfg.data, tools.chat if tools else None)
     reward = validation_reward_config(cfg.reward)  # the run's validation scoring: its functions, no length penalty
@@ -318,7 +320,8 @@ def _cmd_rollout(args: argparse.Namespace) -> None:
     gen = generation_batch(batch)  # what the engine reads; the rest (reward columns) stays for scoring
     gen.meta_info.update(do_sample=cfg.actor_rollout_ref.rollout.val_kwargs.do_sample)
     rollout = build_rollout(model, tokenizer, cfg.actor_rollout_ref.rollout, cfg.data.max_response_length, tools,
-                            cfg.data.max_prompt_length)
+                            cfg.data.max_prompt_length, template_kwargs=cfg.data.apply_chat_template_kwargs,
+                            model_cfg=model_cfg)
     rollout.sync_weights()  # an engine of its own (vllm) gets the model's weights
     start = time.perf_counter()
     out = rollout.generate_sequences(gen)

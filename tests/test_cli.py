@@ -65,6 +65,27 @@ def test_rollout_on_tiny_model(tmp_path, tiny_model_dir, capsys):
     assert "4 prompts, mean score" in capsys.readouterr().out
 
 
+def test_rollout_loads_the_model_as_the_actor_does(tmp_path, tiny_model_dir, capsys, monkeypatch):
+    """rlvr rollout loaded model.path bare: override_config, trust_remote_code and tokenizer_path were
+    ignored, so it scored another model than the one training would run."""
+    import rlvr.models
+
+    main(["prepare", "arithmetic", "--out", str(tmp_path), "--train-size", "16", "--test-size", "8"])
+    common = ["rollout", "--limit", "2", f"actor_rollout_ref.model.path={tiny_model_dir}",
+              f"data.val_files={tmp_path / 'test.parquet'}", "data.max_response_length=4"]
+    assert main([*common, f"actor_rollout_ref.model.tokenizer_path={tmp_path / 'no_tokenizer'}"]) == 2
+    assert "no_tokenizer" in capsys.readouterr().err
+    seen, load = {}, rlvr.models.load_model
+
+    def recording(path, dtype="float32", device="cpu", trust_remote_code=False, override_config=None):
+        seen["override_config"] = override_config
+        return load(path, dtype, device, trust_remote_code, override_config)
+
+    monkeypatch.setattr(rlvr.models, "load_model", recording)
+    assert main([*common, "actor_rollout_ref.model.override_config={attention_dropout: 0.0}"]) == 0
+    assert seen["override_config"] == {"attention_dropout": 0.0}
+
+
 def test_rollout_with_missing_model_path(tmp_path, capsys):
     assert main(["rollout", f"actor_rollout_ref.model.path={tmp_path / 'nope'}"]) == 2
     assert "does not exist" in capsys.readouterr().err
