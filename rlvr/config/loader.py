@@ -30,7 +30,7 @@ from omegaconf.errors import OmegaConfBaseException
 from rlvr.config.schema import RayInitConfig, RLVRConfig
 from rlvr.config.verl_keys import (MEGATRON, MEGATRON_BACKEND, MEGATRON_LORA, TEXT_ONLY, VERL_ALIASES,
                                    VERL_GLOBAL_MICRO_BATCH, VERL_MEGATRON, VERL_MEGATRON_LORA, VERL_MULTIMODAL,
-                                   VERL_NO_EFFECT, VERL_RENAMED)
+                                   VERL_NO_EFFECT, VERL_READ_AT_LOAD, VERL_RENAMED)
 from rlvr.registry import import_file
 from rlvr.config.validate import (ConfigError, device_notes, distillation_notes, offload_keys, on_gpu, server_notes,
                                   uses_ray, validate)
@@ -157,11 +157,11 @@ def split_overrides(overrides: Iterable[str]) -> tuple[list[str], list[str]]:
     sets, deletions = [], []
     for item in overrides:
         if item.startswith("~"):
-            key = item[1:].split("=", 1)[0].strip()
-            sets = [s for s in sets if _override_key(s) != key]
+            key = _canonical(item[1:].split("=", 1)[0].strip())
+            sets = [s for s in sets if _canonical(_override_key(s)) != key]
             deletions.append(key)
         else:
-            deletions = [d for d in deletions if d != _override_key(item)]
+            deletions = [d for d in deletions if d != _canonical(_override_key(item))]
             sets.append(item)
     return sets, deletions
 
@@ -169,6 +169,49 @@ def split_overrides(overrides: Iterable[str]) -> tuple[list[str], list[str]]:
 def _override_key(item: str) -> str:
     """The key an override ``[+|++]key=value`` sets."""
     return item.split("=", 1)[0].strip().lstrip("+")
+
+
+def _canonical(key: str) -> str:
+    """rlvr's key for verl's spelling of it (``VERL_ALIASES``): deleting ``reward_model.enable``
+    resets ``reward.reward_model.enable``, and a later setting of either spelling wins over it."""
+    return VERL_ALIASES.get(key, key)
+
+
+def _verl_only(key: str) -> bool:
+    """A key of verl's that rlvr has no schema key for (no effect, read at load, renamed, Megatron's,
+    image inputs, passed to ray.init), or a key under one of its sections."""
+    parts = key.split(".")
+    for node in (".".join(parts[:i]) for i in range(1, len(parts) + 1)):
+        if node in VERL_READ_AT_LOAD or node in VERL_RENAMED or node in VERL_MEGATRON or node in VERL_MEGATRON_LORA:
+            return True
+        if node not in known_keys() and (_verl_entry(node) is not None or _multimodal(node, "any value")):
+            return True
+    return key.startswith("ray_kwargs.ray_init.")
+
+
+def _delete_verl_keys(deletions: list[str], layers: list[tuple[dict[str, Any], str]]) -> list[str]:
+    """Hydra's ``~key`` on a verl key rlvr has no key for deletes it from every layer, so neither its
+    notice nor its reading (a global micro-batch size) happens; nothing is reset. Returns the
+    deletions left: schema keys, reset to their defaults once every layer is merged. A key that is
+    neither is refused, naming the nearest schema key."""
+    left = []
+    for key in deletions:
+        if key in known_keys():
+            left.append(key)
+        elif _verl_only(key):
+            for data, _ in layers:
+                _drop_if_present(data, key)
+        else:
+            raise ConfigError(f"unknown config key {key!r} (from the command line, ~{key}){_nearest(key)}")
+    return left
+
+
+def _drop_if_present(nested: dict[str, Any], dotted: str) -> None:
+    *parents, last = dotted.split(".")
+    for part in parents:
+        nested = nested.get(part) if isinstance(nested, dict) else None
+    if isinstance(nested, dict):
+        nested.pop(last, None)
 
 
 def _flatten(nested: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -674,12 +717,16 @@ def load_config(config_file: str | Path | None = None, overrides: Iterable[str] 
         raise ConfigError(f"base {base!r}: choose grpo (rlvr's recipe) or verl (verl's defaults)")
     base_path = VERL_BASE if base == "verl" else DEFAULT_RECIPE
     layers = [(_read_yaml(base_path), f"{'verl defaults' if base == 'verl' else 'the recipe'} {str(base_path)!r}")]
+    recipes = {0} if base == "grpo" else set()  # layers that are rlvr's shipped recipes (their run length gives way)
     if file_layer:
+        if path.resolve().parent == RECIPES_DIR.resolve():
+            recipes.add(len(layers))
         layers.append(file_layer)
+    deletions = _delete_verl_keys(deletions, layers)  # before the command line: a later setting wins
     layers.append((parse_overrides(sets), "the command line"))
     merged = OmegaConf.structured(RLVRConfig)
     defaults = OmegaConf.structured(RLVRConfig)
-    set_by: dict[str, str] = {}  # run-length key -> the layer that set it
+    set_by: dict[str, tuple[str, bool]] = {}  # run-length key -> the layer that set it, and whether a recipe
     engine_set_by = [source for data, source in layers
                      if "checkpoint_engine" in (data.get("actor_rollout_ref") or {}).get("rollout", {})]
     async_chosen_at = None  # the layer whose async_training chose trainer.v1.trainer_mode
@@ -702,8 +749,10 @@ def load_config(config_file: str | Path | None = None, overrides: Iterable[str] 
             merged = OmegaConf.merge(merged, OmegaConf.create(data))
         except OmegaConfBaseException as err:
             raise ConfigError(_explain(err, source)) from None
-        _one_run_length(data, source, merged, defaults, set_by)
+        merged = _one_run_length(data, source, i in recipes, merged, defaults, set_by)
         merged = _ppo_group_size(data, source, merged)
+    if base == "verl":
+        _clip_ratio_notice(merged, readings.set_by)
     for end, source in penalty_ends:  # another layer's (verl.yaml's 512) may set the response length
         limit = OmegaConf.select(merged, "data.max_response_length")
         if end != limit:
@@ -717,8 +766,6 @@ def load_config(config_file: str | Path | None = None, overrides: Iterable[str] 
             print(f"[rlvr] note: async_training read as trainer.v1.trainer_mode={mode}: actor_rollout_ref.hybrid_engine "
                   "is set by a later layer", file=sys.stderr, flush=True)
     for key in deletions:
-        if key not in known_keys():
-            raise ConfigError(f"unknown config key {key!r} (from the command line, ~{key}){_nearest(key)}")
         OmegaConf.update(merged, key, OmegaConf.select(defaults, key), merge=False)
     try:
         cfg = OmegaConf.to_object(merged)
@@ -932,26 +979,39 @@ def resolve_critic_batches(cfg: RLVRConfig) -> None:
 RUN_LENGTH_KEYS = ("trainer.total_epochs", "trainer.total_training_steps")
 
 
-def _one_run_length(data: dict[str, Any], source: str, merged, defaults, set_by: dict[str, str]) -> None:
-    """The layer that sets one of ``trainer.total_epochs`` / ``total_training_steps`` and not the
-    other decides the run length: the other goes back to its schema default. Otherwise the GRPO
-    recipe's ``total_training_steps: 24`` would silently outrank a user's ``total_epochs=15``
-    (a set ``total_training_steps`` decides the length whatever ``total_epochs`` says)."""
+def _clip_ratio_notice(merged, set_by: dict[str, str]) -> None:
+    """Under verl's base, clip_ratio_low/high are verl's 0.2 (verl.yaml), and the losses fall back to
+    clip_ratio only where they are null: a clip_ratio set without them changes nothing, as in verl."""
+    actor, ends = "actor_rollout_ref.actor", ("clip_ratio_low", "clip_ratio_high")
+    if f"{actor}.clip_ratio" not in set_by or any(OmegaConf.select(merged, f"{actor}.{end}") is None for end in ends):
+        return  # clip_ratio is the fallback of a null end: it decides there
+    deciding = [f"{end}={OmegaConf.select(merged, f'{actor}.{end}')}" for end in ends if f"{actor}.{end}" not in set_by]
+    if deciding:
+        print(f"[rlvr] note: {actor}.clip_ratio={OmegaConf.select(merged, f'{actor}.clip_ratio')} (from "
+              f"{set_by[f'{actor}.clip_ratio']}) changes nothing: as in verl, clip_ratio_low/high decide "
+              f"({', '.join(deciding)}); set them to change the clip range", file=sys.stderr, flush=True)
+
+
+def _one_run_length(data: dict[str, Any], source: str, recipe: bool, merged, defaults,
+                    set_by: dict[str, tuple[str, bool]]):
+    """The run ends at the first of ``total_epochs`` epochs and ``total_training_steps`` steps, as in
+    verl, so the user's values from several layers combine as Hydra merges them. One exception: a
+    layer that sets ``total_epochs`` and not ``total_training_steps`` drops the steps an rlvr recipe
+    set (the GRPO recipe's 24), which would otherwise silently cut a user's ``total_epochs=15``.
+    ``total_epochs`` needs no such reset: its default is verl's own 30."""
     flat = _flatten(data)
     given = [key for key in RUN_LENGTH_KEYS if key in flat]
+    steps, epochs = "trainer.total_training_steps", "trainer.total_epochs"
+    if given == [epochs] and set_by.get(steps, (None, False))[1]:
+        value, default = OmegaConf.select(merged, steps), OmegaConf.select(defaults, steps)
+        if value != default:
+            print(f"[rlvr] note: {epochs}={flat[epochs]} (from {source}) sets the run length, so {steps}={value} "
+                  f"(from {set_by[steps][0]}) is dropped (back to {default}); to keep both, set both (then the run "
+                  "ends at the first reached, as in verl)", file=sys.stderr, flush=True)
+            OmegaConf.update(merged, steps, default, merge=False)
     for key in given:
-        set_by[key] = source
-    if len(given) != 1:
-        return
-    other = next(key for key in RUN_LENGTH_KEYS if key not in given)
-    value, default = OmegaConf.select(merged, other), OmegaConf.select(defaults, other)
-    if value != default:
-        print(f"[rlvr] note: {given[0]}={flat[given[0]]} (from {source}) sets the run length, so {other}={value} "
-              f"(from {set_by[other]}) is dropped (back to {default}); to keep both, set both in the same place "
-              "(then total_training_steps decides)",
-              file=sys.stderr, flush=True)
-        OmegaConf.update(merged, other, default, merge=False)
-        set_by[other] = "the schema default"
+        set_by[key] = (source, recipe)
+    return merged
 
 
 def _ppo_group_size(data: dict[str, Any], source: str, merged):

@@ -638,9 +638,12 @@ class TrainerV1Config:
 class TrainerConfig:
     project_name: str = "rlvr"
     experiment_name: str = "arithmetic_grpo"
-    total_epochs: int = 1
+    total_epochs: int = 30
+    """Passes over the training set (verl's default); the run ends at the first of this and
+    ``total_training_steps``."""
     total_training_steps: Optional[int] = None
-    """Stop after this many steps; None runs ``total_epochs`` epochs."""
+    """Stop after this many steps, or after ``total_epochs`` epochs if that comes first (as in
+    verl); None: ``total_epochs`` epochs."""
     logger: list[str] = field(default_factory=lambda: ["console", "jsonl"])
     """Tracking backends: console, jsonl, tensorboard, wandb."""
     save_freq: int = -1

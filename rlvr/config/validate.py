@@ -458,9 +458,9 @@ def _run_length(cfg: RLVRConfig) -> list[str]:
         errors.append(f"trainer.total_training_steps = {trainer.total_training_steps}: a run trains at least 1 step; "
                       "set it >= 1, or to null to train trainer.total_epochs epochs (as in verl); to score a model "
                       "without training use `rlvr eval`")
-    if trainer.total_training_steps is None and trainer.total_epochs < 1:
-        errors.append(f"trainer.total_epochs = {trainer.total_epochs} (with total_training_steps null): a run trains "
-                      "at least 1 epoch; set total_epochs >= 1 or total_training_steps >= 1")
+    if trainer.total_epochs < 1:  # the run ends at the first of the two, so even with steps set
+        errors.append(f"trainer.total_epochs = {trainer.total_epochs}: a run trains at least 1 epoch (it ends at the "
+                      "first of total_epochs epochs and total_training_steps steps, as in verl); set total_epochs >= 1")
     if trainer.freshness_check_freq == 0 or trainer.freshness_check_freq < -1:
         errors.append(f"trainer.freshness_check_freq = {trainer.freshness_check_freq}: set a number of steps >= 1, "
                       "or -1 to never probe the rollout engine's weights")

@@ -136,9 +136,12 @@ def validation_reward_config(reward: RewardConfig) -> RewardConfig:
 
 
 def total_steps(config: RLVRConfig, batches_per_epoch: int) -> int:
+    """The run's length: ``total_epochs`` epochs, or ``total_training_steps`` if that comes first
+    (verl's fit loop ends at whichever is reached first)."""
+    by_epochs = batches_per_epoch * config.trainer.total_epochs
     if config.trainer.total_training_steps is not None:
-        return config.trainer.total_training_steps
-    return batches_per_epoch * config.trainer.total_epochs
+        return min(config.trainer.total_training_steps, by_epochs)
+    return by_epochs
 
 
 def critic_args(config: RLVRConfig, steps: int, pad_id: int) -> tuple:

@@ -54,7 +54,9 @@ FUSED_ADAMW_DEVICES = ("cpu", "cuda")  # where PyTorch has a fused AdamW kernel 
 
 def build_optimizer(model, optim: OptimConfig, total_steps: int):
     """AdamW over the trainable parameters (all, or a LoRA adapter's) with linear warmup, then a
-    constant or cosine schedule (stepped once per training step).
+    constant or cosine schedule (stepped once per training step), as verl's: the factor is
+    step / warmup during warmup (the first step at lr 0), then 1, or
+    max(min_lr_ratio, min_lr_ratio + (1 - min_lr_ratio) * (1 + cos(pi * progress)) / 2).
 
     The step is PyTorch's fused AdamW kernel where the parameters are CPU or CUDA float tensors
     (FSDP2's DTensors included): the same update in one pass over each parameter's weights,
@@ -68,11 +70,14 @@ def build_optimizer(model, optim: OptimConfig, total_steps: int):
     warmup = optim.lr_warmup_steps if optim.lr_warmup_steps >= 0 else int(optim.lr_warmup_steps_ratio * total_steps)
 
     def factor(step: int) -> float:
+        # verl's get_{constant,cosine}_schedule_with_warmup: the warmup factor is step / warmup, so
+        # with warmup the first step runs at lr 0; the cosine is a half wave floored at min_lr_ratio
         if step < warmup:
-            return (step + 1) / (warmup + 1)
+            return step / max(1, warmup)
         if optim.warmup_style == "cosine":
-            progress = min(1.0, (step - warmup) / max(1, total_steps - warmup))
-            return optim.min_lr_ratio + (1 - optim.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+            progress = (step - warmup) / max(1, total_steps - warmup)
+            return max(optim.min_lr_ratio,
+                       optim.min_lr_ratio + (1 - optim.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
         return 1.0
 
     return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, factor)

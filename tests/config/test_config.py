@@ -332,13 +332,35 @@ def test_a_user_set_run_length_is_not_outranked_by_the_recipe(tmp_path, capsys):
     user.write_text("trainer:\n  total_epochs: 3\n")
     cfg = load_config(user, ["actor_rollout_ref.rollout.n=8"])  # a verl config file does the same
     assert (cfg.trainer.total_epochs, cfg.trainer.total_training_steps) == (3, None)
-    # the command line's steps replace the file's epochs; both in one place: both kept, steps decide
+    # the user's own file's epochs and command line's steps are both kept (Hydra merges them in
+    # verl): the first reached ends the run, 3 epochs x 1 batch = 3 before 5 steps
     cfg = load_config(user, ["trainer.total_training_steps=5"])
-    assert (cfg.trainer.total_epochs, cfg.trainer.total_training_steps) == (1, 5)
+    assert (cfg.trainer.total_epochs, cfg.trainer.total_training_steps) == (3, 5)
+    assert total_steps(cfg, batches_per_epoch=1) == 3
+    assert total_steps(cfg, batches_per_epoch=10) == 5
     cfg = load_config(overrides=["trainer.total_epochs=2", "trainer.total_training_steps=7"])
     assert (cfg.trainer.total_epochs, cfg.trainer.total_training_steps) == (2, 7)
-    assert total_steps(cfg, batches_per_epoch=10) == 7
+    assert total_steps(cfg, batches_per_epoch=10) == 7  # min(7, 2 x 10)
+    assert total_steps(cfg, batches_per_epoch=3) == 6  # min(7, 2 x 3)
     assert load_config("dapo").trainer.total_training_steps == 24  # a recipe over the recipe keeps it
+
+
+def test_the_run_ends_at_the_first_of_steps_and_epochs_as_in_verl():
+    """verl's fit loop runs total_epochs passes and returns at total_training_steps: whichever
+    comes first (ray_trainer.py fit)."""
+    from rlvr.trainer.main import total_steps
+
+    # verl's base: 500 steps, 10 epochs of 14 batches = 140 steps come first
+    cfg = load_config("verl", ["trainer.total_training_steps=500", "trainer.total_epochs=10"])
+    assert total_steps(cfg, batches_per_epoch=14) == 140
+    # steps alone under verl's base keep verl's 30 epochs: 30 x 14 = 420 before 500
+    cfg = load_config("verl", ["trainer.total_training_steps=500"])
+    assert cfg.trainer.total_epochs == 30
+    assert total_steps(cfg, batches_per_epoch=14) == 420
+    # the GRPO recipe's 24 steps are unchanged (the arithmetic set: 1000 rows / 8 = 125 batches)
+    assert total_steps(load_config(), batches_per_epoch=125) == 24
+    # steps alone over the recipe are not cut to one epoch: the epochs default is verl's 30
+    assert total_steps(load_config(overrides=["trainer.total_training_steps=200"]), batches_per_epoch=125) == 200
 
 
 def test_run_management_is_checked_at_load_before_any_model(tmp_path, monkeypatch):
@@ -653,10 +675,12 @@ def test_a_run_of_no_steps_is_refused():
     with pytest.raises(ConfigError, match=r"trainer.total_training_steps = 0: a run trains at least 1 step; set it "
                                           r">= 1, or to null to train trainer.total_epochs epochs \(as in verl\)"):
         load_config(overrides=["trainer.total_training_steps=0"])
-    with pytest.raises(ConfigError, match=r"trainer.total_epochs = 0 \(with total_training_steps null\): a run "
-                                          r"trains at least 1 epoch"):
+    with pytest.raises(ConfigError, match=r"trainer.total_epochs = 0: a run trains at least 1 epoch"):
         load_config(overrides=["trainer.total_training_steps=null", "trainer.total_epochs=0"])
-    assert load_config(overrides=["trainer.total_training_steps=null"]).trainer.total_epochs == 1
+    # with steps set too: the run ends at the first of the two, so 0 epochs is still 0 steps
+    with pytest.raises(ConfigError, match=r"trainer.total_epochs = 0: a run trains at least 1 epoch"):
+        load_config(overrides=["trainer.total_training_steps=5", "trainer.total_epochs=0"])
+    assert load_config(overrides=["trainer.total_training_steps=null"]).trainer.total_epochs == 30  # verl's default
 
 
 def test_the_checkpoint_engine_acts_on_a_rollout_pool_and_is_noted_without_one(capsys):

@@ -280,3 +280,33 @@ def test_the_chunked_prefill_notice_says_what_rlvr_does_on_a_cpu(capsys):
     err = capsys.readouterr().err
     assert "actor_rollout_ref.rollout.enable_chunked_prefill" in err
     assert "on a CPU rlvr turns chunked prefill off" in err and "always chunks" not in err
+
+
+def test_hydra_deletion_of_verl_keys(tmp_path):
+    """Hydra's ``~key`` on a verl key: one rlvr has no key for (no effect, read at load) is deleted
+    from every layer, as Hydra deletes it; one of ``VERL_ALIASES`` resets the rlvr key it is read as."""
+    load_config("verl", ["~actor_rollout_ref.actor.ppo_micro_batch_size", "~trainer.critic_warmup"])
+    load_config("verl", ["~actor_rollout_ref.rollout.log_prob_micro_batch_size", "~critic.ppo_micro_batch_size",
+                         "~actor_rollout_ref.actor.fsdp_config.offload_policy", "~trainer.use_legacy_worker_impl"])
+    # a file's value of a deleted verl key is gone: its 64 global rows are not read (they would give 64 // 8 = 8)
+    user = tmp_path / "v.yaml"
+    user.write_text("actor_rollout_ref:\n  actor:\n    ppo_micro_batch_size: 64\ntrainer:\n  critic_warmup: 5\n")
+    plain = load_config("verl").actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu
+    assert load_config(user, ["~trainer.critic_warmup"],
+                       base="verl").actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu == 8
+    cfg = load_config(user, ["~actor_rollout_ref.actor.ppo_micro_batch_size", "~trainer.critic_warmup"], base="verl")
+    assert cfg.actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu == plain
+    # an alias: the file's reward_model.enable=true (read as reward.reward_model.enable, which would need a
+    # reward.reward_model.path) is reset to the schema default
+    user.write_text("reward_model:\n  enable: true\n")
+    with pytest.raises(ConfigError, match=r"reward.reward_model.enable=true needs reward.reward_model.path"):
+        load_config(user, [])
+    assert load_config(user, ["~reward_model.enable"]).reward.reward_model.enable is False
+    # a setting after the deletion wins, in either spelling
+    with pytest.raises(ConfigError, match=r"reward.reward_model.enable=true needs reward.reward_model.path"):
+        load_config(user, ["~reward_model.enable", "reward.reward_model.enable=true"])
+    # a misspelt key is still unknown, and not matched to a verl key
+    with pytest.raises(ConfigError, match=r"unknown config key 'trainer.critic_warmupp' \(from the command line, ~"):
+        load_config("verl", ["~trainer.critic_warmupp"])
+    # every key of verl's generated config can be deleted
+    load_config("verl", [f"~{key}" for key in VERL_KEYS])

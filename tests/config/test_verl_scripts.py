@@ -90,11 +90,14 @@ VERL_DEFAULTS = {
     "actor_rollout_ref.rollout.n": 1,                   # recipe: 8
     "trainer.test_freq": -1,                            # recipe: 12
     "trainer.save_freq": -1,                            # recipe: 12
-    "trainer.total_epochs": 30,                         # recipe: 1 (and 24 steps)
+    "trainer.total_epochs": 30,                         # recipe: 30 too (the schema's), with 24 steps
     "actor_rollout_ref.actor.shuffle": False,           # schema: true
     "actor_rollout_ref.actor.ppo_mini_batch_size": 256,
     "data.train_batch_size": 1024,
     "actor_rollout_ref.model.enable_gradient_checkpointing": True,
+    "critic.model.enable_gradient_checkpointing": True,  # schema: false
+    "actor_rollout_ref.actor.clip_ratio_low": 0.2,      # schema: null (clip_ratio)
+    "actor_rollout_ref.actor.clip_ratio_high": 0.2,     # schema: null (clip_ratio)
 }
 
 
@@ -192,8 +195,44 @@ def test_config_verl_is_verls_defaults_and_the_recipe_is_not(capsys):
     verl, recipe = load_config("verl"), load_config(None)
     for key, value in VERL_DEFAULTS.items():
         assert _get(verl, key) == value, key
+    # verl's critic.model.trust_remote_code follows the actor's (${oc.select:actor_rollout_ref.model.trust_remote_code,false})
+    assert load_config("verl", ["actor_rollout_ref.model.trust_remote_code=true"]).critic.model.trust_remote_code
+    assert not verl.critic.model.trust_remote_code
+    assert not load_config("verl", ["actor_rollout_ref.model.trust_remote_code=true",
+                                    "critic.model.trust_remote_code=false"]).critic.model.trust_remote_code
     # the GRPO recipe's: KL loss on, lr 1e-5, groups of 8, validation and checkpoints every 12 steps
     assert (recipe.actor_rollout_ref.actor.use_kl_loss, recipe.actor_rollout_ref.actor.optim.lr,
             recipe.actor_rollout_ref.rollout.n, recipe.trainer.test_freq, recipe.trainer.save_freq) == (True, 1e-5, 8, 12, 12)
     assert main(["config", "show", "--base", "verl"]) == 0
     assert "project_name: verl_examples" in capsys.readouterr().out
+
+
+def test_clip_ratio_alone_changes_nothing_under_verls_base_with_a_notice(capsys):
+    """verl's actor.yaml sets clip_ratio_low and clip_ratio_high to 0.2, and its losses fall back to
+    clip_ratio only where they are null: a script's clip_ratio=0.3 alone leaves the clip at 0.2."""
+    from rlvr.algos.losses import clip_range
+
+    capsys.readouterr()
+    actor = load_config("verl", ["actor_rollout_ref.actor.clip_ratio=0.3"]).actor_rollout_ref.actor
+    assert clip_range(actor) == (0.2, 0.2)
+    err = capsys.readouterr().err
+    assert ("actor_rollout_ref.actor.clip_ratio=0.3 (from the command line) changes nothing: as in verl, "
+            "clip_ratio_low/high decide (clip_ratio_low=0.2, clip_ratio_high=0.2)") in err
+    # with one of them set, the other still decides; with both set, nothing to say
+    actor = load_config("verl", ["actor_rollout_ref.actor.clip_ratio=0.3",
+                                 "actor_rollout_ref.actor.clip_ratio_high=0.28"]).actor_rollout_ref.actor
+    assert clip_range(actor) == (0.2, 0.28)
+    assert "clip_ratio_low/high decide (clip_ratio_low=0.2)" in capsys.readouterr().err
+    load_config("verl", ["actor_rollout_ref.actor.clip_ratio=0.3", "actor_rollout_ref.actor.clip_ratio_low=0.3",
+                         "actor_rollout_ref.actor.clip_ratio_high=0.3"])
+    load_config("verl", [])
+    assert "clip_ratio_low/high decide" not in capsys.readouterr().err
+    # an end set to null falls back to clip_ratio, as in verl: clip_ratio decides there, no notice
+    actor = load_config("verl", ["actor_rollout_ref.actor.clip_ratio=0.3",
+                                 "actor_rollout_ref.actor.clip_ratio_low=null"]).actor_rollout_ref.actor
+    assert clip_range(actor) == (0.3, 0.2)
+    assert "clip_ratio_low/high decide" not in capsys.readouterr().err
+    # rlvr's own base keeps its fallback: clip_ratio alone sets both ends, without a notice
+    actor = load_config(None, ["actor_rollout_ref.actor.clip_ratio=0.3"]).actor_rollout_ref.actor
+    assert clip_range(actor) == (0.3, 0.3)
+    assert "clip_ratio_low/high decide" not in capsys.readouterr().err

@@ -30,9 +30,34 @@ def test_lr_schedule_warmup_then_cosine():
         lrs.append(sched.get_last_lr()[0])
         opt.step()
         sched.step()
-    # warmup: (s+1)/(warmup+1) = 1/3, 2/3; then cosine over 4 steps: 0.1 + 0.9 * 0.5 (1 + cos(pi p)), p = 0, .25, .5, .75
-    expected = [1 / 3, 2 / 3, 1.0, 0.1 + 0.45 * (1 + math.cos(math.pi / 4)), 0.55, 0.1 + 0.45 * (1 - math.cos(math.pi / 4))]
+    # verl's get_cosine_schedule_with_warmup: warmup s / warmup = 0/2, 1/2; then cosine over 4 steps:
+    # 0.1 + 0.9 * 0.5 (1 + cos(pi p)), p = 0, .25, .5, .75
+    expected = [0.0, 0.5, 1.0, 0.1 + 0.45 * (1 + math.cos(math.pi / 4)), 0.55, 0.1 + 0.45 * (1 - math.cos(math.pi / 4))]
     assert lrs == pytest.approx(expected)
+
+
+def test_lr_schedule_constant_warmup_is_verls():
+    """verl's get_constant_schedule_with_warmup: step / warmup during warmup, then 1, so the
+    first step runs at lr 0; without warmup the first step has the full lr."""
+    model = torch.nn.Linear(2, 2)
+    opt, sched = build_optimizer(model, OptimConfig(lr=1.0, lr_warmup_steps=10), total_steps=20)
+    lrs = []
+    for _ in range(12):
+        lrs.append(sched.get_last_lr()[0])
+        opt.step()
+        sched.step()
+    # 0/10, 5/10, then 10/10 and constant
+    assert (lrs[0], lrs[5], lrs[10], lrs[11]) == pytest.approx((0.0, 0.5, 1.0, 1.0))
+    # lr_warmup_steps_ratio 0.25 of 8 steps = int(2.0) = 2 warmup steps: 0, 0.5, 1
+    opt, sched = build_optimizer(model, OptimConfig(lr=1.0, lr_warmup_steps_ratio=0.25), total_steps=8)
+    lrs = []
+    for _ in range(3):
+        lrs.append(sched.get_last_lr()[0])
+        opt.step()
+        sched.step()
+    assert lrs == pytest.approx([0.0, 0.5, 1.0])
+    _, sched = build_optimizer(model, OptimConfig(lr=1.0), total_steps=8)
+    assert sched.get_last_lr()[0] == 1.0  # no warmup (verl's default): the first step at the full lr
 
 
 def test_adamw_step_is_fused_and_exact():
