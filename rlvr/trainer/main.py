@@ -298,7 +298,20 @@ def fit(config: RLVRConfig, progress_bar: bool = True, stop_requested=None) -> d
         trainer.reward_fn.close()
         if trainer.val_reward_fn is not None:
             trainer.val_reward_fn.close()
+        release_worker_groups(trainer.wg, trainer.critic_wg, trainer.rollout_wg)
         print(f"[rlvr] run directory: {run_dir} ({', '.join(written(run_dir)) or 'nothing written yet'})", flush=True)
+
+
+def release_worker_groups(*groups) -> None:
+    """End each Ray worker group once (its views share the actors and the pool): Ray keeps a group's
+    placement groups after the run, so a second run in a Ray that stays up (a notebook's) could not
+    place its workers. In-process groups have nothing to release."""
+    released = set()
+    for group in groups:
+        pool = getattr(group, "resource_pool", None)
+        if pool is not None and hasattr(group, "kill") and id(pool) not in released:
+            released.add(id(pool))
+            group.kill()
 
 
 def resume_hint(last: Path | None) -> str:

@@ -539,3 +539,21 @@ def test_a_row_naming_an_interaction_the_config_lacks_is_refused_at_load(tmp_pat
     with pytest.raises(DatasetError, match=r"a.jsonl, line 2 \(data.val_files\): .*names interaction 'gms8k'.*"
                                            r"\['gsm8k'\]"):
         check_interaction_names(dataset, names, "data.val_files")
+
+
+def test_the_runs_ray_groups_are_each_released_once():
+    """Ray keeps a group's placement groups after the run: fit releases each group once (views of one
+    group share its pool), and in-process groups (no pool) are left alone."""
+    from types import SimpleNamespace
+
+    from rlvr.trainer.main import release_worker_groups
+
+    killed = []
+    pool, other = object(), object()
+
+    def group(name, resource_pool):
+        return SimpleNamespace(resource_pool=resource_pool, kill=lambda: killed.append(name))
+
+    actor, critic_view, rollout = group("actor", pool), group("critic", pool), group("rollout", other)
+    release_worker_groups(actor, critic_view, rollout, SimpleNamespace(), None)
+    assert killed == ["actor", "rollout"]
