@@ -53,10 +53,15 @@ def compute_grpo_outcome_advantage(token_level_rewards, response_mask, index, co
                                    norm_adv_by_std_in_grpo=None, **unused):
     """GRPO: (score - group mean) / (group std + eps); Dr.GRPO without the std division."""
     norm = _option(norm_adv_by_std_in_grpo, config, "norm_adv_by_std_in_grpo", True)
+    return _grpo(token_level_rewards, response_mask, index, epsilon, norm, std_floor=0.0)
+
+
+def _grpo(token_level_rewards, response_mask, index, epsilon: float, norm: bool, std_floor: float):
+    """(score - group mean) / (max(group std, std_floor) + eps), or score - group mean."""
     scores = token_level_rewards.sum(dim=-1)  # (bs,)
     ids, num_groups = group_ids(index)
     mean, std, _ = group_mean_std(scores, ids, num_groups)
-    adv = (scores - mean) / (std + epsilon) if norm else scores - mean
+    adv = (scores - mean) / (std.clamp(min=std_floor) + epsilon) if norm else scores - mean
     adv = adv.unsqueeze(-1) * response_mask  # (bs, T)
     return adv, adv
 
@@ -66,13 +71,7 @@ def compute_grpo_vectorized_outcome_advantage(token_level_rewards, response_mask
                                               norm_adv_by_std_in_grpo=None, **unused):
     """verl's vectorised GRPO: GRPO with the group variance floored at ``epsilon`` (std >= 1e-3)."""
     norm = _option(norm_adv_by_std_in_grpo, config, "norm_adv_by_std_in_grpo", True)
-    scores = token_level_rewards.sum(dim=-1)  # (bs,)
-    ids, num_groups = group_ids(index)
-    mean, std, _ = group_mean_std(scores, ids, num_groups)
-    std = std.clamp(min=epsilon ** 0.5)  # sqrt(max(var, eps)); a group of one keeps std 1
-    adv = (scores - mean) / (std + epsilon) if norm else scores - mean
-    adv = adv.unsqueeze(-1) * response_mask  # (bs, T)
-    return adv, adv
+    return _grpo(token_level_rewards, response_mask, index, epsilon, norm, std_floor=epsilon ** 0.5)  # sqrt(max(var, eps))
 
 
 @register_adv_est("grpo_passk")

@@ -147,7 +147,7 @@ class AsyncEngine:
             except BaseException as err:  # handed to the caller that posted it
                 result, error = None, err
             if loop is not None:
-                loop.call_soon_threadsafe(_settle, future, result, error)
+                loop.call_soon_threadsafe(settle, future, result, error)
 
     def _fail_pending(self) -> None:
         """Answer every command still queued with the reason the thread ended: a caller awaiting
@@ -161,7 +161,7 @@ class AsyncEngine:
                 return
             if loop is not None:
                 with contextlib.suppress(RuntimeError):  # a loop closed meanwhile: nobody waits
-                    loop.call_soon_threadsafe(_settle, future, None, error)
+                    loop.call_soon_threadsafe(settle, future, None, error)
 
     def _deliver(self) -> None:
         """Hand a step's tokens and completions to their loops: one wake-up per loop and step,
@@ -216,7 +216,8 @@ def _run_all(calls: list[tuple[Callable, tuple]]) -> None:
                                                                "exception": err})
 
 
-def _settle(future: asyncio.Future, result: Any, error: BaseException | None) -> None:
+def settle(future: asyncio.Future, result: Any, error: BaseException | None) -> None:
+    """Give ``future`` its result or error, unless it is already done (cancelled by its caller)."""
     if future.done():
         return
     if error is not None:

@@ -24,7 +24,7 @@ import torch
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 
-from rlvr.rollout.async_engine import EngineBusy
+from rlvr.rollout.async_engine import EngineBusy, settle
 from rlvr.rollout.base import Completion
 from rlvr.serve.protocol import (UNIMPLEMENTED_GENERATE, UNIMPLEMENTED_SAMPLING, AbortRequest, BadRequest,
                                  DestroyWeightsUpdateGroup, GenerateRequest, InitWeightsUpdateGroup, MemoryTags,
@@ -434,19 +434,10 @@ async def in_daemon_thread(fn, *args):
         except BaseException as err:  # handed to the awaiting route
             result, error = None, err
         with contextlib.suppress(RuntimeError):  # the loop closed meanwhile (a shutdown): nobody waits
-            loop.call_soon_threadsafe(_settle, future, result, error)
+            loop.call_soon_threadsafe(settle, future, result, error)
 
     threading.Thread(target=run, name="rlvr-weight-group", daemon=True).start()
     return await future
-
-
-def _settle(future: asyncio.Future, result: Any, error: BaseException | None) -> None:
-    if future.done():
-        return
-    if error is not None:
-        future.set_exception(error)
-    else:
-        future.set_result(result)
 
 
 def _tags(body: MemoryTags) -> set[str]:

@@ -51,6 +51,7 @@ def test_a_failure_joining_the_ranks_answers_reaches_the_user_with_rank_stage_an
     class Trainer:  # what fit() needs of the trainer: a first generation through the group
         global_step, total_training_steps, val_reward_fn = 0, 3, None
         tracker = reward_fn = SimpleNamespace(close=lambda: None)
+        wg = critic_wg = rollout_wg = None  # released after the run: nothing here to release
 
         def fit(self):
             uids = np.array(["a", "b"], dtype=object)
