@@ -282,6 +282,7 @@ def test_the_chunked_prefill_notice_says_what_rlvr_does_on_a_cpu(capsys):
     assert "on a CPU rlvr turns chunked prefill off" in err and "always chunks" not in err
 
 
+@pytest.mark.slow  # deletes all 556 of verl's keys in one load: 7 s
 def test_hydra_deletion_of_verl_keys(tmp_path):
     """Hydra's ``~key`` on a verl key: one rlvr has no key for (no effect, read at load) is deleted
     from every layer, as Hydra deletes it; one of ``VERL_ALIASES`` resets the rlvr key it is read as."""

@@ -19,6 +19,7 @@ sys.path.insert(0, str(Path(__file__).parents[1]))
 from loopback_only import loopback_only  # noqa: E402
 
 
+@pytest.mark.slow  # a real Ray session with failing starts and placement-group checks: 21 s
 def test_ray_worker_group_with_fake_workers(tmp_path):
     script = Path(__file__).with_name("ray_group_checks.py")
     done = subprocess.run(loopback_only([sys.executable, str(script), str(tmp_path)]), capture_output=True, text=True,

@@ -105,6 +105,7 @@ def test_replica_commands_carry_the_actors_model_settings(tmp_path):
                     "--trust-remote-code"} & set(cmd)
 
 
+@pytest.mark.slow  # a real rlvr serve replica: 8 s
 def test_an_rlvr_serve_replica_computes_with_the_actors_override_and_tokenizer(tiny_model_dir, tmp_path):
     """The policy is loaded with override_config (rms_norm_eps 0.5 changes every log-prob) from a
     folder without tokenizer files (tokenizer_path names another): the replica starts and its greedy

@@ -8,6 +8,7 @@ import threading
 import time
 
 import httpx
+import pytest
 import torch
 
 from rlvr.serve import build_app
@@ -52,6 +53,7 @@ def test_aborting_one_of_several_running_requests_leaves_the_others_intact(tiny)
     assert core.running == [] and not core.waiting and server.inflight == {}
 
 
+@pytest.mark.slow  # 11 s: uvicorn's graceful shutdown runs its course
 def test_a_stop_signal_while_a_weight_group_waits_for_its_trainer_ends_the_server(tiny):
     """``/init_weights_update_group`` blocks until every rank joins (up to --request-timeout, here
     60 s); a trainer that never comes leaves it waiting. SIGTERM then ended the server only once that
