@@ -102,24 +102,25 @@ def compute_grpo_passk_outcome_advantage(token_level_rewards, response_mask, ind
 @register_adv_est("rloo")
 def compute_rloo_outcome_advantage(token_level_rewards, response_mask, index, config=None, **unused):
     """RLOO: score minus the mean of the other samples of its group (groups of one keep the score)."""
+    return _rloo(token_level_rewards, response_mask, index, alone_keeps_score=True)
+
+
+def _rloo(token_level_rewards, response_mask, index, alone_keeps_score: bool):
+    """The leave-one-out advantage; a group of one gets its score or 0."""
     scores = token_level_rewards.sum(dim=-1)
     ids, num_groups = group_ids(index)
     mean, _, count = group_mean_std(scores, ids, num_groups)
     # s * n/(n-1) - mean * n/(n-1) = s - (sum - s)/(n-1): the leave-one-out baseline
     loo = (scores - mean) * count / (count - 1).clamp(min=1)
-    adv = torch.where(count > 1, loo, scores).unsqueeze(-1) * response_mask
+    alone = scores if alone_keeps_score else torch.zeros_like(loo)
+    adv = torch.where(count > 1, loo, alone).unsqueeze(-1) * response_mask
     return adv, adv
 
 
 @register_adv_est("rloo_vectorized")
 def compute_rloo_vectorized_outcome_advantage(token_level_rewards, response_mask, index, config=None, **unused):
     """verl's vectorised RLOO: the leave-one-out advantage, 0 for a group of one (``rloo`` keeps its score)."""
-    scores = token_level_rewards.sum(dim=-1)
-    ids, num_groups = group_ids(index)
-    mean, _, count = group_mean_std(scores, ids, num_groups)
-    loo = (scores - mean) * count / (count - 1).clamp(min=1)
-    adv = torch.where(count > 1, loo, torch.zeros_like(loo)).unsqueeze(-1) * response_mask
-    return adv, adv
+    return _rloo(token_level_rewards, response_mask, index, alone_keeps_score=False)
 
 
 @register_adv_est("gpg")

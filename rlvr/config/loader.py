@@ -200,18 +200,10 @@ def _delete_verl_keys(deletions: list[str], layers: list[tuple[dict[str, Any], s
             left.append(key)
         elif _verl_only(key):
             for data, _ in layers:
-                _drop_if_present(data, key)
+                _drop(data, key, missing_ok=True)
         else:
             raise ConfigError(f"unknown config key {key!r} (from the command line, ~{key}){_nearest(key)}")
     return left
-
-
-def _drop_if_present(nested: dict[str, Any], dotted: str) -> None:
-    *parents, last = dotted.split(".")
-    for part in parents:
-        nested = nested.get(part) if isinstance(nested, dict) else None
-    if isinstance(nested, dict):
-        nested.pop(last, None)
 
 
 def _flatten(nested: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -223,11 +215,17 @@ def _flatten(nested: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def _drop(nested: dict[str, Any], dotted: str) -> None:
+def _drop(nested: dict[str, Any], dotted: str, missing_ok: bool = False) -> None:
+    """Remove ``dotted`` from ``nested``; ``missing_ok``: a key (or section) it lacks is fine."""
     *parents, last = dotted.split(".")
     for part in parents:
+        if missing_ok and not isinstance(nested.get(part), dict):
+            return
         nested = nested[part]
-    del nested[last]
+    if missing_ok:
+        nested.pop(last, None)
+    else:
+        del nested[last]
 
 
 def _verl_entry(key: str) -> tuple[str, tuple | None] | None:
